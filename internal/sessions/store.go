@@ -1,0 +1,160 @@
+// Package sessions keeps the state of binding sessions: the session record a
+// client created, the nonces it has used, when it last polled, and the
+// outcome of the browser part (a BindingResponse, or a denial).
+//
+// Store is the one interface every implementation satisfies; the behaviour
+// is pinned down by the shared conformance suite in sessions/storetest,
+// which every implementation must pass unchanged.
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is where a session is in its life.
+type State int
+
+const (
+	// StatePending: the user has not finished in the browser.
+	StatePending State = iota
+	// StateCompleted: a BindingResponse is ready for the client.
+	StateCompleted
+	// StateDenied: the user cancelled or the provider refused the user.
+	StateDenied
+)
+
+func (s State) String() string {
+	switch s {
+	case StatePending:
+		return "pending"
+	case StateCompleted:
+		return "completed"
+	case StateDenied:
+		return "denied"
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Session is one binding session. ID, ClusterID, Secret, CreatedAt and the
+// callback fields are fixed at Create; the rest changes only through the
+// Store's methods.
+type Session struct {
+	ID        string
+	ClusterID string
+	// Secret is the session secret that keys request signatures. Never log it.
+	Secret    string
+	CreatedAt time.Time
+	// ExpiresAt is when the session stops existing: CreatedAt+TTL while
+	// pending, later once completed (see Store.Complete and Store.RecordPoll).
+	ExpiresAt time.Time
+
+	// CallbackURL and CallbackSessionID are set for sessions of the callback
+	// flow of released CLIs: where to redirect the browser, and the CLI's own
+	// session ID to echo back.
+	CallbackURL       string
+	CallbackSessionID string
+
+	State State
+	// Response is the JSON BindingResponse, set when State is StateCompleted.
+	Response []byte
+	// DenyReason says in words why the session was denied.
+	DenyReason string
+	// DeliveredAt is when the Response was first handed to a poll.
+	DeliveredAt time.Time
+	// LastPollAt is when the session was last polled (zero: never).
+	LastPollAt time.Time
+}
+
+// Store keeps sessions. Every method is safe for concurrent use, and atomic
+// with respect to the others for the same session, across every replica
+// that shares the store. A session past its ExpiresAt behaves as if it did
+// not exist (ErrNotFound). Callers must not modify returned Sessions'
+// slices.
+type Store interface {
+	// Create stores a new pending session. It fails with ErrExists if the
+	// ID is taken, and with ErrFull when the store holds its configured
+	// maximum of sessions. Create sets nothing of s but what s carries; the
+	// caller fills ID, ClusterID, Secret, CreatedAt and ExpiresAt.
+	Create(ctx context.Context, s Session) error
+
+	// Get returns the session with this ID, or ErrNotFound.
+	Get(ctx context.Context, id string) (Session, error)
+
+	// UseNonce records that nonce was used for this session. It fails with
+	// ErrNonceUsed if it was used before (by UseNonce or RecordPoll), with
+	// ErrNotFound for an unknown session, and with ErrTooManyNonces once the
+	// session has used its bounded number of nonces.
+	UseNonce(ctx context.Context, id, nonce string) error
+
+	// RecordPoll uses nonce exactly as UseNonce does, then records a poll at
+	// the store's current time. If the previous poll of this session was
+	// less than minInterval ago it fails with a *TooSoonError (errors.Is
+	// ErrTooSoon) carrying how long to wait, and the poll does not count as
+	// the session's last one. Otherwise it returns the session as it is
+	// after the poll. The first poll that sees StateCompleted sets
+	// DeliveredAt and shortens ExpiresAt to DeliveredAt plus the store's
+	// grace period: further polls get the same response until then.
+	RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (Session, error)
+
+	// Complete moves a pending session to StateCompleted with response (a
+	// JSON BindingResponse) and extends ExpiresAt to at least now plus the
+	// grace period. It fails with ErrNotPending if the session is not
+	// pending, and with ErrTooLarge if response exceeds the store's limit.
+	Complete(ctx context.Context, id string, response []byte) error
+
+	// Deny moves a pending session to StateDenied with a reason in words.
+	// It fails with ErrNotPending if the session is not pending.
+	Deny(ctx context.Context, id, reason string) error
+
+	// Delete removes the session at once. Deleting an unknown session is
+	// not an error.
+	Delete(ctx context.Context, id string) error
+}
+
+var (
+	ErrNotFound      = errors.New("session not found or expired")
+	ErrExists        = errors.New("session already exists")
+	ErrFull          = errors.New("too many pending sessions")
+	ErrNonceUsed     = errors.New("nonce already used")
+	ErrTooManyNonces = errors.New("session used too many nonces")
+	ErrTooSoon       = errors.New("polled too soon")
+	ErrNotPending    = errors.New("session is not pending")
+	ErrTooLarge      = errors.New("binding response too large")
+)
+
+// TooSoonError is returned by RecordPoll for a poll within the interval.
+type TooSoonError struct {
+	// RetryAfter is how long until the next poll is welcome (> 0).
+	RetryAfter time.Duration
+}
+
+func (e *TooSoonError) Error() string {
+	return fmt.Sprintf("polled too soon, retry after %s", e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrTooSoon) true.
+func (e *TooSoonError) Is(target error) bool { return target == ErrTooSoon }
+
+// Limits bound what a store keeps, so memory stays bounded.
+type Limits struct {
+	// MaxSessions is the most sessions held at once; Create beyond it fails
+	// with ErrFull.
+	MaxSessions int
+	// MaxNoncesPerSession bounds the used nonces remembered per session.
+	MaxNoncesPerSession int
+	// MaxResponseBytes bounds a stored BindingResponse.
+	MaxResponseBytes int
+	// Grace is how long a delivered response stays available.
+	Grace time.Duration
+}
+
+// DefaultLimits are the limits used where none are configured.
+var DefaultLimits = Limits{
+	MaxSessions:         10000,
+	MaxNoncesPerSession: 1024,
+	MaxResponseBytes:    256 << 10,
+	Grace:               60 * time.Second,
+}
