@@ -1,0 +1,436 @@
+package servingcert
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// keyPair is a self-signed certificate for 127.0.0.1, PEM encoded.
+type keyPair struct {
+	name            string
+	certPEM, keyPEM []byte
+	cert            *x509.Certificate
+}
+
+func newKeyPair(t *testing.T, name string) keyPair {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Minute),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keyPair{
+		name:    name,
+		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+		cert:    cert,
+	}
+}
+
+// secretVolume lays files out the way the kubelet does for a mounted
+// Secret: tls.crt -> ..data/tls.crt, ..data -> ..<timestamp>/, and a new
+// version is published by an atomic rename of a new ..data symlink.
+type secretVolume struct {
+	t   *testing.T
+	dir string
+	gen int
+}
+
+func newSecretVolume(t *testing.T, p keyPair) *secretVolume {
+	v := &secretVolume{t: t, dir: t.TempDir()}
+	v.publish(p.certPEM, p.keyPEM)
+	for _, f := range []string{"tls.crt", "tls.key"} {
+		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(v.dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return v
+}
+
+func (v *secretVolume) certFile() string { return filepath.Join(v.dir, "tls.crt") }
+func (v *secretVolume) keyFile() string  { return filepath.Join(v.dir, "tls.key") }
+
+func (v *secretVolume) publish(certPEM, keyPEM []byte) {
+	t := v.t
+	v.gen++
+	old, _ := os.Readlink(filepath.Join(v.dir, "..data"))
+	ts := fmt.Sprintf("..2026_01_01_00_00_%02d.%d", v.gen, v.gen)
+	if err := os.Mkdir(filepath.Join(v.dir, ts), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(v.dir, ts, "tls.crt"), certPEM)
+	writeFile(t, filepath.Join(v.dir, ts, "tls.key"), keyPEM)
+	tmp := filepath.Join(v.dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(v.dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if old != "" {
+		if err := os.RemoveAll(filepath.Join(v.dir, old)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lockedBuffer collects log output written from the Run goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func newLogger() (*slog.Logger, *lockedBuffer) {
+	b := &lockedBuffer{}
+	return slog.New(slog.NewTextHandler(b, nil)), b
+}
+
+// serve starts a real HTTPS server on loopback with the Reloader's config.
+func serve(t *testing.T, r *Reloader) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }),
+		TLSConfig:         r.TLSConfig(),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.ServeTLS(ln, "", ""); err != http.ErrServerClosed {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		srv.Close()
+		<-done
+	})
+	return "https://" + ln.Addr().String() + "/"
+}
+
+func trusting(pairs ...keyPair) *x509.CertPool {
+	pool := x509.NewCertPool()
+	for _, p := range pairs {
+		pool.AddCert(p.cert)
+	}
+	return pool
+}
+
+// get makes one request and returns the serial of the certificate the
+// server presented on the connection used and whether it was reused.
+func get(t *testing.T, c *http.Client, url string) (serial string, reused bool) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+	}))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || string(body) != "ok" {
+		t.Fatalf("GET %s: %d %q", url, resp.StatusCode, body)
+	}
+	return resp.TLS.PeerCertificates[0].SerialNumber.String(), reused
+}
+
+// handshakeSerial opens a new connection and returns the presented serial.
+func handshakeSerial(t *testing.T, addr string, pool *x509.CertPool) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(addr, "https://"), "/"), &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	if err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func startRun(t *testing.T, r *Reloader) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func TestSymlinkSwapServesNewCertificateAndKeepsConnections(t *testing.T) {
+	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
+	vol := newSecretVolume(t, a)
+	logger, logs := newLogger()
+	r, err := New(vol.certFile(), vol.keyFile(), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.interval = time.Hour // only the file watch can pick the change up
+	startRun(t, r)
+	url := serve(t, r)
+	pool := trusting(a, b)
+
+	// One keep-alive connection, established before the rotation.
+	kept := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 1}}
+	defer kept.CloseIdleConnections()
+	if serial, _ := get(t, kept, url); serial != a.cert.SerialNumber.String() {
+		t.Fatalf("before rotation: served serial %s, want a's %s", serial, a.cert.SerialNumber)
+	}
+
+	vol.publish(b.certPEM, b.keyPEM)
+
+	eventually(t, "a new connection to present certificate b", func() bool {
+		return handshakeSerial(t, url, pool) == b.cert.SerialNumber.String()
+	})
+	// The existing connection carries on: same connection, old handshake.
+	serial, reused := get(t, kept, url)
+	if !reused {
+		t.Fatal("the keep-alive connection made before the rotation was not reused: it was dropped")
+	}
+	if serial != a.cert.SerialNumber.String() {
+		t.Fatalf("existing connection reports serial %s, want a's %s", serial, a.cert.SerialNumber)
+	}
+	// A fresh client gets the new certificate over HTTP too.
+	fresh := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	defer fresh.CloseIdleConnections()
+	if serial, _ := get(t, fresh, url); serial != b.cert.SerialNumber.String() {
+		t.Fatalf("new client: served serial %s, want b's %s", serial, b.cert.SerialNumber)
+	}
+	if !strings.Contains(logs.String(), "serving certificate reloaded") {
+		t.Fatalf("no reload logged; logs:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "PRIVATE KEY") {
+		t.Fatal("key material was logged")
+	}
+}
+
+func TestInPlaceRewriteIsPickedUp(t *testing.T) {
+	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	writeFile(t, certFile, a.certPEM)
+	writeFile(t, keyFile, a.keyPEM)
+	r, err := New(certFile, keyFile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.interval = time.Hour
+	startRun(t, r)
+	url := serve(t, r)
+
+	// Written one after the other, as a naive tool would: in between the
+	// pair is mismatched and must not be served.
+	writeFile(t, certFile, b.certPEM)
+	writeFile(t, keyFile, b.keyPEM)
+	eventually(t, "certificate b to be served", func() bool {
+		return handshakeSerial(t, url, trusting(a, b)) == b.cert.SerialNumber.String()
+	})
+}
+
+func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
+	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
+	vol := newSecretVolume(t, a)
+	logger, logs := newLogger()
+	r, err := New(vol.certFile(), vol.keyFile(), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.interval = 50 * time.Millisecond // give the broken content many chances
+	startRun(t, r)
+	url := serve(t, r)
+	pool := trusting(a, b)
+	aSerial := a.cert.SerialNumber.String()
+
+	broken := []struct {
+		name      string
+		cert, key []byte
+		wantLog   string
+	}{
+		{"certificate of b with the key of a", b.certPEM, a.keyPEM, "private key does not match public key"},
+		{"half-written certificate", a.certPEM[:len(a.certPEM)/2], a.keyPEM, "failed to find any PEM data in certificate input"},
+		{"empty key", a.certPEM, nil, "failed to find any PEM data in key input"},
+	}
+	for _, tc := range broken {
+		t.Run(tc.name, func(t *testing.T) {
+			vol.publish(tc.cert, tc.key)
+			eventually(t, "the failure to be logged", func() bool { return strings.Contains(logs.String(), tc.wantLog) })
+			time.Sleep(150 * time.Millisecond) // several periodic checks
+			if got := handshakeSerial(t, url, pool); got != aSerial {
+				t.Fatalf("after publishing a %s the server presents serial %s, want a's %s", tc.name, got, aSerial)
+			}
+			if changed, err := r.reload(); changed || err == nil {
+				t.Fatalf("reload of a %s: changed=%v err=%v, want an error and no change", tc.name, changed, err)
+			}
+		})
+	}
+	// Logged once per bad content, not on every periodic check.
+	if n := strings.Count(logs.String(), "private key does not match public key"); n != 1 {
+		t.Errorf("mismatch logged %d times, want 1", n)
+	}
+
+	// And a good pair afterwards is taken.
+	vol.publish(b.certPEM, b.keyPEM)
+	eventually(t, "certificate b to be served after the broken ones", func() bool {
+		return handshakeSerial(t, url, pool) == b.cert.SerialNumber.String()
+	})
+}
+
+func TestPeriodicCheckWithoutFileEvents(t *testing.T) {
+	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
+	vol := newSecretVolume(t, a)
+	r, err := New(vol.certFile(), vol.keyFile(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.noWatch = true
+	r.interval = 50 * time.Millisecond
+	startRun(t, r)
+
+	vol.publish(b.certPEM, b.keyPEM)
+	eventually(t, "the periodic check to load b", func() bool {
+		return r.Certificate().Leaf.SerialNumber.Cmp(b.cert.SerialNumber) == 0
+	})
+}
+
+func TestUnchangedContentIsNotReloaded(t *testing.T) {
+	a := newKeyPair(t, "a")
+	vol := newSecretVolume(t, a)
+	r, err := New(vol.certFile(), vol.keyFile(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := r.Certificate()
+	vol.publish(a.certPEM, a.keyPEM) // same bytes, new directory
+	if changed, err := r.reload(); changed || err != nil {
+		t.Fatalf("reload of identical content: changed=%v err=%v", changed, err)
+	}
+	if r.Certificate() != before {
+		t.Fatal("identical content replaced the certificate")
+	}
+}
+
+func TestNewRefusesBadInput(t *testing.T) {
+	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	writeFile(t, certFile, a.certPEM)
+	writeFile(t, keyFile, b.keyPEM)
+	big := filepath.Join(dir, "big.crt")
+	writeFile(t, big, bytes.Repeat([]byte("A"), maxFileSize+1))
+
+	for _, tc := range []struct {
+		name, cert, key, want string
+	}{
+		{"no files", "", "", "both a certificate file and a key file are required"},
+		{"missing certificate", filepath.Join(dir, "nope.crt"), keyFile, "no such file or directory"},
+		{"mismatched pair", certFile, keyFile, "private key does not match public key"},
+		{"oversized file", big, keyFile, "is larger than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := New(tc.cert, tc.key, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v, %v; want an error containing %q", r, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRefusesTLSBelow12(t *testing.T) {
+	a := newKeyPair(t, "a")
+	vol := newSecretVolume(t, a)
+	r, err := New(vol.certFile(), vol.keyFile(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, r)
+	addr := strings.TrimSuffix(strings.TrimPrefix(url, "https://"), "/")
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: trusting(a), MaxVersion: tls.VersionTLS11})
+	if err == nil {
+		conn.Close()
+		t.Fatal("a TLS 1.1 handshake succeeded")
+	}
+	conn, err = tls.Dial("tcp", addr, &tls.Config{RootCAs: trusting(a), MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS12})
+	if err != nil {
+		t.Fatalf("TLS 1.2 handshake: %v", err)
+	}
+	conn.Close()
+}
