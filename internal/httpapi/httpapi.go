@@ -1,0 +1,216 @@
+// Package httpapi is the backend's HTTP surface: discovery (GET /export),
+// poll sessions (POST /sessions, GET /poll) per docs/protocol.md §0, §1 and
+// §4, the probes /healthz and /readyz, and Prometheus metrics on /metrics.
+// The browser routes (/authorize, /callback, /bind, /static/) are served by
+// Config.Browser when it is set.
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/sessions"
+)
+
+// ProtocolVersion is the kube-bind protocol level advertised in the
+// BindingProvider's version: a strict semver at or above v0.3.0, which
+// released CLIs require.
+const ProtocolVersion = "v0.4.8"
+
+// Paths of the API, relative to the external URL's path.
+const (
+	PathExport    = "/export"
+	PathSessions  = "/sessions"
+	PathPoll      = "/poll"
+	PathAuthorize = "/authorize"
+	PathCallback  = "/callback"
+	PathBind      = "/bind"
+	PathStatic    = "/static"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultPollInterval = 2 * time.Second
+	DefaultSessionTTL   = 10 * time.Minute
+)
+
+// Config configures the handler returned by New.
+type Config struct {
+	// ExternalURL is the public URL of the backend (scheme, host and an
+	// optional path prefix). Every advertised URL is built from it, and
+	// signatures are checked against its scheme and host, never against
+	// the request's Host header. Required.
+	ExternalURL *url.URL
+	// PrettyName is the provider's name shown to consumers.
+	PrettyName string
+	// PollInterval is the advertised poll interval (default 2s).
+	PollInterval time.Duration
+	// SessionTTL is how long a session lives after creation (default 10m).
+	SessionTTL time.Duration
+	// Store keeps the sessions. Required.
+	Store sessions.Store
+	// Logger receives access and error logs (default: discard).
+	Logger *slog.Logger
+	// Metrics is the registry the handler's metrics are registered in and
+	// that /metrics serves (default: a new registry). Pass a fresh one per
+	// handler; registering twice in one registry fails.
+	Metrics *prometheus.Registry
+	// Readiness are the checks /readyz runs; it is ready when all pass.
+	Readiness []health.Check
+	// Browser, if set, serves the browser routes /authorize, /callback,
+	// /bind and /static/ (under the external URL's path prefix). While it
+	// is nil, /authorize answers 503.
+	Browser http.Handler
+	// Now is the clock for session creation times (default time.Now); use
+	// the store's clock so both agree.
+	Now func() time.Time
+}
+
+// Bounds of request bodies.
+const (
+	// maxSessionBody is the most a POST /sessions body may hold (§1).
+	maxSessionBody = 4 << 10
+	// maxPollBody bounds the (ignored, but signed) body of a poll.
+	maxPollBody = 4 << 10
+	// maxOtherBody bounds bodies of every other route, browser forms
+	// included.
+	maxOtherBody = 64 << 10
+)
+
+// New returns the backend's HTTP handler.
+func New(cfg Config) (http.Handler, error) {
+	if err := validateExternalURL(cfg.ExternalURL); err != nil {
+		return nil, err
+	}
+	if cfg.Store == nil {
+		return nil, errors.New("httpapi: Config.Store is required")
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.PollInterval < 0 {
+		return nil, fmt.Errorf("httpapi: poll interval %s is negative", cfg.PollInterval)
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
+	if cfg.SessionTTL < 0 {
+		return nil, fmt.Errorf("httpapi: session TTL %s is negative", cfg.SessionTTL)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	m, err := newMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, err
+	}
+
+	prefix := strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/")
+	s := &server{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		metrics:    m,
+		scheme:     strings.ToLower(cfg.ExternalURL.Scheme),
+		host:       cfg.ExternalURL.Host,
+		minPollGap: minPollGap(cfg.PollInterval),
+	}
+	if s.export, err = exportDocument(cfg, prefix); err != nil {
+		return nil, err
+	}
+
+	r := chi.NewRouter()
+	r.NotFound(s.notFound)
+	r.MethodNotAllowed(s.methodNotAllowed(r))
+
+	r.Get("/healthz", named("/healthz", s.healthz))
+	r.Get("/readyz", named("/readyz", s.readyz))
+	metricsHandler := promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{ErrorLog: slogErrorLog{cfg.Logger}})
+	r.Get("/metrics", named("/metrics", metricsHandler.ServeHTTP))
+
+	api := func(r chi.Router) {
+		r.Get(PathExport, named(PathExport, s.serveExport))
+		r.Post(PathSessions, named(PathSessions, s.createSession))
+		r.Get(PathPoll, named(PathPoll, s.poll))
+		if cfg.Browser != nil {
+			b := cfg.Browser.ServeHTTP
+			r.Handle(PathAuthorize, named(PathAuthorize, b))
+			r.Handle(PathCallback, named(PathCallback, b))
+			r.Handle(PathBind, named(PathBind, b))
+			r.Handle(PathStatic+"/*", named(PathStatic, b))
+		} else {
+			r.Get(PathAuthorize, named(PathAuthorize, s.browserMissing))
+		}
+	}
+	if prefix == "" {
+		api(r)
+	} else {
+		r.Route(prefix, api)
+	}
+	return s.middleware(r), nil
+}
+
+func validateExternalURL(u *url.URL) error {
+	if u == nil {
+		return errors.New("httpapi: Config.ExternalURL is required")
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("httpapi: external URL %q: scheme must be http or https", u)
+	case u.Host == "":
+		return fmt.Errorf("httpapi: external URL %q has no host", u)
+	case u.User != nil:
+		return fmt.Errorf("httpapi: external URL %q must not carry user information", u.Redacted())
+	case u.RawQuery != "" || u.ForceQuery:
+		return fmt.Errorf("httpapi: external URL %q must not have a query", u)
+	case u.Fragment != "":
+		return fmt.Errorf("httpapi: external URL %q must not have a fragment", u)
+	}
+	return nil
+}
+
+// server holds what the handlers share.
+type server struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	export  []byte
+	// scheme and host of the external URL, which every signature covers.
+	scheme, host string
+	// minPollGap is the poll interval less the jitter tolerance.
+	minPollGap time.Duration
+}
+
+// pollTolerance is how much earlier than pollInterval after the previous
+// poll a poll is still accepted: a client that waits exactly pollInterval
+// must not be told to slow down because one request of it was delayed in
+// the network. It is 10% of the interval but at least 250ms, and never
+// more than half the interval.
+func pollTolerance(interval time.Duration) time.Duration {
+	tol := max(interval/10, 250*time.Millisecond)
+	return min(tol, interval/2)
+}
+
+func minPollGap(interval time.Duration) time.Duration {
+	return interval - pollTolerance(interval)
+}
+
+// slogErrorLog adapts slog to promhttp's error logger.
+type slogErrorLog struct{ l *slog.Logger }
+
+func (s slogErrorLog) Println(v ...any) { s.l.Error("metrics: " + fmt.Sprint(v...)) }

@@ -1,0 +1,291 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+func TestExport(t *testing.T) {
+	for _, c := range []struct {
+		name, external, path, base string
+	}{
+		{"root", "https://bind.example.com", "/export", "https://bind.example.com"},
+		{"trailing slash", "https://bind.example.com/", "/export", "https://bind.example.com"},
+		{"path prefix", "https://example.com:8443/kube-bind", "/kube-bind/export", "https://example.com:8443/kube-bind"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOpts{external: c.external, interval: 3 * time.Second})
+			// The Host header is attacker-controlled; URLs must not follow it.
+			resp := e.do("GET", c.path, nil, "Host", "evil.example.org", "X-Forwarded-Host", "evil.example.org")
+			b := readAll(t, resp)
+			if resp.StatusCode != 200 {
+				t.Fatalf("GET %s: %d %s", c.path, resp.StatusCode, b)
+			}
+			wantCommonHeaders(t, resp)
+			var bp v1alpha1.BindingProvider
+			if err := json.Unmarshal(b, &bp); err != nil {
+				t.Fatal(err)
+			}
+			want := v1alpha1.BindingProvider{
+				APIVersion: "v1alpha1", Kind: "BindingProvider", ProviderPrettyName: "MangoDB Inc.", Version: "v0.4.8",
+				AuthenticationMethods: []v1alpha1.AuthenticationMethod{
+					{Method: "OAuth2CodeGrantPoll", OAuth2CodeGrantPoll: &v1alpha1.OAuth2CodeGrantPoll{
+						SessionURL: c.base + "/sessions", AuthenticatedURL: c.base + "/authorize",
+						PollURL: c.base + "/poll", PollInterval: "3s"}},
+					{Method: "OAuth2CodeGrant", OAuth2CodeGrant: &v1alpha1.OAuth2CodeGrant{AuthenticatedURL: c.base + "/authorize"}},
+				},
+			}
+			got, _ := json.Marshal(bp)
+			exp, _ := json.Marshal(want)
+			if string(got) != string(exp) {
+				t.Fatalf("export\n got %s\nwant %s", got, exp)
+			}
+			if strings.Contains(string(b), "evil") {
+				t.Fatal("export built URLs from the Host header")
+			}
+		})
+	}
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	store := newEnv(t, envOpts{}).store
+	for _, raw := range []string{"ftp://x", "https://", "https://u:p@x", "https://x/?a=b", "https://x/#f"} {
+		u, _ := url.Parse(raw)
+		if _, err := New(Config{ExternalURL: u, Store: store}); err == nil {
+			t.Errorf("New accepted external URL %q", raw)
+		}
+	}
+	u, _ := url.Parse("https://x")
+	if _, err := New(Config{ExternalURL: u}); err == nil {
+		t.Error("New accepted a config without a store")
+	}
+	if _, err := New(Config{ExternalURL: u, Store: store, PollInterval: -time.Second}); err == nil {
+		t.Error("New accepted a negative poll interval")
+	}
+}
+
+func TestCreateSession(t *testing.T) {
+	e := newEnv(t, envOpts{ttl: 7 * time.Minute})
+	ps := e.createSession("")
+	if ps.APIVersion != "kube-bind.io/v1alpha1" || ps.Kind != "Oauth2CodeGrantPollSession" {
+		t.Errorf("apiVersion/kind = %q/%q", ps.APIVersion, ps.Kind)
+	}
+	if len(ps.SessionID) < 22 || !ids.URLSafe(ps.SessionID, 64) {
+		t.Errorf("session ID %q: want >= 128 bits of URL-safe characters", ps.SessionID)
+	}
+	if len(ps.SessionSecret) != 43 || !ids.URLSafe(ps.SessionSecret, 64) {
+		t.Errorf("secret %q: want 256 bits base64url without padding", ps.SessionSecret)
+	}
+	if !ids.IssuedClusterID(ps.ClusterID) {
+		t.Errorf("cluster ID %q is not of the issued format", ps.ClusterID)
+	}
+	if want := e.clock.Now().Add(7 * time.Minute); !ps.ExpiresAt.Equal(want) {
+		t.Errorf("expiresAt %s, want %s", ps.ExpiresAt, want)
+	}
+	stored, err := e.store.Get(context.Background(), ps.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.Secret != ps.SessionSecret || stored.ClusterID != ps.ClusterID || stored.State != sessions.StatePending {
+		t.Errorf("stored session %+v does not match the answer", stored)
+	}
+	if ps2 := e.createSession(""); ps2.SessionID == ps.SessionID || ps2.SessionSecret == ps.SessionSecret || ps2.ClusterID == ps.ClusterID {
+		t.Error("two sessions share an ID, secret or cluster ID")
+	}
+}
+
+func TestCreateSessionClusterID(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ours := ids.NewClusterID()
+	for _, c := range []struct {
+		name, body string
+		keep       string // cluster ID expected back; "" = a new one
+	}{
+		{"ours kept", `{"clusterID":"` + ours + `"}`, ours},
+		{"released CLI's kept", `{"clusterID":"aB3dE9"}`, "aB3dE9"},
+		{"whitespace around", " \n{\"clusterID\": \"" + ours + "\"}\n ", ours},
+		{"field name case-insensitive", `{"clusterId":"aB3dE9"}`, "aB3dE9"},
+		{"empty object", `{}`, ""},
+		{"null", `null`, ""},
+		{"empty clusterID", `{"clusterID":""}`, ""},
+		{"foreign format replaced", `{"clusterID":"../../etc/passwd"}`, ""},
+		{"too long replaced", `{"clusterID":"` + strings.Repeat("a", 300) + `"}`, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ps := e.createSession(c.body)
+			if c.keep != "" && ps.ClusterID != c.keep {
+				t.Fatalf("cluster ID %q, want %q kept", ps.ClusterID, c.keep)
+			}
+			if c.keep == "" && !ids.IssuedClusterID(ps.ClusterID) {
+				t.Fatalf("cluster ID %q, want a newly issued one", ps.ClusterID)
+			}
+		})
+	}
+}
+
+func TestCreateSessionBadRequests(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	for name, body := range map[string]string{
+		"malformed":     `{"clusterID":`,
+		"not an object": `[1,2]`,
+		"number":        `{"clusterID": 42}`,
+		"unknown field": `{"cluster":"aB3dE9"}`,
+		"trailing data": `{"clusterID":"aB3dE9"} {}`,
+		"not JSON":      `clusterID=aB3dE9`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			msg := wantError(t, e.do("POST", "/sessions", strings.NewReader(body)), 400, "invalid_request")
+			if strings.Contains(msg, "v1alpha1.") || strings.Contains(msg, "json: ") {
+				t.Errorf("message %q leaks Go internals", msg)
+			}
+		})
+	}
+	if e.store.Len() != 0 {
+		t.Errorf("bad requests stored %d sessions", e.store.Len())
+	}
+}
+
+func TestCreateSessionBodyLimit(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	id := ids.NewClusterID()
+	prefix := `{"clusterID":"` + id + `"}`
+	atLimit := prefix + strings.Repeat(" ", 4096-len(prefix))
+	if ps := e.createSession(atLimit); ps.ClusterID != id {
+		t.Fatalf("a body of exactly 4096 bytes was not accepted as such: %+v", ps)
+	}
+	wantError(t, e.do("POST", "/sessions", strings.NewReader(atLimit+" ")), 413, "request_too_large")
+	fiveK := `{"clusterID":"` + strings.Repeat("x", 5<<10) + `"}`
+	wantError(t, e.do("POST", "/sessions", strings.NewReader(fiveK)), 413, "request_too_large")
+	// Without Content-Length (chunked), the limit holds while reading.
+	wantError(t, e.do("POST", "/sessions", struct{ *strings.Reader }{strings.NewReader(fiveK)}), 413, "request_too_large")
+	if e.store.Len() != 1 {
+		t.Errorf("store holds %d sessions, want 1", e.store.Len())
+	}
+}
+
+func TestCreateSessionFull(t *testing.T) {
+	e := newEnv(t, envOpts{limits: sessions.Limits{MaxSessions: 2}, ttl: time.Minute})
+	e.createSession("")
+	e.createSession("")
+	resp := e.do("POST", "/sessions", nil)
+	wantError(t, resp, 503, "temporarily_unavailable")
+	if ra := resp.Header.Get("Retry-After"); ra != "30" {
+		t.Errorf("Retry-After %q, want 30", ra)
+	}
+	// Once sessions expired, there is room again.
+	e.clock.Advance(time.Minute)
+	e.createSession("")
+}
+
+func TestNotFoundAndMethodNotAllowed(t *testing.T) {
+	e := newEnv(t, envOpts{external: "https://bind.example.com/kb"})
+	wantError(t, e.do("GET", "/nope", nil), 404, "not_found")
+	wantError(t, e.do("GET", "/export", nil), 404, "not_found") // outside the prefix
+	for _, c := range []struct{ method, path, allow string }{
+		{"POST", "/kb/poll", "GET"},
+		{"GET", "/kb/sessions", "POST"},
+		{"DELETE", "/kb/export", "GET"},
+		{"POST", "/healthz", "GET"},
+	} {
+		resp := e.do(c.method, c.path, nil)
+		wantError(t, resp, 405, "method_not_allowed")
+		if got := resp.Header.Get("Allow"); got != c.allow {
+			t.Errorf("%s %s: Allow %q, want %q", c.method, c.path, got, c.allow)
+		}
+	}
+}
+
+func TestProbes(t *testing.T) {
+	oidc := health.NewStatus("oidc", errors.New("discovery failing: connection refused"))
+	cluster := health.CheckFunc("cluster", func(context.Context) error { return nil })
+	e := newEnv(t, envOpts{readiness: []health.Check{oidc, cluster}})
+
+	resp := e.do("GET", "/healthz", nil)
+	if b := readAll(t, resp); resp.StatusCode != 200 || string(b) != "ok\n" {
+		t.Fatalf("healthz: %d %q", resp.StatusCode, b)
+	}
+	resp = e.do("GET", "/readyz", nil)
+	b := string(readAll(t, resp))
+	if resp.StatusCode != 503 || !strings.Contains(b, "[-]oidc failed: discovery failing: connection refused") ||
+		!strings.Contains(b, "[+]cluster ok") {
+		t.Fatalf("readyz while oidc is down: %d %q", resp.StatusCode, b)
+	}
+	if resp.Header.Get("Cache-Control") != "no-store" {
+		t.Error("readyz without Cache-Control: no-store")
+	}
+	oidc.Set(nil)
+	resp = e.do("GET", "/readyz", nil)
+	if b := string(readAll(t, resp)); resp.StatusCode != 200 || !strings.Contains(b, "[+]oidc ok") {
+		t.Fatalf("readyz when all pass: %d %q", resp.StatusCode, b)
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession("")
+	readAll(t, e.poll(ps))
+	readAll(t, e.poll(ps)) // too soon
+	resp := e.do("GET", "/metrics", nil)
+	b := string(readAll(t, resp))
+	for _, want := range []string{
+		"kube_bind_backend_sessions_created_total 1",
+		`kube_bind_backend_polls_total{outcome="authorization_pending"} 1`,
+		`kube_bind_backend_polls_total{outcome="slow_down"} 1`,
+		`kube_bind_backend_http_request_duration_seconds_count{code="403",route="/poll"} 1`,
+		`kube_bind_backend_http_request_duration_seconds_count{code="201",route="/sessions"} 1`,
+	} {
+		if !strings.Contains(b, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	// Two handlers with their own registries coexist.
+	newEnv(t, envOpts{})
+}
+
+func TestBrowserRoutes(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	resp := e.do("GET", "/authorize?s=x", nil)
+	b := string(readAll(t, resp))
+	if resp.StatusCode != 503 || !strings.Contains(b, "not available") {
+		t.Fatalf("authorize without browser: %d %q", resp.StatusCode, b)
+	}
+
+	var seen []string
+	browser := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/kb/bind" && r.Method == "PUT" {
+			panic("boom")
+		}
+		seen = append(seen, r.Method+" "+r.URL.Path)
+		w.Write([]byte("browser"))
+	})
+	e = newEnv(t, envOpts{external: "https://bind.example.com/kb", browser: browser})
+	for _, p := range []string{"GET /kb/authorize", "GET /kb/callback", "POST /kb/bind", "GET /kb/static/app.css"} {
+		m, path, _ := strings.Cut(p, " ")
+		resp := e.do(m, path, nil)
+		if b := string(readAll(t, resp)); resp.StatusCode != 200 || b != "browser" {
+			t.Errorf("%s: %d %q", p, resp.StatusCode, b)
+		}
+		if resp.Header.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: no Cache-Control: no-store", p)
+		}
+	}
+	if len(seen) != 4 {
+		t.Errorf("browser saw %v", seen)
+	}
+	// A panic is a logged 500, not a dropped connection.
+	wantError(t, e.do("PUT", "/kb/bind", nil), 500, "internal_error")
+	if !strings.Contains(e.logs.String(), "panic while serving a request") {
+		t.Error("panic not logged")
+	}
+}

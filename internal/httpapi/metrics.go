@@ -1,0 +1,82 @@
+package httpapi
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Poll outcomes, the values of the outcome label of polls_total: the error
+// codes of §4 plus "completed" and "unavailable" (store failure).
+var pollOutcomes = []string{
+	"completed", "authorization_pending", "access_denied", "slow_down",
+	"invalid_signature", "expired_token", "invalid_request", "request_too_large", "unavailable",
+}
+
+type metrics struct {
+	sessionsCreated prometheus.Counter
+	sessionsRefused *prometheus.CounterVec
+	polls           map[string]prometheus.Counter
+	duration        *prometheus.HistogramVec
+
+	// observers caches resolved histogram children, so that observing a
+	// request does not hash label values or allocate.
+	mu        sync.RWMutex
+	observers map[routeCode]prometheus.Observer
+}
+
+type routeCode struct {
+	route string
+	code  int
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		sessionsCreated: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kube_bind_backend", Name: "sessions_created_total",
+			Help: "Poll sessions created.",
+		}),
+		sessionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kube_bind_backend", Name: "sessions_refused_total",
+			Help: "Session creations refused, by reason (full: the pending-session limit was reached).",
+		}, []string{"reason"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "kube_bind_backend", Name: "http_request_duration_seconds",
+			Help:    "Latency of HTTP requests by route and status code.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"route", "code"}),
+		polls:     make(map[string]prometheus.Counter, len(pollOutcomes)),
+		observers: make(map[routeCode]prometheus.Observer),
+	}
+	pollsVec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kube_bind_backend", Name: "polls_total",
+		Help: "Polls answered, by outcome (the error code of the answer, or completed).",
+	}, []string{"outcome"})
+	for _, o := range pollOutcomes {
+		m.polls[o] = pollsVec.WithLabelValues(o)
+	}
+	for _, c := range []prometheus.Collector{m.sessionsCreated, m.sessionsRefused, pollsVec, m.duration} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) poll(outcome string) { m.polls[outcome].Inc() }
+
+func (m *metrics) observe(route string, code int, d time.Duration) {
+	k := routeCode{route, code}
+	m.mu.RLock()
+	o := m.observers[k]
+	m.mu.RUnlock()
+	if o == nil {
+		o = m.duration.WithLabelValues(route, strconv.Itoa(code))
+		m.mu.Lock()
+		m.observers[k] = o
+		m.mu.Unlock()
+	}
+	o.Observe(d.Seconds())
+}

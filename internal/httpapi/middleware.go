@@ -1,0 +1,169 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// recorder remembers what a handler answered, for logs and metrics. The
+// route label is set by the handler (see named), not derived from the
+// path, so that metrics have a bounded set of labels.
+type recorder struct {
+	http.ResponseWriter
+	status      int
+	bytes       int64
+	route       string
+	wroteHeader bool
+}
+
+var recorders = sync.Pool{New: func() any { return new(recorder) }}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wroteHeader && code >= 200 {
+		r.status = code
+		r.wroteHeader = true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	n, err := r.ResponseWriter.Write(b)
+	r.bytes += int64(n)
+	return n, err
+}
+
+// Flush lets streaming handlers flush through the recorder.
+func (r *recorder) Flush() {
+	if !r.wroteHeader {
+		r.WriteHeader(http.StatusOK)
+	}
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController the underlying writer.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// named labels the route of a handler for logs and metrics.
+func named(route string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if rec, ok := w.(*recorder); ok {
+			rec.route = route
+		}
+		h(w, r)
+	}
+}
+
+// routeUnmatched labels requests no route matched.
+const routeUnmatched = "unmatched"
+
+// middleware wraps every request: Cache-Control: no-store on every answer,
+// a bound on request bodies, panic recovery, access log and metrics.
+func (s *server) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := recorders.Get().(*recorder)
+		*rec = recorder{ResponseWriter: w, status: http.StatusOK, route: routeUnmatched}
+		w.Header()["Cache-Control"] = hdrNoStore
+
+		if r.Body != nil && r.Body != http.NoBody {
+			if r.ContentLength > maxOtherBody {
+				writeError(rec, http.StatusRequestEntityTooLarge, errRequestTooLarge, tooLargeMessage(maxOtherBody))
+				s.finish(rec, r, start)
+				return
+			}
+			r.Body = http.MaxBytesReader(rec, r.Body, maxOtherBody)
+		}
+
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.log.Error("panic while serving a request", "method", r.Method, "path", r.URL.Path,
+					"route", rec.route, "panic", p, "stack", string(debug.Stack()))
+				if !rec.wroteHeader {
+					writeError(rec, http.StatusInternalServerError, errInternal,
+						"the backend failed while answering this request; the failure has been logged")
+				} else {
+					rec.status = http.StatusInternalServerError
+				}
+			}
+			s.finish(rec, r, start)
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// finish records metrics and the access log, and recycles rec.
+func (s *server) finish(rec *recorder, r *http.Request, start time.Time) {
+	d := time.Since(start)
+	s.metrics.observe(rec.route, rec.status, d)
+	level := accessLogLevel(rec.route, rec.status)
+	if s.log.Enabled(r.Context(), level) {
+		// Only the path: queries carry signatures and nonces, and bodies
+		// and answers carry secrets and kubeconfigs; none are logged.
+		s.log.LogAttrs(context.Background(), level, "request",
+			slog.String("method", r.Method),
+			slog.String("path", r.URL.Path),
+			slog.String("route", rec.route),
+			slog.Int("status", rec.status),
+			slog.Int64("bytes", rec.bytes),
+			slog.Duration("duration", d),
+			slog.String("remote", r.RemoteAddr),
+		)
+	}
+	*rec = recorder{}
+	recorders.Put(rec)
+}
+
+// accessLogLevel keeps routine traffic (probes, scrapes, a client waiting
+// for its user) at debug level, so that info logs show what matters.
+func accessLogLevel(route string, status int) slog.Level {
+	switch {
+	case status >= 500:
+		return slog.LevelError
+	case route == "/healthz" || route == "/readyz" || route == "/metrics":
+		return slog.LevelDebug
+	case route == PathPoll && (status == http.StatusForbidden || status == http.StatusTooManyRequests):
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}
+
+const errRequestTooLarge = "request_too_large"
+
+func tooLargeMessage(limit int) string {
+	return "the request body is larger than the limit of " + strconv.Itoa(limit) + " bytes"
+}
+
+// readBody reads at most limit bytes of r's body. It reports tooLarge when
+// the body is longer.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, false, nil
+	}
+	if r.ContentLength > limit {
+		return nil, true, nil
+	}
+	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, true, nil
+		}
+		return nil, false, err
+	}
+	return body, false, nil
+}

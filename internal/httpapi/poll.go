@@ -1,0 +1,161 @@
+package httpapi
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// Bounds on the signed parameters, so that nothing unbounded reaches the
+// store. Nonces must carry at least 128 bits (22 base64url characters).
+const (
+	maxIDLen    = 128
+	minNonceLen = 22
+	maxNonceLen = 128
+)
+
+// The answer to a pending poll is the same every time: encoded once.
+var pendingBody = errorBody(v1alpha1.ErrorAuthorizationPending,
+	"the user has not finished in the browser yet; poll again after pollInterval")
+
+// poll is GET /poll (§4). The order matters: parameters are checked before
+// the store is asked, the signature before the nonce is spent, and the
+// nonce before the poll interval is enforced.
+func (s *server) poll(w http.ResponseWriter, r *http.Request) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		s.pollError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest, "the query string is malformed")
+		return
+	}
+	sid, msg := single(q, hmac.ParamSession)
+	if msg == "" && !ids.URLSafe(sid, maxIDLen) {
+		msg = "parameter s is not a session ID"
+	}
+	var nonce, sig string
+	if msg == "" {
+		nonce, msg = single(q, hmac.ParamNonce)
+	}
+	if msg == "" && (len(nonce) < minNonceLen || !ids.URLSafe(nonce, maxNonceLen)) {
+		msg = "parameter n must be a fresh nonce of at least 128 random bits, base64url-encoded"
+	}
+	if msg == "" {
+		sig, msg = single(q, hmac.ParamSignature)
+	}
+	if msg != "" {
+		s.pollError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest, msg)
+		return
+	}
+	// A GET has no use for a body, but a body is signed like any other.
+	body, tooLarge, err := readBody(w, r, maxPollBody)
+	if tooLarge {
+		s.pollError(w, http.StatusRequestEntityTooLarge, errRequestTooLarge, tooLargeMessage(maxPollBody))
+		return
+	} else if err != nil {
+		s.pollError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest, "the request body could not be read")
+		return
+	}
+
+	ctx := r.Context()
+	sess, err := s.cfg.Store.Get(ctx, sid)
+	if err != nil {
+		s.storeError(w, err)
+		return
+	}
+	if sess.Secret == "" {
+		// A session of the callback flow: it has no secret, so nothing can
+		// be signed for it, and it is nothing to poll.
+		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "there is no poll session with this ID; start over")
+		return
+	}
+	req := hmac.Request{Scheme: s.scheme, Host: s.host, Method: r.Method, Path: r.URL.EscapedPath(), Query: q, Body: body}
+	if !hmac.Verify(sess.Secret, req, sig) {
+		s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
+			"the signature h does not match this request; sign it with the session secret for the URL "+
+				"the backend advertises as pollURL")
+		return
+	}
+
+	expiresAt := sess.ExpiresAt
+	sess, err = s.cfg.Store.RecordPoll(ctx, sid, nonce, s.minPollGap)
+	if err != nil {
+		var soon *sessions.TooSoonError
+		switch {
+		case errors.As(err, &soon):
+			retryAfter(w.Header(), ceilSeconds(soon.RetryAfter))
+			s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
+				"polled sooner than pollInterval ("+s.cfg.PollInterval.String()+") after the previous poll; wait as long as Retry-After says")
+		case errors.Is(err, sessions.ErrNonceUsed):
+			s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
+				"the nonce n was used before; sign every request with a fresh nonce")
+		case errors.Is(err, sessions.ErrTooManyNonces):
+			// No later poll of this session can succeed: wait for it to
+			// expire and start over.
+			retryAfter(w.Header(), ceilSeconds(expiresAt.Sub(s.cfg.Now())))
+			s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
+				"this session has made as many signed requests as it may; start over once it expired")
+		default:
+			s.storeError(w, err)
+		}
+		return
+	}
+
+	switch sess.State {
+	case sessions.StateCompleted:
+		s.metrics.poll("completed")
+		writeJSONBytes(w, http.StatusOK, sess.Response)
+	case sessions.StateDenied:
+		reason := sess.DenyReason
+		if reason == "" {
+			reason = "the user cancelled or the provider refused this user"
+		}
+		s.pollError(w, http.StatusForbidden, v1alpha1.ErrorAccessDenied, "the binding was refused: "+reason)
+	default:
+		s.metrics.poll(v1alpha1.ErrorAuthorizationPending)
+		writeJSONBytes(w, http.StatusForbidden, pendingBody)
+	}
+}
+
+// single returns the one value of key in q, or a message saying why there
+// is not exactly one non-empty value.
+func single(q url.Values, key string) (string, string) {
+	switch vs := q[key]; {
+	case len(vs) == 0 || vs[0] == "" && len(vs) == 1:
+		return "", "parameter " + key + " is missing"
+	case len(vs) > 1:
+		return "", "parameter " + key + " is given more than once"
+	default:
+		return vs[0], ""
+	}
+}
+
+func (s *server) pollError(w http.ResponseWriter, status int, code, message string) {
+	s.metrics.poll(code)
+	writeError(w, status, code, message)
+}
+
+// storeError answers a failed store lookup: an unknown or expired session
+// is 410; anything else is the store's trouble, not the client's.
+func (s *server) storeError(w http.ResponseWriter, err error) {
+	if errors.Is(err, sessions.ErrNotFound) {
+		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken,
+			"the session expired or is unknown to the backend; start over")
+		return
+	}
+	s.log.Error("session store failed", "error", err)
+	s.metrics.poll("unavailable")
+	w.Header()[retryAfterKy] = hdrRetry5
+	writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
+		"the session store is unavailable; try again shortly")
+}
+
+// ceilSeconds rounds d up to whole seconds, at least 1.
+func ceilSeconds(d time.Duration) int64 {
+	sec := int64((d + time.Second - 1) / time.Second)
+	return max(sec, 1)
+}

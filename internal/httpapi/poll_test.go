@@ -1,0 +1,283 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+func TestPollPending(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession("")
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+	e.clock.Advance(2 * time.Second)
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+}
+
+func TestPollTooSoon(t *testing.T) {
+	e := newEnv(t, envOpts{}) // pollInterval 2s, tolerance 250ms
+	ps := e.createSession("")
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+
+	e.clock.Advance(500 * time.Millisecond)
+	resp := e.poll(ps)
+	wantError(t, resp, 429, "slow_down")
+	if ra := resp.Header.Get("Retry-After"); ra != "2" { // 1.25s left, rounded up
+		t.Errorf("Retry-After %q, want 2", ra)
+	}
+
+	e.clock.Advance(1200 * time.Millisecond) // 1.7s after the last counted poll
+	resp = e.poll(ps)
+	wantError(t, resp, 429, "slow_down")
+	if ra := resp.Header.Get("Retry-After"); ra != "1" { // 50ms left: at least 1
+		t.Errorf("Retry-After %q, want 1", ra)
+	}
+
+	// 1.8s after the last counted poll: within the jitter tolerance.
+	e.clock.Advance(100 * time.Millisecond)
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+}
+
+func TestPollTolerance(t *testing.T) {
+	for interval, want := range map[time.Duration]time.Duration{
+		2 * time.Second:        250 * time.Millisecond,
+		5 * time.Second:        500 * time.Millisecond,
+		400 * time.Millisecond: 200 * time.Millisecond,
+		0:                      0,
+	} {
+		if got := pollTolerance(interval); got != want {
+			t.Errorf("pollTolerance(%s) = %s, want %s", interval, got, want)
+		}
+	}
+}
+
+func TestPollReusedNonce(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession("")
+	u := e.pollURL(ps)
+	wantError(t, e.do("GET", u, nil), 403, "authorization_pending")
+	e.clock.Advance(time.Minute)
+	msg := wantError(t, e.do("GET", u, nil), 401, "invalid_signature")
+	if !strings.Contains(msg, "nonce") {
+		t.Errorf("message %q does not name the nonce", msg)
+	}
+}
+
+func TestPollUnknownAndExpired(t *testing.T) {
+	e := newEnv(t, envOpts{ttl: time.Minute})
+	ghost := v1alpha1.PollSession{SessionID: "Zr7Q2mWbX9kLp3VtZr7Q2m", SessionSecret: strings.Repeat("k", 43)}
+	wantError(t, e.poll(ghost), 410, "expired_token")
+
+	ps := e.createSession("")
+	e.clock.Advance(time.Minute)
+	wantError(t, e.poll(ps), 410, "expired_token")
+}
+
+func TestPollBadSignature(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession("")
+	fresh := func(mod func(u *url.URL)) string {
+		u, _ := url.Parse(e.pollURL(ps))
+		mod(u)
+		return u.String()
+	}
+	setQ := func(k, v string) func(u *url.URL) {
+		return func(u *url.URL) { q := u.Query(); q.Set(k, v); u.RawQuery = q.Encode() }
+	}
+	cases := map[string]string{
+		"tampered signature": fresh(func(u *url.URL) {
+			q := u.Query()
+			h := []byte(q.Get("h"))
+			h[3] ^= 1
+			q.Set("h", string(h))
+			u.RawQuery = q.Encode()
+		}),
+		"signature not base64": fresh(setQ("h", "!!!")),
+		"wrong secret": func() string {
+			other := ps
+			other.SessionSecret = strings.Repeat("A", 43)
+			return e.pollURL(other)
+		}(),
+		// Signed for the address the test server listens on, not for the
+		// backend's external URL.
+		"signed for another host": e.signedURL(ps, e.srv.URL+"/poll"),
+		"signed for http":         e.signedURL(ps, "http://bind.example.com/poll"),
+		"signed for another path": func() string {
+			u, _ := url.Parse(e.signedURL(ps, e.ext.String()+"/authorize"))
+			u.Path = "/poll"
+			return u.String()
+		}(),
+		"parameter added after signing": fresh(func(u *url.URL) { u.RawQuery += "&tenant=x" }),
+	}
+	for name, u := range cases {
+		t.Run(name, func(t *testing.T) {
+			wantError(t, e.do("GET", u, nil), 401, "invalid_signature")
+		})
+	}
+	// None of them counted as a poll: a good one right away is pending.
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+}
+
+func TestPollSignedExtraParametersAndBody(t *testing.T) {
+	e := newEnv(t, envOpts{external: "https://Bind.Example.com:443/kb"})
+	ps := e.createSession("")
+	// Extra parameters and the external URL's default port and case.
+	u := e.signedURL(ps, "https://bind.example.com/kb/poll?tenant=acme+corp%2Fdev&a=2&a=1")
+	wantError(t, e.do("GET", u, nil), 403, "authorization_pending")
+
+	// A body is signed too.
+	e.clock.Advance(2 * time.Second)
+	pu, _ := url.Parse("https://bind.example.com/kb/poll")
+	signed, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte("ignored"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, e.do("GET", signed.String(), strings.NewReader("ignored")), 403, "authorization_pending")
+	e.clock.Advance(2 * time.Second)
+	signed, _ = hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte("ignored"))
+	wantError(t, e.do("GET", signed.String(), strings.NewReader("changed")), 401, "invalid_signature")
+
+	// But bounded.
+	big := strings.Repeat("x", 5<<10)
+	signed, _ = hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte(big))
+	wantError(t, e.do("GET", signed.String(), strings.NewReader(big)), 413, "request_too_large")
+}
+
+func TestPollInvalidRequest(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession("")
+	good, _ := url.Parse(e.pollURL(ps))
+	q := good.Query()
+	with := func(mod func(v url.Values)) string {
+		v := url.Values{}
+		for k, vs := range q {
+			v[k] = append([]string(nil), vs...)
+		}
+		mod(v)
+		return "/poll?" + v.Encode()
+	}
+	for name, target := range map[string]string{
+		"no query":      "/poll",
+		"missing s":     with(func(v url.Values) { v.Del("s") }),
+		"missing n":     with(func(v url.Values) { v.Del("n") }),
+		"missing h":     with(func(v url.Values) { v.Del("h") }),
+		"empty h":       with(func(v url.Values) { v.Set("h", "") }),
+		"two s":         with(func(v url.Values) { v.Add("s", ps.SessionID) }),
+		"two n":         with(func(v url.Values) { v.Add("n", "bm9uY2UtMDAwMQbm9uY2UtMDAwMQ") }),
+		"two h":         with(func(v url.Values) { v.Add("h", q.Get("h")) }),
+		"short nonce":   with(func(v url.Values) { v.Set("n", "abc") }),
+		"nonce symbols": with(func(v url.Values) { v.Set("n", "bm9uY2UtMDAwMQ/bm9uY2UtMDAwMQ") }),
+		"long nonce":    with(func(v url.Values) { v.Set("n", strings.Repeat("n", 200)) }),
+		"bad s":         with(func(v url.Values) { v.Set("s", "a b") }),
+		"malformed":     "/poll?s=%zz&n=x&h=y",
+		"semicolon":     "/poll?s=a;n=b",
+	} {
+		t.Run(name, func(t *testing.T) {
+			wantError(t, e.do("GET", target, nil), 400, "invalid_request")
+		})
+	}
+	// Nothing above spent the session's poll.
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+}
+
+func TestPollCompletedGraceThenGone(t *testing.T) {
+	e := newEnv(t, envOpts{limits: sessions.Limits{Grace: 60 * time.Second}})
+	ps := e.createSession("")
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+
+	response := []byte(`{"apiVersion":"kube-bind.io/v1alpha1","kind":"BindingResponse","authentication":{"oauth2CodeGrant":{"sid":"` +
+		ps.SessionID + `","id":"https://issuer/alice"}},"kubeconfig":"YXBpVmVyc2lvbjogdjEK","requests":[]}`)
+	if err := e.store.Complete(context.Background(), ps.SessionID, response); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(2 * time.Second)
+	for i := 0; i < 3; i++ {
+		resp := e.poll(ps)
+		b := readAll(t, resp)
+		if resp.StatusCode != 200 || string(b) != string(response) {
+			t.Fatalf("poll %d after completion: %d %s", i, resp.StatusCode, b)
+		}
+		wantCommonHeaders(t, resp)
+		e.clock.Advance(20 * time.Second) // 0s, 20s, 40s into the grace period
+	}
+	e.clock.Advance(time.Second) // 61s after the first delivery
+	wantError(t, e.poll(ps), 410, "expired_token")
+}
+
+func TestPollDenied(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession("")
+	if err := e.store.Deny(context.Background(), ps.SessionID, "user alice is not in an allowed group"); err != nil {
+		t.Fatal(err)
+	}
+	msg := wantError(t, e.poll(ps), 403, "access_denied")
+	if !strings.Contains(msg, "alice is not in an allowed group") {
+		t.Errorf("message %q lacks the reason", msg)
+	}
+}
+
+func TestPollTooManyNonces(t *testing.T) {
+	e := newEnv(t, envOpts{limits: sessions.Limits{MaxNoncesPerSession: 3}, ttl: time.Minute})
+	ps := e.createSession("")
+	for i := 0; i < 3; i++ {
+		wantError(t, e.poll(ps), 403, "authorization_pending")
+		e.clock.Advance(2 * time.Second)
+	}
+	resp := e.poll(ps)
+	wantError(t, resp, 429, "slow_down")
+	if ra := resp.Header.Get("Retry-After"); ra != "54" { // until the session expires
+		t.Errorf("Retry-After %q, want 54", ra)
+	}
+}
+
+func TestPollCallbackSessionNotPollable(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	now := e.clock.Now()
+	// A callback-flow session has no secret: an empty key must not verify.
+	s := sessions.Session{ID: "cbSessionIDcbSessionID", ClusterID: "aB3dE9", CreatedAt: now, ExpiresAt: now.Add(time.Minute),
+		CallbackURL: "http://127.0.0.1:1234/callback", CallbackSessionID: "xyz123"}
+	if err := e.store.Create(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, e.poll(v1alpha1.PollSession{SessionID: s.ID, SessionSecret: ""}), 410, "expired_token")
+}
+
+func TestLogsKeepSecrets(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession(`{"clusterID":"aB3dE9"}`)
+	u := e.pollURL(ps)
+	wantError(t, e.do("GET", u, nil), 403, "authorization_pending")
+	response := `{"kubeconfig":"c2VjcmV0LWt1YmVjb25maWc="}`
+	e.store.Complete(context.Background(), ps.SessionID, []byte(response))
+	e.clock.Advance(2 * time.Second)
+	if resp := e.poll(ps); resp.StatusCode != 200 {
+		t.Fatalf("poll: %d", resp.StatusCode)
+	}
+	logs := e.logs.String()
+	if !strings.Contains(logs, `"path":"/poll"`) {
+		t.Fatalf("no access log for /poll: %s", logs)
+	}
+	pu, _ := url.Parse(u)
+	for _, secret := range []string{ps.SessionSecret, pu.Query().Get("h"), pu.Query().Get("n"), "c2VjcmV0LWt1YmVjb25maWc"} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("logs contain %q:\n%s", secret, logs)
+		}
+	}
+}
+
+// TestPollOverRealServerHost shows that the request's own Host header plays
+// no part: the same signed URL works whatever Host the ingress sends.
+func TestPollHostHeaderIgnored(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ps := e.createSession("")
+	resp := e.do("GET", e.pollURL(ps), nil, "Host", "internal.svc.cluster.local:8080")
+	wantError(t, resp, 403, "authorization_pending")
+	_ = http.StatusOK
+}

@@ -1,0 +1,107 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// createSession is POST /sessions (§1). The body is empty or
+// {"clusterID": "..."}. A clusterID that is empty or not of a format this
+// backend accepts (ids.ValidClusterID) is replaced by a new one, as §1
+// says; malformed JSON, a value that is not a string, an unknown field or
+// trailing data is a 400, so that a typo such as "cluster" does not
+// silently cost the client its identity. (Field names match
+// case-insensitively, as encoding/json does: "clusterId" is accepted.)
+func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
+	body, tooLarge, err := readBody(w, r, maxSessionBody)
+	switch {
+	case tooLarge:
+		writeError(w, http.StatusRequestEntityTooLarge, errRequestTooLarge, tooLargeMessage(maxSessionBody))
+		return
+	case err != nil:
+		writeError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest, "the request body could not be read: "+err.Error())
+		return
+	}
+	req, err := decodeCreateSession(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest,
+			`the body must be empty or {"clusterID": "<id>"}: `+err.Error())
+		return
+	}
+	clusterID := req.ClusterID
+	if !ids.ValidClusterID(clusterID) {
+		clusterID = ids.NewClusterID()
+	}
+
+	now := s.cfg.Now()
+	sess := sessions.Session{
+		ID:        ids.NewSessionID(),
+		ClusterID: clusterID,
+		Secret:    ids.NewSessionSecret(),
+		CreatedAt: now,
+		ExpiresAt: now.Add(s.cfg.SessionTTL),
+		State:     sessions.StatePending,
+	}
+	switch err := s.cfg.Store.Create(r.Context(), sess); {
+	case err == nil:
+	case errors.Is(err, sessions.ErrFull):
+		s.metrics.sessionsRefused.WithLabelValues("full").Inc()
+		w.Header()[retryAfterKy] = hdrRetry30
+		writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
+			"the backend holds as many pending sessions as it is configured for; try again later")
+		return
+	default:
+		// ErrExists would need a collision of 128 random bits; treat it,
+		// like a store failure, as a temporary condition.
+		s.log.Error("creating a session failed", "error", err)
+		w.Header()[retryAfterKy] = hdrRetry5
+		writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
+			"the session store is unavailable; try again shortly")
+		return
+	}
+	s.metrics.sessionsCreated.Inc()
+	writeJSON(w, http.StatusCreated, v1alpha1.PollSession{
+		APIVersion:    v1alpha1.GroupVersion,
+		Kind:          v1alpha1.KindPollSession,
+		SessionID:     sess.ID,
+		ClusterID:     sess.ClusterID,
+		SessionSecret: sess.Secret,
+		ExpiresAt:     sess.ExpiresAt.UTC().Truncate(1e9),
+	})
+}
+
+func decodeCreateSession(body []byte) (v1alpha1.CreateSessionRequest, error) {
+	var req v1alpha1.CreateSessionRequest
+	if len(bytes.TrimSpace(body)) == 0 {
+		return req, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, cleanJSONError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return req, errors.New("unexpected data after the JSON object")
+	}
+	return req, nil
+}
+
+// cleanJSONError drops the Go type names from decoding errors.
+func cleanJSONError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return errors.New("field " + te.Field + " must be a " + strings.TrimPrefix(te.Type.String(), "v1alpha1.") + ", not a JSON " + te.Value)
+	}
+	if msg, ok := strings.CutPrefix(err.Error(), "json: "); ok {
+		return errors.New(msg)
+	}
+	return err
+}
