@@ -1,0 +1,315 @@
+// Package memory is a sessions.Store that keeps every session in the memory
+// of one process: the store of a single replica, and the authoritative
+// state a hashring owner keeps for the sessions it owns.
+//
+// Memory is bounded by sessions.Limits: at most MaxSessions live sessions,
+// at most MaxNoncesPerSession remembered nonces per session (8 bytes each),
+// and responses of at most MaxResponseBytes. Expired sessions are removed
+// lazily when touched and by a background janitor, stopped by Close.
+package memory
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/kbprovider/backend/internal/sessions"
+)
+
+// janitorInterval is how often the janitor drops expired sessions. Lazy
+// expiry keeps answers correct in between; the janitor only frees memory.
+const janitorInterval = 30 * time.Second
+
+// Store is an in-memory sessions.Store. Create it with New and stop its
+// janitor with Close.
+type Store struct {
+	limits sessions.Limits
+	now    func() time.Time
+	seed   maphash.Seed
+
+	mu       sync.Mutex
+	sessions map[string]*entry
+	// nextExpiry is no later than the earliest ExpiresAt of any held
+	// session, so a full store sweeps only when a sweep can free a slot.
+	nextExpiry time.Time
+	// peak is the largest len(sessions) since the map was last rebuilt:
+	// Go maps never shrink, so the janitor rebuilds a map that emptied.
+	peak int
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+type entry struct {
+	s sessions.Session
+	// nonces holds a seeded 64-bit hash of each used nonce: fixed size
+	// whatever the nonce's length. A collision (about 2^-44 at 1024 nonces)
+	// could only refuse a fresh nonce, never accept a used one.
+	nonces map[uint64]struct{}
+}
+
+var _ sessions.Store = (*Store)(nil)
+
+// New returns a store bounded by limits (zero fields take the value of
+// sessions.DefaultLimits) that reads the time from clock (nil: time.Now).
+// It starts a janitor goroutine; call Close to stop it.
+func New(limits sessions.Limits, clock func() time.Time) *Store {
+	return newStore(limits, clock, janitorInterval)
+}
+
+func newStore(limits sessions.Limits, clock func() time.Time, every time.Duration) *Store {
+	if clock == nil {
+		clock = time.Now
+	}
+	s := &Store{
+		limits:   withDefaults(limits),
+		now:      clock,
+		seed:     maphash.MakeSeed(),
+		sessions: make(map[string]*entry),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go s.janitor(every)
+	return s
+}
+
+func withDefaults(l sessions.Limits) sessions.Limits {
+	d := sessions.DefaultLimits
+	if l.MaxSessions <= 0 {
+		l.MaxSessions = d.MaxSessions
+	}
+	if l.MaxNoncesPerSession <= 0 {
+		l.MaxNoncesPerSession = d.MaxNoncesPerSession
+	}
+	if l.MaxResponseBytes <= 0 {
+		l.MaxResponseBytes = d.MaxResponseBytes
+	}
+	if l.Grace <= 0 {
+		l.Grace = d.Grace
+	}
+	return l
+}
+
+// Limits returns the limits in force (defaults filled in).
+func (s *Store) Limits() sessions.Limits { return s.limits }
+
+// Close stops the janitor. The store stays usable; expired sessions are
+// then only dropped when touched.
+func (s *Store) Close() {
+	s.closeOnce.Do(func() { close(s.stop) })
+	<-s.done
+}
+
+// Len returns how many sessions the store holds, expired ones not yet
+// reclaimed included.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+func (s *Store) janitor(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
+}
+
+// Sweep drops every expired session now and gives back map memory after a
+// burst. The janitor calls it periodically.
+func (s *Store) Sweep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweepLocked(s.now())
+	if s.peak > 1024 && len(s.sessions) < s.peak/4 {
+		m := make(map[string]*entry, len(s.sessions))
+		for id, e := range s.sessions {
+			m[id] = e
+		}
+		s.sessions = m
+		s.peak = len(m)
+	}
+}
+
+func (s *Store) sweepLocked(now time.Time) {
+	var next time.Time
+	for id, e := range s.sessions {
+		if !now.Before(e.s.ExpiresAt) {
+			delete(s.sessions, id)
+			continue
+		}
+		if next.IsZero() || e.s.ExpiresAt.Before(next) {
+			next = e.s.ExpiresAt
+		}
+	}
+	s.nextExpiry = next
+}
+
+// noteExpiry keeps nextExpiry a lower bound after an ExpiresAt changed.
+func (s *Store) noteExpiry(t time.Time) {
+	if s.nextExpiry.IsZero() || t.Before(s.nextExpiry) {
+		s.nextExpiry = t
+	}
+}
+
+// live returns the unexpired entry for id, dropping it if it expired.
+func (s *Store) live(id string, now time.Time) *entry {
+	e := s.sessions[id]
+	if e == nil {
+		return nil
+	}
+	if !now.Before(e.s.ExpiresAt) {
+		delete(s.sessions, id)
+		return nil
+	}
+	return e
+}
+
+func (s *Store) Create(_ context.Context, sess sessions.Session) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if s.live(sess.ID, now) != nil {
+		return sessions.ErrExists
+	}
+	if len(s.sessions) >= s.limits.MaxSessions {
+		// Sweep only when some session may have expired: a full store of
+		// live sessions answers ErrFull in O(1).
+		if !s.nextExpiry.IsZero() && !now.Before(s.nextExpiry) {
+			s.sweepLocked(now)
+		}
+		if len(s.sessions) >= s.limits.MaxSessions {
+			return sessions.ErrFull
+		}
+	}
+	sess.Response = cloneBytes(sess.Response)
+	s.sessions[sess.ID] = &entry{s: sess}
+	s.noteExpiry(sess.ExpiresAt)
+	if len(s.sessions) > s.peak {
+		s.peak = len(s.sessions)
+	}
+	return nil
+}
+
+func (s *Store) Get(_ context.Context, id string) (sessions.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.live(id, s.now())
+	if e == nil {
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	return e.s, nil
+}
+
+func (s *Store) UseNonce(_ context.Context, id, nonce string) error {
+	h := maphash.String(s.seed, nonce)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.live(id, s.now())
+	if e == nil {
+		return sessions.ErrNotFound
+	}
+	return s.useNonceLocked(e, h)
+}
+
+func (s *Store) useNonceLocked(e *entry, h uint64) error {
+	if _, used := e.nonces[h]; used {
+		return sessions.ErrNonceUsed
+	}
+	if len(e.nonces) >= s.limits.MaxNoncesPerSession {
+		return sessions.ErrTooManyNonces
+	}
+	if e.nonces == nil {
+		e.nonces = make(map[uint64]struct{}, 8)
+	}
+	e.nonces[h] = struct{}{}
+	return nil
+}
+
+func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
+	h := maphash.String(s.seed, nonce)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e := s.live(id, now)
+	if e == nil {
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	if err := s.useNonceLocked(e, h); err != nil {
+		return sessions.Session{}, err
+	}
+	if last := e.s.LastPollAt; !last.IsZero() {
+		if wait := last.Add(minInterval).Sub(now); wait > 0 {
+			return sessions.Session{}, &sessions.TooSoonError{RetryAfter: wait}
+		}
+	}
+	e.s.LastPollAt = now
+	if e.s.State == sessions.StateCompleted && e.s.DeliveredAt.IsZero() {
+		e.s.DeliveredAt = now
+		e.s.ExpiresAt = now.Add(s.limits.Grace)
+		s.noteExpiry(e.s.ExpiresAt)
+	}
+	return e.s, nil
+}
+
+func (s *Store) Complete(_ context.Context, id string, response []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e := s.live(id, now)
+	if e == nil {
+		return sessions.ErrNotFound
+	}
+	if e.s.State != sessions.StatePending {
+		return sessions.ErrNotPending
+	}
+	if len(response) > s.limits.MaxResponseBytes {
+		return sessions.ErrTooLarge
+	}
+	e.s.State = sessions.StateCompleted
+	// A copy: the caller may reuse its buffer, and returned Sessions share
+	// this slice, which is never written again.
+	e.s.Response = cloneBytes(response)
+	if min := now.Add(s.limits.Grace); e.s.ExpiresAt.Before(min) {
+		e.s.ExpiresAt = min
+	}
+	return nil
+}
+
+func (s *Store) Deny(_ context.Context, id, reason string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.live(id, s.now())
+	if e == nil {
+		return sessions.ErrNotFound
+	}
+	if e.s.State != sessions.StatePending {
+		return sessions.ErrNotPending
+	}
+	e.s.State = sessions.StateDenied
+	e.s.DenyReason = reason
+	return nil
+}
+
+func (s *Store) Delete(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.sessions, id)
+	return nil
+}
+
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append(make([]byte, 0, len(b)), b...)
+}
