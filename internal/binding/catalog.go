@@ -1,0 +1,175 @@
+package binding
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apiextensionsinformers "k8s.io/apiextensions-apiserver/pkg/client/informers/externalversions"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// ExportedLabel marks a CRD as bindable: kube-bind.io/exported=true.
+const ExportedLabel = "kube-bind.io/exported"
+
+// ExportedAPI is one bindable API as the selection page shows it.
+type ExportedAPI struct {
+	// Name is the CRD's name, <resource>.<group>.
+	Name     string
+	Group    string
+	Resource string
+	Kind     string
+	Scope    apiextensionsv1.ResourceScope
+	// Versions are the served versions, in the CRD's order.
+	Versions []string
+}
+
+// Catalog is the set of exported APIs offered to consumers, kept in an
+// informer cache of the labelled CRDs so that views never hit the API server.
+type Catalog struct {
+	scope    Scope
+	client   apiextensionsclient.Interface
+	factory  apiextensionsinformers.SharedInformerFactory
+	informer cache.SharedIndexInformer
+
+	mu      sync.Mutex
+	lastErr error // last list/watch error, said while the cache is unsynced
+}
+
+// NewCatalog prepares a catalog for the provider cluster of cfg. It does
+// not contact the cluster; Start does, and keeps retrying while it is down.
+func NewCatalog(cfg *rest.Config, scope Scope) (*Catalog, error) {
+	if _, err := ParseScope(string(scope)); err != nil {
+		return nil, err
+	}
+	client, err := apiextensionsclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating apiextensions client: %w", err)
+	}
+	factory := apiextensionsinformers.NewSharedInformerFactoryWithOptions(client, 0,
+		apiextensionsinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = ExportedLabel + "=true"
+		}))
+	c := &Catalog{scope: scope, client: client, factory: factory}
+	c.informer = factory.Apiextensions().V1().CustomResourceDefinitions().Informer()
+	// Remember why the cache cannot follow the cluster, for the readiness
+	// check; the reflector retries with backoff on its own.
+	_ = c.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		c.mu.Lock()
+		c.lastErr = err
+		c.mu.Unlock()
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	})
+	return c, nil
+}
+
+// Start runs the informer until ctx ends. It returns at once and never
+// fails, even when the cluster is unreachable.
+func (c *Catalog) Start(ctx context.Context) {
+	c.factory.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		c.factory.Shutdown()
+	}()
+}
+
+// WaitForSync blocks until the cache holds the cluster's state or ctx ends.
+func (c *Catalog) WaitForSync(ctx context.Context) bool {
+	return cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced)
+}
+
+// HasSynced says whether the cache has been filled from the cluster once.
+func (c *Catalog) HasSynced() bool { return c.informer.HasSynced() }
+
+// Scope is the consumer scope the catalog filters by.
+func (c *Catalog) Scope() Scope { return c.scope }
+
+// List returns the exported APIs the consumer scope allows, sorted by name.
+func (c *Catalog) List() []ExportedAPI {
+	objs := c.informer.GetStore().List()
+	out := make([]ExportedAPI, 0, len(objs))
+	for _, o := range objs {
+		crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
+		if !ok {
+			continue
+		}
+		if api, ok := c.exported(crd); ok {
+			out = append(out, api)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Lookup finds one exported API the consumer scope allows.
+func (c *Catalog) Lookup(group, resource string) (ExportedAPI, bool) {
+	o, found, err := c.informer.GetStore().GetByKey(resource + "." + group)
+	if err != nil || !found {
+		return ExportedAPI{}, false
+	}
+	crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
+	if !ok {
+		return ExportedAPI{}, false
+	}
+	return c.exported(crd)
+}
+
+// exported turns a cached CRD into an ExportedAPI, or says it is not one
+// (label removed in a race with the cache, being deleted, nothing served,
+// or outside the consumer scope).
+func (c *Catalog) exported(crd *apiextensionsv1.CustomResourceDefinition) (ExportedAPI, bool) {
+	if crd.Labels[ExportedLabel] != "true" || crd.DeletionTimestamp != nil || !c.scope.allows(crd.Spec.Scope) {
+		return ExportedAPI{}, false
+	}
+	api := ExportedAPI{
+		Name:     crd.Name,
+		Group:    crd.Spec.Group,
+		Resource: crd.Spec.Names.Plural,
+		Kind:     crd.Spec.Names.Kind,
+		Scope:    crd.Spec.Scope,
+	}
+	for _, v := range crd.Spec.Versions {
+		if v.Served {
+			api.Versions = append(api.Versions, v.Name)
+		}
+	}
+	if len(api.Versions) == 0 {
+		return ExportedAPI{}, false
+	}
+	return api, true
+}
+
+// Name names the catalog's readiness check.
+func (c *Catalog) Name() string { return "provider-cluster" }
+
+// probeTimeout bounds the readiness probe's request to the cluster.
+const probeTimeout = 2 * time.Second
+
+// Check is the readiness check: the cache must be synced and the provider
+// cluster must answer now (binding needs it).
+func (c *Catalog) Check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	// /version is readable by every client, authenticated or not.
+	err := c.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+	if err != nil {
+		return fmt.Errorf("provider cluster unreachable: %w", err)
+	}
+	if !c.HasSynced() {
+		c.mu.Lock()
+		lastErr := c.lastErr
+		c.mu.Unlock()
+		if lastErr != nil {
+			return fmt.Errorf("exported API cache not synced: %w", lastErr)
+		}
+		return errors.New("exported API cache not synced yet")
+	}
+	return nil
+}

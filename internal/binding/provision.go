@@ -1,0 +1,426 @@
+package binding
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// Config configures provisioning (the backend's flags of the same names).
+type Config struct {
+	// NamespacePrefix starts every provider namespace name (--namespace-prefix).
+	NamespacePrefix string
+	// ProviderPrettyName goes into each ClusterBinding (--pretty-name).
+	ProviderPrettyName string
+	// ExternalAddress is the provider API server URL consumers use
+	// (--external-address); empty means the backend's own.
+	ExternalAddress string
+	// ExternalCAFile is that server's CA bundle (--external-ca-file), read
+	// once by NewProvisioner; empty means the backend's own CA.
+	ExternalCAFile string
+	// ExternalServerName is an optional TLS server name for the issued
+	// kubeconfig (--external-server-name).
+	ExternalServerName string
+	// TokenTimeout bounds the wait for the token controller to fill a
+	// service account token Secret; 0 means 30s.
+	TokenTimeout time.Duration
+}
+
+// Resource is one API a consumer selected.
+type Resource struct {
+	Group    string
+	Resource string
+}
+
+// Names of the objects in a provider namespace.
+const (
+	ServiceAccountName     = "kube-bind-consumer"
+	TokenSecretName        = "kube-bind-consumer-token"
+	ConsumerRoleBinding    = "kube-bind-consumer"
+	KubeconfigSecretName   = "kubeconfig"
+	KubeconfigSecretKey    = "kubeconfig"
+	ClusterBindingName     = "cluster"
+	fieldManager           = "kube-bind-backend"
+	backendBindingPrefix   = "kube-bind-backend-"
+	defaultTokenTimeout    = 30 * time.Second
+	rbacPropagationTimeout = 10 * time.Second
+)
+
+var clusterBindingsGVR = schema.GroupVersionResource{Group: kubeBindGroup, Version: "v1alpha1", Resource: "clusterbindings"}
+
+// Provisioner sets consumers up on the provider cluster.
+type Provisioner struct {
+	cfg      Config
+	catalog  *Catalog
+	client   kubernetes.Interface
+	dynamic  dynamic.Interface
+	endpoint endpoint
+
+	userMu sync.Mutex
+	user   string // the backend's own user name, found once
+}
+
+// NewProvisioner checks the configuration and reads the CA files. It does
+// not contact the cluster.
+func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner, error) {
+	if err := ValidatePrefix(cfg.NamespacePrefix); err != nil {
+		return nil, err
+	}
+	if cfg.ProviderPrettyName == "" {
+		return nil, fmt.Errorf("provider pretty name is required")
+	}
+	if catalog == nil {
+		return nil, fmt.Errorf("a catalog is required")
+	}
+	if cfg.TokenTimeout <= 0 {
+		cfg.TokenTimeout = defaultTokenTimeout
+	}
+	ep, err := resolveEndpoint(cfg, rc)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating dynamic client: %w", err)
+	}
+	return &Provisioner{cfg: cfg, catalog: catalog, client: client, dynamic: dyn, endpoint: ep}, nil
+}
+
+// Namespace is the provider namespace of an identity (whether or not it
+// exists), for logs and for operators.
+func (p *Provisioner) Namespace(c Consumer, clusterID string) string {
+	return namespaceName(p.cfg.NamespacePrefix, c, clusterID)
+}
+
+// Provision binds a consumer: it checks every selected resource against
+// the catalog before touching the cluster, then makes sure the consumer's
+// namespace and everything in it exist, and returns the BindingResponse
+// (Authentication.OAuth2CodeGrant.SessionID is left for the caller).
+// It is idempotent: a returning consumer gets the same namespace, service
+// account and token. A failure midway leaves objects that the next attempt
+// reuses and completes; the response is returned only when all exist.
+func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID string, resources []Resource) (*v1alpha1.BindingResponse, error) {
+	if err := validateIdentity(c, clusterID); err != nil {
+		return nil, err
+	}
+	apis, err := p.resolve(resources)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := p.ensureNamespace(ctx, c, clusterID)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.grantBackend(ctx, ns); err != nil {
+		return nil, err
+	}
+	var kubeconfig []byte
+	steps := []struct {
+		what string
+		do   func(context.Context) error
+	}{
+		{"applying service account", func(ctx context.Context) error { return p.applyServiceAccount(ctx, ns) }},
+		{"applying consumer role binding", func(ctx context.Context) error { return p.applyConsumerRoleBinding(ctx, ns) }},
+		{"applying token secret", func(ctx context.Context) error { return p.applyTokenSecret(ctx, ns) }},
+		{"waiting for the service account token", func(ctx context.Context) error {
+			token, err := p.waitForToken(ctx, ns)
+			if err == nil {
+				kubeconfig, err = p.endpoint.kubeconfig(ns, token)
+			}
+			return err
+		}},
+		{"applying kubeconfig secret", func(ctx context.Context) error { return p.applyKubeconfigSecret(ctx, ns, kubeconfig) }},
+		{"applying ClusterBinding", func(ctx context.Context) error { return p.applyClusterBinding(ctx, ns) }},
+	}
+	for _, s := range steps {
+		if err := retryForbidden(ctx, func() error { return s.do(ctx) }); err != nil {
+			return nil, fmt.Errorf("binding in provider namespace %s: %s: %w", ns, s.what, err)
+		}
+	}
+	resp := &v1alpha1.BindingResponse{
+		APIVersion: v1alpha1.GroupVersion,
+		Kind:       v1alpha1.KindBindingResponse,
+		Authentication: v1alpha1.BindingAuthentication{
+			OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{ID: c.ID()},
+		},
+		Kubeconfig: kubeconfig,
+	}
+	for _, api := range apis {
+		raw, err := json.Marshal(v1alpha1.APIServiceExportRequestResponse{
+			APIVersion: v1alpha1.GroupVersion,
+			Kind:       v1alpha1.KindAPIServiceExportRequest,
+			Metadata:   v1alpha1.NameMeta{Name: api.Resource + "." + api.Group},
+			Spec: v1alpha1.APIServiceExportRequestResponseSpec{
+				Resources: []v1alpha1.APIServiceExportRequestResource{{
+					Group: api.Group, Resource: api.Resource, Versions: api.Versions,
+				}},
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		resp.Requests = append(resp.Requests, raw)
+	}
+	return resp, nil
+}
+
+// resolve checks the selection against the catalog, dropping duplicates
+// and keeping the order.
+func (p *Provisioner) resolve(resources []Resource) ([]ExportedAPI, error) {
+	if len(resources) == 0 {
+		return nil, ErrNoResources
+	}
+	seen := map[Resource]bool{}
+	var apis []ExportedAPI
+	for _, r := range resources {
+		if seen[r] {
+			continue
+		}
+		seen[r] = true
+		api, ok := p.catalog.Lookup(r.Group, r.Resource)
+		if !ok {
+			return nil, &NotExportedError{Group: r.Group, Resource: r.Resource}
+		}
+		apis = append(apis, api)
+	}
+	return apis, nil
+}
+
+// ensureNamespace creates the identity's namespace, or finds it. The name
+// is derived from the identity, so concurrent binds race on one Create and
+// the API server lets exactly one win; the others read it back and check
+// that it really is this identity's.
+func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID string) (string, error) {
+	name := p.Namespace(c, clusterID)
+	want := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: name,
+		Labels: map[string]string{
+			LabelConsumerHash: identityHash(c, clusterID),
+			LabelManagedBy:    managedByValue,
+		},
+		Annotations: map[string]string{
+			AnnotationIssuer:  c.Issuer,
+			AnnotationSubject: c.Subject,
+			AnnotationCluster: clusterID,
+		},
+	}}
+	_, err := p.client.CoreV1().Namespaces().Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
+	if err == nil {
+		return name, nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("creating provider namespace %s: %w", name, err)
+	}
+	have, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("reading provider namespace %s: %w", name, err)
+	}
+	if !sameIdentity(have, c, clusterID) {
+		return "", fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
+	}
+	if have.DeletionTimestamp != nil {
+		return "", fmt.Errorf("%w: namespace %s; bind again once it is gone", ErrNamespaceTerminating, name)
+	}
+	return name, nil
+}
+
+func sameIdentity(ns *corev1.Namespace, c Consumer, clusterID string) bool {
+	a := ns.Annotations
+	return a[AnnotationIssuer] == c.Issuer && a[AnnotationSubject] == c.Subject && a[AnnotationCluster] == clusterID
+}
+
+// backendUser finds, once, the user name the backend authenticates as.
+func (p *Provisioner) backendUser(ctx context.Context) (string, error) {
+	p.userMu.Lock()
+	defer p.userMu.Unlock()
+	if p.user != "" {
+		return p.user, nil
+	}
+	r, err := p.client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authnv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("finding the backend's own user name: %w", err)
+	}
+	if r.Status.UserInfo.Username == "" {
+		return "", fmt.Errorf("finding the backend's own user name: the API server returned none")
+	}
+	p.user = r.Status.UserInfo.Username
+	return p.user, nil
+}
+
+// grantBackend binds BackendNamespaceClusterRole to the backend in the
+// consumer's namespace, so that it needs no cluster-wide rights on
+// secrets, service accounts or ClusterBindings. The binding's name carries
+// a hash of the backend's user name: it is only ever created, never
+// changed, which needs nothing but cluster-wide "create rolebindings".
+func (p *Provisioner) grantBackend(ctx context.Context, ns string) error {
+	user, err := p.backendUser(ctx)
+	if err != nil {
+		return err
+	}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   backendBindingPrefix + hashEncoding.EncodeToString(sha256Sum(user))[:10],
+			Labels: map[string]string{LabelManagedBy: managedByValue},
+		},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: BackendNamespaceClusterRole},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	}
+	_, err = p.client.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{FieldManager: fieldManager})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("binding in provider namespace %s: granting the backend its namespace role: %w", ns, err)
+	}
+	return nil
+}
+
+func (p *Provisioner) applyServiceAccount(ctx context.Context, ns string) error {
+	ac := corev1ac.ServiceAccount(ServiceAccountName, ns).WithLabels(map[string]string{LabelManagedBy: managedByValue})
+	_, err := p.client.CoreV1().ServiceAccounts(ns).Apply(ctx, ac, applyOptions)
+	return err
+}
+
+func (p *Provisioner) applyConsumerRoleBinding(ctx context.Context, ns string) error {
+	ac := rbacv1ac.RoleBinding(ConsumerRoleBinding, ns).
+		WithLabels(map[string]string{LabelManagedBy: managedByValue}).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("ClusterRole").WithName(ConsumerClusterRole)).
+		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(ServiceAccountName).WithNamespace(ns))
+	_, err := p.client.RbacV1().RoleBindings(ns).Apply(ctx, ac, applyOptions)
+	return err
+}
+
+// applyTokenSecret asks for a non-expiring token of the consumer's service
+// account; kube-controller-manager's token controller fills it in.
+func (p *Provisioner) applyTokenSecret(ctx context.Context, ns string) error {
+	ac := corev1ac.Secret(TokenSecretName, ns).
+		WithLabels(map[string]string{LabelManagedBy: managedByValue}).
+		WithAnnotations(map[string]string{corev1.ServiceAccountNameKey: ServiceAccountName}).
+		WithType(corev1.SecretTypeServiceAccountToken)
+	_, err := p.client.CoreV1().Secrets(ns).Apply(ctx, ac, applyOptions)
+	return err
+}
+
+// waitForToken polls the token Secret until the token controller filled it.
+func (p *Provisioner) waitForToken(ctx context.Context, ns string) (string, error) {
+	deadline := time.Now().Add(p.cfg.TokenTimeout)
+	delay := 20 * time.Millisecond
+	for {
+		s, err := p.client.CoreV1().Secrets(ns).Get(ctx, TokenSecretName, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		if t := s.Data[corev1.ServiceAccountTokenKey]; len(t) > 0 {
+			return string(t), nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%w: Secret %s/%s still empty after %s; is kube-controller-manager's service account token controller running?",
+				ErrTokenNotIssued, ns, TokenSecretName, p.cfg.TokenTimeout)
+		}
+		if err := sleep(ctx, delay); err != nil {
+			return "", err
+		}
+		delay = min(2*delay, 250*time.Millisecond)
+	}
+}
+
+func (p *Provisioner) applyKubeconfigSecret(ctx context.Context, ns string, kubeconfig []byte) error {
+	ac := corev1ac.Secret(KubeconfigSecretName, ns).
+		WithLabels(map[string]string{LabelManagedBy: managedByValue}).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(map[string][]byte{KubeconfigSecretKey: kubeconfig})
+	_, err := p.client.CoreV1().Secrets(ns).Apply(ctx, ac, applyOptions)
+	return err
+}
+
+func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error {
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": kubeBindGroup + "/v1alpha1",
+		"kind":       "ClusterBinding",
+		"metadata": map[string]any{
+			"name":      ClusterBindingName,
+			"namespace": ns,
+			"labels":    map[string]any{LabelManagedBy: managedByValue},
+		},
+		"spec": map[string]any{
+			"kubeconfigSecretRef": map[string]any{"name": KubeconfigSecretName, "key": KubeconfigSecretKey},
+			"providerPrettyName":  p.cfg.ProviderPrettyName,
+		},
+	}}
+	_, err := p.dynamic.Resource(clusterBindingsGVR).Namespace(ns).Apply(ctx, ClusterBindingName, obj, applyOptions)
+	return err
+}
+
+// Unbind removes a consumer: its provider namespace and all it holds (the
+// service account and so its token, the RBAC, the ClusterBinding, every
+// export). Nothing cluster-scoped is made per consumer. It refuses to
+// delete a namespace that belongs to another identity.
+func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) error {
+	if err := validateIdentity(c, clusterID); err != nil {
+		return err
+	}
+	name := p.Namespace(c, clusterID)
+	have, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: no namespace %s", ErrNotBound, name)
+	}
+	if err != nil {
+		return fmt.Errorf("reading provider namespace %s: %w", name, err)
+	}
+	if !sameIdentity(have, c, clusterID) {
+		return fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
+	}
+	err = p.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting provider namespace %s: %w", name, err)
+	}
+	return nil
+}
+
+var applyOptions = metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
+
+// retryForbidden retries fn while it is forbidden, for a short while: the
+// API server's RBAC cache learns of a just-created RoleBinding with a delay.
+func retryForbidden(ctx context.Context, fn func() error) error {
+	deadline := time.Now().Add(rbacPropagationTimeout)
+	delay := 10 * time.Millisecond
+	for {
+		err := fn()
+		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+			return err
+		}
+		if err := sleep(ctx, delay); err != nil {
+			return err
+		}
+		delay = min(2*delay, 500*time.Millisecond)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,109 @@
+package binding
+
+import (
+	"context"
+	"fmt"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+)
+
+// Names of the ClusterRoles the backend works with. The Helm chart ships
+// them with exactly these names (see docs/binding.md).
+const (
+	// ConsumerClusterRole is what a consumer's service account may do,
+	// granted only in its own provider namespace by a RoleBinding.
+	ConsumerClusterRole = "kube-bind-consumer"
+	// BackendNamespaceClusterRole is what the backend needs inside a
+	// consumer namespace; the backend binds it to itself there right after
+	// creating the namespace, so it never needs these rights cluster-wide.
+	BackendNamespaceClusterRole = "kube-bind-backend-namespace"
+	// BackendClusterRole is the backend's cluster-wide role, bound to its
+	// service account by a ClusterRoleBinding.
+	BackendClusterRole = "kube-bind-backend"
+)
+
+const kubeBindGroup = "kube-bind.io"
+
+// ClusterRoles returns the three ClusterRoles, as the chart must create them.
+func ClusterRoles() []*rbacv1.ClusterRole {
+	role := func(name string, rules ...rbacv1.PolicyRule) *rbacv1.ClusterRole {
+		return &rbacv1.ClusterRole{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "ClusterRole"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelManagedBy: managedByValue}},
+			Rules:      rules,
+		}
+	}
+	rule := func(group string, resources []string, verbs ...string) rbacv1.PolicyRule {
+		return rbacv1.PolicyRule{APIGroups: []string{group}, Resources: resources, Verbs: verbs}
+	}
+	return []*rbacv1.ClusterRole{
+		role(BackendClusterRole,
+			// The catalog's informer.
+			rule("apiextensions.k8s.io", []string{"customresourcedefinitions"}, "get", "list", "watch"),
+			// One namespace per consumer; names are not known in advance.
+			rule("", []string{"namespaces"}, "get", "create", "delete"),
+			// The first RoleBinding in a new namespace (granting the backend
+			// BackendNamespaceClusterRole there) must be created before the
+			// backend has any right in that namespace.
+			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "create"),
+			// Lets the backend grant exactly these two roles without
+			// holding their rights itself (RBAC escalation check).
+			rbacv1.PolicyRule{
+				APIGroups:     []string{"rbac.authorization.k8s.io"},
+				Resources:     []string{"clusterroles"},
+				Verbs:         []string{"bind"},
+				ResourceNames: []string{ConsumerClusterRole, BackendNamespaceClusterRole},
+			},
+			// Finding its own user name, to bind roles to itself.
+			rule("authentication.k8s.io", []string{"selfsubjectreviews"}, "create"),
+		),
+		role(BackendNamespaceClusterRole,
+			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch"),
+			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "get", "create", "patch"),
+			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
+		),
+		role(ConsumerClusterRole,
+			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiservicenamespaces"},
+				"create", "delete", "patch", "update", "get", "list", "watch"),
+			rule("", []string{"namespaces"}, "get"),
+			rule("", []string{"secrets"}, "get", "list", "watch"),
+			rule(kubeBindGroup, []string{"clusterbindings", "apiserviceexports"}, "get", "list", "watch"),
+			rule(kubeBindGroup, []string{"clusterbindings/status", "apiserviceexports/status"}, "get", "patch", "update"),
+		),
+	}
+}
+
+// InstallClusterRoles creates or updates the ClusterRoles, for the local
+// demo and tests (the chart does this in production). It needs a
+// cluster-admin-like identity.
+func InstallClusterRoles(ctx context.Context, cfg *rest.Config) error {
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	api := client.RbacV1().ClusterRoles()
+	for _, want := range ClusterRoles() {
+		_, err := api.Create(ctx, want, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				have, err := api.Get(ctx, want.Name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				have.Rules = want.Rules
+				_, err = api.Update(ctx, have, metav1.UpdateOptions{})
+				return err
+			})
+		}
+		if err != nil {
+			return fmt.Errorf("installing ClusterRole %s: %w", want.Name, err)
+		}
+	}
+	return nil
+}
