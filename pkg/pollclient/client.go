@@ -110,7 +110,14 @@ func (c *Client) Discover(ctx context.Context, exportURL string) (*Provider, err
 		return nil, fmt.Errorf("reading provider at %s: %w", exportURL, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("fetching provider at %s: %w", exportURL, newServerError(resp.StatusCode, errorBody(body)))
+		// Session error codes mean nothing here: a 4xx says the URL serves
+		// no provider, a 5xx that the provider is in trouble.
+		se := newServerError(resp.StatusCode, errorBody(body))
+		se.kind = ErrUnsupportedProvider
+		if resp.StatusCode >= 500 {
+			se.kind = ErrUnavailable
+		}
+		return nil, fmt.Errorf("fetching provider at %s: %w", exportURL, se)
 	}
 	var doc v1alpha1.BindingProvider
 	if err := decodeJSON(resp, body, &doc); err != nil {

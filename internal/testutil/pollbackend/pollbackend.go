@@ -1,0 +1,151 @@
+// Package pollbackend starts the backend's real HTTP router
+// (internal/httpapi) with the real in-memory session store on a loopback
+// port, for tests of poll clients. The store's clock is real time plus an
+// offset the test can advance, so poll intervals pass in real time while
+// session expiry and grace periods can be jumped over.
+package pollbackend
+
+import (
+	"encoding/json"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// Options configure Start; zero fields take the defaults named.
+type Options struct {
+	// Prefix is the external URL's path (default: none).
+	Prefix string
+	// PollInterval defaults to 200ms, to keep tests quick.
+	PollInterval time.Duration
+	// SessionTTL defaults to httpapi's 10 minutes.
+	SessionTTL time.Duration
+	// Limits default to sessions.DefaultLimits (grace 60s).
+	Limits sessions.Limits
+}
+
+// Backend is a running backend.
+type Backend struct {
+	// URL is the external URL (scheme, host, prefix); ExportURL is its
+	// discovery document.
+	URL       string
+	ExportURL string
+	Store     *memory.Store
+	Clock     *Clock
+	Server    *httptest.Server
+}
+
+// Start starts a backend that test t stops at its end.
+func Start(t testing.TB, o Options) *Backend {
+	t.Helper()
+	if o.PollInterval == 0 {
+		o.PollInterval = 200 * time.Millisecond
+	}
+	clock := &Clock{}
+	store := memory.New(o.Limits, clock.Now)
+	t.Cleanup(store.Close)
+	srv := httptest.NewUnstartedServer(nil)
+	ext, err := url.Parse("http://" + srv.Listener.Addr().String() + o.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := httpapi.New(httpapi.Config{
+		ExternalURL:  ext,
+		PrettyName:   "Test Provider",
+		PollInterval: o.PollInterval,
+		SessionTTL:   o.SessionTTL,
+		Store:        store,
+		Now:          clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Config.Handler = h
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return &Backend{URL: ext.String(), ExportURL: ext.String() + httpapi.PathExport, Store: store, Clock: clock, Server: srv}
+}
+
+// Clock is real time plus an offset that only grows. Safe for concurrent
+// use.
+type Clock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
+}
+
+// Kubeconfig returns a kubeconfig YAML for server whose current context's
+// namespace is namespace, as a provider issues it.
+func Kubeconfig(t testing.TB, server, namespace string) []byte {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["provider"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: []byte("test-ca")}
+	cfg.AuthInfos["consumer"] = &clientcmdapi.AuthInfo{Token: "test-service-account-token"}
+	cfg.Contexts["provider"] = &clientcmdapi.Context{Cluster: "provider", AuthInfo: "consumer", Namespace: namespace}
+	cfg.CurrentContext = "provider"
+	b, err := clientcmd.Write(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// BindingResponse returns the JSON of a valid BindingResponse for session
+// sid, with one APIServiceExportRequest per "resource.group" name, the
+// way the browser part stores it with Store.Complete.
+func BindingResponse(t testing.TB, sid, namespace string, resources ...string) []byte {
+	t.Helper()
+	br := v1alpha1.BindingResponse{
+		APIVersion: v1alpha1.GroupVersion,
+		Kind:       v1alpha1.KindBindingResponse,
+		Authentication: v1alpha1.BindingAuthentication{
+			OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{SessionID: sid, ID: "https://issuer.example/alice"},
+		},
+		Kubeconfig: Kubeconfig(t, "https://provider.example:6443", namespace),
+		Requests:   []json.RawMessage{},
+	}
+	for _, name := range resources {
+		resource, group, _ := strings.Cut(name, ".")
+		req, err := json.Marshal(v1alpha1.APIServiceExportRequestResponse{
+			APIVersion: v1alpha1.GroupVersion,
+			Kind:       v1alpha1.KindAPIServiceExportRequest,
+			Metadata:   v1alpha1.NameMeta{Name: name},
+			Spec: v1alpha1.APIServiceExportRequestResponseSpec{
+				Resources: []v1alpha1.APIServiceExportRequestResource{{Group: group, Resource: resource}},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		br.Requests = append(br.Requests, req)
+	}
+	b, err := json.Marshal(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
