@@ -45,6 +45,8 @@ type envOpts struct {
 	interval  time.Duration
 	browser   http.Handler
 	readiness []health.Check
+	// logLevel of the handler's logger (default debug: tests see all).
+	logLevel *slog.Level
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
@@ -60,6 +62,10 @@ func newEnv(t testing.TB, o envOpts) *env {
 	store := memory.New(o.limits, clock.Now)
 	t.Cleanup(store.Close)
 	logs := &syncBuffer{}
+	level := slog.LevelDebug
+	if o.logLevel != nil {
+		level = *o.logLevel
+	}
 	reg := prometheus.NewRegistry()
 	h, err := New(Config{
 		ExternalURL:  ext,
@@ -67,7 +73,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 		PollInterval: o.interval,
 		SessionTTL:   o.ttl,
 		Store:        store,
-		Logger:       slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:       slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level})),
 		Metrics:      reg,
 		Readiness:    o.readiness,
 		Browser:      o.browser,
