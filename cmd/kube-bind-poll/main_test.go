@@ -1,0 +1,346 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/testutil/pollbackend"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// binary is the command built once for all tests: they run it as a real
+// process, the way a user over SSH does.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "kube-bind-poll-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		binary = filepath.Join(dir, "kube-bind-poll")
+		build := exec.Command("go", "build", "-o", binary, ".")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building kube-bind-poll:", err)
+			return 1
+		}
+		return m.Run()
+	}())
+}
+
+// proc is a running kube-bind-poll.
+type proc struct {
+	cmd    *exec.Cmd
+	stdout bytes.Buffer
+	mu     sync.Mutex
+	stderr bytes.Buffer
+	lines  chan string
+	done   chan struct{}
+}
+
+func start(t *testing.T, dir string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(binary, args...), lines: make(chan string, 100), done: make(chan struct{})}
+	p.cmd.Dir = dir
+	p.cmd.Stdout = &p.stdout
+	errPipe, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(errPipe)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.stderr.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			select {
+			case p.lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	})
+	return p
+}
+
+// authURL waits for the URL the command prints for the user.
+func (p *proc) authURL(t *testing.T) *url.URL {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case line := <-p.lines:
+			if s := strings.TrimSpace(line); strings.HasPrefix(s, "http") {
+				u, err := url.Parse(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return u
+			}
+		case <-timeout:
+			t.Fatalf("no URL printed; stderr:\n%s", p.errText())
+		}
+	}
+}
+
+// wait waits for the process to end and returns its exit code.
+func (p *proc) wait(t *testing.T) int {
+	t.Helper()
+	exited := make(chan error, 1)
+	go func() {
+		<-p.done // stderr fully read
+		exited <- p.cmd.Wait()
+	}()
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(30 * time.Second):
+		t.Fatalf("kube-bind-poll did not exit; stderr:\n%s", p.errText())
+		return -1
+	}
+}
+
+func (p *proc) errText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+func sessionOf(t *testing.T, u *url.URL) string {
+	t.Helper()
+	sid := u.Query().Get(hmac.ParamSession)
+	if sid == "" || u.Query().Get(hmac.ParamNonce) == "" || u.Query().Get(hmac.ParamSignature) == "" {
+		t.Fatalf("printed URL %s is not signed", u)
+	}
+	return sid
+}
+
+func TestBindWritesFiles(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	out := t.TempDir()
+	p := start(t, t.TempDir(), "--output-dir", out, b.ExportURL)
+	u := p.authURL(t)
+	if !strings.HasPrefix(u.String(), b.URL+"/authorize?") {
+		t.Errorf("printed URL %s is not the provider's authenticatedURL", u)
+	}
+	sid := sessionOf(t, u)
+	sess, err := b.Store.Get(context.Background(), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := hmac.RequestFromURL("GET", u, nil)
+	if !hmac.Verify(sess.Secret, r, u.Query().Get(hmac.ParamSignature)) {
+		t.Error("printed URL's signature does not verify with the session's secret")
+	}
+	resp := pollbackend.BindingResponse(t, sid, "kube-bind-cli", "mangodbs.mangodb.com")
+	time.Sleep(300 * time.Millisecond) // let it poll while pending
+	if err := b.Store.Complete(context.Background(), sid, resp); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, p.errText())
+	}
+
+	gotJSON := readFile0600(t, filepath.Join(out, "binding-response.json"))
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, gotJSON); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(compact.Bytes(), resp) {
+		t.Errorf("binding-response.json\n%s\nwant (up to whitespace)\n%s", gotJSON, resp)
+	}
+	var br v1alpha1.BindingResponse
+	if err := json.Unmarshal(resp, &br); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile0600(t, filepath.Join(out, "kubeconfig")); !bytes.Equal(got, br.Kubeconfig) {
+		t.Errorf("kubeconfig\n%s\nwant\n%s", got, br.Kubeconfig)
+	}
+	stderr := p.errText()
+	for _, want := range []string{"namespace kube-bind-cli", "--cluster-id " + sess.ClusterID, "Test Provider"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr)
+		}
+	}
+	if strings.Contains(stderr, sess.Secret) || p.stdout.Len() != 0 {
+		t.Errorf("secret on stderr, or output on stdout %q", p.stdout.String())
+	}
+	entries, _ := os.ReadDir(out)
+	if len(entries) != 2 {
+		t.Errorf("output dir holds %d entries, want the two files (no temporaries)", len(entries))
+	}
+
+	// A second run refuses to overwrite, before contacting anyone.
+	p = start(t, t.TempDir(), "--output-dir", out, b.ExportURL)
+	if code := p.wait(t); code != 2 || !strings.Contains(p.errText(), "--force") {
+		t.Errorf("second run: exit %d, stderr %s; want 2 and a hint at --force", code, p.errText())
+	}
+}
+
+func readFile0600(t *testing.T, path string) []byte {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %v, want 0600", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestBindToStdoutWithClusterID(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	cwd := t.TempDir()
+	p := start(t, cwd, b.ExportURL, "-o", "-", "--cluster-id", "aB3xY9", "-v")
+	sid := sessionOf(t, p.authURL(t))
+	sess, err := b.Store.Get(context.Background(), sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sess.ClusterID != "aB3xY9" {
+		t.Errorf("session's cluster ID %q, want the one presented", sess.ClusterID)
+	}
+	resp := pollbackend.BindingResponse(t, sid, "ns-stdout", "a.example.org", "b.example.org")
+	time.Sleep(300 * time.Millisecond)
+	if err := b.Store.Complete(context.Background(), sid, resp); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, p.errText())
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, p.stdout.Bytes()); err != nil || !bytes.Equal(compact.Bytes(), resp) {
+		t.Errorf("stdout %s (%v), want the BindingResponse", p.stdout.Bytes(), err)
+	}
+	if entries, _ := os.ReadDir(cwd); len(entries) != 0 {
+		t.Errorf("files written with -o -: %v", entries)
+	}
+	if !strings.Contains(p.errText(), "poll 1: pending") {
+		t.Errorf("-v reports no polls:\n%s", p.errText())
+	}
+}
+
+func TestDenied(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	out := t.TempDir()
+	p := start(t, t.TempDir(), "--output-dir", out, b.ExportURL)
+	sid := sessionOf(t, p.authURL(t))
+	if err := b.Store.Deny(context.Background(), sid, "the user cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 1 {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, p.errText())
+	}
+	if !strings.Contains(p.errText(), "the user cancelled") || !strings.Contains(p.errText(), "access denied") {
+		t.Errorf("stderr does not say why:\n%s", p.errText())
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("files written after a denial: %v", entries)
+	}
+}
+
+func TestExpired(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	p := start(t, t.TempDir(), "--output-dir", t.TempDir(), b.ExportURL)
+	p.authURL(t)
+	b.Clock.Advance(11 * time.Minute)
+	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "Run the command again") {
+		t.Fatalf("exit code %d, want 1 with a hint to start over; stderr:\n%s", code, p.errText())
+	}
+}
+
+func TestTimeoutAndInterrupt(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	p := start(t, t.TempDir(), "--timeout", "700ms", b.ExportURL)
+	p.authURL(t)
+	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "gave up after --timeout 700ms") {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, p.errText())
+	}
+
+	p = start(t, t.TempDir(), b.ExportURL)
+	p.authURL(t)
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "interrupted") {
+		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, p.errText())
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	cases := map[string][]string{
+		"no argument":      {},
+		"two arguments":    {b.ExportURL, b.ExportURL},
+		"not a URL":        {"bind.example.com/export"},
+		"unknown flag":     {"--nope", b.ExportURL},
+		"bad -o":           {"-o", "file.json", b.ExportURL},
+		"bad timeout":      {"--timeout", "soon", b.ExportURL},
+		"missing dir":      {"--output-dir", "/nonexistent/dir", b.ExportURL},
+		"missing CA file":  {"--certificate-authority", "/nonexistent/ca.pem", b.ExportURL},
+		"negative timeout": {"--timeout=-1s", b.ExportURL},
+	}
+	for name, args := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := start(t, t.TempDir(), args...)
+			if code := p.wait(t); code != 2 {
+				t.Errorf("exit code %d, want 2; stderr:\n%s", code, p.errText())
+			}
+			if p.errText() == "" {
+				t.Error("no message on stderr")
+			}
+		})
+	}
+	// Nothing of these reached the backend.
+	if n := b.Store.Len(); n != 0 {
+		t.Errorf("usage errors created %d sessions", n)
+	}
+}
+
+func TestProviderWithoutPollFlow(t *testing.T) {
+	// An export URL that is not a poll provider fails with exit 1 and a
+	// readable reason.
+	b := pollbackend.Start(t, pollbackend.Options{})
+	p := start(t, t.TempDir(), b.URL+"/nothing-here")
+	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "404") {
+		t.Fatalf("exit code %d, want 1 naming the 404; stderr:\n%s", code, p.errText())
+	}
+}
