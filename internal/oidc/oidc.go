@@ -1,0 +1,239 @@
+// Package oidc logs a browser in at the provider's OpenID Connect identity
+// provider: authorization code flow with PKCE S256, a signed single-use
+// state bound to the browser by a cookie, an ID-token nonce, full ID-token
+// verification and optional allow-lists. Discovery runs in the background
+// and is never fatal: until it succeeds, Begin and Finish fail with
+// ErrNotReady and the readiness Check says why.
+package oidc
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	gooidc "github.com/coreos/go-oidc/v3/oidc"
+	"golang.org/x/oauth2"
+)
+
+// Config configures an Authenticator.
+type Config struct {
+	// IssuerURL of the identity provider, exactly as its discovery document says.
+	IssuerURL    string
+	ClientID     string
+	ClientSecret string
+	// RedirectURL is the backend's callback URL registered at the provider;
+	// the handler serving it calls Finish.
+	RedirectURL string
+	// Scopes requested; default openid, email, profile, groups.
+	Scopes []string
+	// GroupsClaim names the ID-token claim holding the groups; default "groups".
+	GroupsClaim string
+
+	// SigningKey signs the state (the backend's cookie signing key); at
+	// least 32 bytes. A key derived from it is used, never the key itself.
+	SigningKey []byte
+	// SecureCookies sets the Secure flag; set it when the external URL is https.
+	SecureCookies bool
+	// CookiePrefix names the browser-binding cookies; default "kbp_oidc_".
+	CookiePrefix string
+	// StateTTL is how long a user has at the identity provider; default 10m.
+	StateTTL time.Duration
+
+	// AllowedUsers and AllowedGroups restrict who may log in. When both are
+	// empty everybody the identity provider accepts may; otherwise a user
+	// must be listed in AllowedUsers (by subject, or by email unless the
+	// token says email_verified=false) or be in one of AllowedGroups.
+	AllowedUsers  []string
+	AllowedGroups []string
+
+	// UseOnce marks a state as used and fails if it was used before; it is
+	// given the flow state Begin was called with and a key unique to the
+	// flow. Wire it to a store shared by all replicas (e.g. the session
+	// store's UseNonce). When nil, an in-process set is used, which is
+	// enough for a single replica only.
+	UseOnce func(ctx context.Context, flowState []byte, key string) error
+
+	// HTTPClient talks to the identity provider; default: 10 s timeout.
+	HTTPClient *http.Client
+	Logger     *slog.Logger
+	// Clock, for tests; default time.Now. It also drives ID-token expiry.
+	Clock func() time.Time
+}
+
+// Identity is who logged in.
+type Identity struct {
+	Issuer  string
+	Subject string
+	Email   string
+	Groups  []string
+}
+
+var (
+	// ErrNotReady: discovery of the identity provider has not succeeded yet.
+	ErrNotReady = errors.New("identity provider not reachable yet")
+	// ErrInvalidState: the state is missing, malformed or not signed by us.
+	ErrInvalidState = errors.New("invalid login state")
+	// ErrStateExpired: the user took longer than StateTTL.
+	ErrStateExpired = errors.New("login state expired")
+	// ErrStateUsed: the state was used before (a replay or a reload).
+	ErrStateUsed = errors.New("login state already used")
+	// ErrBrowserMismatch: the callback came to a browser that did not start the login.
+	ErrBrowserMismatch = errors.New("login was started in another browser")
+	// ErrInvalidCallback: the callback lacks a code or names another issuer.
+	ErrInvalidCallback = errors.New("invalid login callback")
+	// ErrLoginFailed: the code exchange or the ID-token verification failed.
+	ErrLoginFailed = errors.New("login failed")
+	// ErrAccessDenied: the user is outside the allow-lists.
+	ErrAccessDenied = errors.New("access denied")
+)
+
+// ProviderError is an error the identity provider sent back instead of a
+// code, e.g. access_denied when the user declined.
+type ProviderError struct {
+	Code        string
+	Description string
+}
+
+func (e *ProviderError) Error() string {
+	if e.Description == "" {
+		return "identity provider answered " + e.Code
+	}
+	return fmt.Sprintf("identity provider answered %s: %s", e.Code, e.Description)
+}
+
+// Authenticator runs logins. Safe for concurrent use.
+type Authenticator struct {
+	cfg      Config
+	stateKey []byte
+	log      *slog.Logger
+
+	mu       sync.Mutex
+	provider *gooidc.Provider
+	lastErr  error
+	lastTry  time.Time
+}
+
+// New checks cfg and returns an Authenticator. It does not contact the
+// identity provider: call Run (in a goroutine) to discover it.
+func New(cfg Config) (*Authenticator, error) {
+	var missing []string
+	for name, v := range map[string]string{"IssuerURL": cfg.IssuerURL, "ClientID": cfg.ClientID, "ClientSecret": cfg.ClientSecret, "RedirectURL": cfg.RedirectURL} {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("oidc: missing configuration: %s", strings.Join(missing, ", "))
+	}
+	if len(cfg.SigningKey) < 32 {
+		return nil, errors.New("oidc: the signing key must be at least 32 bytes")
+	}
+	if len(cfg.Scopes) == 0 {
+		cfg.Scopes = []string{gooidc.ScopeOpenID, "email", "profile", "groups"}
+	}
+	if cfg.GroupsClaim == "" {
+		cfg.GroupsClaim = "groups"
+	}
+	if cfg.CookiePrefix == "" {
+		cfg.CookiePrefix = "kbp_oidc_"
+	}
+	if cfg.StateTTL <= 0 {
+		cfg.StateTTL = 10 * time.Minute
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.UseOnce == nil {
+		cfg.UseOnce = newMemoryOnce(cfg.Clock, cfg.StateTTL, 100_000).use
+	}
+	m := hmac.New(sha256.New, cfg.SigningKey)
+	m.Write([]byte("kube-bind-backend oidc state key"))
+	return &Authenticator{
+		cfg:      cfg,
+		stateKey: m.Sum(nil),
+		log:      cfg.Logger,
+		lastErr:  errors.New("not tried yet"),
+	}, nil
+}
+
+// Run discovers the identity provider, retrying with backoff (1 s doubling
+// to 1 min) until it succeeds or ctx ends. It never gives up on its own.
+func (a *Authenticator) Run(ctx context.Context) {
+	backoff := time.Second
+	for {
+		_, err := a.discover(ctx, true)
+		if err == nil {
+			return
+		}
+		a.log.Warn("oidc discovery failing, will retry", "issuer", a.cfg.IssuerURL, "error", err, "retryIn", backoff)
+		jitter := time.Duration(rand.Int64N(int64(backoff / 4)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff + jitter):
+		}
+		backoff = min(backoff*2, time.Minute)
+	}
+}
+
+// Name is the readiness check's name.
+func (a *Authenticator) Name() string { return "oidc" }
+
+// Check reports whether the identity provider was discovered.
+func (a *Authenticator) Check(context.Context) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.provider != nil {
+		return nil
+	}
+	return fmt.Errorf("oidc discovery failing: %v", a.lastErr)
+}
+
+// discover returns the provider, discovering it now if needed. Requests
+// (force=false) try at most once a second, so that a dead identity
+// provider is not hammered by every browser.
+func (a *Authenticator) discover(ctx context.Context, force bool) (*gooidc.Provider, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.provider != nil {
+		return a.provider, nil
+	}
+	if !force && a.cfg.Clock().Sub(a.lastTry) < time.Second {
+		return nil, fmt.Errorf("%w: %v", ErrNotReady, a.lastErr)
+	}
+	a.lastTry = a.cfg.Clock()
+	ctx, cancel := context.WithTimeout(gooidc.ClientContext(ctx, a.cfg.HTTPClient), 10*time.Second)
+	defer cancel()
+	p, err := gooidc.NewProvider(ctx, a.cfg.IssuerURL)
+	if err != nil {
+		a.lastErr = err
+		return nil, fmt.Errorf("%w: %v", ErrNotReady, err)
+	}
+	a.provider = p
+	a.log.Info("oidc discovery done", "issuer", a.cfg.IssuerURL)
+	return p, nil
+}
+
+func (a *Authenticator) oauth2Config(p *gooidc.Provider) *oauth2.Config {
+	return &oauth2.Config{
+		ClientID:     a.cfg.ClientID,
+		ClientSecret: a.cfg.ClientSecret,
+		Endpoint:     p.Endpoint(),
+		RedirectURL:  a.cfg.RedirectURL,
+		Scopes:       a.cfg.Scopes,
+	}
+}

@@ -1,0 +1,52 @@
+package oidc
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStateRoundTripAndRefusals(t *testing.T) {
+	key := []byte("k")
+	now := time.Unix(1_800_000_000, 0)
+	p := statePayload{ID: "id", Bind: bindingOf("cookie"), Nonce: "n", Exp: now.Add(time.Minute).Unix(), Data: []byte("flow")}
+	s, err := signState(key, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseState(key, s, now)
+	if err != nil || got.ID != "id" || string(got.Data) != "flow" || !bindingMatches(got, "cookie") || bindingMatches(got, "other") {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	if _, err := parseState([]byte("other"), s, now); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("other key: %v", err)
+	}
+	if _, err := parseState(key, s, now.Add(time.Minute)); !errors.Is(err, ErrStateExpired) {
+		t.Errorf("at expiry: %v", err)
+	}
+	if _, err := parseState(key, s+"A", now); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("longer signature: %v", err)
+	}
+	if _, err := parseState(key, strings.Repeat("x", maxStateLen+1), now); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("huge: %v", err)
+	}
+	// Signed by us but incomplete: refused as well.
+	partial, _ := signState(key, statePayload{ID: "id", Exp: now.Add(time.Minute).Unix()})
+	if _, err := parseState(key, partial, now); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("incomplete payload: %v", err)
+	}
+}
+
+func FuzzParseState(f *testing.F) {
+	key := []byte("k")
+	s, _ := signState(key, statePayload{ID: "i", Bind: "b", Nonce: "n", Exp: 1 << 40})
+	f.Add(s)
+	f.Add("a.b")
+	f.Fuzz(func(t *testing.T, state string) {
+		p, err := parseState(key, state, time.Unix(0, 0))
+		if err == nil && (p.ID == "" || p.Bind == "" || p.Nonce == "") {
+			t.Fatalf("accepted incomplete state %q", state)
+		}
+	})
+}
