@@ -1,0 +1,385 @@
+// Package hashring is a sessions.Store shared by the replicas of the
+// backend: any replica answers any request of any session, without sticky
+// routing. docs/sessions-hashring.md explains the design.
+//
+// Each session has one owner replica, picked by groupcache's consistent
+// hash of its ID over the current peers. The owner keeps the session's
+// mutable state in a memory.Store (the only copy, so nonces, poll intervals
+// and transitions are atomic cluster-wide); other replicas forward every
+// operation to it over an authenticated, encrypted peer API. The part of a
+// session that never changes (ID, cluster ID, secret, creation time) is
+// also served through a groupcache Group, so replicas hot-cache it.
+package hashring
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/golang/groupcache"
+	"github.com/golang/groupcache/consistenthash"
+	pb "github.com/golang/groupcache/groupcachepb"
+
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+)
+
+// Options configure a Store.
+type Options struct {
+	// Self is this replica's peer base URL as the other replicas reach it
+	// and as it appears in the peer list, e.g. "http://10.0.0.5:8091".
+	Self string
+	// Key is the shared peer key (at least 32 bytes), the same on every
+	// replica.
+	Key []byte
+	// Limits bound the sessions this replica owns (zero fields: defaults).
+	Limits sessions.Limits
+	// Clock is the time for session decisions (nil: time.Now). Peer
+	// message freshness always uses the wall clock.
+	Clock func() time.Time
+	// PeerTimeout bounds each call to another replica (default 2s), so a
+	// dead owner means a quick answer, never a hang.
+	PeerTimeout time.Duration
+	// CacheBytes bounds the groupcache cache of static session parts
+	// (default 4 MiB).
+	CacheBytes int64
+	// Transport carries peer requests (default: a transport with short
+	// dial timeouts).
+	Transport http.RoundTripper
+	// Logger logs peer failures (default: slog.Default()). It never logs
+	// secrets.
+	Logger *slog.Logger
+}
+
+// PeerPath is where PeerHandler serves the peer API.
+const PeerPath = "/sessions-peer/v1"
+
+// Store is a sessions.Store spread over the replicas in the ring.
+type Store struct {
+	self    string
+	local   *memory.Store
+	limits  sessions.Limits
+	sealer  *sealer
+	replays *replayCache
+	client  *http.Client
+	log     *slog.Logger
+	group   *groupcache.Group
+	name    string
+
+	mu    sync.RWMutex
+	ring  *consistenthash.Map
+	peers []string
+}
+
+var _ sessions.Store = (*Store)(nil)
+
+// virtualNodes is how many points each peer has on the hash ring; as in
+// groupcache's HTTPPool, it spreads ownership evenly.
+const virtualNodes = 50
+
+// groupcache has one process-wide peer picker registry and group
+// namespace. The package registers a per-group picker once, and each Store
+// names its group uniquely, so several Stores (the replicas of a test) can
+// live in one process; group names never cross the wire.
+var (
+	registerOnce sync.Once
+	registerErr  error
+	storesMu     sync.RWMutex
+	stores       = map[string]*Store{}
+)
+
+func registerPicker() error {
+	registerOnce.Do(func() {
+		defer func() {
+			if r := recover(); r != nil {
+				registerErr = fmt.Errorf("hashring: another groupcache peer picker is registered in this process: %v", r)
+			}
+		}()
+		groupcache.RegisterPerGroupPeerPicker(func(name string) groupcache.PeerPicker {
+			storesMu.RLock()
+			defer storesMu.RUnlock()
+			if s := stores[name]; s != nil {
+				return s
+			}
+			return groupcache.NoPeers{}
+		})
+	})
+	return registerErr
+}
+
+// New returns the Store of this replica. Its peers are only itself until
+// SetPeers is called. Close it to stop the local janitor.
+func New(opts Options) (*Store, error) {
+	if opts.Self == "" {
+		return nil, errors.New("hashring: Self (this replica's peer URL) is required")
+	}
+	sealer, err := newSealer(opts.Key)
+	if err != nil {
+		return nil, err
+	}
+	if err := registerPicker(); err != nil {
+		return nil, err
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = 2 * time.Second
+	}
+	if opts.CacheBytes <= 0 {
+		opts.CacheBytes = 4 << 20
+	}
+	if opts.Transport == nil {
+		opts.Transport = defaultTransport(opts.PeerTimeout)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	var suffix [8]byte
+	rand.Read(suffix[:])
+	s := &Store{
+		self:    opts.Self,
+		local:   memory.New(opts.Limits, opts.Clock),
+		sealer:  sealer,
+		replays: newReplayCache(),
+		client:  &http.Client{Transport: opts.Transport, Timeout: opts.PeerTimeout},
+		log:     opts.Logger,
+		name:    "kube-bind-sessions-" + hex.EncodeToString(suffix[:]),
+	}
+	s.limits = s.local.Limits()
+	s.SetPeers(nil)
+	storesMu.Lock()
+	stores[s.name] = s
+	storesMu.Unlock()
+	s.group = groupcache.NewGroup(s.name, opts.CacheBytes, groupcache.GetterFunc(s.loadStatic))
+	return s, nil
+}
+
+// Close stops the local store's janitor. Groupcache groups cannot be
+// removed; the small cache of a closed Store stays until the process ends.
+func (s *Store) Close() {
+	s.local.Close()
+	storesMu.Lock()
+	delete(stores, s.name)
+	storesMu.Unlock()
+}
+
+// SetPeers replaces the ring's members: base URLs of every replica,
+// this one included (it is added if missing). Sessions whose owner changes
+// are not moved: their new owner does not know them, so they end as
+// unknown (410), and their clients start over.
+func (s *Store) SetPeers(peers []string) {
+	ps := slices.Clone(peers)
+	if !slices.Contains(ps, s.self) {
+		ps = append(ps, s.self)
+	}
+	slices.Sort(ps)
+	ps = slices.Compact(ps)
+	ring := consistenthash.New(virtualNodes, nil)
+	ring.Add(ps...)
+	s.mu.Lock()
+	changed := !slices.Equal(ps, s.peers)
+	s.ring, s.peers = ring, ps
+	s.mu.Unlock()
+	if changed {
+		s.log.Info("session hashring peers", "peers", ps)
+	}
+}
+
+// Peers returns the ring's members.
+func (s *Store) Peers() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return slices.Clone(s.peers)
+}
+
+// Owner returns the peer URL of the replica that owns session id.
+func (s *Store) Owner(id string) string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ring.Get(id)
+}
+
+// PickPeer implements groupcache.PeerPicker for this Store's group.
+func (s *Store) PickPeer(key string) (groupcache.ProtoGetter, bool) {
+	owner := s.Owner(key)
+	if owner == s.self {
+		return nil, false
+	}
+	return peerGetter{s: s, peer: owner}, true
+}
+
+// Local returns the memory store of the sessions this replica owns.
+func (s *Store) Local() *memory.Store { return s.local }
+
+// OwnerUnavailableError says the replica owning a session did not answer.
+// For session operations it counts as sessions.ErrNotFound (the session
+// is lost with its owner; the client starts over, 410), for Create as
+// sessions.ErrFull (try again shortly, 503).
+type OwnerUnavailableError struct {
+	Owner string
+	Op    string
+	Err   error
+}
+
+func (e *OwnerUnavailableError) Error() string {
+	return fmt.Sprintf("the replica %s holding this session did not answer (%s): %v", e.Owner, e.Op, e.Err)
+}
+
+func (e *OwnerUnavailableError) Unwrap() error { return e.Err }
+
+func (e *OwnerUnavailableError) Is(target error) bool {
+	if e.Op == opCreate {
+		return target == sessions.ErrFull
+	}
+	return target == sessions.ErrNotFound
+}
+
+func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
+	owner := s.Owner(sess.ID)
+	if owner == s.self {
+		return s.local.Create(ctx, sess)
+	}
+	_, err := s.call(ctx, owner, &peerRequest{Op: opCreate, Session: toWire(sess)})
+	return err
+}
+
+// Get returns the session. On a non-owner it asks the owner for the
+// mutable state while it looks up the static part through groupcache, and
+// combines them when they belong to the same session.
+func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
+	owner := s.Owner(id)
+	if owner == s.self {
+		return s.local.Get(ctx, id)
+	}
+	type static struct {
+		p   staticPart
+		err error
+	}
+	ch := make(chan static, 1)
+	go func() {
+		var b []byte
+		var st static
+		st.err = s.group.Get(ctx, id, groupcache.AllocatingByteSliceSink(&b))
+		if st.err == nil {
+			st.err = json.Unmarshal(b, &st.p)
+		}
+		ch <- st
+	}()
+	resp, err := s.call(ctx, owner, &peerRequest{Op: opState, ID: id})
+	st := <-ch
+	if err != nil {
+		return sessions.Session{}, err
+	}
+	w := resp.Session
+	if st.err == nil && string(st.p.digest()) == string(w.StaticDigest) {
+		w.ID, w.ClusterID, w.Secret, w.CreatedAt = st.p.ID, st.p.ClusterID, st.p.Secret, st.p.CreatedAt
+		w.CallbackURL, w.CallbackSessionID = st.p.CallbackURL, st.p.CallbackSessionID
+		return fromWire(w), nil
+	}
+	// The cached static part is missing or stale (the ID was used again):
+	// ask the owner for everything.
+	resp, err = s.call(ctx, owner, &peerRequest{Op: opGet, ID: id})
+	if err != nil {
+		return sessions.Session{}, err
+	}
+	return fromWire(resp.Session), nil
+}
+
+func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
+	owner := s.Owner(id)
+	if owner == s.self {
+		return s.local.UseNonce(ctx, id, nonce)
+	}
+	_, err := s.call(ctx, owner, &peerRequest{Op: opUseNonce, ID: id, Nonce: nonce})
+	return err
+}
+
+func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
+	owner := s.Owner(id)
+	if owner == s.self {
+		return s.local.RecordPoll(ctx, id, nonce, minInterval)
+	}
+	resp, err := s.call(ctx, owner, &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval)})
+	if err != nil {
+		return sessions.Session{}, err
+	}
+	return fromWire(resp.Session), nil
+}
+
+func (s *Store) Complete(ctx context.Context, id string, response []byte) error {
+	owner := s.Owner(id)
+	if owner == s.self {
+		return s.local.Complete(ctx, id, response)
+	}
+	// Refuse here what the owner would refuse, before sending it.
+	if len(response) > s.limits.MaxResponseBytes {
+		sess, err := s.Get(ctx, id)
+		switch {
+		case err != nil:
+			return err
+		case sess.State != sessions.StatePending:
+			return sessions.ErrNotPending
+		}
+		return sessions.ErrTooLarge
+	}
+	_, err := s.call(ctx, owner, &peerRequest{Op: opComplete, ID: id, Response: response})
+	return err
+}
+
+func (s *Store) Deny(ctx context.Context, id, reason string) error {
+	owner := s.Owner(id)
+	if owner == s.self {
+		return s.local.Deny(ctx, id, reason)
+	}
+	_, err := s.call(ctx, owner, &peerRequest{Op: opDeny, ID: id, Reason: reason})
+	return err
+}
+
+// Delete removes the session on its owner. If the owner is gone, so is the
+// session, and Delete succeeds.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	owner := s.Owner(id)
+	if owner == s.self {
+		return s.local.Delete(ctx, id)
+	}
+	_, err := s.call(ctx, owner, &peerRequest{Op: opDelete, ID: id})
+	var gone *OwnerUnavailableError
+	if errors.As(err, &gone) {
+		return nil
+	}
+	return err
+}
+
+// loadStatic is the group's Getter: it runs on the owner (or on a replica
+// whose ring says it is the owner) and reads the local store. Errors are
+// not cached by groupcache, so an unknown session stays unknown only until
+// it exists.
+func (s *Store) loadStatic(ctx context.Context, id string, dest groupcache.Sink) error {
+	sess, err := s.local.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	return dest.SetBytes(mustJSON(staticOf(sess)))
+}
+
+// peerGetter fetches a static part from its owner for groupcache, over the
+// authenticated peer API.
+type peerGetter struct {
+	s    *Store
+	peer string
+}
+
+func (g peerGetter) Get(ctx context.Context, in *pb.GetRequest, out *pb.GetResponse) error {
+	resp, err := g.s.call(ctx, g.peer, &peerRequest{Op: opStatic, ID: in.GetKey()})
+	if err != nil {
+		return err
+	}
+	out.Value = resp.Static
+	return nil
+}

@@ -1,0 +1,123 @@
+package hashring
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/storetest"
+)
+
+var testKey = bytes.Repeat([]byte("k"), 32)
+
+// replica is one Store with its peer server on a real loopback listener.
+type replica struct {
+	*Store
+	url string
+	srv *http.Server
+}
+
+// stop closes the replica's peer server: the replica is gone for the
+// others.
+func (r *replica) stop() { r.srv.Close() }
+
+func startReplica(t testing.TB, limits sessions.Limits, clock func() time.Time, opts Options) *replica {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	opts.Self = url
+	if opts.Key == nil {
+		opts.Key = testKey
+	}
+	opts.Limits, opts.Clock = limits, clock
+	if opts.PeerTimeout == 0 {
+		opts.PeerTimeout = time.Second
+	}
+	s, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: s.PeerHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		srv.Close()
+		s.Close()
+	})
+	return &replica{Store: s, url: url, srv: srv}
+}
+
+// startRing starts n replicas that know each other.
+func startRing(t testing.TB, n int, limits sessions.Limits, clock func() time.Time) []*replica {
+	t.Helper()
+	rs := make([]*replica, n)
+	for i := range rs {
+		rs[i] = startReplica(t, limits, clock, Options{})
+	}
+	setPeers(rs)
+	return rs
+}
+
+func setPeers(rs []*replica) {
+	var urls []string
+	for _, r := range rs {
+		urls = append(urls, r.url)
+	}
+	for _, r := range rs {
+		r.SetPeers(urls)
+	}
+}
+
+// spread sends each call to the next replica in turn, as a load balancer
+// without sticky routing would: any replica answers any request.
+type spread struct {
+	rs   []*replica
+	next atomic.Uint32
+}
+
+func (s *spread) pick() *Store { return s.rs[int(s.next.Add(1))%len(s.rs)].Store }
+
+func (s *spread) Create(ctx context.Context, sess sessions.Session) error {
+	return s.pick().Create(ctx, sess)
+}
+func (s *spread) Get(ctx context.Context, id string) (sessions.Session, error) {
+	return s.pick().Get(ctx, id)
+}
+func (s *spread) UseNonce(ctx context.Context, id, nonce string) error {
+	return s.pick().UseNonce(ctx, id, nonce)
+}
+func (s *spread) RecordPoll(ctx context.Context, id, nonce string, d time.Duration) (sessions.Session, error) {
+	return s.pick().RecordPoll(ctx, id, nonce, d)
+}
+func (s *spread) Complete(ctx context.Context, id string, response []byte) error {
+	return s.pick().Complete(ctx, id, response)
+}
+func (s *spread) Deny(ctx context.Context, id, reason string) error {
+	return s.pick().Deny(ctx, id, reason)
+}
+func (s *spread) Delete(ctx context.Context, id string) error { return s.pick().Delete(ctx, id) }
+
+// TestConformance runs the shared suite against a ring of three replicas
+// on loopback, each call going to another replica.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, limits sessions.Limits, clock *storetest.Clock) sessions.Store {
+		return &spread{rs: startRing(t, 3, limits, clock.Now)}
+	})
+}
+
+// TestConformanceOneReplica runs the suite against each replica of the
+// ring directly, so that owner and non-owner paths both meet every rule.
+func TestConformanceEachReplica(t *testing.T) {
+	for i := 0; i < 3; i++ {
+		storetest.Run(t, func(t *testing.T, limits sessions.Limits, clock *storetest.Clock) sessions.Store {
+			return startRing(t, 3, limits, clock.Now)[i].Store
+		})
+	}
+}
