@@ -1,0 +1,186 @@
+{{/* Chart name, bounded to 63 characters (label values, DNS names). */}}
+{{- define "kbb.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kbb.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the headless Service of the hashring peers. */}}
+{{- define "kbb.peersName" -}}
+{{- printf "%s-peers" (include "kbb.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "kbb.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "kbb.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "kbb.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kbb.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kbb.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kbb.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the OIDC client secret, cookie keys and peer key. */}}
+{{- define "kbb.secretName" -}}
+{{- default (include "kbb.fullname" .) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{- define "kbb.tlsSecretName" -}}
+{{- if .Values.tls.existingSecret }}
+{{- .Values.tls.existingSecret }}
+{{- else }}
+{{- printf "%s-tls" (include "kbb.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "kbb.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* memory for a single replica, hashring for several, unless set. */}}
+{{- define "kbb.sessionStore" -}}
+{{- if .Values.session.store }}
+{{- .Values.session.store }}
+{{- else if gt (int .Values.replicaCount) 1 }}
+{{- "hashring" }}
+{{- else }}
+{{- "memory" }}
+{{- end }}
+{{- end }}
+
+{{/* Host (without port) of externalURL. */}}
+{{- define "kbb.externalHost" -}}
+{{- (urlParse .Values.externalURL).hostname }}
+{{- end }}
+
+{{/* Path of externalURL, "/" when empty. */}}
+{{- define "kbb.externalPath" -}}
+{{- default "/" (urlParse .Values.externalURL).path }}
+{{- end }}
+
+{{- define "kbb.scheme" -}}
+{{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
+{{/*
+Checks across values that the schema cannot express, with messages that say
+what to set. Included by the Deployment so every render runs them.
+*/}}
+{{- define "kbb.validate" -}}
+{{- $v := .Values }}
+{{- if not $v.externalURL }}
+{{- fail "\n\nexternalURL is required: the public URL of the backend, e.g. --set externalURL=https://bind.example.com" }}
+{{- end }}
+{{- if not $v.oidc.issuerURL }}
+{{- fail "\n\noidc.issuerURL is required: the URL of your OpenID Connect issuer, e.g. --set oidc.issuerURL=https://login.example.com" }}
+{{- end }}
+{{- if not $v.oidc.clientID }}
+{{- fail "\n\noidc.clientID is required: the OAuth2 client ID registered at the issuer" }}
+{{- end }}
+{{- if and (not $v.secrets.existingSecret) (not $v.oidc.clientSecret) }}
+{{- fail "\n\nthe OIDC client secret is missing: set oidc.clientSecret, or secrets.existingSecret to a Secret holding it" }}
+{{- end }}
+{{- if and (eq (include "kbb.sessionStore" .) "memory") (gt (int $v.replicaCount) 1) }}
+{{- fail (printf "\n\nsession.store=memory with replicaCount=%d: each replica would know only its own sessions; use session.store=hashring (or leave it empty) or replicaCount=1" (int $v.replicaCount)) }}
+{{- end }}
+{{- if and $v.tls.enabled $v.tls.certManager.enabled $v.tls.existingSecret }}
+{{- fail "\n\ntls.existingSecret and tls.certManager.enabled exclude each other: serve your own Secret or let cert-manager make one" }}
+{{- end }}
+{{- if and $v.tls.enabled (not $v.tls.certManager.enabled) (not $v.tls.existingSecret) }}
+{{- fail "\n\ntls.enabled needs a certificate: set tls.existingSecret to a kubernetes.io/tls Secret, or tls.certManager.enabled=true with tls.certManager.issuerRef.name" }}
+{{- end }}
+{{- if and $v.tls.certManager.enabled (not $v.tls.enabled) }}
+{{- fail "\n\ntls.certManager.enabled needs tls.enabled=true" }}
+{{- end }}
+{{- if and $v.tls.certManager.enabled (not $v.tls.certManager.issuerRef.name) }}
+{{- fail "\n\ntls.certManager.issuerRef.name is required: the cert-manager Issuer or ClusterIssuer that signs the serving certificate" }}
+{{- end }}
+{{- if and $v.httpRoute.enabled (not $v.httpRoute.parentRefs) }}
+{{- fail "\n\nhttpRoute.enabled needs httpRoute.parentRefs: the Gateway(s) to attach to, e.g. [{name: public, namespace: gateways}]" }}
+{{- end }}
+{{- if and $v.podDisruptionBudget.enabled (eq (int $v.replicaCount) 1) (hasKey $v.podDisruptionBudget "minAvailable") }}
+{{- if ge (int $v.podDisruptionBudget.minAvailable) 1 }}
+{{- fail "\n\npodDisruptionBudget.minAvailable>=1 with replicaCount=1 blocks every node drain; use maxUnavailable or more replicas" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The backend's flags, as a YAML list (toYaml quotes what needs quoting).
+Secrets are passed as files, never as flag values.
+*/}}
+{{- define "kbb.args" -}}
+{{- $v := .Values }}
+{{- $store := include "kbb.sessionStore" . }}
+{{- $secretDir := "/etc/kube-bind-backend/secrets" }}
+{{- $keys := $v.secrets.keys }}
+{{- $args := list
+  (printf "--listen-address=:%d" (int $v.containerPort))
+  (printf "--external-url=%s" $v.externalURL)
+  (printf "--pretty-name=%s" $v.prettyName)
+  (printf "--namespace-prefix=%s" $v.namespacePrefix)
+  (printf "--consumer-scope=%s" $v.consumerScope)
+  (printf "--oidc-issuer-url=%s" $v.oidc.issuerURL)
+  (printf "--oidc-issuer-client-id=%s" $v.oidc.clientID)
+  (printf "--oidc-issuer-client-secret-file=%s/%s" $secretDir $keys.oidcClientSecret)
+  (printf "--cookie-signing-key-file=%s/%s" $secretDir $keys.cookieSigningKey)
+  (printf "--cookie-encryption-key-file=%s/%s" $secretDir $keys.cookieEncryptionKey)
+  (printf "--session-ttl=%s" $v.session.ttl)
+  (printf "--poll-interval=%s" $v.session.pollInterval)
+  (printf "--max-pending-sessions=%d" (int $v.session.maxPending))
+  (printf "--grace-period=%s" $v.session.gracePeriod)
+  (printf "--log-level=%s" $v.log.level)
+  (printf "--log-format=%s" $v.log.format)
+  (printf "--session-store=%s" $store)
+}}
+{{- with $v.oidc.callbackURL }}
+{{- $args = append $args (printf "--oidc-callback-url=%s" .) }}
+{{- end }}
+{{- with $v.providerCluster.externalAddress }}
+{{- $args = append $args (printf "--external-address=%s" .) }}
+{{- end }}
+{{- if $v.providerCluster.externalCA }}
+{{- $args = append $args "--external-ca-file=/etc/kube-bind-backend/external-ca/ca.crt" }}
+{{- end }}
+{{- with $v.providerCluster.externalServerName }}
+{{- $args = append $args (printf "--external-server-name=%s" .) }}
+{{- end }}
+{{- if eq $store "hashring" }}
+{{- $args = append $args (printf "--peer-listen-address=:%d" (int $v.hashring.port)) }}
+{{- $args = append $args (printf "--peer-service=%s/%s" .Release.Namespace (include "kbb.peersName" .)) }}
+{{- $args = append $args (printf "--peer-key-file=%s/%s" $secretDir $keys.peerKey) }}
+{{- end }}
+{{- if $v.tls.enabled }}
+{{- $args = append $args "--tls-cert-file=/etc/kube-bind-backend/tls/tls.crt" }}
+{{- $args = append $args "--tls-key-file=/etc/kube-bind-backend/tls/tls.key" }}
+{{- end }}
+{{- range $v.extraArgs }}
+{{- $args = append $args . }}
+{{- end }}
+{{- toYaml $args }}
+{{- end }}

@@ -1,0 +1,316 @@
+package chart_test
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
+)
+
+const (
+	releaseNS = "kbb-install"
+	saUser    = "system:serviceaccount:" + releaseNS + ":" + fullname
+)
+
+// canI asks the API server, through kubectl auth can-i impersonating the
+// chart's ServiceAccount, whether it may do verb on resource.
+func canI(t *testing.T, cp *controlplane.ControlPlane, namespace, verb, resource string, extra ...string) bool {
+	t.Helper()
+	args := []string{"--kubeconfig", cp.AdminKubeconfigPath(), "auth", "can-i", verb, resource, "--as", saUser}
+	if namespace == "" {
+		args = append(args, "--all-namespaces")
+	} else {
+		args = append(args, "-n", namespace)
+	}
+	args = append(args, extra...)
+	out, err := exec.Command(testBinary(t, "kubectl"), args...).CombinedOutput()
+	answer := strings.TrimSpace(string(out))
+	switch {
+	case err == nil && answer == "yes":
+		return true
+	case answer == "no" || strings.HasPrefix(answer, "no\n") || strings.HasPrefix(answer, "no -"):
+		return false
+	default:
+		t.Fatalf("kubectl %s: %v: %s", strings.Join(args, " "), err, out)
+		return false
+	}
+}
+
+type request struct {
+	namespace, verb, resource string
+	extra                     []string
+}
+
+func (r request) String() string {
+	ns := r.namespace
+	if ns == "" {
+		ns = "(cluster)"
+	}
+	return strings.TrimSpace(r.verb + " " + r.resource + " " + strings.Join(r.extra, " ") + " in " + ns)
+}
+
+func checkRequests(t *testing.T, cp *controlplane.ControlPlane, want bool, reqs []request) {
+	t.Helper()
+	for _, r := range reqs {
+		if got := canI(t, cp, r.namespace, r.verb, r.resource, r.extra...); got != want {
+			t.Errorf("can-i %s as the chart's ServiceAccount: %v, want %v", r, got, want)
+		}
+	}
+}
+
+func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
+	cp := controlplane.Get(t)
+	kubeconfig := cp.AdminKubeconfigPath()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := kubernetes.NewForConfigOrDie(cp.AdminConfig())
+
+	install := append([]string{"upgrade", "--install", "kbb", chartDir(t), "--kubeconfig", kubeconfig,
+		"--namespace", releaseNS, "--create-namespace"}, setArgs(requiredValues())...)
+	start := time.Now()
+	if _, err := helm(t, install...); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm install took %v", time.Since(start).Round(time.Millisecond))
+
+	// What the release made is there.
+	if _, err := admin.AppsV1().Deployments(releaseNS).Get(ctx, fullname, metav1.GetOptions{}); err != nil {
+		t.Fatalf("Deployment: %v", err)
+	}
+	if _, err := admin.CoreV1().ServiceAccounts(releaseNS).Get(ctx, fullname, metav1.GetOptions{}); err != nil {
+		t.Fatalf("ServiceAccount: %v", err)
+	}
+	secret, err := admin.CoreV1().Secrets(releaseNS).Get(ctx, fullname, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Secret: %v", err)
+	}
+	dyn := dynamic.NewForConfigOrDie(cp.AdminConfig())
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	for _, name := range []string{"clusterbindings.kube-bind.io", "apiserviceexports.kube-bind.io", "apiserviceexportrequests.kube-bind.io", "apiservicenamespaces.kube-bind.io"} {
+		if _, err := dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("CRD %s not installed: %v", name, err)
+		}
+	}
+
+	// An upgrade keeps the generated keys (lookup) and takes a new client secret.
+	upgrade := append(append([]string{}, install...), "--set", "oidc.clientSecret=rotated")
+	if _, err := helm(t, upgrade...); err != nil {
+		t.Fatal(err)
+	}
+	after, err := admin.CoreV1().Secrets(releaseNS).Get(ctx, fullname, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"cookie-signing-key", "cookie-encryption-key", "peer-key"} {
+		if len(secret.Data[k]) == 0 || string(after.Data[k]) != string(secret.Data[k]) {
+			t.Errorf("helm upgrade changed the generated %s", k)
+		}
+	}
+	if string(after.Data["oidc-client-secret"]) != "rotated" {
+		t.Errorf("oidc-client-secret after upgrade = %q, want rotated", after.Data["oidc-client-secret"])
+	}
+
+	// Every request the backend makes outside consumer namespaces.
+	checkRequests(t, cp, true, []request{
+		{"", "get", "customresourcedefinitions.apiextensions.k8s.io", nil},
+		{"", "list", "customresourcedefinitions.apiextensions.k8s.io", nil},
+		{"", "watch", "customresourcedefinitions.apiextensions.k8s.io", nil},
+		{"", "get", "namespaces", nil},
+		{"", "create", "namespaces", nil},
+		{"", "delete", "namespaces", nil},
+		{"kube-bind-newconsumer", "create", "rolebindings.rbac.authorization.k8s.io", nil},
+		{"", "bind", "clusterroles.rbac.authorization.k8s.io/kube-bind-consumer", nil},
+		{"", "bind", "clusterroles.rbac.authorization.k8s.io/kube-bind-backend-namespace", nil},
+		{"", "create", "selfsubjectreviews.authentication.k8s.io", nil},
+		{releaseNS, "list", "endpointslices.discovery.k8s.io", nil},
+		{releaseNS, "watch", "endpointslices.discovery.k8s.io", nil},
+	})
+	// A sample of what it must never be able to do.
+	checkRequests(t, cp, false, []request{
+		{"", "*", "*", nil},
+		{"kube-system", "get", "secrets", nil},
+		{"", "list", "secrets", nil},
+		{releaseNS, "get", "secrets", nil},
+		{"", "delete", "customresourcedefinitions.apiextensions.k8s.io", nil},
+		{"", "update", "customresourcedefinitions.apiextensions.k8s.io", nil},
+		{"", "list", "namespaces", nil},
+		{"", "update", "namespaces", nil},
+		{"", "create", "clusterrolebindings.rbac.authorization.k8s.io", nil},
+		{"", "bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin", nil},
+		{"", "escalate", "clusterroles.rbac.authorization.k8s.io", nil},
+		{"", "update", "clusterroles.rbac.authorization.k8s.io", nil},
+		{"kube-system", "create", "serviceaccounts", nil},
+		{"kube-system", "create", "pods", nil},
+		{"default", "get", "rolebindings.rbac.authorization.k8s.io", nil},
+		{"default", "list", "endpointslices.discovery.k8s.io", nil},
+		{"", "impersonate", "users", nil},
+		{"", "create", "serviceaccounts/token", nil},
+	})
+
+	t.Run("consumer namespace, as the service account's own token", func(t *testing.T) {
+		testConsumerNamespace(t, cp, admin)
+	})
+
+	if _, err := helm(t, "uninstall", "kbb", "--kubeconfig", kubeconfig, "--namespace", releaseNS, "--wait"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoles().Get(ctx, "kube-bind-backend", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("ClusterRole kube-bind-backend after uninstall: %v, want NotFound", err)
+	}
+}
+
+// testConsumerNamespace runs the backend's own provisioning code
+// (internal/binding: catalog informer, Provision, Unbind) with a real token
+// of the chart's ServiceAccount, so every request it makes is checked
+// against the chart's RBAC and admission policy; then it probes the rights
+// the backend ends up with inside and outside the consumer namespace.
+func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tr, err := admin.CoreV1().ServiceAccounts(releaseNS).CreateToken(ctx, fullname, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asSA := cp.ConfigForToken(tr.Status.Token)
+	as := kubernetes.NewForConfigOrDie(asSA)
+
+	// An exported API for the consumer to bind.
+	dyn := dynamic.NewForConfigOrDie(cp.AdminConfig())
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": "mangodbs.example.com", "labels": map[string]any{binding.ExportedLabel: "true"}},
+		"spec": map[string]any{
+			"group": "example.com", "scope": "Namespaced",
+			"names": map[string]any{"plural": "mangodbs", "singular": "mangodb", "kind": "MangoDB", "listKind": "MangoDBList"},
+			"versions": []any{map[string]any{"name": "v1", "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
+		},
+	}}
+	if _, err := dyn.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+
+	catalog, err := binding.NewCatalog(asSA, binding.Scope("Namespaced"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	catalog.Start(ctx)
+	if !catalog.WaitForSync(ctx) {
+		t.Fatal("the catalog informer cannot list/watch CRDs with the chart's ServiceAccount")
+	}
+	for {
+		if _, ok := catalog.Lookup("example.com", "mangodbs"); ok {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the exported CRD never appeared in the catalog")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	p, err := binding.NewProvisioner(asSA, catalog, binding.Config{NamespacePrefix: "kube-bind-", ProviderPrettyName: "chart test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := binding.Consumer{Issuer: "https://login.example.com", Subject: "alice"}
+	for i := 0; i < 2; i++ { // new consumer, then returning consumer
+		start := time.Now()
+		resp, err := p.Provision(ctx, alice, "cluster1", []binding.Resource{{Group: "example.com", Resource: "mangodbs"}})
+		if err != nil {
+			t.Fatalf("Provision #%d with the chart's ServiceAccount: %v", i+1, err)
+		}
+		if len(resp.Kubeconfig) == 0 || len(resp.Requests) != 1 {
+			t.Fatalf("Provision #%d: kubeconfig %d bytes, %d requests", i+1, len(resp.Kubeconfig), len(resp.Requests))
+		}
+		t.Logf("Provision #%d as the chart's ServiceAccount: %v", i+1, time.Since(start).Round(time.Millisecond))
+	}
+	ns := p.Namespace(alice, "cluster1")
+
+	// Inside the consumer namespace: exactly the namespace role.
+	checkRequests(t, cp, true, []request{
+		{ns, "get", "serviceaccounts", nil}, {ns, "patch", "serviceaccounts", nil}, {ns, "delete", "serviceaccounts", nil},
+		{ns, "get", "secrets", nil}, {ns, "patch", "secrets", nil}, {ns, "delete", "secrets", nil},
+		{ns, "get", "rolebindings.rbac.authorization.k8s.io", nil}, {ns, "patch", "rolebindings.rbac.authorization.k8s.io", nil},
+		{ns, "get", "clusterbindings.kube-bind.io", nil}, {ns, "patch", "clusterbindings.kube-bind.io", nil},
+	})
+	checkRequests(t, cp, false, []request{
+		{ns, "list", "secrets", nil},
+		{ns, "create", "pods", nil},
+		{ns, "create", "roles.rbac.authorization.k8s.io", nil},
+		{ns, "delete", "rolebindings.rbac.authorization.k8s.io", nil},
+		{"default", "create", "serviceaccounts", nil},
+		{"kube-system", "get", "secrets", nil},
+	})
+
+	// RBAC escalation check: no other role can be granted, even there.
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "escalate"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
+		Subjects:   []rbacv1.Subject{{Kind: "User", Name: saUser, APIGroup: "rbac.authorization.k8s.io"}},
+	}
+	if _, err := as.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("binding cluster-admin in a consumer namespace: %v, want Forbidden", err)
+	}
+
+	// The admission policy: the grants RBAC allows cluster-wide are refused
+	// outside the namespaces the backend made.
+	victim := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-bind-victim"}} // right prefix, not made by the backend
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, victim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rb = &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "steal"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: binding.BackendNamespaceClusterRole},
+		Subjects:   []rbacv1.Subject{{Kind: "User", Name: saUser, APIGroup: "rbac.authorization.k8s.io"}},
+	}
+	// The policy takes effect shortly after install: wait for it with a dry run.
+	for {
+		_, err := as.RbacV1().RoleBindings("kube-system").Create(ctx, rb, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if apierrors.IsForbidden(err) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the admission policy never refused a self-grant in kube-system: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, target := range []string{"kube-system", victim.Name} {
+		_, err := as.RbacV1().RoleBindings(target).Create(ctx, rb, metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may only create rolebindings in namespaces it made") {
+			t.Errorf("the backend granting itself %s in %s: %v, want Forbidden by the chart's admission policy",
+				binding.BackendNamespaceClusterRole, target, err)
+		}
+	}
+	err = as.CoreV1().Namespaces().Delete(ctx, victim.Name, metav1.DeleteOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "may only delete namespaces it made") {
+		t.Errorf("the backend deleting a namespace it did not make: %v, want Forbidden by the chart's admission policy", err)
+	}
+	other := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "not-kube-bind", Labels: map[string]string{binding.LabelManagedBy: "kube-bind-backend"}}}
+	if _, err := as.CoreV1().Namespaces().Create(ctx, other, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the backend creating a namespace outside its prefix: %v, want Forbidden", err)
+	}
+
+	// Unbind, with the same account.
+	if err := p.Unbind(ctx, alice, "cluster1"); err != nil {
+		t.Fatalf("Unbind with the chart's ServiceAccount: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

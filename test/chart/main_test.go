@@ -1,0 +1,20 @@
+// Package chart_test checks the Helm chart in charts/kube-bind-backend with
+// the real helm binary: lint, template with several value sets (assertions
+// on the rendered objects), the schema and checks refusing bad values, and an
+// install into a real API server whose RBAC is then probed with kubectl.
+package chart_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
+)
+
+func TestMain(m *testing.M) {
+	code := controlplane.RunMain(m)
+	if helmHome != "" {
+		os.RemoveAll(helmHome)
+	}
+	os.Exit(code)
+}

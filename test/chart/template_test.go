@@ -1,0 +1,415 @@
+package chart_test
+
+import (
+	"bytes"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/kbprovider/backend/internal/binding"
+)
+
+const (
+	fullname  = "kbb-kube-bind-backend"
+	secretDir = "/etc/kube-bind-backend/secrets"
+)
+
+func TestLint(t *testing.T) {
+	for name, sets := range map[string][]string{
+		"required values only": nil,
+		"everything on": {
+			"tls.enabled=true", "tls.certManager.enabled=true", "tls.certManager.issuerRef.name=letsencrypt",
+			"ingress.enabled=true", "ingress.className=nginx",
+			"httpRoute.enabled=true", "httpRoute.parentRefs[0].name=public",
+			"providerCluster.externalAddress=https://api.example.com:6443",
+		},
+		"one replica": {"replicaCount=1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, err := helm(t, append([]string{"lint", "--strict", chartDir(t)}, setArgs(append(requiredValues(), sets...))...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
+				t.Fatalf("unexpected lint output:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
+	objs := render(t)
+
+	d := objs.get(t, "Deployment", fullname)
+	if got := field(t, d, "spec", "replicas"); got != int64(2) {
+		t.Errorf("replicas = %v, want 2", got)
+	}
+	podSpec := asMap(t, field(t, d, "spec", "template", "spec"))
+	if podSpec["serviceAccountName"] != fullname {
+		t.Errorf("serviceAccountName = %v", podSpec["serviceAccountName"])
+	}
+	psc := asMap(t, podSpec["securityContext"])
+	if psc["runAsNonRoot"] != true || psc["runAsUser"] != int64(65532) {
+		t.Errorf("pod securityContext %v: want runAsNonRoot and uid 65532", psc)
+	}
+	c := container(t, objs)
+	sc := asMap(t, c["securityContext"])
+	if sc["readOnlyRootFilesystem"] != true || sc["allowPrivilegeEscalation"] != false || sc["runAsNonRoot"] != true {
+		t.Errorf("container securityContext %v: want read-only root, no privilege escalation, non-root", sc)
+	}
+	if drop := asSlice(t, asMap(t, sc["capabilities"])["drop"]); !reflect.DeepEqual(drop, []any{"ALL"}) {
+		t.Errorf("capabilities.drop = %v, want [ALL]", drop)
+	}
+	if seccomp := asMap(t, sc["seccompProfile"]); seccomp["type"] != "RuntimeDefault" {
+		t.Errorf("seccompProfile = %v", seccomp)
+	}
+	for probe, path := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {
+		get := asMap(t, asMap(t, c[probe])["httpGet"])
+		if get["path"] != path || get["port"] != "http" || get["scheme"] != "HTTP" {
+			t.Errorf("%s = %v, want HTTP GET %s on port http", probe, get, path)
+		}
+	}
+	if res := asMap(t, c["resources"]); res["requests"] == nil || asMap(t, res["limits"])["memory"] == nil {
+		t.Errorf("resources %v: want requests and a memory limit", res)
+	}
+
+	f := flags(t, objs)
+	want := map[string]string{
+		"--listen-address":                 ":8080",
+		"--external-url":                   "https://bind.example.com",
+		"--oidc-issuer-url":                "https://login.example.com",
+		"--oidc-issuer-client-id":          "kube-bind",
+		"--oidc-issuer-client-secret-file": secretDir + "/oidc-client-secret",
+		"--cookie-signing-key-file":        secretDir + "/cookie-signing-key",
+		"--cookie-encryption-key-file":     secretDir + "/cookie-encryption-key",
+		"--consumer-scope":                 "Namespaced",
+		"--session-store":                  "hashring",
+		"--peer-listen-address":            ":8081",
+		"--peer-service":                   "bind-system/" + fullname + "-peers",
+		"--peer-key-file":                  secretDir + "/peer-key",
+		"--session-ttl":                    "10m",
+		"--poll-interval":                  "2s",
+	}
+	for k, v := range want {
+		if f[k] != v {
+			t.Errorf("flag %s = %q, want %q", k, f[k], v)
+		}
+	}
+	for _, absent := range []string{"--tls-cert-file", "--external-address", "--external-ca-file", "--oidc-issuer-client-secret", "--kubeconfig"} {
+		if _, ok := f[absent]; ok {
+			t.Errorf("flag %s set by default", absent)
+		}
+	}
+	// No secret value appears in the Deployment.
+	if b, _ := d.MarshalJSON(); bytes.Contains(b, []byte("s3cr3t")) {
+		t.Error("the OIDC client secret appears in the Deployment")
+	}
+
+	// The generated Secret: the client secret as given, keys random and long.
+	s := objs.get(t, "Secret", fullname)
+	data := asMap(t, field(t, s, "data"))
+	decoded := map[string]string{}
+	for k, v := range data {
+		b, err := base64.StdEncoding.DecodeString(v.(string))
+		if err != nil {
+			t.Fatalf("Secret key %s: %v", k, err)
+		}
+		decoded[k] = string(b)
+	}
+	if decoded["oidc-client-secret"] != "s3cr3t" {
+		t.Errorf("oidc-client-secret = %q", decoded["oidc-client-secret"])
+	}
+	for k, n := range map[string]int{"cookie-signing-key": 64, "cookie-encryption-key": 32, "peer-key": 32} {
+		if len(decoded[k]) != n {
+			t.Errorf("generated %s has %d bytes, want %d", k, len(decoded[k]), n)
+		}
+	}
+	again := render(t)
+	s2 := asMap(t, field(t, again.get(t, "Secret", fullname), "data"))
+	if s2["cookie-signing-key"] == data["cookie-signing-key"] {
+		t.Error("two renders without a previous release generated the same cookie key: not random")
+	}
+
+	// Peers: headless Service and EndpointSlice access in the namespace only.
+	peers := objs.get(t, "Service", fullname+"-peers")
+	if field(t, peers, "spec", "clusterIP") != "None" || field(t, peers, "spec", "publishNotReadyAddresses") != true {
+		t.Errorf("peer Service spec %v: want headless, publishing not-ready addresses", field(t, peers, "spec"))
+	}
+	role := objs.get(t, "Role", fullname+"-peers")
+	if role.GetNamespace() != "bind-system" {
+		t.Errorf("peer Role in namespace %q", role.GetNamespace())
+	}
+	pdb := objs.get(t, "PodDisruptionBudget", fullname)
+	if field(t, pdb, "spec", "maxUnavailable") != int64(1) {
+		t.Errorf("PDB spec %v", field(t, pdb, "spec"))
+	}
+	svc := objs.get(t, "Service", fullname)
+	port := asMap(t, asSlice(t, field(t, svc, "spec", "ports"))[0])
+	if port["port"] != int64(80) || port["targetPort"] != "http" {
+		t.Errorf("Service port %v", port)
+	}
+	for _, kind := range []string{"Ingress", "HTTPRoute", "Certificate", "ConfigMap"} {
+		if n := len(objs.ofKind(kind)); n != 0 {
+			t.Errorf("%d %s rendered by default", n, kind)
+		}
+	}
+	if n := len(objs.ofKind("CustomResourceDefinition")); n != 4 {
+		t.Errorf("%d CRDs rendered, want the 4 kube-bind.io CRDs", n)
+	}
+}
+
+func TestOneReplicaUsesTheMemoryStore(t *testing.T) {
+	objs := render(t, "replicaCount=1")
+	f := flags(t, objs)
+	if f["--session-store"] != "memory" {
+		t.Errorf("--session-store = %q, want memory", f["--session-store"])
+	}
+	for _, absent := range []string{"--peer-listen-address", "--peer-service", "--peer-key-file"} {
+		if _, ok := f[absent]; ok {
+			t.Errorf("%s set for a single replica", absent)
+		}
+	}
+	if objs.find("Service", fullname+"-peers") != nil || objs.find("Role", fullname+"-peers") != nil {
+		t.Error("peer Service or Role rendered for a single replica")
+	}
+}
+
+func TestIngressAndHTTPRoute(t *testing.T) {
+	objs := render(t,
+		"externalURL=https://bind.example.com:8443/kb",
+		"ingress.enabled=true", "ingress.className=nginx", "ingress.tlsSecretName=bind-tls",
+		"httpRoute.enabled=true", "httpRoute.parentRefs[0].name=public", "httpRoute.parentRefs[0].namespace=gateways")
+
+	ing := objs.get(t, "Ingress", fullname)
+	rule := asMap(t, asSlice(t, field(t, ing, "spec", "rules"))[0])
+	if rule["host"] != "bind.example.com" {
+		t.Errorf("Ingress host %v, want bind.example.com (no port)", rule["host"])
+	}
+	path := asMap(t, asSlice(t, asMap(t, rule["http"])["paths"])[0])
+	if path["path"] != "/kb" {
+		t.Errorf("Ingress path %v, want /kb", path["path"])
+	}
+	if field(t, ing, "spec", "ingressClassName") != "nginx" {
+		t.Error("ingressClassName not set")
+	}
+	tls := asMap(t, asSlice(t, field(t, ing, "spec", "tls"))[0])
+	if tls["secretName"] != "bind-tls" {
+		t.Errorf("Ingress tls %v", tls)
+	}
+
+	route := objs.get(t, "HTTPRoute", fullname)
+	if route.GetAPIVersion() != "gateway.networking.k8s.io/v1" {
+		t.Errorf("HTTPRoute apiVersion %s", route.GetAPIVersion())
+	}
+	if h := asSlice(t, field(t, route, "spec", "hostnames")); !reflect.DeepEqual(h, []any{"bind.example.com"}) {
+		t.Errorf("HTTPRoute hostnames %v", h)
+	}
+	parent := asMap(t, asSlice(t, field(t, route, "spec", "parentRefs"))[0])
+	if parent["name"] != "public" || parent["namespace"] != "gateways" {
+		t.Errorf("HTTPRoute parentRefs %v", parent)
+	}
+	backend := asMap(t, asSlice(t, asMap(t, asSlice(t, field(t, route, "spec", "rules"))[0])["backendRefs"])[0])
+	if backend["name"] != fullname || backend["port"] != int64(80) {
+		t.Errorf("HTTPRoute backendRef %v", backend)
+	}
+}
+
+func TestTLSFromCertManager(t *testing.T) {
+	objs := render(t, "tls.enabled=true", "tls.certManager.enabled=true", "tls.certManager.issuerRef.name=letsencrypt")
+	cert := objs.get(t, "Certificate", fullname)
+	if field(t, cert, "spec", "secretName") != fullname+"-tls" {
+		t.Errorf("Certificate secretName %v", field(t, cert, "spec", "secretName"))
+	}
+	dns := asSlice(t, field(t, cert, "spec", "dnsNames"))
+	if dns[0] != "bind.example.com" {
+		t.Errorf("Certificate dnsNames %v: want the externalURL host first", dns)
+	}
+	if ref := asMap(t, field(t, cert, "spec", "issuerRef")); ref["name"] != "letsencrypt" || ref["kind"] != "ClusterIssuer" {
+		t.Errorf("issuerRef %v", ref)
+	}
+	f := flags(t, objs)
+	if f["--tls-cert-file"] != "/etc/kube-bind-backend/tls/tls.crt" || f["--tls-key-file"] != "/etc/kube-bind-backend/tls/tls.key" {
+		t.Errorf("TLS flags %q %q", f["--tls-cert-file"], f["--tls-key-file"])
+	}
+	c := container(t, objs)
+	if get := asMap(t, asMap(t, c["readinessProbe"])["httpGet"]); get["scheme"] != "HTTPS" {
+		t.Errorf("readiness probe scheme %v with TLS on", get["scheme"])
+	}
+	mounted := false
+	for _, m := range asSlice(t, c["volumeMounts"]) {
+		if mm := asMap(t, m); mm["name"] == "tls" && mm["mountPath"] == "/etc/kube-bind-backend/tls" && mm["readOnly"] == true {
+			mounted = true
+		}
+	}
+	d := objs.get(t, "Deployment", fullname)
+	for _, v := range asSlice(t, field(t, d, "spec", "template", "spec", "volumes")) {
+		if vv := asMap(t, v); vv["name"] == "tls" && asMap(t, vv["secret"])["secretName"] != fullname+"-tls" {
+			t.Errorf("tls volume %v does not mount the Certificate's Secret", vv)
+		}
+	}
+	if !mounted {
+		t.Error("the TLS Secret is not mounted read-only at /etc/kube-bind-backend/tls")
+	}
+	port := asMap(t, asSlice(t, field(t, objs.get(t, "Service", fullname), "spec", "ports"))[0])
+	if port["name"] != "https" || port["appProtocol"] != "https" {
+		t.Errorf("Service port with TLS: %v", port)
+	}
+}
+
+func TestExistingSecretAndExternalCluster(t *testing.T) {
+	ca := "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+	objs := render(t,
+		"secrets.existingSecret=my-keys", "secrets.keys.oidcClientSecret=client-secret",
+		"providerCluster.externalAddress=https://api.example.com:6443",
+		"providerCluster.externalServerName=api.internal",
+		"providerCluster.externalCA="+ca,
+		"prettyName=MangoDB Inc.: #1", "consumerScope=Cluster")
+	if objs.find("Secret", fullname) != nil {
+		t.Error("the chart made a Secret although secrets.existingSecret is set")
+	}
+	d := objs.get(t, "Deployment", fullname)
+	for _, v := range asSlice(t, field(t, d, "spec", "template", "spec", "volumes")) {
+		vv := asMap(t, v)
+		if vv["name"] != "secrets" {
+			continue
+		}
+		sec := asMap(t, vv["secret"])
+		if sec["secretName"] != "my-keys" {
+			t.Errorf("secrets volume from %v, want my-keys", sec["secretName"])
+		}
+		if items := asSlice(t, sec["items"]); asMap(t, items[0])["key"] != "client-secret" {
+			t.Errorf("secret items %v: want the custom key name", items)
+		}
+	}
+	f := flags(t, objs)
+	for k, v := range map[string]string{
+		"--oidc-issuer-client-secret-file": secretDir + "/client-secret",
+		"--external-address":               "https://api.example.com:6443",
+		"--external-server-name":           "api.internal",
+		"--external-ca-file":               "/etc/kube-bind-backend/external-ca/ca.crt",
+		"--pretty-name":                    "MangoDB Inc.: #1",
+		"--consumer-scope":                 "Cluster",
+	} {
+		if f[k] != v {
+			t.Errorf("flag %s = %q, want %q", k, f[k], v)
+		}
+	}
+	cm := objs.get(t, "ConfigMap", fullname+"-external-ca")
+	if got := field(t, cm, "data", "ca.crt"); strings.TrimSpace(got.(string)) != ca {
+		t.Errorf("CA ConfigMap holds %q", got)
+	}
+}
+
+func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sets []string
+		want []string // all must appear in helm's error
+	}{
+		{"zero replicas", []string{"replicaCount=0"}, []string{"/replicaCount", "minimum"}},
+		{"bad consumer scope", []string{"consumerScope=Everything"}, []string{"/consumerScope", "Namespaced", "Cluster"}},
+		{"typo in a value name", []string{"replicas=3"}, []string{"replicas", "additional properties"}},
+		{"externalURL not a URL", []string{"externalURL=bind.example.com"}, []string{"/externalURL", "does not match pattern"}},
+		{"bad duration", []string{"session.ttl=10 minutes"}, []string{"/session/ttl", "does not match pattern"}},
+		{"bad session store", []string{"session.store=redis"}, []string{"/session/store", "hashring"}},
+		{"bad log level", []string{"log.level=verbose"}, []string{"/log/level"}},
+		{"plain http provider API", []string{"providerCluster.externalAddress=http://api:6443"}, []string{"/providerCluster/externalAddress"}},
+		{"bad namespace prefix", []string{"namespacePrefix=Kube_Bind"}, []string{"/namespacePrefix"}},
+		{"memory store with replicas", []string{"session.store=memory", "replicaCount=3"},
+			[]string{"session.store=memory with replicaCount=3", "use session.store=hashring"}},
+		{"TLS without a certificate", []string{"tls.enabled=true"}, []string{"tls.enabled needs a certificate"}},
+		{"cert-manager without issuer", []string{"tls.enabled=true", "tls.certManager.enabled=true"}, []string{"tls.certManager.issuerRef.name is required"}},
+		{"HTTPRoute without gateway", []string{"httpRoute.enabled=true"}, []string{"httpRoute.enabled needs httpRoute.parentRefs"}},
+		{"extra arg not a flag", []string{"extraArgs[0]=debug"}, []string{"/extraArgs/0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := renderErr(t, setArgs(append(requiredValues(), tc.sets...))...)
+			if err == nil {
+				t.Fatalf("helm template accepted %v", tc.sets)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+
+	// Each required value, left out, is named with an example.
+	all := requiredValues()
+	for i, missing := range []string{"externalURL is required", "oidc.issuerURL is required", "oidc.clientID is required", "the OIDC client secret is missing"} {
+		t.Run("missing "+strings.Split(all[i], "=")[0], func(t *testing.T) {
+			sets := append(append([]string{}, all[:i]...), all[i+1:]...)
+			err := renderErr(t, setArgs(sets)...)
+			if err == nil || !strings.Contains(err.Error(), missing) {
+				t.Fatalf("want an error containing %q, got %v", missing, err)
+			}
+		})
+	}
+}
+
+// The chart ships the same CRD files as deploy/crds, byte for byte.
+func TestCRDsAreThoseOfDeployCRDs(t *testing.T) {
+	root := repoRoot(t)
+	want, _ := filepath.Glob(filepath.Join(root, "deploy", "crds", "*.yaml"))
+	have, _ := filepath.Glob(filepath.Join(chartDir(t), "crds", "*.yaml"))
+	base := func(paths []string) []string {
+		var out []string
+		for _, p := range paths {
+			out = append(out, filepath.Base(p))
+		}
+		sort.Strings(out)
+		return out
+	}
+	if len(want) == 0 {
+		t.Fatal("no CRDs in deploy/crds")
+	}
+	if !reflect.DeepEqual(base(want), base(have)) {
+		t.Fatalf("chart CRDs %v differ from deploy/crds %v: copy deploy/crds/*.yaml to charts/kube-bind-backend/crds/", base(have), base(want))
+	}
+	for _, p := range want {
+		a, _ := os.ReadFile(p)
+		b, _ := os.ReadFile(filepath.Join(chartDir(t), "crds", filepath.Base(p)))
+		if !bytes.Equal(a, b) {
+			t.Errorf("charts/kube-bind-backend/crds/%s differs from deploy/crds: copy it again", filepath.Base(p))
+		}
+	}
+}
+
+// The chart's ClusterRoles are exactly what internal/binding expects.
+func TestClusterRolesAreThoseOfBinding(t *testing.T) {
+	objs := render(t)
+	want := binding.ClusterRoles()
+	if got := len(objs.ofKind("ClusterRole")); got != len(want) {
+		t.Errorf("chart renders %d ClusterRoles, internal/binding has %d", got, len(want))
+	}
+	for _, w := range want {
+		u := objs.get(t, "ClusterRole", w.Name)
+		var got rbacv1.ClusterRole
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got.Rules, w.Rules) {
+			t.Errorf("ClusterRole %s:\nchart:   %+v\nbinding: %+v", w.Name, got.Rules, w.Rules)
+		}
+	}
+	for _, r := range objs.ofKind("ClusterRole") {
+		for _, rule := range asSlice(t, field(t, r, "rules")) {
+			m := asMap(t, rule)
+			for _, k := range []string{"apiGroups", "resources", "verbs"} {
+				for _, v := range asSlice(t, m[k]) {
+					if v == "*" {
+						t.Errorf("ClusterRole %s has a wildcard in %s", r.GetName(), k)
+					}
+				}
+			}
+		}
+	}
+}
