@@ -369,10 +369,11 @@ func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error 
 	return err
 }
 
-// Unbind removes a consumer: its provider namespace and all it holds (the
-// service account and so its token, the RBAC, the ClusterBinding, every
-// export). Nothing cluster-scoped is made per consumer. It refuses to
-// delete a namespace that belongs to another identity.
+// Unbind removes a consumer: it revokes the issued token (deleting the
+// token Secret and the service account), then deletes the provider
+// namespace and so all it holds (RBAC, ClusterBinding, every export).
+// Nothing cluster-scoped is made per consumer. It refuses to delete a
+// namespace that belongs to another identity.
 func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) error {
 	if err := validateIdentity(c, clusterID); err != nil {
 		return err
@@ -388,11 +389,40 @@ func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) 
 	if !sameIdentity(have, c, clusterID) {
 		return fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
 	}
+	if have.DeletionTimestamp == nil {
+		if err := p.revoke(ctx, name); err != nil {
+			return err
+		}
+	}
 	err = p.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting provider namespace %s: %w", name, err)
 	}
 	return nil
+}
+
+// revoke deletes the token Secret and the service account first, so the
+// issued kubeconfig stops working at once rather than whenever the
+// namespace controller gets to them.
+func (p *Provisioner) revoke(ctx context.Context, ns string) error {
+	if err := p.grantBackend(ctx, ns); err != nil {
+		return err
+	}
+	del := func(what string, fn func() error) error {
+		err := retryForbidden(ctx, fn)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("unbinding provider namespace %s: deleting %s: %w", ns, what, err)
+		}
+		return nil
+	}
+	if err := del("token secret", func() error {
+		return p.client.CoreV1().Secrets(ns).Delete(ctx, TokenSecretName, metav1.DeleteOptions{})
+	}); err != nil {
+		return err
+	}
+	return del("service account", func() error {
+		return p.client.CoreV1().ServiceAccounts(ns).Delete(ctx, ServiceAccountName, metav1.DeleteOptions{})
+	})
 }
 
 var applyOptions = metav1.ApplyOptions{FieldManager: fieldManager, Force: true}

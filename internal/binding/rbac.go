@@ -64,7 +64,7 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			rule("authentication.k8s.io", []string{"selfsubjectreviews"}, "create"),
 		),
 		role(BackendNamespaceClusterRole,
-			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch"),
+			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch", "delete"),
 			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "get", "create", "patch"),
 			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
 		),

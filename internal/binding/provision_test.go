@@ -1,0 +1,481 @@
+package binding
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+var requestsGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+
+const issuer = "https://idp.example.com"
+
+// consumerClients builds plain clients from an issued kubeconfig, the way
+// the CLI and the konnector do.
+func consumerClients(t *testing.T, kubeconfig []byte) (kubernetes.Interface, dynamic.Interface, string) {
+	t.Helper()
+	cc, err := clientcmd.NewClientConfigFromBytes(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := cc.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kubernetes.NewForConfigOrDie(rc), dynamic.NewForConfigOrDie(rc), ns
+}
+
+func exportRequest(name string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceExportRequest",
+		"metadata": map[string]any{"name": name},
+		"spec":     map[string]any{"resources": []any{map[string]any{"group": "example.com", "resource": "widgets"}}},
+	}}
+}
+
+func wantForbidden(t *testing.T, what string, err error) {
+	t.Helper()
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("%s: want Forbidden, got %v", what, err)
+	}
+}
+
+// A kubeconfig issued by Provision works with a plain client in its own
+// namespace, and nowhere else; the response has the shape released
+// clients expect; the namespace carries the identity.
+func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	p := newProvisioner(t, e, e.backend, ScopeCluster)
+	alice := Consumer{Issuer: issuer, Subject: "alice@example.com"}
+	bob := Consumer{Issuer: issuer, Subject: "bob"}
+
+	resp, err := p.Provision(ctx, alice, "clusterA", []Resource{widgets, gadgets, widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	respBob, err := p.Provision(ctx, bob, "clusterB", []Resource{widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The response.
+	if resp.APIVersion != "kube-bind.io/v1alpha1" || resp.Kind != "BindingResponse" {
+		t.Errorf("apiVersion/kind %q %q", resp.APIVersion, resp.Kind)
+	}
+	if a := resp.Authentication.OAuth2CodeGrant; a == nil || a.ID != issuer+"/alice@example.com" || a.SessionID != "" {
+		t.Errorf("authentication %+v", a)
+	}
+	if len(resp.Requests) != 2 {
+		t.Fatalf("%d requests, want 2 (duplicates dropped)", len(resp.Requests))
+	}
+	for i, want := range []struct{ name, group, resource string }{
+		{"widgets.example.com", "example.com", "widgets"},
+		{"gadgets.example.com", "example.com", "gadgets"},
+	} {
+		var r v1alpha1.APIServiceExportRequestResponse
+		if err := json.Unmarshal(resp.Requests[i], &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.APIVersion != "kube-bind.io/v1alpha1" || r.Kind != "APIServiceExportRequest" || r.Metadata.Name != want.name ||
+			len(r.Spec.Resources) != 1 || r.Spec.Resources[0].Group != want.group || r.Spec.Resources[0].Resource != want.resource ||
+			!slices.Equal(r.Spec.Resources[0].Versions, []string{"v1"}) {
+			t.Errorf("request %d: %s", i, resp.Requests[i])
+		}
+	}
+	// The whole response survives the JSON round trip (kubeconfig as base64).
+	b, _ := json.Marshal(resp)
+	var back v1alpha1.BindingResponse
+	if err := json.Unmarshal(b, &back); err != nil || string(back.Kubeconfig) != string(resp.Kubeconfig) {
+		t.Fatalf("JSON round trip: %v", err)
+	}
+
+	// The provider namespace.
+	nsName := p.Namespace(alice, "clusterA")
+	ns, err := e.kube.CoreV1().Namespaces().Get(ctx, nsName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns.Annotations[AnnotationIssuer] != issuer || ns.Annotations[AnnotationSubject] != "alice@example.com" ||
+		ns.Annotations[AnnotationCluster] != "clusterA" || ns.Labels[LabelConsumerHash] != identityHash(alice, "clusterA") {
+		t.Errorf("namespace metadata %v %v", ns.Annotations, ns.Labels)
+	}
+	if !strings.HasPrefix(nsName, "kb-") || strings.Contains(nsName, "alice") {
+		t.Errorf("namespace name %q", nsName)
+	}
+
+	// A plain client from the kubeconfig, as the consumer.
+	kube, dyn, ns1 := consumerClients(t, resp.Kubeconfig)
+	if ns1 != nsName {
+		t.Fatalf("kubeconfig namespace %q, want %q", ns1, nsName)
+	}
+	created, err := dyn.Resource(requestsGVR).Namespace(ns1).Create(ctx, exportRequest("widgets.example.com"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("consumer creating an APIServiceExportRequest in its namespace: %v", err)
+	}
+	if phase, _, _ := unstructured.NestedString(created.Object, "status", "phase"); phase != "Pending" {
+		t.Errorf("new request's phase %q, want Pending (CRD default)", phase)
+	}
+	if _, err := kube.CoreV1().Namespaces().Get(ctx, ns1, metav1.GetOptions{}); err != nil {
+		t.Errorf("consumer reading its namespace: %v", err)
+	}
+	sec, err := kube.CoreV1().Secrets(ns1).Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
+	if err != nil || string(sec.Data[KubeconfigSecretKey]) != string(resp.Kubeconfig) {
+		t.Errorf("consumer reading its kubeconfig Secret: %v", err)
+	}
+	cb, err := dyn.Resource(clusterBindingsGVR).Namespace(ns1).Get(ctx, ClusterBindingName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("consumer reading its ClusterBinding: %v", err)
+	}
+	ref, _, _ := unstructured.NestedStringMap(cb.Object, "spec", "kubeconfigSecretRef")
+	pretty, _, _ := unstructured.NestedString(cb.Object, "spec", "providerPrettyName")
+	if ref["name"] != KubeconfigSecretName || ref["key"] != KubeconfigSecretKey || pretty != "Test Provider" {
+		t.Errorf("ClusterBinding spec %v", cb.Object["spec"])
+	}
+	// The konnector writes heartbeats to the ClusterBinding's status.
+	unstructured.SetNestedField(cb.Object, "v0.4.8", "status", "konnectorVersion")
+	if _, err := dyn.Resource(clusterBindingsGVR).Namespace(ns1).UpdateStatus(ctx, cb, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("consumer writing ClusterBinding status: %v", err)
+	}
+
+	// And nothing else.
+	nsBob := p.Namespace(bob, "clusterB")
+	_, err = kube.CoreV1().Secrets(nsBob).Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
+	wantForbidden(t, "reading another consumer's kubeconfig Secret", err)
+	_, err = kube.CoreV1().Secrets(nsBob).List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "listing another consumer's Secrets", err)
+	_, err = dyn.Resource(requestsGVR).Namespace(nsBob).Create(ctx, exportRequest("widgets.example.com"), metav1.CreateOptions{})
+	wantForbidden(t, "creating a request in another consumer's namespace", err)
+	_, err = kube.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "listing Secrets in kube-system", err)
+	_, err = kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "listing Secrets cluster-wide", err)
+	_, err = kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "listing namespaces", err)
+	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "evil"}}, metav1.CreateOptions{})
+	wantForbidden(t, "creating a namespace", err)
+	wantForbidden(t, "deleting its own namespace", kube.CoreV1().Namespaces().Delete(ctx, ns1, metav1.DeleteOptions{}))
+	_, err = kube.CoreV1().Secrets(ns1).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+	wantForbidden(t, "creating a Secret in its namespace", err)
+	_, err = kube.CoreV1().ServiceAccounts(ns1).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+	wantForbidden(t, "creating a ServiceAccount in its namespace", err)
+	_, err = kube.RbacV1().RoleBindings(ns1).List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "listing RoleBindings in its namespace", err)
+
+	// Bob's kubeconfig reaches Bob's namespace only.
+	_, dynBob, nsB := consumerClients(t, respBob.Kubeconfig)
+	if nsB != nsBob || nsB == ns1 {
+		t.Fatalf("bob's namespace %q", nsB)
+	}
+	_, err = dynBob.Resource(requestsGVR).Namespace(ns1).List(ctx, metav1.ListOptions{})
+	wantForbidden(t, "bob listing alice's requests", err)
+}
+
+// Ten concurrent binds of one identity make one namespace and agree on
+// everything.
+func TestProvisionConcurrent(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	p := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	c := Consumer{Issuer: issuer, Subject: "concurrent"}
+
+	var wg sync.WaitGroup
+	resps := make([]*v1alpha1.BindingResponse, 10)
+	errs := make([]error, 10)
+	for i := range resps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resps[i], errs[i] = p.Provision(ctx, c, "cid", []Resource{widgets})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("bind %d: %v", i, err)
+		}
+		if string(resps[i].Kubeconfig) != string(resps[0].Kubeconfig) {
+			t.Errorf("bind %d issued a different kubeconfig", i)
+		}
+	}
+	list, err := e.kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: LabelConsumerHash + "=" + identityHash(c, "cid")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 1 {
+		t.Fatalf("%d namespaces for one identity", len(list.Items))
+	}
+	secrets, err := e.kube.CoreV1().Secrets(list.Items[0].Name).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(secrets.Items) != 2 {
+		t.Errorf("%d Secrets in the namespace, want the token and the kubeconfig", len(secrets.Items))
+	}
+	_, dyn, ns := consumerClients(t, resps[0].Kubeconfig)
+	if _, err := dyn.Resource(requestsGVR).Namespace(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A returning consumer gets the same namespace, the same service account
+// and token, and a working kubeconfig; another cluster of the same user
+// gets another namespace.
+func TestProvisionReturningConsumer(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	p := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	c := Consumer{Issuer: issuer, Subject: "returning"}
+
+	first, err := p.Provision(ctx, c, "cid", []Resource{widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := p.Namespace(c, "cid")
+	sa1, err := e.kube.CoreV1().ServiceAccounts(ns).Get(ctx, ServiceAccountName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A new provisioner (a restarted or another replica) finds it again.
+	p2 := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	second, err := p2.Provision(ctx, c, "cid", []Resource{widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa2, err := e.kube.CoreV1().ServiceAccounts(ns).Get(ctx, ServiceAccountName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sa1.UID != sa2.UID || string(first.Kubeconfig) != string(second.Kubeconfig) {
+		t.Error("returning consumer did not get the same service account and kubeconfig")
+	}
+	kube, _, ns2 := consumerClients(t, second.Kubeconfig)
+	if ns2 != ns {
+		t.Fatalf("namespace %q, want %q", ns2, ns)
+	}
+	if _, err := kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := p.Provision(ctx, c, "another-cluster", []Resource{widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ns3 := consumerClients(t, other.Kubeconfig); ns3 == ns {
+		t.Error("a second cluster of the same user shares the namespace")
+	}
+}
+
+// Anything not exported (unknown, unlabelled, outside the consumer scope)
+// is refused before anything is created; so are empty selections and bad
+// identities.
+func TestProvisionRefusals(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	p := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	c := Consumer{Issuer: issuer, Subject: "refused"}
+
+	for _, sel := range [][]Resource{
+		{hidden},
+		{widgets, hidden},
+		{gadgets}, // cluster-scoped, consumer scope Namespaced
+		{{Group: "example.com", Resource: "nothing"}},
+		{{Group: "", Resource: "secrets"}},
+		{{Group: "kube-bind.io", Resource: "clusterbindings"}},
+	} {
+		_, err := p.Provision(ctx, c, "cid", sel)
+		var ne *NotExportedError
+		if !errors.Is(err, ErrNotExported) || !errors.As(err, &ne) {
+			t.Errorf("%v: got %v, want ErrNotExported", sel, err)
+			continue
+		}
+		last := sel[len(sel)-1]
+		if ne.Resource != last.Resource || !strings.Contains(err.Error(), last.Resource) {
+			t.Errorf("%v: error names %q", sel, err)
+		}
+	}
+	if _, err := p.Provision(ctx, c, "cid", nil); !errors.Is(err, ErrNoResources) {
+		t.Errorf("empty selection: %v", err)
+	}
+	if _, err := p.Provision(ctx, Consumer{Issuer: issuer}, "cid", []Resource{widgets}); !errors.Is(err, ErrInvalidIdentity) {
+		t.Errorf("empty subject: %v", err)
+	}
+	_, err := e.kube.CoreV1().Namespaces().Get(ctx, p.Namespace(c, "cid"), metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("a refused bind left a namespace: %v", err)
+	}
+}
+
+// A namespace of the derived name that belongs to another identity (a
+// hash collision, or made by hand) is refused, not merged, and Unbind does
+// not delete it.
+func TestProvisionIdentityConflict(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	p := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	c := Consumer{Issuer: issuer, Subject: "victim"}
+	name := p.Namespace(c, "cid")
+	_, err := e.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name:        name,
+		Annotations: map[string]string{AnnotationIssuer: issuer, AnnotationSubject: "someone-else", AnnotationCluster: "cid"},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Provision(ctx, c, "cid", []Resource{widgets}); !errors.Is(err, ErrIdentityConflict) {
+		t.Fatalf("got %v, want ErrIdentityConflict", err)
+	}
+	if err := p.Unbind(ctx, c, "cid"); !errors.Is(err, ErrIdentityConflict) {
+		t.Fatalf("Unbind: got %v, want ErrIdentityConflict", err)
+	}
+	sas, err := e.kube.CoreV1().ServiceAccounts(name).List(ctx, metav1.ListOptions{})
+	if err != nil || len(sas.Items) != 0 {
+		t.Fatalf("something was made in the other identity's namespace: %v %v", sas, err)
+	}
+	ns, err := e.kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	if err != nil || ns.DeletionTimestamp != nil {
+		t.Fatalf("the other identity's namespace was deleted: %v", err)
+	}
+}
+
+// failAfter is a transport that lets n requests through and then fails
+// every one, like an API server that goes away mid-flow.
+type failAfter struct {
+	rt    http.RoundTripper
+	left  atomic.Int64
+	count atomic.Int64
+}
+
+func (f *failAfter) RoundTrip(r *http.Request) (*http.Response, error) {
+	f.count.Add(1)
+	if f.left.Add(-1) < 0 {
+		return nil, fmt.Errorf("test: connection to the API server cut")
+	}
+	return f.rt.RoundTrip(r)
+}
+
+// A bind that loses the API server after any number of requests returns an
+// error, and the next bind completes it: cut after request 0, 1, 2, ...
+// until a bind gets through.
+func TestProvisionFailsMidwayThenCompletes(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	healthy := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	cut := &failAfter{}
+	cutCfg := rest.CopyConfig(e.backend)
+	cutCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { cut.rt = rt; return cut }
+	failing, err := NewProvisioner(cutCfg, healthy.catalog, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cutsTried := 0
+	for n := int64(0); ; n++ {
+		c := Consumer{Issuer: issuer, Subject: fmt.Sprintf("midway-%d", n)}
+		cut.left.Store(n)
+		cut.count.Store(0)
+		resp, err := failing.Provision(ctx, c, "cid", []Resource{widgets})
+		if err == nil {
+			if resp == nil || len(resp.Kubeconfig) == 0 {
+				t.Fatal("nil error without a response")
+			}
+			t.Logf("a bind makes %d requests for a new consumer; cut after each of 0..%d", cut.count.Load(), n-1)
+			break
+		}
+		cutsTried++
+		if !strings.Contains(err.Error(), "connection to the API server cut") {
+			t.Errorf("cut after %d requests: unclear error %v", n, err)
+		}
+		if resp != nil {
+			t.Errorf("cut after %d requests: a response with the error", n)
+		}
+		resp, err = healthy.Provision(ctx, c, "cid", []Resource{widgets})
+		if err != nil {
+			t.Fatalf("cut after %d requests, then the next bind failed: %v", n, err)
+		}
+		kube, _, ns := consumerClients(t, resp.Kubeconfig)
+		if _, err := kube.CoreV1().Secrets(ns).Get(ctx, KubeconfigSecretName, metav1.GetOptions{}); err != nil {
+			t.Fatalf("cut after %d requests: the completed bind's kubeconfig fails: %v", n, err)
+		}
+		if n > 100 {
+			t.Fatal("a bind never got through")
+		}
+	}
+	if cutsTried < 8 {
+		t.Fatalf("only %d cut points", cutsTried)
+	}
+
+	// An API server that is not there at all: a clear error, quickly.
+	down := rest.CopyConfig(e.backend)
+	down.Host = "https://" + freeAddr(t)
+	p, err := NewProvisioner(down, healthy.catalog, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Provision(ctx, Consumer{Issuer: issuer, Subject: "down"}, "cid", []Resource{widgets})
+	if err == nil || !strings.Contains(err.Error(), "connection refused") || !strings.Contains(err.Error(), "provider namespace") {
+		t.Fatalf("API server down: %v", err)
+	}
+}
+
+// Unbind revokes the issued kubeconfig at once and deletes the namespace;
+// a later bind of the same identity starts afresh once it is gone.
+func TestUnbind(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	p := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	c := Consumer{Issuer: issuer, Subject: "leaving"}
+	resp, err := p.Provision(ctx, c, "cid", []Resource{widgets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube, _, ns := consumerClients(t, resp.Kubeconfig)
+	if _, err := kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Unbind(ctx, c, "cid"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the issued token stops working", func() bool {
+		_, err := kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return apierrors.IsUnauthorized(err)
+	})
+	got, err := e.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	if err == nil && got.DeletionTimestamp == nil {
+		t.Fatal("namespace not being deleted")
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if err == nil {
+		// Still terminating (the namespace controller empties it): a bind
+		// now says so instead of reusing it.
+		if _, err := p.Provision(ctx, c, "cid", []Resource{widgets}); !errors.Is(err, ErrNamespaceTerminating) {
+			t.Errorf("bind while terminating: %v", err)
+		}
+	}
+	if err := p.Unbind(ctx, Consumer{Issuer: issuer, Subject: "never-bound"}, "cid"); !errors.Is(err, ErrNotBound) {
+		t.Errorf("Unbind of an unknown consumer: %v", err)
+	}
+}
