@@ -1,0 +1,479 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// envPrefix: every flag --some-name can also be given as the environment
+// variable KUBE_BIND_SOME_NAME (upper case, dashes become underscores). A
+// flag on the command line wins over the environment, which wins over the
+// default.
+const envPrefix = "KUBE_BIND_"
+
+// envName returns the environment variable of a flag.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// noEnv lists flags that have no environment variable.
+var noEnv = map[string]bool{"version": true, "help": true}
+
+// config is the backend's validated configuration.
+type config struct {
+	ListenAddress string
+	// ExternalURL is nil when --external-url was not given: it is then
+	// derived from the address the backend listens on (see externalURLFor).
+	ExternalURL *url.URL
+
+	OIDCIssuerURL       string
+	OIDCClientID        string
+	OIDCClientSecret    string
+	OIDCCallbackURL     string // "" = <external URL>/callback
+	OIDCAllowedUsers    []string
+	OIDCAllowedGroups   []string
+	CookieSigningKey    []byte
+	CookieEncryptionKey []byte
+	// CookieKeysGenerated says which keys were made up at random because
+	// none was configured (they differ per process and per restart).
+	CookieKeysGenerated []string
+
+	ExternalAddress    string
+	ExternalCAFile     string
+	ExternalCA         []byte
+	ExternalServerName string
+
+	PrettyName      string
+	NamespacePrefix string
+	ConsumerScope   string // "Namespaced" or "Cluster"
+	Kubeconfig      string
+	Context         string
+
+	SessionTTL         time.Duration
+	PollInterval       time.Duration
+	GracePeriod        time.Duration
+	MaxPendingSessions int
+	ShutdownTimeout    time.Duration
+
+	LogLevel  slog.Level
+	LogFormat string // "json" or "text"
+
+	TLSCertFile string
+	TLSKeyFile  string
+
+	ShowVersion bool
+}
+
+// rawFlags are the flag values as given, before validation.
+type rawFlags struct {
+	listenAddress, externalURL                            string
+	oidcIssuerURL, oidcClientID                           string
+	oidcClientSecret, oidcClientSecretFile                string
+	oidcCallbackURL, oidcAllowedUsers, oidcAllowedGroups  string
+	cookieSigningKey, cookieSigningKeyFile                string
+	cookieEncryptionKey, cookieEncryptionKeyFile          string
+	externalAddress, externalCAFile, externalServerName   string
+	prettyName, namespacePrefix, consumerScope            string
+	kubeconfig, kubeContext                               string
+	sessionTTL, pollInterval, gracePeriod, shutdownTimout time.Duration
+	maxPendingSessions                                    int
+	logLevel, logFormat                                   string
+	tlsCertFile, tlsKeyFile                               string
+	version                                               bool
+}
+
+func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kube-bind-backend", flag.ContinueOnError)
+	fs.SetOutput(out)
+	s, d, i, b := fs.StringVar, fs.DurationVar, fs.IntVar, fs.BoolVar
+
+	s(&r.listenAddress, "listen-address", ":8080", "address to serve HTTP(S) on (host:port)")
+	s(&r.externalURL, "external-url", "", "public URL of the backend (scheme, host, optional path prefix); every advertised URL and every signature check uses it (default: http://<listen-address>, for local use only)")
+
+	s(&r.oidcIssuerURL, "oidc-issuer-url", "", "issuer URL of the OpenID Connect provider users log in at")
+	s(&r.oidcClientID, "oidc-issuer-client-id", "", "OAuth2 client ID of the backend at the OpenID Connect provider")
+	s(&r.oidcClientSecret, "oidc-issuer-client-secret", "", "OAuth2 client secret (prefer --oidc-issuer-client-secret-file)")
+	s(&r.oidcClientSecretFile, "oidc-issuer-client-secret-file", "", "file holding the OAuth2 client secret, e.g. a mounted Kubernetes Secret")
+	s(&r.oidcCallbackURL, "oidc-callback-url", "", "redirect URL registered at the OpenID Connect provider (default: <external-url>/callback)")
+	s(&r.oidcAllowedUsers, "oidc-allowed-users", "", "comma-separated subjects or e-mail addresses allowed to bind (default: everybody the provider accepts)")
+	s(&r.oidcAllowedGroups, "oidc-allowed-groups", "", "comma-separated groups whose members may bind (default: everybody the provider accepts)")
+
+	s(&r.cookieSigningKey, "cookie-signing-key", "", "base64 key (32 or 64 bytes) signing cookies and login state; all replicas need the same (default: random per process)")
+	s(&r.cookieSigningKeyFile, "cookie-signing-key-file", "", "file holding the base64 cookie signing key")
+	s(&r.cookieEncryptionKey, "cookie-encryption-key", "", "base64 key (16, 24 or 32 bytes) encrypting cookies; all replicas need the same (default: random per process)")
+	s(&r.cookieEncryptionKeyFile, "cookie-encryption-key-file", "", "file holding the base64 cookie encryption key")
+
+	s(&r.externalAddress, "external-address", "", "API server address put into issued kubeconfigs (default: the provider cluster's)")
+	s(&r.externalCAFile, "external-ca-file", "", "PEM CA bundle put into issued kubeconfigs (default: the provider cluster's)")
+	s(&r.externalServerName, "external-server-name", "", "TLS server name put into issued kubeconfigs")
+
+	s(&r.prettyName, "pretty-name", "kube-bind provider", "provider name shown to consumers")
+	s(&r.namespacePrefix, "namespace-prefix", "kube-bind-", "prefix of the provider namespaces made for consumers")
+	s(&r.consumerScope, "consumer-scope", "Namespaced", "scope of resources consumers may bind: Namespaced or Cluster")
+	s(&r.kubeconfig, "kubeconfig", "", "kubeconfig of the provider cluster (default: in-cluster configuration, else $KUBECONFIG)")
+	s(&r.kubeContext, "context", "", "context of the kubeconfig to use (default: its current context)")
+
+	d(&r.sessionTTL, "session-ttl", 10*time.Minute, "how long a binding session lives after creation")
+	d(&r.pollInterval, "poll-interval", 2*time.Second, "poll interval advertised to clients and enforced (with a small jitter tolerance)")
+	d(&r.gracePeriod, "grace-period", 60*time.Second, "how long a delivered BindingResponse stays available to further polls")
+	i(&r.maxPendingSessions, "max-pending-sessions", 10000, "most sessions held at once; beyond it session creation answers 503")
+	d(&r.shutdownTimout, "shutdown-timeout", 25*time.Second, "how long in-flight requests may take to finish on SIGTERM")
+
+	s(&r.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	s(&r.logFormat, "log-format", "json", "log format: json or text")
+	s(&r.tlsCertFile, "tls-cert-file", "", "PEM certificate to serve HTTPS with (with --tls-key-file)")
+	s(&r.tlsKeyFile, "tls-key-file", "", "PEM private key to serve HTTPS with (with --tls-cert-file)")
+
+	b(&r.version, "version", false, "print the version and exit")
+
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: kube-bind-backend [flags]\n\nEvery flag --some-name can also be set as environment variable %sSOME_NAME;\nthe command line wins over the environment.\n\nFlags:\n", envPrefix)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseConfig reads flags from args and, for flags not on the command line,
+// from the environment via getenv; then it validates the result. Errors
+// name the flag (and the environment variable, where it came from there).
+func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*config, error) {
+	var r rawFlags
+	fs := newFlagSet(&r, usage)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q: all settings are flags", fs.Args())
+	}
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if onCommandLine[f.Name] || noEnv[f.Name] || envErr != nil {
+			return
+		}
+		name := envName(f.Name)
+		if v := getenv(name); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("invalid value %q for %s (--%s): %s", redactIfSecret(f.Name, v), name, f.Name, want(f, err))
+			}
+		}
+	})
+	if envErr != nil {
+		return nil, envErr
+	}
+	if r.version {
+		return &config{ShowVersion: true}, nil
+	}
+	return r.validate()
+}
+
+func redactIfSecret(flagName, v string) string {
+	if strings.Contains(flagName, "secret") || strings.Contains(flagName, "key") && !strings.HasSuffix(flagName, "-file") {
+		return "<redacted>"
+	}
+	return v
+}
+
+// want says what a flag's value should look like.
+func want(f *flag.Flag, err error) string {
+	switch f.Value.(flag.Getter).Get().(type) {
+	case time.Duration:
+		return "want a duration such as 30s, 2m or 1h30m"
+	case int:
+		return "want a whole number"
+	case bool:
+		return "want true or false"
+	}
+	return err.Error()
+}
+
+func (r *rawFlags) validate() (*config, error) {
+	c := &config{
+		ListenAddress:      r.listenAddress,
+		OIDCIssuerURL:      r.oidcIssuerURL,
+		OIDCClientID:       r.oidcClientID,
+		OIDCAllowedUsers:   splitList(r.oidcAllowedUsers),
+		OIDCAllowedGroups:  splitList(r.oidcAllowedGroups),
+		ExternalAddress:    r.externalAddress,
+		ExternalCAFile:     r.externalCAFile,
+		ExternalServerName: r.externalServerName,
+		PrettyName:         strings.TrimSpace(r.prettyName),
+		NamespacePrefix:    r.namespacePrefix,
+		Kubeconfig:         r.kubeconfig,
+		Context:            r.kubeContext,
+		SessionTTL:         r.sessionTTL,
+		PollInterval:       r.pollInterval,
+		GracePeriod:        r.gracePeriod,
+		MaxPendingSessions: r.maxPendingSessions,
+		ShutdownTimeout:    r.shutdownTimout,
+		TLSCertFile:        r.tlsCertFile,
+		TLSKeyFile:         r.tlsKeyFile,
+	}
+	var errs []error
+	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	if _, _, err := net.SplitHostPort(r.listenAddress); err != nil {
+		fail("--listen-address %q: want host:port, e.g. :8080 or 127.0.0.1:8080", r.listenAddress)
+	}
+	if r.externalURL != "" {
+		u, err := parseHTTPURL(r.externalURL)
+		if err != nil {
+			fail("--external-url %q: %v; e.g. https://bind.example.com", r.externalURL, err)
+		} else if u.RawQuery != "" || u.Fragment != "" {
+			fail("--external-url %q: must not have a query or fragment", r.externalURL)
+		} else {
+			c.ExternalURL = u
+		}
+	}
+
+	if r.oidcCallbackURL != "" {
+		if _, err := parseHTTPURL(r.oidcCallbackURL); err != nil {
+			fail("--oidc-callback-url %q: %v", r.oidcCallbackURL, err)
+		}
+		c.OIDCCallbackURL = r.oidcCallbackURL
+	}
+	secret, err := valueOrFile("oidc-issuer-client-secret", r.oidcClientSecret, r.oidcClientSecretFile)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	c.OIDCClientSecret = secret
+	if r.oidcIssuerURL != "" {
+		if _, err := parseHTTPURL(r.oidcIssuerURL); err != nil {
+			fail("--oidc-issuer-url %q: %v", r.oidcIssuerURL, err)
+		}
+		if r.oidcClientID == "" {
+			fail("--oidc-issuer-client-id is required with --oidc-issuer-url")
+		}
+		if secret == "" {
+			fail("--oidc-issuer-client-secret or --oidc-issuer-client-secret-file is required with --oidc-issuer-url")
+		}
+	}
+
+	c.CookieSigningKey, err = cookieKey("cookie-signing-key", r.cookieSigningKey, r.cookieSigningKeyFile, 32, 64)
+	if err != nil {
+		errs = append(errs, err)
+	} else if c.CookieSigningKey == nil {
+		c.CookieSigningKey = randomKey(32)
+		c.CookieKeysGenerated = append(c.CookieKeysGenerated, "cookie-signing-key")
+	}
+	c.CookieEncryptionKey, err = cookieKey("cookie-encryption-key", r.cookieEncryptionKey, r.cookieEncryptionKeyFile, 16, 24, 32)
+	if err != nil {
+		errs = append(errs, err)
+	} else if c.CookieEncryptionKey == nil {
+		c.CookieEncryptionKey = randomKey(32)
+		c.CookieKeysGenerated = append(c.CookieKeysGenerated, "cookie-encryption-key")
+	}
+
+	if r.externalCAFile != "" {
+		b, err := os.ReadFile(r.externalCAFile)
+		switch {
+		case err != nil:
+			fail("--external-ca-file: %v", err)
+		case !strings.Contains(string(b), "-----BEGIN CERTIFICATE-----"):
+			fail("--external-ca-file %s: no PEM certificate in it", r.externalCAFile)
+		default:
+			c.ExternalCA = b
+		}
+	}
+	if r.externalAddress != "" {
+		if u, err := url.Parse(r.externalAddress); err != nil || u.Scheme != "https" || u.Host == "" {
+			fail("--external-address %q: want the https URL of the provider's API server, e.g. https://api.example.com:6443", r.externalAddress)
+		}
+	}
+
+	if c.PrettyName == "" {
+		fail("--pretty-name must not be empty")
+	}
+	if !validNamespacePrefix(r.namespacePrefix) {
+		fail("--namespace-prefix %q: want 1 to 40 characters of a-z, 0-9 and '-', starting with a letter", r.namespacePrefix)
+	}
+	switch strings.ToLower(r.consumerScope) {
+	case "namespaced":
+		c.ConsumerScope = "Namespaced"
+	case "cluster":
+		c.ConsumerScope = "Cluster"
+	default:
+		fail("--consumer-scope %q: want Namespaced or Cluster", r.consumerScope)
+	}
+
+	if r.sessionTTL <= 0 {
+		fail("--session-ttl %s: must be positive", r.sessionTTL)
+	}
+	if r.pollInterval <= 0 {
+		fail("--poll-interval %s: must be positive", r.pollInterval)
+	} else if r.sessionTTL > 0 && r.pollInterval >= r.sessionTTL {
+		fail("--poll-interval %s: must be shorter than --session-ttl %s", r.pollInterval, r.sessionTTL)
+	}
+	if r.gracePeriod <= 0 {
+		fail("--grace-period %s: must be positive", r.gracePeriod)
+	}
+	if r.maxPendingSessions <= 0 {
+		fail("--max-pending-sessions %d: must be positive", r.maxPendingSessions)
+	}
+	if r.shutdownTimout <= 0 {
+		fail("--shutdown-timeout %s: must be positive", r.shutdownTimout)
+	}
+
+	if err := c.LogLevel.UnmarshalText([]byte(r.logLevel)); err != nil || !oneOf(strings.ToLower(r.logLevel), "debug", "info", "warn", "error") {
+		fail("--log-level %q: want debug, info, warn or error", r.logLevel)
+	}
+	c.LogFormat = strings.ToLower(r.logFormat)
+	if !oneOf(c.LogFormat, "json", "text") {
+		fail("--log-format %q: want json or text", r.logFormat)
+	}
+
+	if (r.tlsCertFile == "") != (r.tlsKeyFile == "") {
+		fail("--tls-cert-file and --tls-key-file go together")
+	}
+	for _, f := range []string{r.tlsCertFile, r.tlsKeyFile} {
+		if f != "" {
+			if _, err := os.Stat(f); err != nil {
+				fail("TLS: %v", err)
+			}
+		}
+	}
+	return c, errors.Join(errs...)
+}
+
+// externalURL returns the configured external URL, or one derived from the
+// address the backend listens on (and whether it was derived).
+func (c *config) externalURLFor(listen net.Addr) (u *url.URL, derived bool) {
+	if c.ExternalURL != nil {
+		return c.ExternalURL, false
+	}
+	host, port, err := net.SplitHostPort(listen.String())
+	if err != nil {
+		host, port = "localhost", "8080"
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "localhost"
+	}
+	scheme := "http"
+	if c.TLSCertFile != "" {
+		scheme = "https"
+	}
+	return &url.URL{Scheme: scheme, Host: net.JoinHostPort(host, port)}, true
+}
+
+// callbackURL returns the OIDC redirect URL for the external URL ext.
+func (c *config) callbackURL(ext *url.URL) string {
+	if c.OIDCCallbackURL != "" {
+		return c.OIDCCallbackURL
+	}
+	return strings.TrimSuffix(ext.String(), "/") + "/callback"
+}
+
+func parseHTTPURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New("not a URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, errors.New("must be an absolute http:// or https:// URL")
+	}
+	if u.User != nil {
+		return nil, errors.New("must not carry user information")
+	}
+	return u, nil
+}
+
+// valueOrFile returns the value of --name or the trimmed content of
+// --name-file; giving both is an error.
+func valueOrFile(name, value, file string) (string, error) {
+	if value != "" && file != "" {
+		return "", fmt.Errorf("--%s and --%s-file: give only one", name, name)
+	}
+	if file == "" {
+		return value, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--%s-file: %v", name, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", fmt.Errorf("--%s-file %s is empty", name, file)
+	}
+	return v, nil
+}
+
+// cookieKey decodes a base64 key (standard or URL alphabet, padded or not)
+// of one of the given lengths; nil when none is configured.
+func cookieKey(name, value, file string, lengths ...int) ([]byte, error) {
+	v, err := valueOrFile(name, value, file)
+	if err != nil || v == "" {
+		return nil, err
+	}
+	var key []byte
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if key, err = enc.DecodeString(v); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--%s: not base64; make one with: openssl rand -base64 32", name)
+	}
+	for _, l := range lengths {
+		if len(key) == l {
+			return key, nil
+		}
+	}
+	return nil, fmt.Errorf("--%s: decodes to %d bytes, want %s", name, len(key), joinInts(lengths))
+}
+
+func randomKey(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+func validNamespacePrefix(p string) bool {
+	if len(p) == 0 || len(p) > 40 || p[0] < 'a' || p[0] > 'z' {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func oneOf(s string, options ...string) bool {
+	for _, o := range options {
+		if s == o {
+			return true
+		}
+	}
+	return false
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, " or ")
+}

@@ -1,0 +1,145 @@
+// Command kube-bind-backend is a kube-bind provider backend: it serves
+// discovery, binding sessions and polls (docs/protocol.md), the browser
+// login, and provisions consumers on the provider cluster.
+//
+// Configuration is by flags or KUBE_BIND_* environment variables; see
+// docs/configuration.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/version"
+)
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+// run is the whole program; it returns the exit code.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kube-bind-backend: invalid configuration:\n%v\nRun kube-bind-backend --help for the flags.\n", err)
+		return exitUsage
+	}
+	if cfg.ShowVersion {
+		fmt.Fprintln(stdout, version.Version)
+		return exitOK
+	}
+	logger := newLogger(cfg, stderr)
+	slog.SetDefault(logger)
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	ln, err := net.Listen("tcp", cfg.ListenAddress)
+	if err != nil {
+		logger.Error("cannot listen", "address", cfg.ListenAddress, "error", err)
+		return exitFailed
+	}
+	ext, derived := cfg.externalURLFor(ln.Addr())
+	if derived {
+		logger.Warn("--external-url not set: advertising "+ext.String()+", which only works for clients on this machine; "+
+			"set --external-url to the public URL clients use", "external_url", ext.String())
+	}
+	for _, k := range cfg.CookieKeysGenerated {
+		logger.Warn("--"+k+" not set: using a random key; browser logins break on restart, and replicas must share one key", "flag", k)
+	}
+
+	store := memory.New(sessions.Limits{MaxSessions: cfg.MaxPendingSessions, Grace: cfg.GracePeriod}, nil)
+	defer store.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// Readiness fails as soon as shutdown begins, so load balancers stop
+	// sending new requests while in-flight ones finish.
+	shuttingDown := health.NewStatus("shutdown", nil)
+	handler, err := newHandler(ctx, cfg, wiring{
+		logger:    logger,
+		ext:       ext,
+		store:     store,
+		metrics:   reg,
+		readiness: []health.Check{shuttingDown},
+	})
+	if err != nil {
+		logger.Error("cannot build the HTTP handler", "error", err)
+		return exitFailed
+	}
+
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() {
+		if cfg.TLSCertFile != "" {
+			errc <- srv.ServeTLS(ln, cfg.TLSCertFile, cfg.TLSKeyFile)
+		} else {
+			errc <- srv.Serve(ln)
+		}
+	}()
+	logger.Info("serving", "version", version.Version, "address", ln.Addr().String(),
+		"external_url", ext.String(), "tls", cfg.TLSCertFile != "")
+
+	select {
+	case err := <-errc:
+		logger.Error("server failed", "error", err)
+		return exitFailed
+	case <-ctx.Done():
+	}
+	stop() // a second signal now kills the process the default way
+	shuttingDown.Set(errors.New("shutting down"))
+	logger.Info("shutting down: finishing in-flight requests", "timeout", cfg.ShutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		logger.Error("in-flight requests did not finish in time", "error", err)
+		srv.Close()
+		return exitFailed
+	}
+	logger.Info("stopped")
+	return exitOK
+}
+
+func newLogger(cfg *config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
