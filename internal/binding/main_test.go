@@ -51,7 +51,7 @@ var (
 
 // setup starts (once) the control plane with the kube-bind CRDs, the
 // ClusterRoles, a least-privilege backend identity and the test CRDs.
-func setup(t *testing.T) env {
+func setup(t testing.TB) env {
 	t.Helper()
 	cp := controlplane.Get(t)
 	setupOnce.Do(func() { setupErr = doSetup(cp) })
@@ -134,7 +134,7 @@ func createCRD(ctx context.Context, client apiextensionsclient.Interface, r Reso
 func ptr[T any](v T) *T { return &v }
 
 // startCatalog runs a synced catalog as the backend identity until the test ends.
-func startCatalog(t *testing.T, cfg *rest.Config, scope Scope) *Catalog {
+func startCatalog(t testing.TB, cfg *rest.Config, scope Scope) *Catalog {
 	t.Helper()
 	c, err := NewCatalog(cfg, scope)
 	if err != nil {
@@ -153,7 +153,7 @@ func startCatalog(t *testing.T, cfg *rest.Config, scope Scope) *Catalog {
 
 // newProvisioner makes a provisioner acting as the backend identity, whose
 // catalog already offers widgets and gadgets.
-func newProvisioner(t *testing.T, e env, rc *rest.Config, scope Scope) *Provisioner {
+func newProvisioner(t testing.TB, e env, rc *rest.Config, scope Scope) *Provisioner {
 	t.Helper()
 	cat := startCatalog(t, e.backend, scope)
 	eventually(t, "catalog offers widgets", func() bool { _, ok := cat.Lookup(widgets.Group, widgets.Resource); return ok })
@@ -165,7 +165,7 @@ func newProvisioner(t *testing.T, e env, rc *rest.Config, scope Scope) *Provisio
 }
 
 // eventually polls cond for up to 20s.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 20*time.Second, true,
 		func(context.Context) (bool, error) { return cond(), nil })
