@@ -3,6 +3,13 @@
 # from the Go module proxy, once, and caches the finished binaries under
 # $HOME/.cache. Prints the folder that holds them as its last line of stdout.
 # A second call returns at once. Progress goes to stderr.
+#
+#   hack/install-test-binaries.sh              build what is missing, print the folder
+#   hack/install-test-binaries.sh --print-dir  print the folder if complete, else exit 1;
+#                                              never builds (the Go test helpers use this)
+#
+# Environment: K8S_VERSION, ETCD_VERSION, HELM_VERSION (pins),
+# KUBE_BIND_BACKEND_CACHE (cache root, default $HOME/.cache/kube-bind-backend).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
@@ -16,34 +23,105 @@ all=("${k8s_cmds[@]}" etcd helm)
 
 log() { printf '[install-test-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-missing=()
-for b in "${all[@]}"; do [ -x "$dest/$b" ] || missing+=("$b"); done
+find_missing() {
+  missing=()
+  for b in "${all[@]}"; do [ -x "$dest/$b" ] || missing+=("$b"); done
+}
+
+find_missing
 if [ ${#missing[@]} -eq 0 ]; then
   echo "$dest"
   exit 0
 fi
-log "building ${missing[*]} into $dest (takes a few minutes on a fresh machine)"
+if [ "${1:-}" = "--print-dir" ]; then
+  echo "not built yet: ${missing[*]} in $dest; run hack/install-test-binaries.sh" >&2
+  exit 1
+fi
+
+# One build at a time: a second caller waits for the first and then finds
+# the binaries in the cache.
+mkdir -p "$cache_root"
+exec 9>"$cache_root/.lock"
+if ! flock -n 9; then
+  log "another build is running; waiting for it"
+  flock 9
+fi
+find_missing
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "$dest"
+  exit 0
+fi
+
+begin=$SECONDS
+log "building ${missing[*]} into $dest (about 5-15 minutes on a fresh 2-core machine; cached afterwards)"
 mkdir -p "$dest"
 
 work=$(mktemp -d)
 # A throwaway build cache: these builds would otherwise add ~3 GB to the
-# machine's Go build cache.
+# machine's Go build cache. Downloaded modules stay in the module cache.
 export GOCACHE="$work/gocache" GOFLAGS=-buildvcs=false GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+build_pid=""
+cleanup() {
+  [ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null || true
+  chmod -R u+w "$work" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work/out"
 
 need() { for b in "$@"; do [[ " ${missing[*]} " == *" $b "* ]] && return 0; done; return 1; }
 
-# Builds into $work first and moves each binary into the cache only once it
-# is complete, so an interrupted run never leaves a broken binary behind.
-install_bin() { chmod +x "$work/out/$1"; mv -f "$work/out/$1" "$dest/$1"; log "done: $dest/$1"; }
-mkdir -p "$work/out"
+# quiet runs a command with its output in a log, shown only if it fails.
+quiet() {
+  local out="$work/cmd.log"
+  if ! "$@" >"$out" 2>&1; then
+    log "failed: $*"
+    tail -n 40 "$out" >&2
+    exit 1
+  fi
+}
+
+# build compiles package $2 into $work/out/$1 (extra go build flags after),
+# logging every 15 s how many packages are compiled.
+build() {
+  local name=$1 pkg=$2; shift 2
+  local total blog="$work/build-$name.log" start=$SECONDS last=$SECONDS
+  total=$(go list -deps "$pkg" 2>/dev/null | wc -l) || total="?"
+  log "building $name ($total packages to compile at most)"
+  # -v prints each package as it is compiled: that is the progress.
+  go build -v -trimpath "$@" -o "$work/out/$name" "$pkg" 2>"$blog" &
+  build_pid=$!
+  while kill -0 "$build_pid" 2>/dev/null; do
+    sleep 1
+    if (( SECONDS - last >= 15 )); then
+      last=$SECONDS
+      log "$name: $(wc -l <"$blog") of $total packages compiled ($(( SECONDS - start ))s)"
+    fi
+  done
+  if ! wait "$build_pid"; then
+    build_pid=""
+    log "building $name failed:"
+    grep -v '^[a-z0-9./_-]*$' "$blog" | tail -n 40 >&2 || tail -n 40 "$blog" >&2
+    exit 1
+  fi
+  build_pid=""
+  # Copy next to the target, then rename: the cache never holds a partial
+  # binary, even across file systems or when interrupted.
+  cp "$work/out/$name" "$dest/.$name.tmp"
+  chmod +x "$dest/.$name.tmp"
+  mv -f "$dest/.$name.tmp" "$dest/$name"
+  log "done: $dest/$name ($(( SECONDS - start ))s)"
+}
 
 if need "${k8s_cmds[@]}"; then
   log "resolving k8s.io/kubernetes@$K8S_VERSION"
   mkdir -p "$work/k8s" && cd "$work/k8s"
-  go mod init wrapper >/dev/null 2>&1
-  go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+  quiet go mod init wrapper
+  quiet go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
   kdir=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$kdir" ] || { log "cannot download k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
+  # k8s.io/kubernetes replaces its staging modules with local folders, which
+  # a module download lacks: point each at its published version instead.
   staging_version="v0.${K8S_VERSION#v1.}"
   for mod in $(grep -oE '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging' "$kdir/go.mod" | awk '{print $1}' | grep -v '^k8s.io/sample-'); do
     go mod edit -replace="$mod=$mod@$staging_version"
@@ -55,26 +133,24 @@ if need "${k8s_cmds[@]}"; then
   done
   for cmd in "${k8s_cmds[@]}"; do
     need "$cmd" || continue
-    log "building $cmd $K8S_VERSION"
-    go get "k8s.io/kubernetes/cmd/$cmd@$K8S_VERSION" >/dev/null 2>&1
-    go build -trimpath -ldflags "$ldflags" -o "$work/out/$cmd" "k8s.io/kubernetes/cmd/$cmd"
-    install_bin "$cmd"
+    quiet go get "k8s.io/kubernetes/cmd/$cmd@$K8S_VERSION"
+    build "$cmd" "k8s.io/kubernetes/cmd/$cmd" -ldflags "$ldflags"
   done
 fi
 
 if need etcd; then
-  log "building etcd $ETCD_VERSION"
   mkdir -p "$work/etcd" && cd "$work/etcd"
-  go mod init wrapper >/dev/null 2>&1
-  go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1
-  go build -trimpath -ldflags "-s -w" -o "$work/out/etcd" go.etcd.io/etcd/server/v3
-  install_bin etcd
+  quiet go mod init wrapper
+  quiet go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  build etcd go.etcd.io/etcd/server/v3 -ldflags "-s -w"
 fi
 
 if need helm; then
-  log "building helm $HELM_VERSION"
-  GOBIN="$work/out" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-  install_bin helm
+  mkdir -p "$work/helm" && cd "$work/helm"
+  quiet go mod init wrapper
+  quiet go get "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  build helm helm.sh/helm/v3/cmd/helm -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 fi
 
+log "all built in $(( SECONDS - begin ))s"
 echo "$dest"

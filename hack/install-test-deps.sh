@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# Installs what the tests need besides Go binaries: Debian's chromium for
-# browser tests and the npm packages of the test OpenID Connect provider.
-# Returns quickly when everything is already there.
+# Installs what the tests need besides the Go-built binaries
+# (hack/install-test-binaries.sh): Debian's chromium for the browser tests and
+# the npm packages of the test OpenID Connect provider (npm ci, from its lock
+# file). Returns at once when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "installing chromium from Debian's packages" >&2
+log() { printf '[install-test-deps %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if [ ! -x /usr/bin/chromium ]; then
+  log "installing chromium from Debian's packages"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
   export DEBIAN_FRONTEND=noninteractive
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
-  $sudo_cmd apt-get update -qq >/dev/null
-  $sudo_cmd apt-get install -y -qq chromium >/dev/null
+  "${sudo_cmd[@]}" apt-get update -qq >/dev/null
+  "${sudo_cmd[@]}" apt-get install -y -qq chromium >/dev/null
+  log "installed $(/usr/bin/chromium --version 2>/dev/null || echo chromium)"
 fi
 
 for dir in test/oidcprovider; do
-  if [ -f "$dir/package-lock.json" ]; then
-    if [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
-      echo "npm ci in $dir" >&2
-      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
-    fi
+  [ -f "$dir/package-lock.json" ] || continue
+  if ! command -v npm >/dev/null 2>&1; then
+    log "npm is missing: install Node.js 20 or newer with npm, then run this script again"
+    exit 1
+  fi
+  # npm ci only when node_modules is missing or older than the lock file.
+  if [ ! -f "$dir/node_modules/.package-lock.json" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    log "npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
   fi
 done

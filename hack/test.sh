@@ -6,10 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+t0=$SECONDS
 bash hack/install-test-deps.sh
+t1=$SECONDS
 export KUBE_BIND_TEST_BINARIES
 KUBE_BIND_TEST_BINARIES=$(bash hack/install-test-binaries.sh | tail -n 1)
-echo "test binaries: $KUBE_BIND_TEST_BINARIES"
+t2=$SECONDS
+echo "test dependencies: $((t1 - t0))s; test binaries: $((t2 - t1))s ($KUBE_BIND_TEST_BINARIES)"
+
+# Screenshots and other artefacts of the tests land here.
+export KUBE_BIND_TEST_ARTIFACTS="${KUBE_BIND_TEST_ARTIFACTS:-$PWD/_artifacts}"
 
 if [ $# -eq 0 ]; then set -- ./...; fi
 # -p 1: the machine has 2 cores and several packages start a control plane.
