@@ -126,9 +126,11 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 	if decoded["oidc-client-secret"] != "s3cr3t" {
 		t.Errorf("oidc-client-secret = %q", decoded["oidc-client-secret"])
 	}
+	// Each key file is base64 text of random bytes, as the backend reads it.
 	for k, n := range map[string]int{"cookie-signing-key": 64, "cookie-encryption-key": 32, "peer-key": 32} {
-		if len(decoded[k]) != n {
-			t.Errorf("generated %s has %d bytes, want %d", k, len(decoded[k]), n)
+		raw, err := base64.StdEncoding.DecodeString(decoded[k])
+		if err != nil || len(raw) != n {
+			t.Errorf("generated %s = %q: want base64 of %d bytes (%d bytes, %v)", k, decoded[k], n, len(raw), err)
 		}
 	}
 	again := render(t)
@@ -322,6 +324,7 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 		{"bad log level", []string{"log.level=verbose"}, []string{"/log/level"}},
 		{"plain http provider API", []string{"providerCluster.externalAddress=http://api:6443"}, []string{"/providerCluster/externalAddress"}},
 		{"bad namespace prefix", []string{"namespacePrefix=Kube_Bind"}, []string{"/namespacePrefix"}},
+		{"namespace prefix starting with a digit", []string{"namespacePrefix=1kb-"}, []string{"/namespacePrefix"}},
 		{"memory store with replicas", []string{"session.store=memory", "replicaCount=3"},
 			[]string{"session.store=memory with replicaCount=3", "use session.store=hashring"}},
 		{"TLS without a certificate", []string{"tls.enabled=true"}, []string{"tls.enabled needs a certificate"}},

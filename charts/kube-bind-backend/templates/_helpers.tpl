@@ -156,10 +156,17 @@ Secrets are passed as files, never as flag values.
   (printf "--grace-period=%s" $v.session.gracePeriod)
   (printf "--log-level=%s" $v.log.level)
   (printf "--log-format=%s" $v.log.format)
+  (printf "--shutdown-timeout=%s" $v.shutdownTimeout)
   (printf "--session-store=%s" $store)
 }}
 {{- with $v.oidc.callbackURL }}
 {{- $args = append $args (printf "--oidc-callback-url=%s" .) }}
+{{- end }}
+{{- with $v.oidc.allowedUsers }}
+{{- $args = append $args (printf "--oidc-allowed-users=%s" (join "," .)) }}
+{{- end }}
+{{- with $v.oidc.allowedGroups }}
+{{- $args = append $args (printf "--oidc-allowed-groups=%s" (join "," .)) }}
 {{- end }}
 {{- with $v.providerCluster.externalAddress }}
 {{- $args = append $args (printf "--external-address=%s" .) }}
