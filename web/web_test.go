@@ -227,3 +227,11 @@ func TestPagesInChromium(t *testing.T) {
 	b.Resize(390, 844)
 	b.Screenshot("phone-cancelled")
 }
+
+func BenchmarkRenderSelect(b *testing.B) {
+	p := SelectPage{ProviderName: "MangoDB Inc.", Action: "/bind", CSRFToken: "csrf", APIs: sampleAPIs}
+	b.ReportAllocs()
+	for b.Loop() {
+		RenderSelect(httptest.NewRecorder(), p)
+	}
+}

@@ -50,3 +50,15 @@ func FuzzParseState(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParseState(b *testing.B) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	now := time.Unix(1_800_000_000, 0)
+	s, _ := signState(key, statePayload{ID: randomString(16), Bind: bindingOf("c"), Nonce: randomString(16), Exp: now.Add(time.Minute).Unix(), Data: []byte("session-id-0123456789")})
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseState(key, s, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -27,7 +27,9 @@ const (
 // form, confirms the consent form, and returns the final redirect to one of
 // the client's redirect URIs (carrying code and state, or an error) without
 // following it. The client's cookie jar is used when it has one, so cookies
-// the backend set on the way stay with the caller.
+// the backend set on the way stay with the caller. Like a browser, a jar
+// that already holds a session at the provider skips the login form (and
+// then user and password are not checked): use a fresh jar per user.
 func (p *Provider) Login(ctx context.Context, client *http.Client, authURL, user, password string) (*url.URL, error) {
 	return p.login(ctx, client, authURL, user, password, true)
 }
