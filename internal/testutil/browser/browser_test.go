@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,5 +107,19 @@ func TestFormRoundTripWithScreenshots(t *testing.T) {
 	}
 	if w := img.Bounds().Dx(); w != 390 {
 		t.Errorf("phone screenshot is %d px wide, want 390", w)
+	}
+}
+
+// Without chromium the test fails (never skips), naming the install script.
+func TestMissingChromiumFailsNamingTheScript(t *testing.T) {
+	if os.Getenv("BROWSER_TEST_CHILD") != "" {
+		New(t)
+		t.Fatal("New returned without chromium")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMissingChromiumFailsNamingTheScript$", "-test.v")
+	cmd.Env = append(os.Environ(), "BROWSER_TEST_CHILD=1", ExecPathEnv+"=/nonexistent/chromium")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), InstallScript) || strings.Contains(string(out), "SKIP") {
+		t.Errorf("child without chromium: err=%v, want a failure naming %s; output:\n%s", err, InstallScript, out)
 	}
 }

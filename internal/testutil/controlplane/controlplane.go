@@ -42,6 +42,10 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
+// KeepLogsEnv, when set, keeps the servers' logs also after tests that
+// passed (they are always kept after a failure).
+const KeepLogsEnv = "KUBE_BIND_TEST_KEEP_LOGS"
+
 const (
 	// AdminUser is the user name of AdminConfig (group system:masters).
 	AdminUser = "kube-bind-test-admin"
@@ -66,6 +70,7 @@ type ControlPlane struct {
 	adminKubeconfig string
 	procs           []*process // in start order
 	startup         time.Duration
+	apiserverReady  time.Duration
 }
 
 var (
@@ -101,7 +106,7 @@ func RunMain(m *testing.M) int {
 	code := m.Run()
 	signal.Stop(sigc)
 	close(sigc)
-	stopShared(code != 0)
+	stopShared(code != 0 || os.Getenv(KeepLogsEnv) != "")
 	return code
 }
 
@@ -121,7 +126,8 @@ func Get(t testing.TB) *ControlPlane {
 		started = true
 		shared, startErr = start()
 		if startErr == nil {
-			t.Logf("controlplane: started in %v at %s (logs: %s)", shared.startup.Round(time.Millisecond), shared.host, shared.dir)
+			t.Logf("controlplane: started in %v (API server ready after %v) at %s (logs: %s)",
+				shared.startup.Round(time.Millisecond), shared.apiserverReady.Round(time.Millisecond), shared.host, shared.dir)
 		}
 	}
 	if startErr != nil {
@@ -217,6 +223,11 @@ func (cp *ControlPlane) LogDir() string { return cp.dir }
 // and the controller manager had made the default ServiceAccount.
 func (cp *ControlPlane) StartupDuration() time.Duration { return cp.startup }
 
+// APIServerReadyDuration is how long the start took until kube-apiserver's
+// /readyz answered ok (etcd and kube-apiserver started, before the
+// controller manager).
+func (cp *ControlPlane) APIServerReadyDuration() time.Duration { return cp.apiserverReady }
+
 var errPortInUse = errors.New("port already in use")
 
 // start starts a control plane, trying again when a free port chosen for it
@@ -301,6 +312,10 @@ func startOnce(binDir string) (_ *ControlPlane, err error) {
 		"--initial-advertise-peer-urls="+etcdPeerURL,
 		"--initial-cluster=default="+etcdPeerURL,
 		"--unsafe-no-fsync",
+		// A single member elects itself after one election timeout: keep it
+		// short (the default 1 s is a third of the whole start).
+		"--heartbeat-interval=20",
+		"--election-timeout=100",
 		"--log-level=warn",
 	); err != nil {
 		return nil, err
@@ -322,6 +337,9 @@ func startOnce(binDir string) (_ *ControlPlane, err error) {
 		"--service-cluster-ip-range="+ServiceClusterIPRange,
 		"--allow-privileged=true",
 		"--profiling=false",
+		// The kubernetes Service's endpoint would be 127.0.0.1, which
+		// Endpoints refuse; nothing here runs in pods that would use it.
+		"--endpoint-reconciler-type=none",
 	); err != nil {
 		return nil, err
 	}
@@ -337,6 +355,7 @@ func startOnce(binDir string) (_ *ControlPlane, err error) {
 	}); err != nil {
 		return nil, err
 	}
+	cp.apiserverReady = time.Since(begin)
 
 	if err := cp.run("kube-controller-manager",
 		"--kubeconfig="+cp.adminKubeconfig,

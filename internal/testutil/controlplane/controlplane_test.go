@@ -330,14 +330,23 @@ func BenchmarkStartStop(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	var ready, started, stopped time.Duration
 	for b.Loop() {
 		cp, err := startOnce(binDir)
 		if err != nil {
 			b.Fatal(err)
 		}
+		t0 := time.Now()
 		cp.stop()
+		stopped += time.Since(t0)
+		ready += cp.apiserverReady
+		started += cp.startup
 		_ = os.RemoveAll(cp.dir)
 	}
+	n := float64(b.N)
+	b.ReportMetric(ready.Seconds()/n, "s-apiserver-ready/op")
+	b.ReportMetric(started.Seconds()/n, "s-started/op")
+	b.ReportMetric(stopped.Seconds()/n, "s-stop/op")
 }
 
 func ptr[T any](v T) *T { return &v }
