@@ -3,6 +3,7 @@ package hashring
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -38,6 +39,9 @@ func startReplica(t testing.TB, limits sessions.Limits, clock func() time.Time, 
 		opts.Key = testKey
 	}
 	opts.Limits, opts.Clock = limits, clock
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
 	if opts.PeerTimeout == 0 {
 		opts.PeerTimeout = time.Second
 	}
