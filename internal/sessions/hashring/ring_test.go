@@ -350,15 +350,15 @@ func TestPeerAPIRefuses(t *testing.T) {
 		body []byte
 		want int
 	}{
-		"other key": {other.seal(mustJSON(&peerRequest{Sent: time.Now().UnixNano(), Op: opGet, ID: "target"}), aadRequest), http.StatusUnauthorized},
-		"replayed":  {replayed, http.StatusUnauthorized},
-		"tampered":  {tampered, http.StatusUnauthorized},
-		"stale":     {valid(opGet, time.Now().Add(-time.Minute)), http.StatusUnauthorized},
-		"future":    {valid(opGet, time.Now().Add(time.Minute)), http.StatusUnauthorized},
-		"garbage":   {[]byte("hello"), http.StatusUnauthorized},
-		"empty":     {nil, http.StatusUnauthorized},
-		"bad op":    {valid("explode", time.Now()), http.StatusBadRequest},
-		"too large": {make([]byte, r.maxPeerMessage()+1), http.StatusRequestEntityTooLarge},
+		"other key":                     {other.seal(mustJSON(&peerRequest{Sent: time.Now().UnixNano(), Op: opGet, ID: "target"}), aadRequest), http.StatusUnauthorized},
+		"replayed":                      {replayed, http.StatusUnauthorized},
+		"tampered":                      {tampered, http.StatusUnauthorized},
+		"stale":                         {valid(opGet, time.Now().Add(-time.Minute)), http.StatusUnauthorized},
+		"future":                        {valid(opGet, time.Now().Add(time.Minute)), http.StatusUnauthorized},
+		"garbage":                       {[]byte("hello"), http.StatusUnauthorized},
+		"empty":                         {nil, http.StatusUnauthorized},
+		"bad op":                        {valid("explode", time.Now()), http.StatusBadRequest},
+		"too large":                     {make([]byte, r.maxPeerMessage()+1), http.StatusRequestEntityTooLarge},
 		"response sealing as a request": {r.sealer.seal(mustJSON(&peerRequest{Sent: time.Now().UnixNano(), Op: opGet, ID: "target"}), responseAAD(make([]byte, 12))), http.StatusUnauthorized},
 	} {
 		if got := post(c.body); got != c.want {
@@ -375,11 +375,12 @@ func TestPeerAPIRefuses(t *testing.T) {
 	}
 	// A replica with another key cannot reach this one's sessions.
 	intruder := startReplica(t, sessions.DefaultLimits, time.Now, Options{Key: bytes.Repeat([]byte("x"), 32)})
-	intruder.SetPeers([]string{r.url}) // only r: r owns everything
-	if err := intruder.Create(ctx, testSession("planted", time.Now())); err == nil {
+	intruder.SetPeers([]string{r.url})
+	planted := ownedBy(t, []*replica{intruder}, r, "planted")
+	if err := intruder.Create(ctx, testSession(planted, time.Now())); err == nil {
 		t.Fatal("a replica with another key planted a session")
 	}
-	if _, err := r.Get(ctx, "planted"); !errors.Is(err, sessions.ErrNotFound) {
+	if _, err := r.Get(ctx, planted); !errors.Is(err, sessions.ErrNotFound) {
 		t.Fatalf("planted session: %v", err)
 	}
 }
