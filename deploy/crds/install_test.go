@@ -150,8 +150,13 @@ spec: {group: example.com, names: {plural: widgets, kind: Widget}, scope: Namesp
 apiVersion: kube-bind.io/v1alpha1
 kind: APIServiceExport
 metadata: {name: gadgets.example.com}
-spec: {group: example.com, names: {plural: gadgets, kind: Gadget}, scope: Namespaced, informerScope: Somewhere, clusterScopedIsolation: Prefixed, versions: [{name: v1, served: true, storage: true}]}`)
+spec: {group: example.com, names: {plural: gadgets, kind: Gadget}, scope: Namespaced, informerScope: Somewhere, versions: [{name: v1, served: true, storage: true}]}`)
 	mustRefuse("bad informerScope", err, "spec.informerScope")
+	_, err = create("apiserviceexports", `
+apiVersion: kube-bind.io/v1alpha1
+kind: APIServiceExport
+metadata: {name: gadgets.example.com}
+spec: {group: example.com, names: {plural: gadgets, kind: Gadget}, scope: Namespaced, informerScope: Cluster, clusterScopedIsolation: Prefixed, versions: [{name: v1, served: true, storage: true}]}`)
 	mustRefuse("isolation on a namespaced resource", err, "clusterScopedIsolation applies only")
 	mustCreate("apiserviceexports", `
 apiVersion: kube-bind.io/v1alpha1

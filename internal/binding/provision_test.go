@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -350,9 +351,13 @@ func TestProvisionIdentityConflict(t *testing.T) {
 	if err := p.Unbind(ctx, c, "cid"); !errors.Is(err, ErrIdentityConflict) {
 		t.Fatalf("Unbind: got %v, want ErrIdentityConflict", err)
 	}
-	sas, err := e.kube.CoreV1().ServiceAccounts(name).List(ctx, metav1.ListOptions{})
-	if err != nil || len(sas.Items) != 0 {
-		t.Fatalf("something was made in the other identity's namespace: %v %v", sas, err)
+	_, err = e.kube.CoreV1().ServiceAccounts(name).Get(ctx, ServiceAccountName, metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("a service account was made in the other identity's namespace: %v", err)
+	}
+	rbs, err := e.kube.RbacV1().RoleBindings(name).List(ctx, metav1.ListOptions{})
+	if err != nil || len(rbs.Items) != 0 {
+		t.Fatalf("a RoleBinding was made in the other identity's namespace: %v %v", rbs, err)
 	}
 	ns, err := e.kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if err != nil || ns.DeletionTimestamp != nil {
@@ -457,10 +462,12 @@ func TestUnbind(t *testing.T) {
 	if err := p.Unbind(ctx, c, "cid"); err != nil {
 		t.Fatal(err)
 	}
+	revoked := time.Now()
 	eventually(t, "the issued token stops working", func() bool {
 		_, err := kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		return apierrors.IsUnauthorized(err)
 	})
+	t.Logf("the token was rejected %s after Unbind", time.Since(revoked).Round(10*time.Millisecond))
 	got, err := e.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 	if err == nil && got.DeletionTimestamp == nil {
 		t.Fatal("namespace not being deleted")
