@@ -41,6 +41,10 @@ type Config struct {
 	// TokenTimeout bounds the wait for the token controller to fill a
 	// service account token Secret; 0 means 30s.
 	TokenTimeout time.Duration
+	// Timeout bounds a whole Provision or Unbind, so that an API server
+	// that accepts connections but never answers cannot hang a bind;
+	// 0 means 60s.
+	Timeout time.Duration
 }
 
 // Resource is one API a consumer selected.
@@ -60,6 +64,7 @@ const (
 	fieldManager           = "kube-bind-backend"
 	backendBindingPrefix   = "kube-bind-backend-"
 	defaultTokenTimeout    = 30 * time.Second
+	defaultTimeout         = 60 * time.Second
 	rbacPropagationTimeout = 10 * time.Second
 )
 
@@ -91,6 +96,9 @@ func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner
 	}
 	if cfg.TokenTimeout <= 0 {
 		cfg.TokenTimeout = defaultTokenTimeout
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = defaultTimeout
 	}
 	ep, err := resolveEndpoint(cfg, rc)
 	if err != nil {
@@ -128,6 +136,8 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
 	ns, err := p.ensureNamespace(ctx, c, clusterID)
 	if err != nil {
 		return nil, err
@@ -378,6 +388,8 @@ func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) 
 	if err := validateIdentity(c, clusterID); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
 	name := p.Namespace(c, clusterID)
 	have, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {

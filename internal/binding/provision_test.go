@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -484,5 +486,120 @@ func TestUnbind(t *testing.T) {
 	}
 	if err := p.Unbind(ctx, Consumer{Issuer: issuer, Subject: "never-bound"}, "cid"); !errors.Is(err, ErrNotBound) {
 		t.Errorf("Unbind of an unknown consumer: %v", err)
+	}
+}
+
+// The same over a real network cut: the bind goes through a TCP proxy that
+// is shut (every connection dropped, new ones refused) as soon as the
+// namespace appears, i.e. in the middle of the bind.
+func TestProvisionNetworkCutMidway(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	healthy := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	upstream, err := url.Parse(e.backend.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Fatal("no bind was ever cut midway")
+		}
+		addr := freeAddr(t)
+		px := startProxy(t, addr, upstream.Host)
+		cfg := rest.CopyConfig(e.backend)
+		cfg.Host = "https://" + addr
+		cfg.ServerName = "127.0.0.1"
+		p, err := NewProvisioner(cfg, healthy.catalog, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := Consumer{Issuer: issuer, Subject: fmt.Sprintf("network-cut-%d", attempt)}
+		ns := p.Namespace(c, "cid")
+		stop := make(chan struct{})
+		cutDone := make(chan struct{})
+		go func() {
+			defer close(cutDone)
+			defer px.close()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := e.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err == nil {
+					return
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+		_, err = p.Provision(ctx, c, "cid", []Resource{widgets})
+		close(stop)
+		<-cutDone
+		if err == nil {
+			t.Logf("attempt %d finished before the cut; again", attempt)
+			continue
+		}
+		t.Logf("cut midway: %v", err)
+		if !strings.Contains(err.Error(), ns) {
+			t.Errorf("the error does not name the namespace: %v", err)
+		}
+		resp, err := healthy.Provision(ctx, c, "cid", []Resource{widgets})
+		if err != nil {
+			t.Fatalf("the bind after the cut failed: %v", err)
+		}
+		kube, _, got := consumerClients(t, resp.Kubeconfig)
+		if got != ns {
+			t.Fatalf("namespace %q, want %q", got, ns)
+		}
+		if _, err := kube.CoreV1().Secrets(ns).Get(ctx, KubeconfigSecretName, metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+}
+
+// An API server that accepts connections and never answers cannot hang a
+// bind: it ends with a timeout error.
+func TestProvisionHungServerTimesOut(t *testing.T) {
+	e := setup(t)
+	healthy := newProvisioner(t, e, e.backend, ScopeNamespaced)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	cfg := rest.CopyConfig(e.backend)
+	cfg.Host = "https://" + l.Addr().String()
+	p, err := NewProvisioner(cfg, healthy.catalog, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider", Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = p.Provision(context.Background(), Consumer{Issuer: issuer, Subject: "hung"}, "cid", []Resource{widgets})
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("got %v, want a deadline error", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %s", d)
 	}
 }
