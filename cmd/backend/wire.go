@@ -32,7 +32,13 @@ type wiring struct {
 // (internal/binding) are wired in here: the former as httpapi.Config.Browser,
 // both with their readiness checks appended to w.readiness.
 func newHandler(ctx context.Context, cfg *config, w wiring) (http.Handler, error) {
-	_ = ctx
+	browserHandler, checks, disabled, err := newBrowser(ctx, cfg, w)
+	if err != nil {
+		return nil, err
+	}
+	if disabled != "" {
+		w.logger.Warn("browser login disabled: "+disabled+"; /authorize answers 503 until it is configured", "reason", disabled)
+	}
 	return httpapi.New(httpapi.Config{
 		ExternalURL:  w.ext,
 		PrettyName:   cfg.PrettyName,
@@ -41,6 +47,7 @@ func newHandler(ctx context.Context, cfg *config, w wiring) (http.Handler, error
 		Store:        w.store,
 		Logger:       w.logger,
 		Metrics:      w.metrics,
-		Readiness:    w.readiness,
+		Readiness:    append(w.readiness, checks...),
+		Browser:      browserHandler,
 	})
 }

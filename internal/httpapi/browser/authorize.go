@@ -1,0 +1,195 @@
+package browser
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+)
+
+// authorize is where the link the CLI printed lands. The poll flow's link
+// is signed (s, n, h); the callback flow's names the CLI's callback (p or
+// u) with its session and cluster IDs (s, c).
+func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		h.page(w, http.StatusBadRequest, pageBadLink, "the link's query does not parse")
+		return
+	}
+	switch {
+	case q.Has(hmac.ParamSignature) || q.Has(hmac.ParamNonce):
+		h.authorizePoll(w, r, q)
+	case q.Has("p") || q.Has("u"):
+		h.authorizeCallback(w, r, q)
+	default:
+		h.page(w, http.StatusBadRequest, pageBadLink, "the link has neither a signature nor a callback")
+	}
+}
+
+func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Values) {
+	sid, okS := single(q, hmac.ParamSession)
+	nonce, okN := single(q, hmac.ParamNonce)
+	sig, okH := single(q, hmac.ParamSignature)
+	if !okS || !okN || !okH || !ids.URLSafe(sid, 64) || !ids.URLSafe(nonce, 128) {
+		h.page(w, http.StatusBadRequest, pageBadLink, "s, n and h must each appear once")
+		return
+	}
+	ctx := r.Context()
+	sess, err := h.cfg.Store.Get(ctx, sid)
+	if err != nil {
+		h.sessionLookupFailed(w, err)
+		return
+	}
+	signed := hmac.Request{
+		Scheme: h.cfg.ExternalURL.Scheme, Host: h.cfg.ExternalURL.Host,
+		Method: http.MethodGet, Path: r.URL.EscapedPath(), Query: q,
+	}
+	if !hmac.Verify(sess.Secret, signed, sig) {
+		h.page(w, http.StatusUnauthorized, pageBadSignature, "")
+		return
+	}
+	switch err := h.cfg.Store.UseNonce(ctx, sid, nonce); {
+	case errors.Is(err, sessions.ErrNonceUsed):
+		h.page(w, http.StatusUnauthorized, pageLinkUsed, "")
+		return
+	case err != nil:
+		h.sessionLookupFailed(w, err)
+		return
+	}
+	if !h.stillPending(w, sess) {
+		return
+	}
+	h.beginLogin(w, r, sess.ID)
+}
+
+func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q url.Values) {
+	callback, problem := h.callbackURL(q)
+	if problem != "" {
+		h.page(w, http.StatusBadRequest, pageBadCallback, problem)
+		return
+	}
+	cliSession, okS := single(q, "s")
+	clusterID, okC := single(q, "c")
+	if !okS || !ids.URLSafe(cliSession, 64) {
+		h.page(w, http.StatusBadRequest, pageBadLink, "s must be the CLI's session ID, once")
+		return
+	}
+	if !okC || !ids.ValidClusterID(clusterID) {
+		h.page(w, http.StatusBadRequest, pageBadLink, "c must be a cluster ID, once")
+		return
+	}
+	now := h.cfg.Now()
+	sess := sessions.Session{
+		ID:                ids.NewSessionID(),
+		ClusterID:         clusterID,
+		Secret:            ids.NewSessionSecret(),
+		CreatedAt:         now,
+		ExpiresAt:         now.Add(h.cfg.SessionTTL),
+		CallbackURL:       callback.String(),
+		CallbackSessionID: cliSession,
+	}
+	switch err := h.cfg.Store.Create(r.Context(), sess); {
+	case errors.Is(err, sessions.ErrFull):
+		w.Header().Set("Retry-After", "30")
+		h.page(w, http.StatusServiceUnavailable, pageBusy, "")
+		return
+	case err != nil:
+		h.internalError(w, "creating a callback-flow session", err)
+		return
+	}
+	h.beginLogin(w, r, sess.ID)
+}
+
+// callbackURL returns where the callback flow ends: http://localhost:<p>/callback
+// for p, else u when it is an http URL on a loopback host or starts with an
+// entry of the allow-list. Anything else is refused: an open redirect here
+// would hand a kubeconfig to whoever crafted the link.
+func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
+	if q.Has("p") == q.Has("u") {
+		return nil, "exactly one of p and u must be given"
+	}
+	if q.Has("p") {
+		p, ok := single(q, "p")
+		port, err := strconv.Atoi(p)
+		if !ok || err != nil || port < 1 || port > 65535 {
+			return nil, "p must be a port number"
+		}
+		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", p), Path: "/callback"}, ""
+	}
+	raw, ok := single(q, "u")
+	if !ok || len(raw) > 2048 {
+		return nil, "u must be given once"
+	}
+	u, err := url.Parse(raw)
+	if err != nil || !u.IsAbs() || u.User != nil || u.Fragment != "" || u.Opaque != "" {
+		return nil, "u is not a plain absolute URL"
+	}
+	if u.Scheme == "http" && isLoopback(u.Hostname()) {
+		return u, ""
+	}
+	for _, allowed := range h.allowList {
+		if matchesPrefix(u, allowed) {
+			return u, ""
+		}
+	}
+	return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1])"
+}
+
+func isLoopback(host string) bool {
+	return host == "localhost" || host == "127.0.0.1" || host == "::1"
+}
+
+func parseAllowList(entries []string) ([]*url.URL, error) {
+	var out []*url.URL
+	for _, e := range entries {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return nil, errors.New("browser: callback allow-list entry " + strconv.Quote(e) + " is not a scheme://host[:port][/path] prefix")
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// matchesPrefix: same scheme and host (port included), and u's path is
+// allowed's path or below it.
+func matchesPrefix(u, allowed *url.URL) bool {
+	if !strings.EqualFold(u.Scheme, allowed.Scheme) || !strings.EqualFold(u.Host, allowed.Host) {
+		return false
+	}
+	base := strings.TrimSuffix(allowed.EscapedPath(), "/")
+	p := u.EscapedPath()
+	return base == "" || p == base || strings.HasPrefix(p, base+"/")
+}
+
+// beginLogin sends the browser to the identity provider for session sid.
+func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, sid string) {
+	target, err := h.cfg.Login.Begin(w, r, []byte(sid))
+	if errors.Is(err, oidc.ErrNotReady) {
+		w.Header().Set("Retry-After", "30")
+		h.page(w, http.StatusServiceUnavailable, pageIdPDown, "")
+		return
+	}
+	if err != nil {
+		h.internalError(w, "starting the login", err)
+		return
+	}
+	http.Redirect(w, r, target, http.StatusSeeOther)
+}
+
+// single returns the only value of key, and false when it is missing or
+// repeated (a repeated parameter is a tampered link, not a choice).
+func single(q url.Values, key string) (string, bool) {
+	vs := q[key]
+	if len(vs) != 1 || vs[0] == "" {
+		return "", false
+	}
+	return vs[0], true
+}

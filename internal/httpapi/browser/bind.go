@@ -1,0 +1,263 @@
+package browser
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/web"
+)
+
+// maxFormBytes bounds the selection form; a few hundred APIs fit.
+const maxFormBytes = 32 << 10
+
+// callback finishes the login at the identity provider and moves the
+// browser on to the API selection page.
+func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	id, flow, err := h.cfg.Login.Finish(w, r)
+	if flow == nil {
+		h.loginStateFailed(w, err)
+		return
+	}
+	sid := string(flow)
+	if err != nil {
+		// The state was genuine, so the session cannot go on (its link
+		// was used): end it, so that the CLI stops waiting and says why.
+		reason, status, kind := loginRefusal(err)
+		if derr := h.cfg.Store.Deny(ctx, sid, reason); derr != nil && !errors.Is(derr, sessions.ErrNotPending) && !errors.Is(derr, sessions.ErrNotFound) {
+			h.log.Error("denying a session after a failed login", "session", sid, "error", derr)
+		}
+		h.log.Info("login refused", "session", sid, "reason", reason, "error", err)
+		h.page(w, status, kind, reason)
+		return
+	}
+	sess, err := h.cfg.Store.Get(ctx, sid)
+	if err != nil {
+		h.sessionLookupFailed(w, err)
+		return
+	}
+	if !h.stillPending(w, sess) {
+		return
+	}
+	if err := h.setLoginCookie(w, loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken()}); err != nil {
+		h.internalError(w, "setting the login cookie", err)
+		return
+	}
+	http.Redirect(w, r, h.path("/bind")+"?s="+url.QueryEscape(sid), http.StatusSeeOther)
+}
+
+// loginRefusal maps a failed login with a genuine state to what the CLI and
+// the page are told.
+func loginRefusal(err error) (reason string, status int, kind pageKind) {
+	var pe *oidc.ProviderError
+	switch {
+	case errors.As(err, &pe):
+		return "the identity provider refused the login (" + pe.Code + ")", http.StatusForbidden, pageDenied
+	case errors.Is(err, oidc.ErrAccessDenied):
+		return "this user may not bind APIs of this provider", http.StatusForbidden, pageDenied
+	default:
+		return "the login at the identity provider failed", http.StatusBadGateway, pageLoginFailed
+	}
+}
+
+// showSelection renders the API selection page for a logged-in browser.
+func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
+	lc, sess, ok := h.loggedIn(w, r, r.URL.Query().Get("s"))
+	if !ok {
+		return
+	}
+	h.renderSelection(w, lc, sess, nil, "")
+}
+
+func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
+	exported := h.cfg.Catalog.List()
+	apis := make([]web.API, 0, len(exported))
+	for _, e := range exported {
+		apis = append(apis, web.API{
+			ID: e.Name, Group: e.Group, Resource: e.Resource, Scope: string(e.Scope),
+			Versions: e.Versions, Checked: ticked[e.Name],
+		})
+	}
+	user := lc.Email
+	if user == "" {
+		user = lc.Subject
+	}
+	web.RenderSelect(w, web.SelectPage{
+		ProviderName: h.cfg.ProviderName,
+		User:         user,
+		Action:       h.path("/bind"),
+		CSRFToken:    lc.CSRF,
+		Hidden:       []web.Field{{Name: "s", Value: sess.ID}},
+		APIs:         apis,
+		Error:        problem,
+	})
+}
+
+// bind handles the selection form: cancel, or provision and hand over.
+func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
+	if !h.sameOrigin(r) {
+		h.page(w, http.StatusForbidden, pageCrossSite, "")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			h.page(w, http.StatusRequestEntityTooLarge, pageBadForm, "the form is too large")
+			return
+		}
+		h.page(w, http.StatusBadRequest, pageBadForm, "the form does not parse")
+		return
+	}
+	lc, sess, ok := h.loggedIn(w, r, r.PostForm.Get("s"))
+	if !ok {
+		return
+	}
+	if !constantTimeEqual(r.PostForm.Get(web.FieldCSRF), lc.CSRF) {
+		h.page(w, http.StatusForbidden, pageCrossSite, "")
+		return
+	}
+	ctx := r.Context()
+	switch r.PostForm.Get(web.FieldAction) {
+	case web.ActionCancel:
+		if err := h.cfg.Store.Deny(ctx, sess.ID, "the user cancelled the binding"); err != nil && !errors.Is(err, sessions.ErrNotPending) {
+			h.sessionLookupFailed(w, err)
+			return
+		}
+		h.clearLoginCookie(w)
+		web.RenderCancelled(w, web.CancelledPage{ProviderName: h.cfg.ProviderName})
+		return
+	case web.ActionBind:
+	default:
+		h.page(w, http.StatusBadRequest, pageBadForm, "the form names no action")
+		return
+	}
+
+	resources, names, problem := h.selected(r.PostForm[web.FieldAPI])
+	if problem != "" {
+		ticked := map[string]bool{}
+		for _, n := range r.PostForm[web.FieldAPI] {
+			ticked[n] = true
+		}
+		w.Header().Set("X-Bind-Problem", "selection")
+		h.renderSelection(w, lc, sess, ticked, problem)
+		return
+	}
+
+	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
+	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, sess.ClusterID, resources)
+	if errors.Is(err, binding.ErrNotExported) {
+		h.page(w, http.StatusBadRequest, pageBadForm, err.Error())
+		return
+	}
+	if err != nil {
+		h.log.Error("provisioning failed", "session", sess.ID, "consumer", consumer.ID(), "error", err)
+		h.page(w, http.StatusBadGateway, pageProvisionFailed, "")
+		return
+	}
+	sid := sess.ID
+	if sess.CallbackURL != "" {
+		sid = sess.CallbackSessionID
+	}
+	resp.Authentication.OAuth2CodeGrant = &v1alpha1.CodeGrantAuthentication{SessionID: sid, ID: consumer.ID()}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		h.internalError(w, "encoding the binding response", err)
+		return
+	}
+	switch err := h.cfg.Store.Complete(ctx, sess.ID, body); {
+	case errors.Is(err, sessions.ErrNotPending):
+		// A second submit of the same form: the first one delivered.
+		h.page(w, http.StatusConflict, pageAlreadyDone, "")
+		return
+	case err != nil:
+		h.sessionLookupFailed(w, err)
+		return
+	}
+	h.clearLoginCookie(w)
+	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", sess.ClusterID, "apis", strings.Join(names, ","))
+	if sess.CallbackURL != "" {
+		h.redirectToCLI(w, r, sess.CallbackURL, body)
+		return
+	}
+	web.RenderDone(w, web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names})
+}
+
+// selected turns the ticked API IDs (<resource>.<group>) into resources,
+// each checked against the catalog. Nothing is provisioned unless every
+// one is exported.
+func (h *Handler) selected(ticked []string) ([]binding.Resource, []string, string) {
+	if len(ticked) == 0 {
+		return nil, nil, "Pick at least one API."
+	}
+	seen := map[string]bool{}
+	var resources []binding.Resource
+	var names []string
+	for _, name := range ticked {
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		resource, group, _ := strings.Cut(name, ".")
+		if _, ok := h.cfg.Catalog.Lookup(group, resource); !ok {
+			return nil, nil, "The API " + name + " is not offered by this provider. Pick from the list."
+		}
+		resources = append(resources, binding.Resource{Group: group, Resource: resource})
+		names = append(names, name)
+	}
+	return resources, names, ""
+}
+
+// redirectToCLI hands the response to a released CLI's callback: standard,
+// padded base64 in the response parameter, the URL's own query kept.
+func (h *Handler) redirectToCLI(w http.ResponseWriter, r *http.Request, callback string, body []byte) {
+	u, err := url.Parse(callback)
+	if err != nil {
+		h.internalError(w, "parsing a stored callback URL", err)
+		return
+	}
+	q := u.Query()
+	q.Set("response", base64.StdEncoding.EncodeToString(body))
+	u.RawQuery = q.Encode()
+	http.Redirect(w, r, u.String(), http.StatusFound)
+}
+
+// sameOrigin refuses requests a browser marks as coming from another site.
+// The CSRF token is the main defence; this is a second one that costs
+// nothing. Our pages send no Referer, so a form POST may carry Origin:
+// null, which is accepted (the token still has to match).
+func (h *Handler) sameOrigin(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+	default:
+		return false
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" || origin == "null" {
+		return true
+	}
+	ext := h.cfg.ExternalURL
+	return strings.EqualFold(origin, ext.Scheme+"://"+ext.Host)
+}
+
+// stillPending renders the right page for a session that is not pending
+// any more and reports whether it is.
+func (h *Handler) stillPending(w http.ResponseWriter, sess sessions.Session) bool {
+	switch sess.State {
+	case sessions.StatePending:
+		return true
+	case sessions.StateCompleted:
+		h.page(w, http.StatusConflict, pageAlreadyDone, "")
+	default:
+		h.page(w, http.StatusForbidden, pageDenied, sess.DenyReason)
+	}
+	return false
+}

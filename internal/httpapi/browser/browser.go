@@ -1,0 +1,143 @@
+// Package browser serves the browser part of both binding flows
+// (docs/protocol.md §3 and §6): GET /authorize checks the link the CLI
+// printed and sends the browser to the identity provider, GET /callback
+// finishes the login, GET /bind shows the API selection page and POST /bind
+// provisions the consumer and hands the BindingResponse over: into the
+// session store for the poll flow, as a redirect to the CLI's localhost
+// callback for the callback flow.
+//
+// The handlers only sequence the packages that own the logic: hmac checks
+// links, sessions keeps state shared by all replicas, oidc logs users in,
+// binding provisions, web renders pages.
+package browser
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gorilla/securecookie"
+
+	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+)
+
+// Login is the identity provider login (implemented by *oidc.Authenticator).
+type Login interface {
+	Begin(w http.ResponseWriter, r *http.Request, flowState []byte) (string, error)
+	Finish(w http.ResponseWriter, r *http.Request) (oidc.Identity, []byte, error)
+}
+
+// Catalog lists the APIs a consumer may bind (implemented by *binding.Catalog).
+type Catalog interface {
+	List() []binding.ExportedAPI
+	Lookup(group, resource string) (binding.ExportedAPI, bool)
+}
+
+// Provisioner sets a consumer up on the provider cluster (implemented by
+// *binding.Provisioner).
+type Provisioner interface {
+	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*v1alpha1.BindingResponse, error)
+}
+
+// Config configures the browser handler.
+type Config struct {
+	// ExternalURL is the backend's public URL: links are checked against
+	// its scheme and host, and every page and redirect of ours is built
+	// from it.
+	ExternalURL  *url.URL
+	ProviderName string
+	Store        sessions.Store
+	// SessionTTL is the life of sessions the callback flow creates.
+	SessionTTL  time.Duration
+	Login       Login
+	Catalog     Catalog
+	Provisioner Provisioner
+	// CookieHashKey authenticates and CookieBlockKey (16, 24 or 32 bytes)
+	// encrypts the cookie that carries a logged-in user to the bind POST.
+	CookieHashKey, CookieBlockKey []byte
+	// CallbackAllowList are URL prefixes (scheme://host[:port]/path) that
+	// a callback-flow u may start with besides http URLs on a loopback host.
+	CallbackAllowList []string
+	Logger            *slog.Logger
+	Now               func() time.Time
+}
+
+// Handler serves the browser routes.
+type Handler struct {
+	cfg       Config
+	log       *slog.Logger
+	mux       *http.ServeMux
+	cookies   *securecookie.SecureCookie
+	allowList []*url.URL
+	prefix    string
+	secure    bool
+}
+
+// New checks cfg and returns the handler.
+func New(cfg Config) (*Handler, error) {
+	switch {
+	case cfg.ExternalURL == nil:
+		return nil, errors.New("browser: ExternalURL is required")
+	case cfg.Store == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil:
+		return nil, errors.New("browser: Store, Login, Catalog and Provisioner are required")
+	case len(cfg.CookieHashKey) < 32:
+		return nil, errors.New("browser: the cookie signing key must have at least 32 bytes")
+	}
+	switch len(cfg.CookieBlockKey) {
+	case 16, 24, 32:
+	default:
+		return nil, errors.New("browser: the cookie encryption key must have 16, 24 or 32 bytes")
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = 10 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	allow, err := parseAllowList(cfg.CallbackAllowList)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		cookies:   securecookie.New(cfg.CookieHashKey, cfg.CookieBlockKey),
+		allowList: allow,
+		prefix:    strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/"),
+		secure:    cfg.ExternalURL.Scheme == "https",
+	}
+	h.cookies.MaxAge(int(cfg.SessionTTL / time.Second))
+	h.cookies.SetSerializer(securecookie.JSONEncoder{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+h.prefix+"/authorize", h.authorize)
+	mux.HandleFunc("GET "+h.prefix+"/callback", h.callback)
+	mux.HandleFunc("GET "+h.prefix+"/bind", h.showSelection)
+	mux.HandleFunc("POST "+h.prefix+"/bind", h.bind)
+	mux.HandleFunc("/", h.notFound)
+	h.mux = mux
+	return h, nil
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mux.ServeHTTP(w, r)
+}
+
+// path returns p under the external URL's path prefix.
+func (h *Handler) path(p string) string { return h.prefix + p }
+
+// constantTimeEqual compares two tokens without leaking where they differ.
+func constantTimeEqual(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}

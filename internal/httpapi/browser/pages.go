@@ -1,0 +1,117 @@
+package browser
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/web"
+)
+
+// pageKind names each error page; its words are in errorPages.
+type pageKind int
+
+const (
+	pageBadLink pageKind = iota
+	pageBadSignature
+	pageLinkUsed
+	pageExpired
+	pageBadCallback
+	pageBusy
+	pageIdPDown
+	pageLoginState
+	pageLoginExpired
+	pageDenied
+	pageLoginFailed
+	pageNotLoggedIn
+	pageOtherSession
+	pageCrossSite
+	pageBadForm
+	pageProvisionFailed
+	pageAlreadyDone
+	pageNotFound
+	pageInternal
+)
+
+const runAgain = "Run the bind command in your terminal again; it prints a new link."
+
+var errorPages = map[pageKind]web.ErrorPage{
+	pageBadLink:         {Title: "This link is incomplete", Message: "The link does not have the parts a binding link needs.", Hint: "Copy the whole link from your terminal. " + runAgain},
+	pageBadSignature:    {Title: "This link is not valid", Message: "The link's signature does not match. It may have been changed or cut short.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
+	pageLinkUsed:        {Title: "This link was already used", Message: "Each link works once, so that nobody else can reuse it.", Hint: runAgain},
+	pageExpired:         {Title: "This link has expired", Message: "The binding session has ended or is not known here.", Hint: runAgain},
+	pageBadCallback:     {Title: "This link cannot be used", Message: "The link asks to send the result somewhere this provider does not allow.", Hint: "Use a kube-bind command on your own computer. " + runAgain},
+	pageBusy:            {Title: "Too many bindings at once", Message: "The provider is handling too many bindings right now.", Hint: "Wait a minute, then run the bind command again."},
+	pageIdPDown:         {Title: "Sign-in is not available right now", Message: "The provider cannot reach its identity provider at the moment.", Hint: "Wait a minute, then run the bind command again."},
+	pageLoginState:      {Title: "This sign-in cannot be finished", Message: "The sign-in was not started in this browser, or it was already finished.", Hint: runAgain},
+	pageLoginExpired:    {Title: "The sign-in took too long", Message: "The sign-in at the identity provider expired.", Hint: runAgain},
+	pageDenied:          {Title: "Access denied", Message: "The binding was refused.", Hint: "Ask the provider for access if you think you should have it."},
+	pageLoginFailed:     {Title: "Sign-in failed", Message: "The sign-in at the identity provider did not complete.", Hint: runAgain},
+	pageNotLoggedIn:     {Title: "You are not signed in", Message: "This browser has no sign-in for a binding, or it has expired.", Hint: runAgain},
+	pageOtherSession:    {Title: "Another binding is open in this browser", Message: "This page belongs to a binding other than the one this browser signed in for last.", Hint: runAgain},
+	pageCrossSite:       {Title: "Request refused", Message: "The form did not come from this provider's page.", Hint: "Reload the page and submit it again, or " + lowerFirst(runAgain)},
+	pageBadForm:         {Title: "The form could not be read", Message: "The submitted form is not valid.", Hint: "Go back, pick the APIs again and submit."},
+	pageProvisionFailed: {Title: "The binding could not be set up", Message: "The provider could not prepare your access. Nothing you did caused this.", Hint: "Go back and press Bind again in a moment. If it keeps failing, contact the provider."},
+	pageAlreadyDone:     {Title: "Already bound", Message: "This binding session is already complete.", Hint: "Go back to your terminal. To bind more APIs, run the bind command again."},
+	pageNotFound:        {Title: "Page not found", Message: "There is nothing here.", Hint: "Start from the link your terminal printed."},
+	pageInternal:        {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
+}
+
+// page renders the error page of kind; detail, if any, replaces its
+// message with what exactly was wrong.
+func (h *Handler) page(w http.ResponseWriter, status int, kind pageKind, detail string) {
+	p := errorPages[kind]
+	p.ProviderName = h.cfg.ProviderName
+	if detail != "" {
+		p.Message = p.Message + " (" + detail + ")"
+	}
+	web.RenderError(w, status, p)
+}
+
+// sessionLookupFailed renders the answer to a failed store operation.
+func (h *Handler) sessionLookupFailed(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, sessions.ErrNotFound):
+		h.page(w, http.StatusGone, pageExpired, "")
+	case errors.Is(err, sessions.ErrTooManyNonces):
+		h.page(w, http.StatusTooManyRequests, pageLinkUsed, "")
+	case errors.Is(err, sessions.ErrNotPending):
+		h.page(w, http.StatusConflict, pageAlreadyDone, "")
+	default:
+		h.log.Error("session store failed", "error", err)
+		w.Header().Set("Retry-After", "10")
+		h.page(w, http.StatusServiceUnavailable, pageInternal, "")
+	}
+}
+
+// loginStateFailed renders the answer to a callback whose state is not
+// genuine, not this browser's, used or expired.
+func (h *Handler) loginStateFailed(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, oidc.ErrNotReady):
+		w.Header().Set("Retry-After", "30")
+		h.page(w, http.StatusServiceUnavailable, pageIdPDown, "")
+	case errors.Is(err, oidc.ErrStateExpired):
+		h.page(w, http.StatusGone, pageLoginExpired, "")
+	default:
+		h.log.Info("login callback refused", "error", err)
+		h.page(w, http.StatusBadRequest, pageLoginState, "")
+	}
+}
+
+func (h *Handler) internalError(w http.ResponseWriter, doing string, err error) {
+	h.log.Error("internal error", "doing", doing, "error", err)
+	h.page(w, http.StatusInternalServerError, pageInternal, "")
+}
+
+func (h *Handler) notFound(w http.ResponseWriter, r *http.Request) {
+	h.page(w, http.StatusNotFound, pageNotFound, "")
+}
+
+func lowerFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return string(s[0]|0x20) + s[1:]
+}
