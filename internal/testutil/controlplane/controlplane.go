@@ -14,6 +14,9 @@
 //		...
 //	}
 //
+// Outside of tests (the local demo, hack/demo), Start and Stop do the same
+// for one caller.
+//
 // The binaries come from $KUBE_BIND_TEST_BINARIES or the cache of
 // hack/install-test-binaries.sh; without them the test fails, naming the
 // script (it never skips).
@@ -230,26 +233,64 @@ func (cp *ControlPlane) APIServerReadyDuration() time.Duration { return cp.apise
 
 var errPortInUse = errors.New("port already in use")
 
-// start starts a control plane, trying again when a free port chosen for it
-// got taken by someone else before the server bound it.
-func start() (*ControlPlane, error) {
-	binDir, err := findBinaries()
-	if err != nil {
-		return nil, err
+// Options configure Start.
+type Options struct {
+	// BinDir holds etcd, kube-apiserver, kube-controller-manager and
+	// kubectl; "" finds them as the tests do ($KUBE_BIND_TEST_BINARIES, else
+	// the cache of hack/install-test-binaries.sh, never building).
+	BinDir string
+	// Dir receives certificates, kubeconfig, etcd data and the servers'
+	// logs; "" makes a temporary folder. Etcd data left in it by an earlier
+	// start is removed. Stop never removes Dir.
+	Dir string
+}
+
+// Start starts a control plane outside of tests (the local demo); tests use
+// RunMain and Get. The caller must call Stop. ctx bounds only the start.
+func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
+	binDir := opts.BinDir
+	if binDir == "" {
+		var err error
+		if binDir, err = findBinaries(); err != nil {
+			return nil, err
+		}
+	} else if err := checkBinaries(binDir); err != nil {
+		return nil, fmt.Errorf("%s: %w; run %s", binDir, err, InstallScript)
 	}
+	// Try again when a free port chosen for a server got taken by someone
+	// else before the server bound it.
 	for attempt := 1; ; attempt++ {
-		cp, err := startOnce(binDir)
+		cp, err := startIn(ctx, binDir, opts.Dir)
 		if err == nil || !errors.Is(err, errPortInUse) || attempt == 3 {
 			return cp, err
 		}
 	}
 }
 
-func startOnce(binDir string) (_ *ControlPlane, err error) {
+// Stop stops the servers of a control plane from Start (its folder stays).
+func (cp *ControlPlane) Stop() { cp.stop() }
+
+func start() (*ControlPlane, error) { return Start(context.Background(), Options{}) }
+
+func startOnce(binDir string) (*ControlPlane, error) {
+	return startIn(context.Background(), binDir, "")
+}
+
+// startIn makes one attempt to start a control plane in dir ("" = a new
+// temporary folder).
+func startIn(ctx context.Context, binDir, dir string) (_ *ControlPlane, err error) {
 	begin := time.Now()
-	dir, err := os.MkdirTemp("", "kube-bind-controlplane-")
-	if err != nil {
-		return nil, err
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "kube-bind-controlplane-"); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.RemoveAll(filepath.Join(dir, "etcd")); err != nil {
+			return nil, err
+		}
 	}
 	cp := &ControlPlane{dir: dir, binDir: binDir}
 	defer func() {
@@ -347,7 +388,7 @@ func startOnce(binDir string) (_ *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	if err := cp.waitFor(ctx, "kube-apiserver /readyz", func(ctx context.Context) (bool, error) {
 		_, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)

@@ -12,11 +12,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,11 +34,19 @@ type User struct {
 	Groups   []string `json:"groups,omitempty"`
 }
 
-// Options configure the provider of one test.
+// Options configure the provider of one test (or of the local demo).
 type Options struct {
 	// RedirectURIs of the client; the login helper stops at a redirect to any of them.
 	RedirectURIs []string
 	Users        []User
+	// Address is the host:port to listen on; "" picks a free loopback port.
+	Address string
+	// ClientID of the static client; "" is "kube-bind-backend-test".
+	ClientID string
+	// ClientSecret of the client; "" makes a random one.
+	ClientSecret string
+	// Log receives the provider's output; nil keeps it in memory (Logs).
+	Log io.Writer
 }
 
 // Provider is a running provider.
@@ -45,6 +56,9 @@ type Provider struct {
 	ClientSecret string
 
 	redirectURIs []string
+	cmd          *exec.Cmd     // nil for Attach
+	exited       chan struct{} // closed when node has exited
+	logs         *syncBuffer
 }
 
 const startTimeout = 60 * time.Second
@@ -60,40 +74,85 @@ func Dir() string {
 // missing, naming the script that installs them.
 func Start(t testing.TB, opts Options) *Provider {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	p, err := Run(ctx, opts)
+	if err != nil {
+		t.Fatalf("oidcprovider: %v", err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() && p.logs != nil {
+			t.Logf("oidcprovider logs:\n%s", p.Logs())
+		}
+	})
+	return p
+}
+
+// Run starts a provider outside of tests (the local demo); the caller must
+// call Stop. It returns once discovery answers, or fails when Node.js or
+// the npm packages are missing, naming the script that installs them.
+func Run(ctx context.Context, opts Options) (_ *Provider, err error) {
 	if len(opts.RedirectURIs) == 0 {
-		t.Fatal("oidcprovider: Options.RedirectURIs is empty")
+		return nil, errors.New("Options.RedirectURIs is empty")
+	}
+	host, port := "127.0.0.1", 0
+	if opts.Address != "" {
+		h, ps, err := net.SplitHostPort(opts.Address)
+		if err != nil {
+			return nil, fmt.Errorf("address %q: %w", opts.Address, err)
+		}
+		if port, err = strconv.Atoi(ps); err != nil || port < 0 || port > 65535 {
+			return nil, fmt.Errorf("address %q: bad port", opts.Address)
+		}
+		if h != "" {
+			host = h
+		}
 	}
 	dir := Dir()
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "oidc-provider")); err != nil {
-		t.Fatalf("oidcprovider: %s/node_modules is missing: run hack/install-test-deps.sh", dir)
+		return nil, fmt.Errorf("%s/node_modules is missing: run hack/install-test-deps.sh", dir)
 	}
 	node, err := exec.LookPath("node")
 	if err != nil {
-		t.Fatalf("oidcprovider: node not found on PATH (Node.js 20 or later is needed; see hack/install-test-deps.sh): %v", err)
+		return nil, fmt.Errorf("node not found on PATH (Node.js 20 or later is needed; see hack/install-test-deps.sh): %v", err)
 	}
 
 	p := &Provider{
-		ClientID:     "kube-bind-backend-test",
-		ClientSecret: randomString(t),
+		ClientID:     opts.ClientID,
+		ClientSecret: opts.ClientSecret,
 		redirectURIs: append([]string(nil), opts.RedirectURIs...),
+		exited:       make(chan struct{}),
+	}
+	if p.ClientID == "" {
+		p.ClientID = "kube-bind-backend-test"
+	}
+	if p.ClientSecret == "" {
+		if p.ClientSecret, err = randomString(); err != nil {
+			return nil, err
+		}
 	}
 	users := opts.Users
 	if users == nil {
 		users = []User{}
 	}
 	cfg, err := json.Marshal(map[string]any{
-		"host":         "127.0.0.1",
-		"port":         0,
+		"host":         host,
+		"port":         port,
 		"clientID":     p.ClientID,
 		"clientSecret": p.ClientSecret,
 		"redirectURIs": opts.RedirectURIs,
 		"users":        users,
 	})
 	if err != nil {
-		t.Fatalf("oidcprovider: %v", err)
+		return nil, err
 	}
 
-	logs := &syncBuffer{}
+	logs := opts.Log
+	if logs == nil {
+		p.logs = &syncBuffer{}
+		logs = p.logs
+	}
 	cmd := exec.Command(node, filepath.Join(dir, "server.js"))
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "OIDC_PROVIDER_CONFIG="+string(cfg))
@@ -101,27 +160,17 @@ func Start(t testing.TB, opts Options) *Provider {
 	setProcAttr(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatalf("oidcprovider: %v", err)
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("oidcprovider: starting node: %v", err)
+		return nil, fmt.Errorf("starting node: %v", err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("oidcprovider logs:\n%s", logs.String())
-		}
-	})
-
+	p.cmd = cmd
 	// The first stdout line names the issuer; the rest is kept as logs.
 	issuer := make(chan string, 1)
+	copied := make(chan struct{})
 	go func() {
+		defer close(copied)
 		sc := bufio.NewScanner(stdout)
 		first := true
 		for sc.Scan() {
@@ -135,26 +184,61 @@ func Start(t testing.TB, opts Options) *Provider {
 					continue
 				}
 			}
-			logs.Write(append(sc.Bytes(), '\n'))
+			_, _ = logs.Write(append(sc.Bytes(), '\n'))
+		}
+	}()
+	go func() {
+		<-copied // Wait closes stdout: read it all first
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	defer func() {
+		if err != nil {
+			p.Stop()
+			if p.logs != nil {
+				err = fmt.Errorf("%w\n%s", err, p.Logs())
+			}
 		}
 	}()
 
-	deadline := time.NewTimer(startTimeout)
-	defer deadline.Stop()
 	select {
 	case p.IssuerURL = <-issuer:
-	case <-exited:
-		t.Fatalf("oidcprovider: node exited before serving:\n%s", logs.String())
-	case <-deadline.C:
-		t.Fatalf("oidcprovider: not serving after %s:\n%s", startTimeout, logs.String())
+	case <-p.exited:
+		return nil, errors.New("node exited before serving")
+	case <-ctx.Done():
+		return nil, fmt.Errorf("not serving: %w", ctx.Err())
 	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
 	if err := waitForDiscovery(ctx, p.IssuerURL); err != nil {
-		t.Fatalf("oidcprovider: %v\n%s", err, logs.String())
+		return nil, err
 	}
-	return p
+	return p, nil
+}
+
+// Attach returns a Provider for one that another process runs (such as the
+// local demo's), so that Login can be used against it; Stop does nothing.
+func Attach(issuerURL string, redirectURIs ...string) *Provider {
+	exited := make(chan struct{})
+	return &Provider{IssuerURL: issuerURL, redirectURIs: append([]string(nil), redirectURIs...), exited: exited}
+}
+
+// Stop stops the provider and waits until it has exited.
+func (p *Provider) Stop() {
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+}
+
+// Done is closed when the provider's process has exited (never for Attach).
+func (p *Provider) Done() <-chan struct{} { return p.exited }
+
+// Logs returns what the provider printed, unless Options.Log took it.
+func (p *Provider) Logs() string {
+	if p.logs == nil {
+		return ""
+	}
+	return p.logs.String()
 }
 
 func waitForDiscovery(ctx context.Context, issuer string) error {
@@ -182,12 +266,12 @@ func waitForDiscovery(ctx context.Context, issuer string) error {
 	}
 }
 
-func randomString(t testing.TB) string {
+func randomString() (string, error) {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
-		t.Fatalf("oidcprovider: %v", err)
+		return "", err
 	}
-	return base64.RawURLEncoding.EncodeToString(b)
+	return base64.RawURLEncoding.EncodeToString(b), nil
 }
 
 type syncBuffer struct {
