@@ -71,6 +71,11 @@ type config struct {
 	TLSCertFile string
 	TLSKeyFile  string
 
+	// Store says where sessions live (config_store.go).
+	Store storeConfig
+	// CallbackAllowList: URL prefixes a callback-flow u may start with.
+	CallbackAllowList []string
+
 	ShowVersion bool
 }
 
@@ -90,6 +95,8 @@ type rawFlags struct {
 	logLevel, logFormat                                   string
 	tlsCertFile, tlsKeyFile                               string
 	version                                               bool
+	store                                                 storeFlags
+	callbackAllowedURLs                                   string
 }
 
 func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
@@ -126,13 +133,16 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	d(&r.sessionTTL, "session-ttl", 10*time.Minute, "how long a binding session lives after creation")
 	d(&r.pollInterval, "poll-interval", 2*time.Second, "poll interval advertised to clients and enforced (with a small jitter tolerance)")
 	d(&r.gracePeriod, "grace-period", 60*time.Second, "how long a delivered BindingResponse stays available to further polls")
-	i(&r.maxPendingSessions, "max-pending-sessions", 10000, "most sessions held at once; beyond it session creation answers 503")
+	i(&r.maxPendingSessions, "max-pending-sessions", 10000, "most sessions held at once, per replica (with the hashring, a replica's limit counts the sessions it owns); beyond it session creation answers 503")
 	d(&r.shutdownTimout, "shutdown-timeout", 25*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 
 	s(&r.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	s(&r.logFormat, "log-format", "json", "log format: json or text")
 	s(&r.tlsCertFile, "tls-cert-file", "", "PEM certificate to serve HTTPS with (with --tls-key-file)")
 	s(&r.tlsKeyFile, "tls-key-file", "", "PEM private key to serve HTTPS with (with --tls-cert-file)")
+
+	r.store.register(fs)
+	s(&r.callbackAllowedURLs, "callback-allowed-urls", "", "comma-separated URL prefixes (scheme://host[:port][/path]) the callback flow may redirect to, besides http URLs on a loopback host")
 
 	b(&r.version, "version", false, "print the version and exit")
 
@@ -175,6 +185,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*c
 	if r.version {
 		return &config{ShowVersion: true}, nil
 	}
+	r.store.podIP = getenv("POD_IP")
 	return r.validate()
 }
 
@@ -343,6 +354,11 @@ func (r *rawFlags) validate() (*config, error) {
 			}
 		}
 	}
+	var storeErrs []error
+	c.Store, storeErrs = r.store.validate()
+	errs = append(errs, storeErrs...)
+	c.CallbackAllowList, storeErrs = validateCallbackAllowList(r.callbackAllowedURLs)
+	errs = append(errs, storeErrs...)
 	return c, errors.Join(errs...)
 }
 
