@@ -2,6 +2,7 @@ package chart_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -158,17 +159,22 @@ func decode(t *testing.T, manifest string) objects {
 	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096)
 	var objs objects
 	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
 			if errors.Is(err, io.EOF) {
 				break
 			}
 			t.Fatalf("rendered YAML does not parse: %v\n%s", err, manifest)
 		}
-		if m == nil {
+		if len(raw) == 0 || string(raw) == "null" {
 			continue
 		}
-		objs = append(objs, &unstructured.Unstructured{Object: m})
+		u := &unstructured.Unstructured{}
+		// Unstructured's own JSON decoding keeps integers as int64.
+		if err := u.UnmarshalJSON(raw); err != nil {
+			t.Fatalf("rendered object does not decode: %v\n%s", err, raw)
+		}
+		objs = append(objs, u)
 	}
 	return objs
 }

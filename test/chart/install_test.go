@@ -165,6 +165,10 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		testConsumerNamespace(t, cp, admin)
 	})
 
+	t.Run("backend binary with the chart's flags, keys and ServiceAccount", func(t *testing.T) {
+		testBackendRunsWithChartConfig(t, cp, admin)
+	})
+
 	if _, err := helm(t, "uninstall", "kbb", "--kubeconfig", kubeconfig, "--namespace", releaseNS, "--wait"); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,156 @@
+package chart_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+)
+
+// testBackendRunsWithChartConfig starts the real backend binary with the
+// flags the chart renders (one replica) and the key files of the Secret the
+// release made, talking to the API server with a token of the chart's
+// ServiceAccount and to a real OpenID Connect provider, and checks that the
+// chart's readiness probe passes (so the chart's RBAC covers what the
+// backend needs to become ready) and that it shuts down cleanly.
+func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	secret, err := admin.CoreV1().Secrets(releaseNS).Get(ctx, fullname, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secretsDir := t.TempDir()
+	for k, v := range secret.Data {
+		if err := os.WriteFile(filepath.Join(secretsDir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr, err := admin.CoreV1().ServiceAccounts(releaseNS).CreateToken(ctx, fullname, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := cp.WriteKubeconfig(t, cp.ConfigForToken(tr.Status.Token))
+
+	port := freePort(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{base + "/callback"}})
+	if err := os.WriteFile(filepath.Join(secretsDir, "oidc-client-secret"), []byte(idp.ClientSecret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	objs := render(t, "replicaCount=1", fmt.Sprintf("containerPort=%d", port),
+		"externalURL="+base, "oidc.issuerURL="+idp.IssuerURL, "oidc.clientID="+idp.ClientID)
+	var args []string
+	for _, a := range asSlice(t, container(t, objs)["args"]) {
+		s := strings.Replace(a.(string), secretDir, secretsDir, 1)
+		if strings.HasPrefix(s, "--listen-address=") {
+			s = fmt.Sprintf("--listen-address=127.0.0.1:%d", port) // not on every interface of the test machine
+		}
+		args = append(args, s)
+	}
+	// In a pod the backend uses the in-cluster configuration of the
+	// ServiceAccount; here the same identity comes from a kubeconfig.
+	args = append(args, "--kubeconfig="+kubeconfig)
+
+	var logs bytes.Buffer
+	cmd := exec.Command(backendBinary(t), args...)
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, _, err := get(base + "/healthz")
+		if err == nil && code == http.StatusOK {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("the backend exited with the chart's configuration: %v\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz never answered 200 (last: %d %v)\n%s", code, err, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Ready: the identity provider is found and the provider cluster is
+	// reachable with the chart's RBAC.
+	var code int
+	var body string
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		code, body, err = get(base + "/readyz")
+		if err == nil && code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never answered 200 with the chart's configuration: %d %v\n%s\nlogs:\n%s", code, err, body, logs.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("/readyz with the chart's configuration: %d %s", code, strings.TrimSpace(body))
+	if strings.Contains(logs.String(), idp.ClientSecret) {
+		t.Error("the backend logged the OIDC client secret")
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("the backend did not exit cleanly on SIGTERM: %v\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the backend did not stop within 30s of SIGTERM\n%s", logs.String())
+	}
+}
+
+func get(url string) (int, string, error) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, string(b), nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
