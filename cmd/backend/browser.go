@@ -77,7 +77,9 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		Provisioner:    provisioner,
 		CookieHashKey:  cfg.CookieSigningKey,
 		CookieBlockKey: cfg.CookieEncryptionKey,
-		Logger:         w.logger.With("component", "browser"),
+		// The callback flow's u may also point at these prefixes.
+		CallbackAllowList: cfg.CallbackAllowList,
+		Logger:            w.logger.With("component", "browser"),
 	})
 	if err != nil {
 		return nil, nil, "", err

@@ -24,8 +24,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kbprovider/backend/internal/health"
-	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/version"
 )
 
@@ -74,8 +72,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logger.Warn("--"+k+" not set: using a random key; browser logins break on restart, and replicas must share one key", "flag", k)
 	}
 
-	store := memory.New(sessions.Limits{MaxSessions: cfg.MaxPendingSessions, Grace: cfg.GracePeriod}, nil)
+	store, err := newSessionStore(cfg, logger)
+	if err != nil {
+		logger.Error("cannot set up the session store", "store", cfg.Store.Kind, "error", err)
+		return exitFailed
+	}
 	defer store.Close()
+	// Background parts that serve requests (certificate reload) live as
+	// long as the servers, through the graceful shutdown.
+	srvCtx, cancelSrv := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelSrv()
+	tlsConfig, err := servingTLS(srvCtx, cfg, logger)
+	if err != nil {
+		logger.Error("cannot load the TLS serving certificate", "error", err)
+		return exitFailed
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -88,7 +99,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		ext:       ext,
 		store:     store,
 		metrics:   reg,
-		readiness: []health.Check{shuttingDown},
+		readiness: append([]health.Check{shuttingDown}, store.checks...),
 	})
 	if err != nil {
 		logger.Error("cannot build the HTTP handler", "error", err)
@@ -104,15 +115,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		TLSConfig:         tlsConfig,
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() {
-		if cfg.TLSCertFile != "" {
-			errc <- srv.ServeTLS(ln, cfg.TLSCertFile, cfg.TLSKeyFile)
+		if tlsConfig != nil {
+			errc <- srv.ServeTLS(ln, "", "")
 		} else {
 			errc <- srv.Serve(ln)
 		}
 	}()
+	store.start(ctx, errc)
 	logger.Info("serving", "version", version.Version, "address", ln.Addr().String(),
 		"external_url", ext.String(), "tls", cfg.TLSCertFile != "")
 
@@ -130,6 +143,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err := srv.Shutdown(sctx); err != nil {
 		logger.Error("in-flight requests did not finish in time", "error", err)
 		srv.Close()
+		return exitFailed
+	}
+	if err := store.shutdown(sctx); err != nil {
+		logger.Error("in-flight peer requests did not finish in time", "error", err)
 		return exitFailed
 	}
 	logger.Info("stopped")

@@ -1,0 +1,242 @@
+package main
+
+import (
+	"encoding/base64"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// Session store settings: one process (memory) or a hashring of replicas
+// (docs/sessions-hashring.md).
+const (
+	storeMemory   = "memory"
+	storeHashring = "hashring"
+)
+
+// minPeerKeyBytes is the least a peer key may hold: the peer API derives an
+// AES-256 key from it.
+const minPeerKeyBytes = 32
+
+// storeConfig is the validated session store configuration.
+type storeConfig struct {
+	Kind string // storeMemory or storeHashring
+
+	// The rest is for the hashring only.
+	PeerListenAddress string
+	// PeerSelfURL is this replica's peer base URL as the others reach it.
+	PeerSelfURL string
+	// Peers is the static list of every replica's peer base URL (self
+	// included); empty when discovery is used.
+	Peers []string
+	// PeerServiceNamespace/PeerServiceName: the headless Service whose
+	// EndpointSlices list the replicas; empty without discovery.
+	PeerServiceNamespace, PeerServiceName string
+	PeerPortName                          string
+	// PeerKey authenticates and encrypts peer traffic. Never logged.
+	PeerKey []byte
+}
+
+// storeFlags are the session store flags as given.
+type storeFlags struct {
+	kind                           string
+	peerListenAddress, peerSelfURL string
+	peers, peerService, peerPort   string
+	peerKey, peerKeyFile           string
+	podIP                          string // from the environment (POD_IP), for the default self URL
+}
+
+func (r *storeFlags) register(fs *flag.FlagSet) {
+	s := fs.StringVar
+	s(&r.kind, "session-store", storeMemory, "where sessions live: memory (one replica) or hashring (several replicas share sessions over the peer API; see docs/sessions-hashring.md)")
+	s(&r.peerListenAddress, "peer-listen-address", "", "hashring: address (host:port, fixed port) to serve the peer API on, never the public one, e.g. :8091")
+	s(&r.peerSelfURL, "peer-self-url", "", "hashring: this replica's peer URL as the other replicas reach it (default: http://$POD_IP:<peer port> when POD_IP is set, else http://<peer-listen-address host>:<port>)")
+	s(&r.peers, "peers", "", "hashring: comma-separated peer URLs of every replica, this one included (a static ring; or use --peer-service)")
+	s(&r.peerService, "peer-service", "", "hashring: namespace/name of the headless Service whose EndpointSlices list the replicas (the ring follows replicas that come and go)")
+	s(&r.peerPort, "peer-port-name", "", "hashring: name of the peer port in --peer-service's EndpointSlices (default: their only port)")
+	s(&r.peerKey, "peer-key", "", "hashring: base64 key of at least 32 bytes authenticating and encrypting peer traffic; the same on every replica (prefer --peer-key-file)")
+	s(&r.peerKeyFile, "peer-key-file", "", "hashring: file holding the base64 peer key, e.g. a mounted Kubernetes Secret")
+}
+
+// validate checks the store flags; errors name the flag.
+func (r *storeFlags) validate() (storeConfig, []error) {
+	var c storeConfig
+	var errs []error
+	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	c.Kind = strings.ToLower(strings.TrimSpace(r.kind))
+	switch c.Kind {
+	case storeMemory:
+		for _, f := range [][2]string{
+			{"peer-listen-address", r.peerListenAddress}, {"peer-self-url", r.peerSelfURL}, {"peers", r.peers},
+			{"peer-service", r.peerService}, {"peer-port-name", r.peerPort}, {"peer-key", r.peerKey}, {"peer-key-file", r.peerKeyFile},
+		} {
+			if f[1] != "" {
+				fail("--%s: only used with --session-store=hashring", f[0])
+			}
+		}
+		return c, errs
+	case storeHashring:
+	default:
+		fail("--session-store %q: want memory or hashring", r.kind)
+		return c, errs
+	}
+
+	// The peer listener needs a fixed port: the others find this replica by it.
+	host, port, err := net.SplitHostPort(r.peerListenAddress)
+	switch {
+	case r.peerListenAddress == "":
+		fail("--peer-listen-address is required with --session-store=hashring, e.g. :8091")
+	case err != nil:
+		fail("--peer-listen-address %q: want host:port, e.g. :8091", r.peerListenAddress)
+	case port == "0" || !validPort(port):
+		fail("--peer-listen-address %q: want a fixed port number, e.g. :8091 (the other replicas reach this one by it)", r.peerListenAddress)
+	default:
+		c.PeerListenAddress = r.peerListenAddress
+	}
+
+	switch {
+	case r.peerSelfURL != "":
+		u, err := parsePeerURL(r.peerSelfURL)
+		if err != nil {
+			fail("--peer-self-url %q: %v", r.peerSelfURL, err)
+		} else {
+			c.PeerSelfURL = u
+		}
+	case c.PeerListenAddress == "":
+		// Already reported.
+	case r.podIP != "":
+		if net.ParseIP(r.podIP) == nil {
+			fail("POD_IP %q is not an IP address; set --peer-self-url", r.podIP)
+		} else {
+			c.PeerSelfURL = "http://" + net.JoinHostPort(r.podIP, port)
+		}
+	case host == "" || isUnspecified(host):
+		fail("--peer-self-url is required: --peer-listen-address %q names no host the other replicas could reach, and POD_IP is not set", r.peerListenAddress)
+	default:
+		c.PeerSelfURL = "http://" + net.JoinHostPort(host, port)
+	}
+
+	if r.peers != "" && r.peerService != "" {
+		fail("--peers and --peer-service: give only one (a static ring or discovery)")
+	}
+	for _, p := range splitList(r.peers) {
+		u, err := parsePeerURL(p)
+		if err != nil {
+			fail("--peers: %q: %v", p, err)
+			continue
+		}
+		c.Peers = append(c.Peers, u)
+	}
+	if len(c.Peers) > 0 && c.PeerSelfURL != "" && !containsString(c.Peers, c.PeerSelfURL) {
+		fail("--peers must list this replica's own peer URL %s (--peer-self-url) exactly as the others do: every replica needs the same list", c.PeerSelfURL)
+	}
+	if r.peerService != "" {
+		ns, name, ok := strings.Cut(r.peerService, "/")
+		if !ok || !dnsLabel(ns) || !dnsLabel(name) {
+			fail("--peer-service %q: want namespace/name of a Service, e.g. kube-bind/kube-bind-backend-peers", r.peerService)
+		} else {
+			c.PeerServiceNamespace, c.PeerServiceName = ns, name
+		}
+	}
+	if r.peerPort != "" && r.peerService == "" {
+		fail("--peer-port-name: only used with --peer-service")
+	}
+	c.PeerPortName = r.peerPort
+
+	key, err := valueOrFile("peer-key", r.peerKey, r.peerKeyFile)
+	switch {
+	case err != nil:
+		errs = append(errs, err)
+	case key == "":
+		fail("--peer-key-file (or --peer-key) is required with --session-store=hashring; make one with: openssl rand -base64 32")
+	default:
+		b, ok := decodeBase64(key)
+		switch {
+		case !ok:
+			fail("--peer-key: not base64; make one with: openssl rand -base64 32")
+		case len(b) < minPeerKeyBytes:
+			fail("--peer-key: decodes to %d bytes, want at least %d", len(b), minPeerKeyBytes)
+		default:
+			c.PeerKey = b
+		}
+	}
+	return c, errs
+}
+
+// parsePeerURL accepts a peer base URL: http(s)://host:port, nothing more,
+// and returns it in the form the ring compares (no trailing slash).
+func parsePeerURL(raw string) (string, error) {
+	u, err := parseHTTPURL(raw)
+	if err != nil {
+		return "", err
+	}
+	if strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" {
+		return "", fmt.Errorf("want scheme://host:port only, no path or query")
+	}
+	if u.Port() == "" {
+		return "", fmt.Errorf("want an explicit port, e.g. http://10.0.0.5:8091")
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host}).String(), nil
+}
+
+func decodeBase64(s string) ([]byte, bool) {
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if b, err := enc.DecodeString(s); err == nil {
+			return b, true
+		}
+	}
+	return nil, false
+}
+
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n > 0 && n < 65536
+}
+
+func isUnspecified(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+// dnsLabel: a Kubernetes namespace or Service name (RFC 1123 label).
+func dnsLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// validateCallbackAllowList checks --callback-allowed-urls entries the way
+// the browser handler will read them: scheme://host[:port][/path] prefixes.
+func validateCallbackAllowList(raw string) ([]string, []error) {
+	var out []string
+	var errs []error
+	for _, e := range splitList(raw) {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			errs = append(errs, fmt.Errorf("--callback-allowed-urls: %q: want a URL prefix scheme://host[:port][/path], e.g. https://cli.example.com/callback", e))
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, errs
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestStoreDefaultsToMemory(t *testing.T) {
+	c := mustParse(t, nil, nil)
+	if c.Store.Kind != storeMemory || c.Store.PeerKey != nil || len(c.CallbackAllowList) != 0 {
+		t.Errorf("store defaults: %+v, allow list %v", c.Store, c.CallbackAllowList)
+	}
+}
+
+func TestHashringConfig(t *testing.T) {
+	key := bytes.Repeat([]byte{9}, 48)
+	keyFile := filepath.Join(t.TempDir(), "peer-key")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// Static peers, self URL derived from the listen address.
+	c := mustParse(t, []string{
+		"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091",
+		"--peers", "http://127.0.0.1:8091/, http://127.0.0.1:8092",
+		"--peer-key-file", keyFile,
+	}, nil)
+	s := c.Store
+	if s.Kind != storeHashring || s.PeerListenAddress != "127.0.0.1:8091" || s.PeerSelfURL != "http://127.0.0.1:8091" ||
+		!slices.Equal(s.Peers, []string{"http://127.0.0.1:8091", "http://127.0.0.1:8092"}) || !bytes.Equal(s.PeerKey, key) {
+		t.Errorf("static hashring: %+v", s)
+	}
+
+	// Discovery, everything from the environment, self URL from POD_IP.
+	c = mustParse(t, nil, map[string]string{
+		"KUBE_BIND_SESSION_STORE":       "hashring",
+		"KUBE_BIND_PEER_LISTEN_ADDRESS": ":8091",
+		"KUBE_BIND_PEER_SERVICE":        "kube-bind/backend-peers",
+		"KUBE_BIND_PEER_PORT_NAME":      "peer",
+		"KUBE_BIND_PEER_KEY":            base64.RawURLEncoding.EncodeToString(key[:32]),
+		"POD_IP":                        "10.1.2.3",
+	})
+	s = c.Store
+	if s.PeerSelfURL != "http://10.1.2.3:8091" || s.PeerServiceNamespace != "kube-bind" || s.PeerServiceName != "backend-peers" ||
+		s.PeerPortName != "peer" || len(s.Peers) != 0 || !bytes.Equal(s.PeerKey, key[:32]) {
+		t.Errorf("discovery hashring: %+v", s)
+	}
+
+	// An explicit self URL wins over POD_IP; IPv6 pod IPs are bracketed.
+	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-self-url=http://replica-0.peers:8091",
+		"--peer-key-file", keyFile}, map[string]string{"POD_IP": "10.1.2.3"})
+	if c.Store.PeerSelfURL != "http://replica-0.peers:8091" {
+		t.Errorf("explicit self: %s", c.Store.PeerSelfURL)
+	}
+	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key-file", keyFile},
+		map[string]string{"POD_IP": "fd00::5"})
+	if c.Store.PeerSelfURL != "http://[fd00::5]:8091" {
+		t.Errorf("IPv6 self: %s", c.Store.PeerSelfURL)
+	}
+
+	c = mustParse(t, []string{"--callback-allowed-urls", "https://cli.example.com/cb, http://10.0.0.1:9000"}, nil)
+	if !slices.Equal(c.CallbackAllowList, []string{"https://cli.example.com/cb", "http://10.0.0.1:9000"}) {
+		t.Errorf("callback allow list %v", c.CallbackAllowList)
+	}
+}
+
+func TestInvalidStoreConfig(t *testing.T) {
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32))
+	ok := []string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + key}
+	with := func(extra ...string) []string { return append(slices.Clone(ok), extra...) }
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--session-store=redis"}, nil, `--session-store "redis": want memory or hashring`},
+		{[]string{"--peers=http://a:1"}, nil, "--peers: only used with --session-store=hashring"},
+		{[]string{"--peer-key-file=/x"}, nil, "--peer-key-file: only used with --session-store=hashring"},
+		{[]string{"--session-store=hashring", "--peer-key=" + key}, nil, "--peer-listen-address is required"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=8091", "--peer-key=" + key}, nil, `--peer-listen-address "8091": want host:port`},
+		{[]string{"--session-store=hashring", "--peer-listen-address=:0", "--peer-key=" + key}, nil, "want a fixed port"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key=" + key}, nil, "--peer-self-url is required"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key=" + key}, map[string]string{"POD_IP": "pod"}, `POD_IP "pod" is not an IP address`},
+		{with("--peer-self-url=10.0.0.1:8091"), nil, "--peer-self-url"},
+		{with("--peer-self-url=http://10.0.0.1"), nil, "want an explicit port"},
+		{with("--peer-self-url=http://10.0.0.1:8091/sessions"), nil, "no path or query"},
+		{with("--peers=http://127.0.0.1:8092,http://127.0.0.1:8093"), nil, "--peers must list this replica's own peer URL http://127.0.0.1:8091"},
+		{with("--peers=http://127.0.0.1:8091,ftp://x:1"), nil, `--peers: "ftp://x:1"`},
+		{with("--peers=http://127.0.0.1:8091", "--peer-service=ns/svc"), nil, "give only one"},
+		{with("--peer-service=svc"), nil, `--peer-service "svc": want namespace/name`},
+		{with("--peer-service=ns/Svc_1"), nil, "--peer-service"},
+		{with("--peer-port-name=peer"), nil, "--peer-port-name: only used with --peer-service"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091"}, nil, "--peer-key-file (or --peer-key) is required"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + base64.StdEncoding.EncodeToString(make([]byte, 31))}, nil, "decodes to 31 bytes, want at least 32"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=not base64!"}, nil, "--peer-key: not base64"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + key, "--peer-key-file=/x"}, nil, "give only one"},
+		{[]string{"--callback-allowed-urls=cli.example.com"}, nil, `--callback-allowed-urls: "cli.example.com"`},
+		{[]string{"--callback-allowed-urls=https://x/cb?y=1"}, nil, "--callback-allowed-urls"},
+	} {
+		_, err := parseConfig(c.args, env(c.env), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parseConfig(%q, %v) = %v, want an error containing %q", c.args, c.env, err, c.want)
+		}
+	}
+
+	// The peer key is never echoed, from the command line or the environment.
+	secret := "c2VjcmV0LXRoYXQtaXMtZmFyLXRvby1zaG9ydA"
+	for _, e := range []map[string]string{nil, {"KUBE_BIND_PEER_KEY": secret}} {
+		args := []string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091"}
+		if e == nil {
+			args = append(args, "--peer-key="+secret)
+		}
+		_, err := parseConfig(args, env(e), io.Discard)
+		if err == nil || strings.Contains(err.Error(), secret) {
+			t.Errorf("error %v", err)
+		}
+	}
+}
