@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testBinary builds this command into the test's temporary directory.
+func testBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "kube-bind-backend")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// servingPair is a self-signed serving certificate for 127.0.0.1.
+type servingPair struct {
+	serial          *big.Int
+	certPEM, keyPEM []byte
+}
+
+func newServingPair(t *testing.T, name string) servingPair {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return servingPair{
+		serial:  serial,
+		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}),
+	}
+}
+
+// secretDir lays files out as the kubelet mounts a Secret: tls.crt ->
+// ..data/tls.crt, ..data -> ..<version>; a rotation swaps ..data at once.
+type secretDir struct {
+	dir     string
+	version int
+}
+
+func (d *secretDir) publish(t *testing.T, p servingPair) {
+	t.Helper()
+	d.version++
+	v := fmt.Sprintf("..v%d", d.version)
+	if err := os.Mkdir(filepath.Join(d.dir, v), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"tls.crt": p.certPEM, "tls.key": p.keyPEM} {
+		if err := os.WriteFile(filepath.Join(d.dir, v, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmp := filepath.Join(d.dir, "..data_tmp")
+	if err := os.Symlink(v, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tls.crt", "tls.key"} {
+		link := filepath.Join(d.dir, name)
+		if _, err := os.Lstat(link); os.IsNotExist(err) {
+			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestTLSRotation starts the built backend with TLS files, rotates them
+// the way the kubelet does, and sees the new certificate on a new
+// connection while a connection opened before keeps working.
+func TestTLSRotation(t *testing.T) {
+	bin := testBinary(t)
+	sd := &secretDir{dir: t.TempDir()}
+	first, second := newServingPair(t, "first"), newServingPair(t, "second")
+	sd.publish(t, first)
+
+	addr := freeLoopbackAddr(t)
+	cmd := exec.Command(bin, "--listen-address="+addr, "--log-format=text",
+		"--tls-cert-file="+filepath.Join(sd.dir, "tls.crt"), "--tls-key-file="+filepath.Join(sd.dir, "tls.key"))
+	logs := startProcess(t, cmd)
+	base := "https://" + addr
+
+	// Trust exactly the two test certificates.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(first.certPEM)
+	pool.AppendCertsFromPEM(second.certPEM)
+	newClient := func(keepAlive bool) *http.Client {
+		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			TLSClientConfig:   &tls.Config{RootCAs: pool},
+			DisableKeepAlives: !keepAlive,
+		}}
+	}
+	// served makes a request and returns the serial of the certificate the
+	// connection presented and whether the connection was reused.
+	served := func(c *http.Client, path string) (*big.Int, bool, error) {
+		var reused bool
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+		})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			return nil, false, err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return nil, false, fmt.Errorf("%s: %d %s", path, resp.StatusCode, body)
+		}
+		return resp.TLS.PeerCertificates[0].SerialNumber, reused, nil
+	}
+
+	var serial *big.Int
+	var err error
+	kept := newClient(true)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if serial, _, err = served(kept, "/healthz"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend not serving HTTPS: %v\n%s", err, logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if serial.Cmp(first.serial) != 0 {
+		t.Fatalf("served serial %v, want the first certificate's %v", serial, first.serial)
+	}
+	// The derived external URL is https: the advertised URLs match.
+	resp, err := kept.Get(base + "/export")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `"`+base+`/poll"`) {
+		t.Errorf("/export does not advertise %s/poll: %s", base, body)
+	}
+
+	sd.publish(t, second)
+	fresh := newClient(false)
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		serial, _, err = served(fresh, "/healthz")
+		if err == nil && serial.Cmp(second.serial) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("new connections still get serial %v (%v) 15s after the rotation, want %v\n%s", serial, err, second.serial, logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The connection opened before the rotation was not dropped: it is
+	// reused and still shows the certificate it negotiated.
+	serial, reused, err := served(kept, "/healthz")
+	if err != nil || !reused || serial.Cmp(first.serial) != 0 {
+		t.Errorf("old connection after rotation: serial %v reused %v err %v; want the first certificate on the same connection", serial, reused, err)
+	}
+}
+
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// procLogs collects a process's output.
+type procLogs struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *procLogs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *procLogs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startProcess starts cmd and stops it (SIGTERM, then kill) when the test
+// ends; it returns the process's output so far at any time.
+func startProcess(t *testing.T, cmd *exec.Cmd) *procLogs {
+	t.Helper()
+	logs := &procLogs{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	return logs
+}
