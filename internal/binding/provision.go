@@ -286,7 +286,7 @@ func (p *Provisioner) backendUser(ctx context.Context) (string, error) {
 func (p *Provisioner) grantBackend(ctx context.Context, ns string) error {
 	user, err := p.backendUser(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("binding in provider namespace %s: %w", ns, err)
 	}
 	rb := &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{

@@ -407,7 +407,7 @@ func TestProvisionFailsMidwayThenCompletes(t *testing.T) {
 			if resp == nil || len(resp.Kubeconfig) == 0 {
 				t.Fatal("nil error without a response")
 			}
-			t.Logf("a bind makes %d requests for a new consumer; cut after each of 0..%d", cut.count.Load(), n-1)
+			t.Logf("cut after each of requests 0..%d: each bind failed cleanly and the next completed it; the first uncut bind made %d requests", n-1, cut.count.Load())
 			break
 		}
 		cutsTried++
@@ -490,8 +490,8 @@ func TestUnbind(t *testing.T) {
 }
 
 // The same over a real network cut: the bind goes through a TCP proxy that
-// is shut (every connection dropped, new ones refused) as soon as the
-// namespace appears, i.e. in the middle of the bind.
+// is shut (every connection dropped, new ones refused) as soon as a given
+// object appears, i.e. in the middle of the bind.
 func TestProvisionNetworkCutMidway(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
@@ -500,61 +500,82 @@ func TestProvisionNetworkCutMidway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for attempt := 0; ; attempt++ {
-		if attempt == 5 {
-			t.Fatal("no bind was ever cut midway")
-		}
-		addr := freeAddr(t)
-		px := startProxy(t, addr, upstream.Host)
-		cfg := rest.CopyConfig(e.backend)
-		cfg.Host = "https://" + addr
-		cfg.ServerName = "127.0.0.1"
-		p, err := NewProvisioner(cfg, healthy.catalog, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := Consumer{Issuer: issuer, Subject: fmt.Sprintf("network-cut-%d", attempt)}
-		ns := p.Namespace(c, "cid")
-		stop := make(chan struct{})
-		cutDone := make(chan struct{})
-		go func() {
-			defer close(cutDone)
-			defer px.close()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
+	triggers := []struct {
+		name   string
+		exists func(ns string) error
+	}{
+		{"namespace", func(ns string) error {
+			_, err := e.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return err
+		}},
+		{"service account", func(ns string) error {
+			_, err := e.kube.CoreV1().ServiceAccounts(ns).Get(ctx, ServiceAccountName, metav1.GetOptions{})
+			return err
+		}},
+		{"token secret", func(ns string) error {
+			_, err := e.kube.CoreV1().Secrets(ns).Get(ctx, TokenSecretName, metav1.GetOptions{})
+			return err
+		}},
+	}
+	for _, trig := range triggers {
+		t.Run("cut when the "+trig.name+" appears", func(t *testing.T) {
+			for attempt := 0; ; attempt++ {
+				if attempt == 5 {
+					t.Fatal("no bind was ever cut midway")
 				}
-				if _, err := e.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err == nil {
-					return
+				addr := freeAddr(t)
+				px := startProxy(t, addr, upstream.Host)
+				cfg := rest.CopyConfig(e.backend)
+				cfg.Host = "https://" + addr
+				cfg.ServerName = "127.0.0.1"
+				p, err := NewProvisioner(cfg, healthy.catalog, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider"})
+				if err != nil {
+					t.Fatal(err)
 				}
-				time.Sleep(2 * time.Millisecond)
+				c := Consumer{Issuer: issuer, Subject: fmt.Sprintf("network-cut-%s-%d", trig.name, attempt)}
+				ns := p.Namespace(c, "cid")
+				stop := make(chan struct{})
+				cutDone := make(chan struct{})
+				go func() {
+					defer close(cutDone)
+					defer px.close()
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if trig.exists(ns) == nil {
+							return
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+				}()
+				_, err = p.Provision(ctx, c, "cid", []Resource{widgets})
+				close(stop)
+				<-cutDone
+				if err == nil {
+					t.Logf("attempt %d finished before the cut; again", attempt)
+					continue
+				}
+				t.Logf("cut midway: %v", err)
+				if !strings.Contains(err.Error(), ns) {
+					t.Errorf("the error does not name the namespace: %v", err)
+				}
+				resp, err := healthy.Provision(ctx, c, "cid", []Resource{widgets})
+				if err != nil {
+					t.Fatalf("the bind after the cut failed: %v", err)
+				}
+				kube, _, got := consumerClients(t, resp.Kubeconfig)
+				if got != ns {
+					t.Fatalf("namespace %q, want %q", got, ns)
+				}
+				if _, err := kube.CoreV1().Secrets(ns).Get(ctx, KubeconfigSecretName, metav1.GetOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				return
 			}
-		}()
-		_, err = p.Provision(ctx, c, "cid", []Resource{widgets})
-		close(stop)
-		<-cutDone
-		if err == nil {
-			t.Logf("attempt %d finished before the cut; again", attempt)
-			continue
-		}
-		t.Logf("cut midway: %v", err)
-		if !strings.Contains(err.Error(), ns) {
-			t.Errorf("the error does not name the namespace: %v", err)
-		}
-		resp, err := healthy.Provision(ctx, c, "cid", []Resource{widgets})
-		if err != nil {
-			t.Fatalf("the bind after the cut failed: %v", err)
-		}
-		kube, _, got := consumerClients(t, resp.Kubeconfig)
-		if got != ns {
-			t.Fatalf("namespace %q, want %q", got, ns)
-		}
-		if _, err := kube.CoreV1().Secrets(ns).Get(ctx, KubeconfigSecretName, metav1.GetOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		return
+		})
 	}
 }
 
