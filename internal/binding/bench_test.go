@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // Wall time of one Provision against the local API server, for a new
@@ -15,8 +16,10 @@ func BenchmarkProvision(b *testing.B) {
 	ctx := context.Background()
 	p := newProvisioner(b, e, e.backend, ScopeNamespaced)
 	b.Run("new", func(b *testing.B) {
+		// Unique across -count runs and test binaries sharing a cluster.
+		run := time.Now().UnixNano()
 		for i := 0; b.Loop(); i++ {
-			c := Consumer{Issuer: issuer, Subject: fmt.Sprintf("bench-new-%d-%d", b.N, i)}
+			c := Consumer{Issuer: issuer, Subject: fmt.Sprintf("bench-new-%d-%d", run, i)}
 			if _, err := p.Provision(ctx, c, "cid", []Resource{widgets}); err != nil {
 				b.Fatal(err)
 			}
