@@ -3,12 +3,22 @@
 # (hack/install-test-binaries.sh): Debian's chromium for the browser tests and
 # the npm packages of the test OpenID Connect provider (npm ci, from its lock
 # file). Returns at once when everything is already there.
+#
+#   hack/install-test-deps.sh               chromium and npm ci
+#   hack/install-test-deps.sh --no-browser  npm ci only (the local demo, hack/demo.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+browser=yes
+case "${1:-}" in
+  "") ;;
+  --no-browser) browser=no ;;
+  *) echo "usage: $0 [--no-browser]" >&2; exit 2 ;;
+esac
+
 log() { printf '[install-test-deps %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if [ ! -x /usr/bin/chromium ]; then
+if [ "$browser" = yes ] && [ ! -x /usr/bin/chromium ]; then
   log "installing chromium from Debian's packages"
   sudo_cmd=()
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)

@@ -1,0 +1,533 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/net/html"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/web"
+)
+
+// TestDemo runs the README's first command, hack/demo.sh, as a user would
+// (on free ports), binds an API with the printed poll command and the
+// printed credentials, uses the issued kubeconfig, and stops the demo with
+// SIGINT: every process it started must be gone.
+func TestDemo(t *testing.T) {
+	root := repoRoot(t)
+	// The demo would build the Kubernetes binaries if they were missing:
+	// minutes, not for a test to start by surprise.
+	if out, err := exec.Command("bash", filepath.Join(root, "hack/install-test-binaries.sh"), "--print-dir").CombinedOutput(); err != nil && os.Getenv("KUBE_BIND_TEST_BINARIES") == "" {
+		t.Fatalf("the Kubernetes binaries are not built: run hack/install-test-binaries.sh (or hack/test.sh): %s", out)
+	}
+	if _, err := os.Stat(filepath.Join(oidcprovider.Dir(), "node_modules", "oidc-provider")); err != nil {
+		t.Fatal("the OIDC provider's npm packages are missing: run hack/install-test-deps.sh")
+	}
+
+	state := filepath.Join(t.TempDir(), "state")
+	listen, oidcAddr := freeAddr(t), freeAddr(t)
+	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", listen, "--oidc-address", oidcAddr, "--state-dir", state)
+	cmd.Dir = root
+	// If this test dies, the demo dies too, and with it what it started.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.LockOSThread() // Pdeathsig follows the starting thread
+	err = cmd.Start()
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+			}
+		}
+		if t.Failed() {
+			t.Logf("demo stderr:\n%s", stderr.String())
+			for _, f := range []string{"backend.log", "oidc-provider.log"} {
+				b, _ := os.ReadFile(filepath.Join(state, f))
+				t.Logf("%s:\n%s", f, tail(string(b), 30))
+			}
+		}
+	})
+
+	// Wait for the ready text; a cold build of the three binaries counts in.
+	ready := readReady(t, stdout, exited, 5*time.Minute)
+	t.Logf("demo output:\n%s", ready.text)
+
+	base := "http://" + listen
+	if ready.exportURL != base+"/export" {
+		t.Errorf("export URL %q, want %s/export", ready.exportURL, base)
+	}
+	if ready.issuer != "http://"+oidcAddr {
+		t.Errorf("identity provider %q, want http://%s", ready.issuer, oidcAddr)
+	}
+	if m := regexp.MustCompile(`came up in ([0-9.]+)(m?s)`).FindStringSubmatch(ready.text); m == nil {
+		t.Error("the ready text does not say how long the start took")
+	}
+
+	// The printed kubectl command works against the provider cluster.
+	out, err := exec.Command(ready.kubectl[0], ready.kubectl[1:]...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "kube-system") {
+		t.Errorf("%s: %v\n%s", strings.Join(ready.kubectl, " "), err, out)
+	}
+
+	kubeconfig := bindWithPollCommand(t, ready, base)
+	useConsumerKubeconfig(t, kubeconfig)
+
+	// Ctrl-C: the demo stops everything it started.
+	procs := descendants(cmd.Process.Pid)
+	if len(procs) < 5 {
+		t.Errorf("the demo runs %d processes, want at least etcd, kube-apiserver, kube-controller-manager, node and the backend: %v", len(procs), procs)
+	}
+	stopped = true
+	begin := time.Now()
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("demo exited with %v after SIGINT, want 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("demo did not stop within 30s of SIGINT")
+	}
+	t.Logf("stopped %d processes in %s after SIGINT", len(procs), time.Since(begin).Round(time.Millisecond))
+	var left []string
+	for pid, name := range procs {
+		if alive(pid) {
+			left = append(left, fmt.Sprintf("%d (%s)", pid, name))
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("processes left after the demo stopped: %v", left)
+	}
+	for _, addr := range []string{listen, oidcAddr} {
+		if l, err := net.Listen("tcp", addr); err != nil {
+			t.Errorf("%s still taken after the demo stopped: %v", addr, err)
+		} else {
+			l.Close()
+		}
+	}
+	if !strings.Contains(stderr.String(), "demo: stopped in") {
+		t.Errorf("the demo did not report its stop:\n%s", tail(stderr.String(), 5))
+	}
+	for _, f := range []string{"backend.log", "oidc-provider.log", "controlplane/kube-apiserver.log"} {
+		if _, err := os.Stat(filepath.Join(state, f)); err != nil {
+			t.Errorf("log %s not kept: %v", f, err)
+		}
+	}
+	for _, f := range []string{"bin", "controlplane/etcd"} {
+		if _, err := os.Stat(filepath.Join(state, f)); err == nil {
+			t.Errorf("%s left in the state folder after the stop", f)
+		}
+	}
+}
+
+// readyText is what the demo prints once everything runs.
+type readyText struct {
+	text              string
+	exportURL, issuer string
+	user, password    string
+	poll, kubectl     []string // commands as printed
+}
+
+func readReady(t *testing.T, stdout io.Reader, exited <-chan error, timeout time.Duration) readyText {
+	t.Helper()
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var r readyText
+	var all strings.Builder
+	deadline := time.After(timeout)
+	field := func(line, label string) (string, bool) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), label)
+		return strings.TrimSpace(rest), ok
+	}
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("demo closed its output before it was ready:\n%s", all.String())
+			}
+			all.WriteString(line + "\n")
+			if v, ok := field(line, "Export URL:"); ok {
+				r.exportURL = v
+			}
+			if v, ok := field(line, "Demo user:"); ok {
+				r.user = v
+			}
+			if v, ok := field(line, "Password:"); ok {
+				r.password = v
+			}
+			if v, ok := field(line, "(identity provider at"); ok {
+				r.issuer = strings.TrimSuffix(v, ")")
+			}
+			if f := strings.Fields(line); len(f) > 0 && strings.HasSuffix(f[0], "/kube-bind-poll") {
+				r.poll = f
+			}
+			if f := strings.Fields(line); len(f) > 0 && strings.HasSuffix(f[0], "/kubectl") {
+				r.kubectl = f
+			}
+			if strings.Contains(line, "Press Ctrl-C to stop everything") {
+				r.text = all.String()
+				if r.exportURL == "" || r.user == "" || r.password == "" || r.issuer == "" || r.poll == nil || r.kubectl == nil {
+					t.Fatalf("the ready text lacks the export URL, user, password, identity provider, poll command or kubectl command:\n%s", r.text)
+				}
+				go func() { // keep draining
+					for range lines {
+					}
+				}()
+				return r
+			}
+		case err := <-exited:
+			t.Fatalf("demo exited (%v) before it was ready:\n%s", err, all.String())
+		case <-deadline:
+			t.Fatalf("demo not ready after %s:\n%s", timeout, all.String())
+		}
+	}
+}
+
+// bindWithPollCommand runs the printed poll command, logs the demo user in
+// at the printed URL the way a browser would, picks one API on the
+// selection page and binds; it returns the kubeconfig the command wrote.
+func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	poll := exec.CommandContext(ctx, ready.poll[0], ready.poll[1:]...)
+	pollErr := &lockedBuffer{}
+	poll.Stderr = pollErr
+	if err := poll.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pollDone := make(chan error, 1)
+	go func() { pollDone <- poll.Wait() }()
+
+	var authURL string
+	for authURL == "" {
+		for _, line := range strings.Split(pollErr.String(), "\n") {
+			if s := strings.TrimSpace(line); strings.HasPrefix(s, base+"/authorize?") {
+				authURL = s
+			}
+		}
+		if authURL != "" {
+			break
+		}
+		select {
+		case err := <-pollDone:
+			t.Fatalf("the poll command exited (%v) before printing the URL:\n%s", err, pollErr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	idp := oidcprovider.Attach(ready.issuer, base+"/callback")
+	back, err := idp.Login(ctx, client, authURL, ready.user, ready.password)
+	if err != nil {
+		t.Fatalf("logging in as %s: %v", ready.user, err)
+	}
+	if back.Query().Get("code") == "" {
+		t.Fatalf("the identity provider sent no code: %s", back)
+	}
+	// The backend's callback leads to the selection page.
+	resp, err := client.Get(back.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Request.URL.String(), base+"/bind") {
+		t.Fatalf("after login: %s at %s:\n%.2000s", resp.Status, resp.Request.URL, page)
+	}
+	form := parseForm(t, page)
+	for _, want := range exampleNames() {
+		if !slices.Contains(form.checkboxes[web.FieldAPI], want) {
+			t.Errorf("selection page does not offer %s (offers %v)", want, form.checkboxes[web.FieldAPI])
+		}
+	}
+	if form.values.Get(web.FieldCSRF) == "" {
+		t.Fatal("selection form has no CSRF token")
+	}
+	values := form.values
+	values.Set(web.FieldAPI, "mangodbs.mangodb.com")
+	values.Set(web.FieldAction, web.ActionBind)
+	action, err := resp.Request.URL.Parse(form.action)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, action.String(), strings.NewReader(values.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", base) // as a browser sends it
+	resp, err = client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(strings.ToLower(string(page)), "terminal") {
+		t.Fatalf("bind answered %s:\n%.2000s", resp.Status, page)
+	}
+
+	select {
+	case err := <-pollDone:
+		if err != nil {
+			t.Fatalf("the poll command failed (%v):\n%s", err, pollErr.String())
+		}
+	case <-ctx.Done():
+		t.Fatalf("the poll command did not finish:\n%s", pollErr.String())
+	}
+	outDir := ready.poll[slices.Index(ready.poll, "--output-dir")+1]
+	raw, err := os.ReadFile(filepath.Join(outDir, "binding-response.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var br v1alpha1.BindingResponse
+	if err := json.Unmarshal(raw, &br); err != nil {
+		t.Fatalf("binding-response.json: %v", err)
+	}
+	if br.Authentication.OAuth2CodeGrant == nil || br.Authentication.OAuth2CodeGrant.ID != ready.issuer+"/"+ready.user {
+		t.Errorf("authentication %+v, want id %s/%s", br.Authentication.OAuth2CodeGrant, ready.issuer, ready.user)
+	}
+	if len(br.Requests) != 1 || !bytes.Contains(br.Requests[0], []byte(`"mangodbs.mangodb.com"`)) {
+		t.Errorf("requests %s, want one for mangodbs.mangodb.com", raw)
+	}
+	kubeconfig, err := os.ReadFile(filepath.Join(outDir, "kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(kubeconfig, br.Kubeconfig) {
+		t.Error("the kubeconfig file differs from the one in the BindingResponse")
+	}
+	return kubeconfig
+}
+
+// useConsumerKubeconfig shows the issued kubeconfig working as the
+// consumer: an APIServiceExportRequest in its namespace is allowed, the
+// secrets of kube-system are not.
+func useConsumerKubeconfig(t *testing.T, kubeconfig []byte) {
+	t.Helper()
+	cc, err := clientcmd.NewClientConfigFromBytes(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil || !strings.HasPrefix(ns, "kube-bind-") {
+		t.Fatalf("kubeconfig namespace %q (%v), want a provider namespace", ns, err)
+	}
+	rc, err := cc.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamic.NewForConfigOrDie(rc)
+	ctx := context.Background()
+	gvr := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	req := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceExportRequest",
+		"metadata": map[string]any{"name": "mangodbs.mangodb.com"},
+		"spec":     map[string]any{"resources": []any{map[string]any{"group": "mangodb.com", "resource": "mangodbs"}}},
+	}}
+	if _, err := dyn.Resource(gvr).Namespace(ns).Create(ctx, req, metav1.CreateOptions{}); err != nil {
+		t.Errorf("the consumer cannot create an APIServiceExportRequest in %s: %v", ns, err)
+	}
+	secrets := schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
+	if _, err := dyn.Resource(secrets).Namespace("kube-system").List(ctx, metav1.ListOptions{}); err == nil {
+		t.Error("the consumer can read secrets in kube-system")
+	}
+}
+
+type htmlForm struct {
+	action     string
+	values     url.Values          // hidden fields
+	checkboxes map[string][]string // name -> values offered
+}
+
+// parseForm reads the one POST form of the selection page.
+func parseForm(t *testing.T, page []byte) htmlForm {
+	t.Helper()
+	doc, err := html.Parse(bytes.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f *htmlForm
+	var walk func(*html.Node)
+	walk = func(n *html.Node) {
+		if n.Type == html.ElementNode {
+			switch n.Data {
+			case "form":
+				if strings.EqualFold(attr(n, "method"), "post") && f == nil {
+					f = &htmlForm{action: attr(n, "action"), values: url.Values{}, checkboxes: map[string][]string{}}
+				}
+			case "input":
+				if f != nil {
+					switch attr(n, "type") {
+					case "hidden":
+						f.values.Add(attr(n, "name"), attr(n, "value"))
+					case "checkbox":
+						f.checkboxes[attr(n, "name")] = append(f.checkboxes[attr(n, "name")], attr(n, "value"))
+					}
+				}
+			}
+		}
+		for c := n.FirstChild; c != nil; c = c.NextSibling {
+			walk(c)
+		}
+	}
+	walk(doc)
+	if f == nil {
+		t.Fatalf("no POST form on the page:\n%.2000s", page)
+	}
+	return *f
+}
+
+func attr(n *html.Node, key string) string {
+	for _, a := range n.Attr {
+		if a.Key == key {
+			return a.Val
+		}
+	}
+	return ""
+}
+
+// descendants lists the processes below pid (pid -> command name), from /proc.
+func descendants(pid int) map[int]string {
+	parent := map[int]int{}
+	name := map[int]string{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < 0 || len(s) < end+2 {
+			continue
+		}
+		fields := strings.Fields(s[end+2:])
+		if len(fields) < 2 {
+			continue
+		}
+		pp, _ := strconv.Atoi(fields[1])
+		parent[p], name[p] = pp, s[open+1:end]
+	}
+	out := map[int]string{}
+	for p := range parent {
+		for q := parent[p]; q > 1; q = parent[q] {
+			if q == pid {
+				out[p] = name[p]
+				break
+			}
+		}
+	}
+	return out
+}
+
+// alive reports whether pid runs; a zombie counts as dead.
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(stat)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "..", "..")
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

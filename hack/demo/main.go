@@ -1,0 +1,181 @@
+// Command demo runs the backend locally with real parts, for trying it out:
+// a control plane (etcd, kube-apiserver, kube-controller-manager) as the
+// provider cluster, the kube-bind CRDs and two example exported APIs, a real
+// OpenID Connect provider with a demo user, and the backend. It prints the
+// export URL, the user's credentials and the command that binds, then runs
+// until Ctrl-C (SIGINT) or SIGTERM, and stops everything it started.
+//
+// Start it with hack/demo.sh, which installs what is missing and builds this
+// command next to the backend and kube-bind-poll, where it looks for them.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// T0Env holds the start time (Unix nanoseconds) of hack/demo.sh, so the
+// "ready" line can count the installs and the build too.
+const T0Env = "KUBE_BIND_DEMO_T0"
+
+type options struct {
+	stateDir      string
+	listenAddress string
+	oidcAddress   string
+	binDir        string // kube-apiserver & co.; "" = found like the tests do
+	backendBinary string
+	pollBinary    string
+	user          string
+	password      string
+	prettyName    string
+}
+
+func main() {
+	// Children get Linux's parent-death signal, which fires when the thread
+	// that started them ends: keep the main goroutine, which starts them, on
+	// the main thread, which lives as long as the process.
+	runtime.LockOSThread()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func parseOptions(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	self, _ := os.Executable()
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.stateDir, "state-dir", "", "folder for logs, certificates, kubeconfigs and binaries (default: a new temporary folder)")
+	fs.StringVar(&o.listenAddress, "listen-address", "127.0.0.1:8080", "address of the backend; its URL is http://<listen-address>")
+	fs.StringVar(&o.oidcAddress, "oidc-address", "127.0.0.1:5556", "address of the OpenID Connect provider")
+	fs.StringVar(&o.binDir, "bin-dir", "", "folder of etcd, kube-apiserver, kube-controller-manager and kubectl (default: $KUBE_BIND_TEST_BINARIES, else the cache of hack/install-test-binaries.sh)")
+	fs.StringVar(&o.backendBinary, "backend-binary", filepath.Join(filepath.Dir(self), "backend"), "the backend (cmd/backend), built")
+	fs.StringVar(&o.pollBinary, "poll-binary", filepath.Join(filepath.Dir(self), "kube-bind-poll"), "the poll client (cmd/kube-bind-poll), built")
+	fs.StringVar(&o.user, "user", "demo", "name of the demo user at the OpenID Connect provider")
+	fs.StringVar(&o.password, "password", "demo-password", "password of the demo user")
+	fs.StringVar(&o.prettyName, "pretty-name", "kube-bind demo provider", "provider name shown to consumers")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, b := range []struct{ flag, path string }{{"--backend-binary", o.backendBinary}, {"--poll-binary", o.pollBinary}} {
+		if st, err := os.Stat(b.path); err != nil || st.IsDir() {
+			return nil, fmt.Errorf("%s %s: not found; start the demo with hack/demo.sh, which builds it", b.flag, b.path)
+		}
+	}
+	if o.user == "" || o.password == "" {
+		return nil, errors.New("--user and --password must not be empty")
+	}
+	return o, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	begin := time.Now()
+	if ns, err := strconv.ParseInt(os.Getenv(T0Env), 10, 64); err == nil {
+		begin = time.Unix(0, ns)
+	}
+	o, err := parseOptions(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "demo: %v\n", err)
+		return 2
+	}
+
+	// The first SIGINT or SIGTERM stops the demo in order; after it, the
+	// default action applies again, so a second Ctrl-C ends it at once (the
+	// children then die with it: parent-death signal).
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+
+	d := &demo{opts: o, log: stderr}
+	if err := d.start(ctx); err != nil {
+		stopSignals()
+		if ctx.Err() != nil {
+			fmt.Fprintln(stderr, "demo: interrupted while starting; stopping what was started")
+		} else {
+			fmt.Fprintf(stderr, "demo: %v\n", err)
+		}
+		d.stop()
+		return 1
+	}
+	d.printReady(stdout, time.Since(begin))
+
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-d.backendExited:
+		fmt.Fprintf(stderr, "demo: the backend exited (%v); see %s\n", err, d.path("backend.log"))
+		code = 1
+	case <-d.idp.Done():
+		fmt.Fprintf(stderr, "demo: the OpenID Connect provider exited; see %s\n", d.path("oidc-provider.log"))
+		code = 1
+	}
+	stopSignals()
+	fmt.Fprintln(stderr, "demo: stopping (Ctrl-C again ends it at once)")
+	t0 := time.Now()
+	d.stop()
+	// Binaries that hack/demo.sh built for this run go too (about 150 MB).
+	if bin := d.path("bin"); filepath.Dir(o.backendBinary) == bin {
+		_ = os.RemoveAll(bin)
+	}
+	fmt.Fprintf(stderr, "demo: stopped in %s; logs kept in %s\n", time.Since(t0).Round(100*time.Millisecond), o.stateDir)
+	return code
+}
+
+func (d *demo) printReady(w io.Writer, took time.Duration) {
+	o := d.opts
+	export := d.baseURL + "/export"
+	kubectl := filepath.Join(d.cp.BinDir(), "kubectl")
+	fmt.Fprintf(w, `
+kube-bind demo is ready (came up in %s).
+
+  Export URL:   %s
+  Demo user:    %s
+  Password:     %s
+  (identity provider at %s)
+
+Bind APIs with the poll client, in another terminal (it prints a URL to open
+in a browser; log in there, pick APIs, press Bind):
+
+  %s --output-dir %s %s
+
+(or: go run ./cmd/kube-bind-poll --output-dir %s %s)
+
+The provider cluster:
+
+  %s --kubeconfig %s get namespaces
+
+State and logs: %s
+  backend.log, oidc-provider.log, controlplane/{etcd,kube-apiserver,kube-controller-manager}.log
+
+Press Ctrl-C to stop everything.
+`,
+		took.Round(100*time.Millisecond),
+		export, o.user, o.password, d.idp.IssuerURL,
+		shellQuote(o.pollBinary), shellQuote(d.path("consumer")), export,
+		shellQuote(d.path("consumer")), export,
+		shellQuote(kubectl), shellQuote(d.cp.AdminKubeconfigPath()),
+		o.stateDir)
+}
+
+// shellQuote quotes a path for the printed commands, which users paste into
+// a shell (a --state-dir may hold spaces).
+func shellQuote(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`!*?[]{}()<>|&;#~") {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
