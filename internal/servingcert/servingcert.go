@@ -66,7 +66,7 @@ func New(certFile, keyFile string, logger *slog.Logger) (*Reloader, error) {
 	r := &Reloader{
 		certFile: certFile,
 		keyFile:  keyFile,
-		logger:   logger.With("component", "servingcert", "certFile", certFile, "keyFile", keyFile),
+		logger:   logger.With("certFile", certFile, "keyFile", keyFile),
 		interval: defaultInterval,
 	}
 	if _, err := r.reload(); err != nil {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -29,7 +31,12 @@ import (
 // ServiceAccount and to a real OpenID Connect provider, and checks that the
 // chart's readiness probe passes (so the chart's RBAC covers what the
 // backend needs to become ready) and that it shuts down cleanly.
-func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface) {
+//
+// With hashring, the replica finds its peers through the chart's headless
+// Service with the chart's Role; as no kubelet or EndpointSlice controller
+// runs here, the test publishes the EndpointSlice a controller would, from
+// the rendered Service's port.
+func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface, hashring bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -57,13 +64,29 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	if err := os.WriteFile(filepath.Join(secretsDir, "oidc-client-secret"), []byte(idp.ClientSecret), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	objs := render(t, "replicaCount=1", fmt.Sprintf("containerPort=%d", port),
-		"externalURL="+base, "oidc.issuerURL="+idp.IssuerURL, "oidc.clientID="+idp.ClientID)
+	sets := []string{"replicaCount=1", fmt.Sprintf("containerPort=%d", port),
+		"externalURL=" + base, "oidc.issuerURL=" + idp.IssuerURL, "oidc.clientID=" + idp.ClientID}
+	peerPort := freePort(t)
+	podIP := "127.0.0.1"
+	if hashring {
+		// EndpointSlices refuse loopback addresses: the peer API listens on
+		// an address of this machine that they accept, as on a pod IP.
+		podIP = hostIP(t)
+		sets = append(sets, "replicaCount=2", fmt.Sprintf("hashring.port=%d", peerPort))
+	}
+	objs := renderIn(t, releaseNS, sets...)
+	if hashring {
+		publishPeerEndpoints(t, ctx, admin, objs, podIP, peerPort)
+	}
 	var args []string
 	for _, a := range asSlice(t, container(t, objs)["args"]) {
 		s := strings.Replace(a.(string), secretDir, secretsDir, 1)
+		// Not on every interface of the test machine.
 		if strings.HasPrefix(s, "--listen-address=") {
-			s = fmt.Sprintf("--listen-address=127.0.0.1:%d", port) // not on every interface of the test machine
+			s = fmt.Sprintf("--listen-address=127.0.0.1:%d", port)
+		}
+		if strings.HasPrefix(s, "--peer-listen-address=") {
+			s = fmt.Sprintf("--peer-listen-address=%s", net.JoinHostPort(podIP, fmt.Sprint(peerPort)))
 		}
 		args = append(args, s)
 	}
@@ -74,6 +97,8 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	var logs bytes.Buffer
 	cmd := exec.Command(backendBinary(t), args...)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
+	// The pod's downward-API environment, as the chart sets it.
+	cmd.Env = append(os.Environ(), "POD_NAME=kbb-0", "POD_NAMESPACE="+releaseNS, "POD_IP="+podIP)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -117,6 +142,17 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("/readyz with the chart's configuration: %d %s", code, strings.TrimSpace(body))
+	// A session can be created: the store (and for hashring, the ring of
+	// this one replica found through the chart's Service) works.
+	resp, err := http.Post(base+"/sessions", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || !strings.Contains(string(created), `"sessionID"`) {
+		t.Errorf("POST /sessions: %d %s\nlogs:\n%s", resp.StatusCode, created, logs.String())
+	}
 	if strings.Contains(logs.String(), idp.ClientSecret) {
 		t.Error("the backend logged the OIDC client secret")
 	}
@@ -145,6 +181,22 @@ func get(url string) (int, string, error) {
 	return resp.StatusCode, string(b), nil
 }
 
+// hostIP returns a non-loopback IPv4 address of this machine.
+func hostIP(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+			return n.IP.String()
+		}
+	}
+	t.Fatalf("this machine has no non-loopback IPv4 address for the hashring replica to listen on (have %v)", addrs)
+	return ""
+}
+
 func freePort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -153,4 +205,31 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// publishPeerEndpoints makes the EndpointSlice the EndpointSlice controller
+// would make for the chart's peer Service with one ready replica on
+// ip:peerPort, using the Service's rendered name and port name.
+func publishPeerEndpoints(t *testing.T, ctx context.Context, admin kubernetes.Interface, objs objects, ip string, peerPort int) {
+	t.Helper()
+	svc := objs.get(t, "Service", fullname+"-peers")
+	portName := asMap(t, asSlice(t, field(t, svc, "spec", "ports"))[0])["name"].(string)
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   svc.GetName() + "-test",
+			Labels: map[string]string{discoveryv1.LabelServiceName: svc.GetName()},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{ip},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+		}},
+		Ports: []discoveryv1.EndpointPort{{Name: &portName, Port: ptr(int32(peerPort)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	if _, err := admin.DiscoveryV1().EndpointSlices(releaseNS).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.DiscoveryV1().EndpointSlices(releaseNS).Delete(context.Background(), slice.Name, metav1.DeleteOptions{})
+	})
 }

@@ -61,7 +61,8 @@ func TestChartFlagsAreBackendFlags(t *testing.T) {
 		{"replicaCount=1"},
 		{"tls.enabled=true", "tls.existingSecret=tls", "oidc.callbackURL=https://bind.example.com/cb",
 			"providerCluster.externalAddress=https://api.example.com:6443", "providerCluster.externalCA=-----BEGIN CERTIFICATE-----",
-			"providerCluster.externalServerName=api", "oidc.allowedUsers[0]=alice", "oidc.allowedGroups[0]=admins"},
+			"providerCluster.externalServerName=api", "oidc.allowedUsers[0]=alice", "oidc.allowedGroups[0]=admins",
+			"callbackAllowedURLs[0]=https://cli.example.com/cb"},
 	} {
 		for name := range flags(t, render(t, sets...)) {
 			used[name] = true

@@ -138,7 +138,13 @@ func setArgs(sets []string) []string {
 // the rendered objects (CRDs included).
 func render(t *testing.T, sets ...string) objects {
 	t.Helper()
-	args := append([]string{"template", "kbb", chartDir(t), "--namespace", "bind-system", "--include-crds"},
+	return renderIn(t, "bind-system", sets...)
+}
+
+// renderIn renders the release kbb as if installed in namespace.
+func renderIn(t *testing.T, namespace string, sets ...string) objects {
+	t.Helper()
+	args := append([]string{"template", "kbb", chartDir(t), "--namespace", namespace, "--include-crds"},
 		setArgs(append(requiredValues(), sets...))...)
 	out, err := helm(t, args...)
 	if err != nil {

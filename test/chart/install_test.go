@@ -165,8 +165,11 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		testConsumerNamespace(t, cp, admin)
 	})
 
-	t.Run("backend binary with the chart's flags, keys and ServiceAccount", func(t *testing.T) {
-		testBackendRunsWithChartConfig(t, cp, admin)
+	t.Run("backend binary with the chart's flags, keys and ServiceAccount, memory store", func(t *testing.T) {
+		testBackendRunsWithChartConfig(t, cp, admin, false)
+	})
+	t.Run("backend binary with the chart's flags, keys and ServiceAccount, hashring store", func(t *testing.T) {
+		testBackendRunsWithChartConfig(t, cp, admin, true)
 	})
 
 	if _, err := helm(t, "uninstall", "kbb", "--kubeconfig", kubeconfig, "--namespace", releaseNS, "--wait"); err != nil {

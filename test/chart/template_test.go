@@ -94,6 +94,7 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 		"--peer-listen-address":            ":8081",
 		"--peer-service":                   "bind-system/" + fullname + "-peers",
 		"--peer-key-file":                  secretDir + "/peer-key",
+		"--peer-port-name":                 "peer",
 		"--session-ttl":                    "10m",
 		"--poll-interval":                  "2s",
 	}
@@ -173,7 +174,7 @@ func TestOneReplicaUsesTheMemoryStore(t *testing.T) {
 	if f["--session-store"] != "memory" {
 		t.Errorf("--session-store = %q, want memory", f["--session-store"])
 	}
-	for _, absent := range []string{"--peer-listen-address", "--peer-service", "--peer-key-file"} {
+	for _, absent := range []string{"--peer-listen-address", "--peer-service", "--peer-key-file", "--peer-port-name"} {
 		if _, ok := f[absent]; ok {
 			t.Errorf("%s set for a single replica", absent)
 		}

@@ -168,6 +168,9 @@ Secrets are passed as files, never as flag values.
 {{- with $v.oidc.allowedGroups }}
 {{- $args = append $args (printf "--oidc-allowed-groups=%s" (join "," .)) }}
 {{- end }}
+{{- with $v.callbackAllowedURLs }}
+{{- $args = append $args (printf "--callback-allowed-urls=%s" (join "," .)) }}
+{{- end }}
 {{- with $v.providerCluster.externalAddress }}
 {{- $args = append $args (printf "--external-address=%s" .) }}
 {{- end }}
@@ -180,6 +183,7 @@ Secrets are passed as files, never as flag values.
 {{- if eq $store "hashring" }}
 {{- $args = append $args (printf "--peer-listen-address=:%d" (int $v.hashring.port)) }}
 {{- $args = append $args (printf "--peer-service=%s/%s" .Release.Namespace (include "kbb.peersName" .)) }}
+{{- $args = append $args "--peer-port-name=peer" }}
 {{- $args = append $args (printf "--peer-key-file=%s/%s" $secretDir $keys.peerKey) }}
 {{- end }}
 {{- if $v.tls.enabled }}
