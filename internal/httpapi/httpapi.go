@@ -129,6 +129,7 @@ func New(cfg Config) (http.Handler, error) {
 		scheme:     strings.ToLower(cfg.ExternalURL.Scheme),
 		host:       cfg.ExternalURL.Host,
 		minPollGap: minPollGap(cfg.PollInterval),
+		pollPath:   prefix + PathPoll,
 	}
 	if s.export, err = exportDocument(cfg, prefix); err != nil {
 		return nil, err
@@ -192,6 +193,8 @@ type server struct {
 	export  []byte
 	// scheme and host of the external URL, which every signature covers.
 	scheme, host string
+	// pollPath is the poll route's full path, prefix included.
+	pollPath string
 	// minPollGap is the poll interval less the jitter tolerance.
 	minPollGap time.Duration
 }
