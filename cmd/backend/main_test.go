@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -186,10 +187,38 @@ func TestProcess(t *testing.T) {
 		t.Fatalf("second poll at once: %d %s Retry-After %q", code, e, h.Get("Retry-After"))
 	}
 
+	// A request in flight when SIGTERM comes is finished: its body is
+	// only half sent when the signal arrives.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sessionBody := `{"clusterID":"aB3dE9"}`
+	fmt.Fprintf(conn, "POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(sessionBody), sessionBody[:5])
+
 	// SIGTERM: exits 0, promptly.
 	start := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
+	}
+	for !strings.Contains(logs.String(), "shutting down") {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("no shutdown log 10s after SIGTERM\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := conn.Write([]byte(sessionBody[5:])); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	inFlight, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("in-flight request during shutdown: %v", err)
+	}
+	if inFlight.StatusCode != http.StatusCreated {
+		t.Fatalf("in-flight request during shutdown: %d", inFlight.StatusCode)
 	}
 	select {
 	case <-exited:
