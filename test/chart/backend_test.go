@@ -3,14 +3,18 @@ package chart_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +40,12 @@ import (
 // Service with the chart's Role; as no kubelet or EndpointSlice controller
 // runs here, the test publishes the EndpointSlice a controller would, from
 // the rendered Service's port.
-func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface, hashring bool) {
+//
+// With TLS, the backend serves the chart's mounted TLS Secret (laid out as
+// the kubelet does) on the probes' scheme, and a renewal of the Secret is
+// served to new connections while an open one carries on.
+func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface, mode backendMode) {
+	hashring := mode == hashringMode
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -59,7 +68,20 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	kubeconfig := cp.WriteKubeconfig(t, cp.ConfigForToken(tr.Status.Token))
 
 	port := freePort(t)
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	scheme := "http"
+	var tlsA, tlsB servingPair
+	var tlsVolume *secretVolume
+	client := &http.Client{Timeout: 5 * time.Second}
+	if mode == tlsMode {
+		scheme = "https"
+		tlsA, tlsB = newServingPair(t, "a"), newServingPair(t, "b")
+		tlsVolume = newSecretVolume(t, tlsA)
+		pool := x509.NewCertPool()
+		pool.AddCert(tlsA.cert)
+		pool.AddCert(tlsB.cert)
+		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	}
+	base := fmt.Sprintf("%s://127.0.0.1:%d", scheme, port)
 	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{base + "/callback"}})
 	if err := os.WriteFile(filepath.Join(secretsDir, "oidc-client-secret"), []byte(idp.ClientSecret), 0o600); err != nil {
 		t.Fatal(err)
@@ -74,13 +96,23 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		podIP = hostIP(t)
 		sets = append(sets, "replicaCount=2", fmt.Sprintf("hashring.port=%d", peerPort))
 	}
+	if mode == tlsMode {
+		sets = append(sets, "tls.enabled=true", "tls.existingSecret=kbb-tls")
+	}
 	objs := renderIn(t, releaseNS, sets...)
+	probe := asMap(t, asMap(t, container(t, objs)["readinessProbe"])["httpGet"])
+	if got := strings.ToLower(probe["scheme"].(string)); got != scheme {
+		t.Fatalf("the chart's readiness probe uses %s, the backend serves %s", got, scheme)
+	}
 	if hashring {
 		publishPeerEndpoints(t, ctx, admin, objs, podIP, peerPort)
 	}
 	var args []string
 	for _, a := range asSlice(t, container(t, objs)["args"]) {
 		s := strings.Replace(a.(string), secretDir, secretsDir, 1)
+		if tlsVolume != nil {
+			s = strings.Replace(s, "/etc/kube-bind-backend/tls", tlsVolume.dir, 1)
+		}
 		// Not on every interface of the test machine.
 		if strings.HasPrefix(s, "--listen-address=") {
 			s = fmt.Sprintf("--listen-address=127.0.0.1:%d", port)
@@ -94,7 +126,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	// ServiceAccount; here the same identity comes from a kubeconfig.
 	args = append(args, "--kubeconfig="+kubeconfig)
 
-	var logs bytes.Buffer
+	var logs lockedBuffer
 	cmd := exec.Command(backendBinary(t), args...)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	// The pod's downward-API environment, as the chart sets it.
@@ -113,7 +145,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		code, _, err := get(base + "/healthz")
+		code, _, err := get(client, base+"/healthz")
 		if err == nil && code == http.StatusOK {
 			break
 		}
@@ -132,7 +164,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	var code int
 	var body string
 	for deadline := time.Now().Add(20 * time.Second); ; {
-		code, body, err = get(base + "/readyz")
+		code, body, err = get(client, base+probe["path"].(string))
 		if err == nil && code == http.StatusOK {
 			break
 		}
@@ -144,7 +176,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	t.Logf("/readyz with the chart's configuration: %d %s", code, strings.TrimSpace(body))
 	// A session can be created: the store (and for hashring, the ring of
 	// this one replica found through the chart's Service) works.
-	resp, err := http.Post(base+"/sessions", "application/json", strings.NewReader(`{}`))
+	resp, err := client.Post(base+"/sessions", "application/json", strings.NewReader(`{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +184,9 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated || !strings.Contains(string(created), `"sessionID"`) {
 		t.Errorf("POST /sessions: %d %s\nlogs:\n%s", resp.StatusCode, created, logs.String())
+	}
+	if mode == tlsMode {
+		checkCertificateRotation(t, client, base, tlsVolume, tlsA, tlsB)
 	}
 	if strings.Contains(logs.String(), idp.ClientSecret) {
 		t.Error("the backend logged the OIDC client secret")
@@ -170,8 +205,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	}
 }
 
-func get(url string) (int, string, error) {
-	c := &http.Client{Timeout: 5 * time.Second}
+func get(c *http.Client, url string) (int, string, error) {
 	resp, err := c.Get(url)
 	if err != nil {
 		return 0, "", err
@@ -232,4 +266,79 @@ func publishPeerEndpoints(t *testing.T, ctx context.Context, admin kubernetes.In
 	t.Cleanup(func() {
 		_ = admin.DiscoveryV1().EndpointSlices(releaseNS).Delete(context.Background(), slice.Name, metav1.DeleteOptions{})
 	})
+}
+
+type backendMode int
+
+const (
+	memoryMode backendMode = iota
+	hashringMode
+	tlsMode
+)
+
+// checkCertificateRotation renews the mounted TLS Secret (b replaces a)
+// and checks that new connections get b without a restart while the open
+// keep-alive connection of client carries on.
+func checkCertificateRotation(t *testing.T, client *http.Client, base string, vol *secretVolume, a, b servingPair) {
+	t.Helper()
+	serialOf := func(c *http.Client) (string, bool) {
+		var reused bool
+		req, _ := http.NewRequest(http.MethodGet, base+"/healthz", nil)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused },
+		}))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET /healthz over TLS: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /healthz over TLS: %d", resp.StatusCode)
+		}
+		return resp.TLS.PeerCertificates[0].SerialNumber.String(), reused
+	}
+	if s, _ := serialOf(client); s != a.cert.SerialNumber.String() {
+		t.Fatalf("before renewal the backend serves serial %s, want %s", s, a.cert.SerialNumber)
+	}
+	vol.publish(b)
+	fresh := func() *http.Client {
+		tr := client.Transport.(*http.Transport).Clone()
+		return &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	}
+	deadline := time.Now().Add(20 * time.Second) // the file watch, else the periodic check
+	for {
+		c := fresh()
+		s, _ := serialOf(c)
+		c.CloseIdleConnections()
+		if s == b.cert.SerialNumber.String() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the backend never served the renewed certificate to a new connection")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s, reused := serialOf(client)
+	if !reused || s != a.cert.SerialNumber.String() {
+		t.Errorf("the connection opened before the renewal: reused=%v serial %s, want reused with %s", reused, s, a.cert.SerialNumber)
+	}
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -82,10 +82,17 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 	install := append([]string{"upgrade", "--install", "kbb", chartDir(t), "--kubeconfig", kubeconfig,
 		"--namespace", releaseNS, "--create-namespace"}, setArgs(requiredValues())...)
 	start := time.Now()
-	if _, err := helm(t, install...); err != nil {
+	out, err := helm(t, install...)
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("helm install took %v", time.Since(start).Round(time.Millisecond))
+	// The notes give the export URL and the redirect URL to register.
+	for _, want := range []string{"kubectl bind https://bind.example.com/export", "https://bind.example.com/callback"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("install notes lack %q:\n%s", want, out)
+		}
+	}
 
 	// What the release made is there.
 	if _, err := admin.AppsV1().Deployments(releaseNS).Get(ctx, fullname, metav1.GetOptions{}); err != nil {
@@ -166,10 +173,13 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 	})
 
 	t.Run("backend binary with the chart's flags, keys and ServiceAccount, memory store", func(t *testing.T) {
-		testBackendRunsWithChartConfig(t, cp, admin, false)
+		testBackendRunsWithChartConfig(t, cp, admin, memoryMode)
 	})
 	t.Run("backend binary with the chart's flags, keys and ServiceAccount, hashring store", func(t *testing.T) {
-		testBackendRunsWithChartConfig(t, cp, admin, true)
+		testBackendRunsWithChartConfig(t, cp, admin, hashringMode)
+	})
+	t.Run("backend binary with the chart's flags, keys and ServiceAccount, TLS from a mounted Secret", func(t *testing.T) {
+		testBackendRunsWithChartConfig(t, cp, admin, tlsMode)
 	})
 
 	if _, err := helm(t, "uninstall", "kbb", "--kubeconfig", kubeconfig, "--namespace", releaseNS, "--wait"); err != nil {
