@@ -108,7 +108,7 @@ func (d *demo) start(ctx context.Context) error {
 		return fmt.Errorf("backend (log: %s): %w", d.path("backend.log"), err)
 	}
 	d.step("backend ready at %s (%s)", d.baseURL, since(t))
-	return nil
+	return ctx.Err()
 }
 
 func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
@@ -146,6 +146,7 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	// the demo dies without doing so.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
+		d.backendLog.Close()
 		return err
 	}
 	d.backend = cmd

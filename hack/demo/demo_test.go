@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
@@ -15,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,62 +36,116 @@ import (
 	"github.com/kbprovider/backend/web"
 )
 
-// TestDemo runs the README's first command, hack/demo.sh, as a user would
-// (on free ports), binds an API with the printed poll command and the
-// printed credentials, uses the issued kubeconfig, and stops the demo with
-// SIGINT: every process it started must be gone.
-func TestDemo(t *testing.T) {
+// demoRun is hack/demo.sh running as a separate process.
+type demoRun struct {
+	cmd              *exec.Cmd
+	stdout           io.Reader
+	stderr           *lockedBuffer
+	exited           chan error
+	state            string
+	listen, oidcAddr string
+	stopped          bool // the test stops it itself
+}
+
+// startDemo runs hack/demo.sh on free ports, as a user would.
+func startDemo(t *testing.T) *demoRun {
+	t.Helper()
 	root := repoRoot(t)
 	// The demo would build the Kubernetes binaries if they were missing:
 	// minutes, not for a test to start by surprise.
-	if out, err := exec.Command("bash", filepath.Join(root, "hack/install-test-binaries.sh"), "--print-dir").CombinedOutput(); err != nil && os.Getenv("KUBE_BIND_TEST_BINARIES") == "" {
+	if out, err := exec.Command("bash", filepath.Join(root, "hack/install-test-binaries.sh"), "--print-dir").CombinedOutput(); err != nil {
 		t.Fatalf("the Kubernetes binaries are not built: run hack/install-test-binaries.sh (or hack/test.sh): %s", out)
 	}
 	if _, err := os.Stat(filepath.Join(oidcprovider.Dir(), "node_modules", "oidc-provider")); err != nil {
 		t.Fatal("the OIDC provider's npm packages are missing: run hack/install-test-deps.sh")
 	}
 
-	state := filepath.Join(t.TempDir(), "state")
-	listen, oidcAddr := freeAddr(t), freeAddr(t)
-	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", listen, "--oidc-address", oidcAddr, "--state-dir", state)
+	d := &demoRun{state: filepath.Join(t.TempDir(), "state"), listen: freeAddr(t), oidcAddr: freeAddr(t), stderr: &lockedBuffer{}, exited: make(chan error, 1)}
+	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", d.listen, "--oidc-address", d.oidcAddr, "--state-dir", d.state)
 	cmd.Dir = root
 	// If this test dies, the demo dies too, and with it what it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr := &lockedBuffer{}
-	cmd.Stderr = stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
+	cmd.Stderr = d.stderr
+	var err error
+	if d.stdout, err = cmd.StdoutPipe(); err != nil {
 		t.Fatal(err)
 	}
-	runtime.LockOSThread() // Pdeathsig follows the starting thread
-	err = cmd.Start()
-	runtime.UnlockOSThread()
-	if err != nil {
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
+	d.cmd = cmd
+	go func() { d.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		if !stopped {
+		if !d.stopped {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			select {
-			case <-exited:
+			case <-d.exited:
 			case <-time.After(30 * time.Second):
 				_ = cmd.Process.Kill()
 			}
 		}
 		if t.Failed() {
-			t.Logf("demo stderr:\n%s", stderr.String())
+			t.Logf("demo stderr:\n%s", d.stderr.String())
 			for _, f := range []string{"backend.log", "oidc-provider.log"} {
-				b, _ := os.ReadFile(filepath.Join(state, f))
+				b, _ := os.ReadFile(filepath.Join(d.state, f))
 				t.Logf("%s:\n%s", f, tail(string(b), 30))
 			}
 		}
 	})
+	return d
+}
 
+// interrupt sends SIGINT, as Ctrl-C does, and checks that the demo exits
+// with want and that every process it ran at the time of the signal is gone.
+func (d *demoRun) interrupt(t *testing.T, wantCode int) {
+	t.Helper()
+	procs := descendants(d.cmd.Process.Pid)
+	d.stopped = true
+	begin := time.Now()
+	if err := d.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.exited:
+		if code := d.cmd.ProcessState.ExitCode(); code != wantCode {
+			t.Errorf("demo exited with %d after SIGINT, want %d", code, wantCode)
+		}
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		t.Fatal("demo did not stop within 30s of SIGINT")
+	}
+	t.Logf("stopped %d processes %v in %s after SIGINT", len(procs), slices.Sorted(maps.Values(procs)), time.Since(begin).Round(time.Millisecond))
+	var left []string
+	for pid, name := range procs {
+		if alive(pid) {
+			left = append(left, fmt.Sprintf("%d (%s)", pid, name))
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("processes left after the demo stopped: %v", left)
+	}
+	for _, addr := range []string{d.listen, d.oidcAddr} {
+		if l, err := net.Listen("tcp", addr); err != nil {
+			t.Errorf("%s still taken after the demo stopped: %v", addr, err)
+		} else {
+			l.Close()
+		}
+	}
+	if _, err := os.Stat(filepath.Join(d.state, "controlplane", "etcd")); err == nil {
+		t.Error("etcd's data left in the state folder after the stop")
+	}
+}
+
+// TestDemo runs the README's first command, hack/demo.sh, as a user would
+// (on free ports), binds an API with the printed poll command and the
+// printed credentials, uses the issued kubeconfig, and stops the demo with
+// SIGINT: every process it started must be gone.
+func TestDemo(t *testing.T) {
+	d := startDemo(t)
+	listen, oidcAddr := d.listen, d.oidcAddr
 	// Wait for the ready text; a cold build of the three binaries counts in.
-	ready := readReady(t, stdout, exited, 5*time.Minute)
+	ready := readReady(t, d.stdout, d.exited, 5*time.Minute)
 	t.Logf("demo output:\n%s", ready.text)
 
 	base := "http://" + listen
@@ -115,54 +169,41 @@ func TestDemo(t *testing.T) {
 	useConsumerKubeconfig(t, kubeconfig)
 
 	// Ctrl-C: the demo stops everything it started.
-	procs := descendants(cmd.Process.Pid)
-	if len(procs) < 5 {
+	if procs := descendants(d.cmd.Process.Pid); len(procs) < 5 {
 		t.Errorf("the demo runs %d processes, want at least etcd, kube-apiserver, kube-controller-manager, node and the backend: %v", len(procs), procs)
 	}
-	stopped = true
-	begin := time.Now()
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("demo exited with %v after SIGINT, want 0", err)
-		}
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatal("demo did not stop within 30s of SIGINT")
-	}
-	t.Logf("stopped %d processes in %s after SIGINT", len(procs), time.Since(begin).Round(time.Millisecond))
-	var left []string
-	for pid, name := range procs {
-		if alive(pid) {
-			left = append(left, fmt.Sprintf("%d (%s)", pid, name))
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	if len(left) > 0 {
-		t.Errorf("processes left after the demo stopped: %v", left)
-	}
-	for _, addr := range []string{listen, oidcAddr} {
-		if l, err := net.Listen("tcp", addr); err != nil {
-			t.Errorf("%s still taken after the demo stopped: %v", addr, err)
-		} else {
-			l.Close()
-		}
-	}
-	if !strings.Contains(stderr.String(), "demo: stopped in") {
-		t.Errorf("the demo did not report its stop:\n%s", tail(stderr.String(), 5))
+	d.interrupt(t, 0)
+	if !strings.Contains(d.stderr.String(), "demo: stopped in") {
+		t.Errorf("the demo did not report its stop:\n%s", tail(d.stderr.String(), 5))
 	}
 	for _, f := range []string{"backend.log", "oidc-provider.log", "controlplane/kube-apiserver.log"} {
-		if _, err := os.Stat(filepath.Join(state, f)); err != nil {
+		if _, err := os.Stat(filepath.Join(d.state, f)); err != nil {
 			t.Errorf("log %s not kept: %v", f, err)
 		}
 	}
-	for _, f := range []string{"bin", "controlplane/etcd"} {
-		if _, err := os.Stat(filepath.Join(state, f)); err == nil {
-			t.Errorf("%s left in the state folder after the stop", f)
+}
+
+// TestDemoInterruptedWhileStarting presses Ctrl-C while the demo is still
+// starting (the control plane is up, the rest is on its way): it stops what
+// it started and exits 1.
+func TestDemoInterruptedWhileStarting(t *testing.T) {
+	d := startDemo(t)
+	deadline := time.After(5 * time.Minute)
+	for !strings.Contains(d.stderr.String(), "control plane up at") {
+		select {
+		case err := <-d.exited:
+			t.Fatalf("demo exited (%v) while starting", err)
+		case <-deadline:
+			t.Fatal("the control plane did not come up within 5 minutes")
+		case <-time.After(20 * time.Millisecond):
 		}
+	}
+	if procs := descendants(d.cmd.Process.Pid); len(procs) < 3 {
+		t.Errorf("the demo runs %d processes, want at least etcd, kube-apiserver and kube-controller-manager: %v", len(procs), procs)
+	}
+	d.interrupt(t, 1)
+	if !strings.Contains(d.stderr.String(), "interrupted while starting") {
+		t.Errorf("the demo did not say it was interrupted:\n%s", tail(d.stderr.String(), 5))
 	}
 }
 

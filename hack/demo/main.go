@@ -54,7 +54,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	self, _ := os.Executable()
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.stateDir, "state-dir", "", "folder for logs, certificates, kubeconfigs and binaries (default: a new temporary folder)")
+	fs.StringVar(&o.stateDir, "state-dir", "", "folder for logs, certificates, kubeconfigs and the poll client's output (default: a new temporary folder)")
 	fs.StringVar(&o.listenAddress, "listen-address", "127.0.0.1:8080", "address of the backend; its URL is http://<listen-address>")
 	fs.StringVar(&o.oidcAddress, "oidc-address", "127.0.0.1:5556", "address of the OpenID Connect provider")
 	fs.StringVar(&o.binDir, "bin-dir", "", "folder of etcd, kube-apiserver, kube-controller-manager and kubectl (default: $KUBE_BIND_TEST_BINARIES, else the cache of hack/install-test-binaries.sh)")
@@ -127,10 +127,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "demo: stopping (Ctrl-C again ends it at once)")
 	t0 := time.Now()
 	d.stop()
-	// Binaries that hack/demo.sh built for this run go too (about 150 MB).
-	if bin := d.path("bin"); filepath.Dir(o.backendBinary) == bin {
-		_ = os.RemoveAll(bin)
-	}
 	fmt.Fprintf(stderr, "demo: stopped in %s; logs kept in %s\n", time.Since(t0).Round(100*time.Millisecond), o.stateDir)
 	return code
 }
