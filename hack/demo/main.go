@@ -102,8 +102,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	d := &demo{opts: o, log: stderr}
 	if err := d.start(ctx); err != nil {
-		stopSignals()
-		if ctx.Err() != nil {
+		interrupted := ctx.Err() != nil
+		stopSignals() // (this cancels ctx too)
+		if interrupted {
 			fmt.Fprintln(stderr, "demo: interrupted while starting; stopping what was started")
 		} else {
 			fmt.Fprintf(stderr, "demo: %v\n", err)
