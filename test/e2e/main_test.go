@@ -208,15 +208,17 @@ func startBackend(t *testing.T, args []string, base string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the backend: %v", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	// exited is closed when the process is gone; waitErr says how it ended.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-exited
 		}
 		if t.Failed() {
 			t.Logf("backend logs:\n%s", logs.String())
@@ -236,8 +238,8 @@ func startBackend(t *testing.T, args []string, base string) {
 			}
 		}
 		select {
-		case err := <-done:
-			t.Fatalf("backend exited: %v\nlogs:\n%s", err, logs.String())
+		case <-exited:
+			t.Fatalf("backend exited: %v\nlogs:\n%s", waitErr, logs.String())
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
