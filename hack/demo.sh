@@ -19,7 +19,7 @@ export KUBE_BIND_DEMO_T0
 log() { printf '[demo %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 bash hack/install-test-deps.sh --no-browser
-KUBE_BIND_TEST_BINARIES=$(bash hack/install-test-binaries.sh | tail -n 1)
+KUBE_BIND_TEST_BINARIES=$(bash hack/install-test-binaries.sh --without-helm | tail -n 1)
 export KUBE_BIND_TEST_BINARIES
 
 # A folder per checkout that stays: go build relinks only what changed, so a
