@@ -326,6 +326,24 @@ func send(t *testing.T, r *replica, signed *url.URL) pollAnswer {
 // POST. It returns the status of the page after the bind.
 func bindInBrowser(t *testing.T, ctx context.Context, idp *oidcprovider.Provider, f *front, s *session, user oidcprovider.User) int {
 	t.Helper()
+	status, done := openSelection(t, ctx, idp, f, s, user).bind(t, ctx)
+	if status == http.StatusOK && !strings.Contains(strings.ToLower(done), "terminal") {
+		t.Errorf("done page does not send the user back to the terminal:\n%s", done)
+	}
+	return status
+}
+
+// selection is a browser on the API selection page.
+type selection struct {
+	client *http.Client
+	f      *front
+	target *url.URL
+	form   url.Values
+}
+
+// openSelection logs user in for session s and returns the selection page.
+func openSelection(t *testing.T, ctx context.Context, idp *oidcprovider.Provider, f *front, s *session, user oidcprovider.User) *selection {
+	t.Helper()
 	jar, _ := cookiejar.New(nil)
 	client := &http.Client{Jar: jar, Timeout: 30 * time.Second}
 	callback, err := idp.Login(ctx, client, s.authURL(t), user.Name, user.Password)
@@ -348,23 +366,30 @@ func bindInBrowser(t *testing.T, ctx context.Context, idp *oidcprovider.Provider
 	if form.Get(web.FieldCSRF) == "" {
 		t.Fatalf("no selection form at %s:\n%s", resp.Request.URL, page)
 	}
+	return &selection{client: client, f: f, target: resp.Request.URL.ResolveReference(&url.URL{Path: action}), form: form}
+}
+
+// bind picks the exported API and presses Bind; it returns the status and
+// the page.
+func (sel *selection) bind(t *testing.T, ctx context.Context) (int, string) {
+	t.Helper()
+	form := url.Values{}
+	for k, v := range sel.form {
+		form[k] = v
+	}
 	form.Add(web.FieldAPI, exportedCRD)
 	form.Set(web.FieldAction, web.ActionBind)
-	target := resp.Request.URL.ResolveReference(&url.URL{Path: action})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, target.String(), strings.NewReader(form.Encode()))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sel.target.String(), strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Origin", f.url)
+	req.Header.Set("Origin", sel.f.url)
 	req.Header.Set("Sec-Fetch-Site", "same-origin")
-	resp, err = client.Do(req)
+	resp, err := sel.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done, _ := io.ReadAll(resp.Body)
+	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK && !strings.Contains(strings.ToLower(string(done)), "terminal") {
-		t.Errorf("done page does not send the user back to the terminal:\n%s", done)
-	}
-	return resp.StatusCode
+	return resp.StatusCode, string(page)
 }
 
 // selectionForm returns the action and the hidden fields of the page's

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -168,12 +169,35 @@ func TestThreeReplicas(t *testing.T) {
 		p := mustCreate(t, reps[i%3], f.url, "")
 		owned[ownerOf(p.SessionID)] = append(owned[ownerOf(p.SessionID)], p)
 	}
-	owner.kill(t)
-	t.Logf("killed %s", owner.name)
 	var survivors []*replica
 	for _, r := range reps {
 		if r != owner {
 			survivors = append(survivors, r)
+		}
+	}
+	// One of its sessions is in the middle of the browser part: logged
+	// in, on the selection page (served by a survivor).
+	mid := owned[owner][0]
+	owned[owner] = owned[owner][1:]
+	f.pin(survivors[0])
+	sel := openSelection(t, ctx, idp, f, mid, alice)
+
+	owner.kill(t)
+	t.Logf("killed %s", owner.name)
+
+	// The bind of the session in the middle of the browser part ends with
+	// the "expired, run the command again" page, and provisions nothing.
+	status, page := sel.bind(t, ctx)
+	if status != http.StatusGone || !strings.Contains(strings.ToLower(page), "run the bind command") {
+		t.Errorf("bind after the owner died: %d\n%s", status, page)
+	}
+	nss, err := kubernetes.NewForConfigOrDie(cp.AdminConfig()).CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nss.Items {
+		if n.Annotations[binding.AnnotationCluster] == mid.ClusterID {
+			t.Errorf("namespace %s provisioned for the session whose owner died", n.Name)
 		}
 	}
 
