@@ -42,12 +42,13 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 
 	now := s.cfg.Now()
+	expires := now.Add(s.cfg.SessionTTL)
 	sess := sessions.Session{
-		ID:        ids.NewSessionID(),
+		ID:        ids.NewExpiringSessionID(expires),
 		ClusterID: clusterID,
 		Secret:    ids.NewSessionSecret(),
 		CreatedAt: now,
-		ExpiresAt: now.Add(s.cfg.SessionTTL),
+		ExpiresAt: expires,
 		State:     sessions.StatePending,
 	}
 	switch err := s.cfg.Store.Create(r.Context(), sess); {

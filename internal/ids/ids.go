@@ -2,7 +2,10 @@
 // session IDs, session secrets and cluster IDs (docs/protocol.md §1).
 //
 // Formats:
-//   - session ID: 128 random bits, base64url without padding (22 characters).
+//   - session ID: 128 random bits, base64url without padding (22 characters);
+//     NewExpiringSessionID appends the session's expiry (27 characters), so
+//     that a link to a session that is gone can be told apart as expired
+//     rather than unknown (protocol §3: 410 versus 404).
 //   - session secret: 256 random bits, base64url without padding (43 characters).
 //   - cluster ID issued by this backend: 128 random bits in lowercase
 //     base32 (26 characters of a-z and 2-7), so it can appear in Kubernetes
@@ -18,11 +21,15 @@ import (
 	"crypto/rand"
 	"encoding/base32"
 	"encoding/base64"
+	"encoding/binary"
+	"time"
 )
 
 const (
 	// SessionIDLen is the length of a session ID made by NewSessionID.
 	SessionIDLen = 22
+	// ExpiringSessionIDLen is the length of an ID made by NewExpiringSessionID.
+	ExpiringSessionIDLen = 27
 	// SessionSecretLen is the length of a secret made by NewSessionSecret.
 	SessionSecretLen = 43
 	// ClusterIDLen is the length of a cluster ID made by NewClusterID.
@@ -36,6 +43,30 @@ var lowerBase32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPad
 
 // NewSessionID returns 128 random bits, base64url without padding.
 func NewSessionID() string { return randomBase64(16) }
+
+// NewExpiringSessionID returns 128 random bits followed by expiresAt in
+// whole Unix seconds (32 bits, big-endian), base64url without padding. The
+// expiry is not secret and not authenticated: it only chooses the words of
+// an answer about a session the store no longer knows.
+func NewExpiringSessionID(expiresAt time.Time) string {
+	var b [20]byte
+	rand.Read(b[:16])
+	binary.BigEndian.PutUint32(b[16:], uint32(expiresAt.Unix()))
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// SessionIDExpiry returns the expiry NewExpiringSessionID put into id, and
+// false for an ID of another shape.
+func SessionIDExpiry(id string) (time.Time, bool) {
+	if len(id) != ExpiringSessionIDLen {
+		return time.Time{}, false
+	}
+	var b [20]byte
+	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(id)); err != nil || n != len(b) {
+		return time.Time{}, false
+	}
+	return time.Unix(int64(binary.BigEndian.Uint32(b[16:])), 0), true
+}
 
 // NewSessionSecret returns 256 random bits, base64url without padding.
 func NewSessionSecret() string { return randomBase64(32) }

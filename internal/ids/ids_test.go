@@ -3,6 +3,7 @@ package ids
 import (
 	"encoding/base64"
 	"testing"
+	"time"
 )
 
 func TestGeneratedFormats(t *testing.T) {
@@ -62,6 +63,23 @@ func TestURLSafe(t *testing.T) {
 	} {
 		if got := URLSafe(c.s, c.max); got != c.want {
 			t.Errorf("URLSafe(%q, %d) = %v, want %v", c.s, c.max, got, c.want)
+		}
+	}
+}
+
+func TestExpiringSessionID(t *testing.T) {
+	at := time.Date(2026, 11, 21, 10, 10, 0, 0, time.UTC)
+	a, b := NewExpiringSessionID(at), NewExpiringSessionID(at)
+	if a == b || len(a) != ExpiringSessionIDLen || !URLSafe(a, 64) {
+		t.Fatalf("IDs %q and %q", a, b)
+	}
+	got, ok := SessionIDExpiry(a)
+	if !ok || !got.Equal(at) {
+		t.Errorf("expiry of %q = %v, %v; want %v", a, got, ok, at)
+	}
+	for _, other := range []string{NewSessionID(), "", a[:26], a[:26] + "!", a + "A"} {
+		if _, ok := SessionIDExpiry(other); ok {
+			t.Errorf("SessionIDExpiry(%q) claims an expiry", other)
 		}
 	}
 }

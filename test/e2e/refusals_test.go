@@ -55,7 +55,7 @@ func TestRefusals(t *testing.T) {
 		q.Set("s", "AAAAAAAAAAAAAAAAAAAAAA")
 		u.RawQuery = q.Encode()
 		status, body := e.get(t, newJarClient(t), u.String())
-		expectPage(t, status, body, http.StatusGone, "expired")
+		expectPage(t, status, body, http.StatusNotFound, "not known")
 	})
 
 	t.Run("forged and replayed OAuth state", func(t *testing.T) {

@@ -43,6 +43,10 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	}
 	ctx := r.Context()
 	sess, err := h.cfg.Store.Get(ctx, sid)
+	if errors.Is(err, sessions.ErrNotFound) && !h.expiredID(sid) {
+		h.page(w, http.StatusNotFound, pageUnknownSession, "")
+		return
+	}
 	if err != nil {
 		h.sessionLookupFailed(w, err)
 		return
@@ -86,12 +90,13 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		return
 	}
 	now := h.cfg.Now()
+	expires := now.Add(h.cfg.SessionTTL)
 	sess := sessions.Session{
-		ID:                ids.NewSessionID(),
+		ID:                ids.NewExpiringSessionID(expires),
 		ClusterID:         clusterID,
 		Secret:            ids.NewSessionSecret(),
 		CreatedAt:         now,
-		ExpiresAt:         now.Add(h.cfg.SessionTTL),
+		ExpiresAt:         expires,
 		CallbackURL:       callback.String(),
 		CallbackSessionID: cliSession,
 	}
@@ -182,6 +187,13 @@ func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, sid string)
 		return
 	}
 	http.Redirect(w, r, target, http.StatusSeeOther)
+}
+
+// expiredID reports whether a session ID the store does not know carries
+// an expiry in the past: its link expired, rather than never existed.
+func (h *Handler) expiredID(sid string) bool {
+	at, ok := ids.SessionIDExpiry(sid)
+	return ok && !h.cfg.Now().Before(at)
 }
 
 // single returns the only value of key, and false when it is missing or

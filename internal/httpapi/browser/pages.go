@@ -17,6 +17,7 @@ const (
 	pageBadSignature
 	pageLinkUsed
 	pageExpired
+	pageUnknownSession
 	pageBadCallback
 	pageBusy
 	pageIdPDown
@@ -41,6 +42,7 @@ var errorPages = map[pageKind]web.ErrorPage{
 	pageBadSignature:    {Title: "This link is not valid", Message: "The link's signature does not match. It may have been changed or cut short.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
 	pageLinkUsed:        {Title: "This link was already used", Message: "Each link works once, so that nobody else can reuse it.", Hint: runAgain},
 	pageExpired:         {Title: "This link has expired", Message: "The binding session has ended or is not known here.", Hint: runAgain},
+	pageUnknownSession:  {Title: "This link is not known", Message: "No binding session with this link exists here. The link may be cut short or meant for another provider.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
 	pageBadCallback:     {Title: "This link cannot be used", Message: "The link asks to send the result somewhere this provider does not allow.", Hint: "Use a kube-bind command on your own computer. " + runAgain},
 	pageBusy:            {Title: "Too many bindings at once", Message: "The provider is handling too many bindings right now.", Hint: "Wait a minute, then run the bind command again."},
 	pageIdPDown:         {Title: "Sign-in is not available right now", Message: "The provider cannot reach its identity provider at the moment.", Hint: "Wait a minute, then run the bind command again."},
