@@ -43,6 +43,7 @@ type replica struct {
 	cmd     *exec.Cmd
 	logs    *lockedBuffer
 	exited  chan struct{}
+	waitErr error // valid once exited is closed
 }
 
 // start runs the replica until the test ends (or kill).
@@ -55,7 +56,7 @@ func (r *replica) start(t *testing.T) {
 		t.Fatalf("starting %s: %v", r.name, err)
 	}
 	r.exited = make(chan struct{})
-	go func() { r.cmd.Wait(); close(r.exited) }()
+	go func() { r.waitErr = r.cmd.Wait(); close(r.exited) }()
 	t.Cleanup(func() {
 		r.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -75,6 +76,26 @@ func (r *replica) kill(t *testing.T) {
 	t.Helper()
 	r.cmd.Process.Kill()
 	<-r.exited
+}
+
+// stop sends SIGTERM and expects a clean exit: both the public server and
+// the peer API shut down gracefully.
+func (r *replica) stop(t *testing.T) {
+	t.Helper()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s still running 10s after SIGTERM", r.name)
+	}
+	if r.waitErr != nil || !strings.Contains(r.logs.String(), "msg=stopped") {
+		t.Errorf("%s after SIGTERM: %v\n%s", r.name, r.waitErr, r.logs.String())
+	}
+	u, _ := url.Parse(r.peerURL)
+	if c, err := net.DialTimeout("tcp", u.Host, time.Second); err == nil {
+		c.Close()
+		t.Errorf("%s: the peer API still accepts connections after shutdown", r.name)
+	}
 }
 
 // readyz returns /readyz's status and body.

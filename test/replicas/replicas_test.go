@@ -412,6 +412,7 @@ current-context: c
 	for _, p := range onOld {
 		expect(t, "session of an old replica after the new one died", send(t, reps[1], p.signedPoll(t)), http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)
 	}
+	reps[0].stop(t)
 }
 
 // hostIPv4 returns a non-loopback IPv4 address of this machine.
