@@ -119,7 +119,7 @@ func TestDocVectors(t *testing.T) {
 	if p := Payload(r); !bytes.Equal(block, p) {
 		t.Errorf("worked example payload\n%s\nthe code signs\n%s", block, p)
 	}
-	if h := hex.EncodeToString(mac(vectorSecret, r)); !bytes.Contains(doc, []byte("`"+h+"`")) {
+	if h := hex.EncodeToString(mac(nil, vectorSecret, r)); !bytes.Contains(doc, []byte("`"+h+"`")) {
 		t.Errorf("%s does not show vector 1's HMAC in hex, %s", docPath, h)
 	}
 	// The prose spells out vector 4's payload with \n for line feeds.

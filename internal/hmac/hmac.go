@@ -45,49 +45,55 @@ func RequestFromURL(method string, u *url.URL, body []byte) (Request, error) {
 
 // Payload returns the canonical bytes that are signed.
 func Payload(r Request) []byte {
-	var b strings.Builder
-	b.Grow(len(r.Host) + len(r.Path) + 160)
+	return appendPayload(make([]byte, 0, len(r.Host)+len(r.Path)+160), r)
+}
+
+func appendPayload(b []byte, r Request) []byte {
 	scheme := strings.ToLower(r.Scheme)
-	b.WriteString(scheme)
-	b.WriteByte('\n')
-	b.WriteString(CanonicalHost(scheme, r.Host))
-	b.WriteByte('\n')
-	b.WriteString(strings.ToUpper(r.Method))
-	b.WriteByte('\n')
+	b = append(b, scheme...)
+	b = append(b, '\n')
+	b = append(b, CanonicalHost(scheme, r.Host)...)
+	b = append(b, '\n')
+	b = append(b, strings.ToUpper(r.Method)...)
+	b = append(b, '\n')
 	if r.Path == "" {
-		b.WriteByte('/')
+		b = append(b, '/')
 	} else {
-		b.WriteString(r.Path)
+		b = append(b, r.Path...)
 	}
-	b.WriteByte('\n')
-	writeCanonicalQuery(&b, r.Query)
-	b.WriteByte('\n')
+	b = append(b, '\n')
+	b = appendCanonicalQuery(b, r.Query)
+	b = append(b, '\n')
 	sum := sha256.Sum256(r.Body)
-	var hexSum [sha256.Size * 2]byte
-	hex.Encode(hexSum[:], sum[:])
-	b.Write(hexSum[:])
-	return []byte(b.String())
+	return hex.AppendEncode(b, sum[:])
 }
 
 // Sign returns the signature h of r under secret.
 func Sign(secret string, r Request) string {
-	return base64.RawURLEncoding.EncodeToString(mac(secret, r))
+	var sum [sha256.Size]byte
+	return base64.RawURLEncoding.EncodeToString(mac(sum[:0], secret, r))
 }
 
 // Verify reports whether sig is the signature of r under secret. The
 // comparison takes constant time in the signature's content.
 func Verify(secret string, r Request, sig string) bool {
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil || len(got) != sha256.Size {
+	var got [sha256.Size + 3]byte // room for a decoder that overshoots
+	if base64.RawURLEncoding.DecodedLen(len(sig)) != sha256.Size {
 		return false
 	}
-	return hmac.Equal(got, mac(secret, r))
+	n, err := base64.RawURLEncoding.Decode(got[:], []byte(sig))
+	if err != nil || n != sha256.Size {
+		return false
+	}
+	var want [sha256.Size]byte
+	return hmac.Equal(got[:n], mac(want[:0], secret, r))
 }
 
-func mac(secret string, r Request) []byte {
+func mac(dst []byte, secret string, r Request) []byte {
+	var buf [512]byte
 	m := hmac.New(sha256.New, []byte(secret))
-	m.Write(Payload(r))
-	return m.Sum(nil)
+	m.Write(appendPayload(buf[:0], r))
+	return m.Sum(dst)
 }
 
 // SignURL adds s, a fresh nonce n and the signature h to u's query, keeping
@@ -136,13 +142,12 @@ func CanonicalHost(scheme, host string) string {
 // by value (byte-wise, on the decoded strings), RFC 3986-encoded and joined
 // as key=value pairs with '&'.
 func CanonicalQuery(q url.Values) string {
-	var b strings.Builder
-	writeCanonicalQuery(&b, q)
-	return b.String()
+	return string(appendCanonicalQuery(nil, q))
 }
 
-func writeCanonicalQuery(b *strings.Builder, q url.Values) {
-	keys := make([]string, 0, len(q))
+func appendCanonicalQuery(b []byte, q url.Values) []byte {
+	var keyBuf [8]string // a signed link has three or four parameters
+	keys := keyBuf[:0]
 	for k := range q {
 		if k != ParamSignature {
 			keys = append(keys, k)
@@ -152,36 +157,36 @@ func writeCanonicalQuery(b *strings.Builder, q url.Values) {
 	first := true
 	for _, k := range keys {
 		vs := q[k]
-		if len(vs) > 1 {
+		if len(vs) > 1 && !sort.StringsAreSorted(vs) {
 			vs = append([]string(nil), vs...)
 			sort.Strings(vs)
 		}
 		for _, v := range vs {
 			if !first {
-				b.WriteByte('&')
+				b = append(b, '&')
 			}
 			first = false
-			escape(b, k)
-			b.WriteByte('=')
-			escape(b, v)
+			b = escape(b, k)
+			b = append(b, '=')
+			b = escape(b, v)
 		}
 	}
+	return b
 }
 
 const upperHex = "0123456789ABCDEF"
 
 // escape percent-encodes every byte but RFC 3986's unreserved characters.
-func escape(b *strings.Builder, s string) {
+func escape(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if unreserved(c) {
-			b.WriteByte(c)
+			b = append(b, c)
 			continue
 		}
-		b.WriteByte('%')
-		b.WriteByte(upperHex[c>>4])
-		b.WriteByte(upperHex[c&15])
+		b = append(b, '%', upperHex[c>>4], upperHex[c&15])
 	}
+	return b
 }
 
 func unreserved(c byte) bool {
