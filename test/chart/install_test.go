@@ -113,10 +113,31 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		}
 	}
 
+	deployment, err := admin.AppsV1().Deployments(releaseNS).Get(ctx, fullname, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := deployment.Spec.Template.Annotations["checksum/secret"]
+	// An upgrade with the same values changes nothing: the generated keys
+	// are looked up, not made again, so the pods do not restart.
+	if _, err := helm(t, install...); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := admin.AppsV1().Deployments(releaseNS).Get(ctx, fullname, metav1.GetOptions{}); d.Spec.Template.Annotations["checksum/secret"] != before {
+		t.Error("an upgrade with unchanged values changed the pod template's secret checksum (pods would restart)")
+	}
 	// An upgrade keeps the generated keys (lookup) and takes a new client secret.
 	upgrade := append(append([]string{}, install...), "--set", "oidc.clientSecret=rotated")
 	if _, err := helm(t, upgrade...); err != nil {
 		t.Fatal(err)
+	}
+	// ... and the pods restart for the new client secret (a changed checksum).
+	checksum := func() string {
+		d, err := admin.AppsV1().Deployments(releaseNS).Get(ctx, fullname, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Spec.Template.Annotations["checksum/secret"]
 	}
 	after, err := admin.CoreV1().Secrets(releaseNS).Get(ctx, fullname, metav1.GetOptions{})
 	if err != nil {
@@ -126,6 +147,9 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		if len(secret.Data[k]) == 0 || string(after.Data[k]) != string(secret.Data[k]) {
 			t.Errorf("helm upgrade changed the generated %s", k)
 		}
+	}
+	if before == "" || checksum() == before {
+		t.Error("a new client secret did not change the pod template's secret checksum: pods would keep the old one")
 	}
 	if string(after.Data["oidc-client-secret"]) != "rotated" {
 		t.Errorf("oidc-client-secret after upgrade = %q, want rotated", after.Data["oidc-client-secret"])

@@ -6,6 +6,7 @@ package chart_test
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
@@ -15,6 +16,9 @@ func TestMain(m *testing.M) {
 	code := controlplane.RunMain(m)
 	if helmHome != "" {
 		os.RemoveAll(helmHome)
+	}
+	if backendBin != "" {
+		os.RemoveAll(filepath.Dir(backendBin))
 	}
 	os.Exit(code)
 }

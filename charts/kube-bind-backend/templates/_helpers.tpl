@@ -195,3 +195,28 @@ Secrets are passed as files, never as flag values.
 {{- end }}
 {{- toYaml $args }}
 {{- end }}
+
+{{/*
+The data of the Secret the chart makes, rendered once per release render
+(memoized in .Values, so the Deployment's checksum hashes the same random
+keys the Secret holds). Generated keys are made once: on upgrade, lookup
+finds the Secret of the previous release and its keys are kept, so cookies
+and peer traffic survive an upgrade. (helm template and --dry-run cannot
+look up; they show fresh keys.) Each key file holds base64 text of random
+bytes, as the backend's --cookie-*-key-file and --peer-key-file read them.
+*/}}
+{{- define "kbb.secretData" -}}
+{{- if not (hasKey .Values "__kbbSecretData") }}
+{{- $keys := .Values.secrets.keys }}
+{{- $previous := dict }}
+{{- with lookup "v1" "Secret" .Release.Namespace (include "kbb.fullname" .) }}
+{{- $previous = default dict .data }}
+{{- end }}
+{{- $data := dict $keys.oidcClientSecret (.Values.oidc.clientSecret | b64enc) }}
+{{- range $key, $size := dict $keys.cookieSigningKey 64 $keys.cookieEncryptionKey 32 $keys.peerKey 32 }}
+{{- $_ := set $data $key ((index $previous $key) | default (randBytes $size | b64enc)) }}
+{{- end }}
+{{- $_ := set .Values "__kbbSecretData" $data }}
+{{- end }}
+{{- toYaml (get .Values "__kbbSecretData") }}
+{{- end }}
