@@ -417,3 +417,57 @@ func TestClusterRolesAreThoseOfBinding(t *testing.T) {
 		}
 	}
 }
+
+func TestNetworkPolicy(t *testing.T) {
+	if n := len(render(t).ofKind("NetworkPolicy")); n != 0 {
+		t.Fatalf("%d NetworkPolicies by default", n)
+	}
+	objs := render(t, "networkPolicy.enabled=true", "networkPolicy.httpFrom[0].namespaceSelector.matchLabels.team=ingress")
+	np := objs.get(t, "NetworkPolicy", fullname)
+	rules := asSlice(t, field(t, np, "spec", "ingress"))
+	if len(rules) != 2 {
+		t.Fatalf("want a rule for the http port and one for the peer port, got %v", rules)
+	}
+	httpRule, peerRule := asMap(t, rules[0]), asMap(t, rules[1])
+	if p := asMap(t, asSlice(t, httpRule["ports"])[0]); p["port"] != "http" {
+		t.Errorf("first rule ports %v", p)
+	}
+	if from := asMap(t, asSlice(t, httpRule["from"])[0]); from["namespaceSelector"] == nil {
+		t.Errorf("http rule from %v: want the configured namespaceSelector", from)
+	}
+	if p := asMap(t, asSlice(t, peerRule["ports"])[0]); p["port"] != "peer" {
+		t.Errorf("second rule ports %v", p)
+	}
+	sel := asMap(t, asMap(t, asMap(t, asSlice(t, peerRule["from"])[0])["podSelector"])["matchLabels"])
+	if sel["app.kubernetes.io/instance"] != "kbb" {
+		t.Errorf("peer port open to %v, want only this release's pods", sel)
+	}
+	// One replica: no peer port to open.
+	one := render(t, "networkPolicy.enabled=true", "replicaCount=1")
+	if n := len(asSlice(t, field(t, one.get(t, "NetworkPolicy", fullname), "spec", "ingress"))); n != 1 {
+		t.Errorf("%d ingress rules for one replica, want 1", n)
+	}
+}
+
+func TestMountedSecretsAreReadOnlyAndGroupReadable(t *testing.T) {
+	objs := render(t, "tls.enabled=true", "tls.existingSecret=tls")
+	d := objs.get(t, "Deployment", fullname)
+	for _, v := range asSlice(t, field(t, d, "spec", "template", "spec", "volumes")) {
+		vv := asMap(t, v)
+		if sec, ok := vv["secret"]; ok {
+			// 0440: readable by the non-root user through fsGroup, by no one else.
+			if mode := asMap(t, sec)["defaultMode"]; mode != int64(0o440) {
+				t.Errorf("volume %v: defaultMode %v, want 0440", vv["name"], mode)
+			}
+		}
+	}
+	for _, m := range asSlice(t, container(t, objs)["volumeMounts"]) {
+		mm := asMap(t, m)
+		if mm["name"] != "tmp" && mm["readOnly"] != true {
+			t.Errorf("mount %v is writable", mm["name"])
+		}
+	}
+	if fs := field(t, d, "spec", "template", "spec", "securityContext", "fsGroup"); fs != int64(65532) {
+		t.Errorf("fsGroup %v, want 65532 (the group that may read the secret files)", fs)
+	}
+}
