@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/storetest"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -35,7 +35,7 @@ type env struct {
 	reg     *prometheus.Registry
 	handler http.Handler
 	srv     *httptest.Server
-	logs    *syncBuffer
+	logs    *procs.Buffer
 }
 
 type envOpts struct {
@@ -61,7 +61,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	clock := storetest.NewClock(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
 	store := memory.New(o.limits, clock.Now)
 	t.Cleanup(store.Close)
-	logs := &syncBuffer{}
+	logs := &procs.Buffer{}
 	level := slog.LevelDebug
 	if o.logLevel != nil {
 		level = *o.logLevel
@@ -201,22 +201,4 @@ func wantCommonHeaders(t testing.TB, resp *http.Response) {
 	if got := resp.Header.Get("Content-Type"); got != "application/json; charset=utf-8" {
 		t.Errorf("Content-Type %q, want application/json; charset=utf-8", got)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a server.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -20,9 +20,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // keyPair is a self-signed certificate for 127.0.0.1, PEM encoded.
@@ -127,26 +128,8 @@ func writeFile(t *testing.T, path string, b []byte) {
 	}
 }
 
-// lockedBuffer collects log output written from the Run goroutine.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func newLogger() (*slog.Logger, *lockedBuffer) {
-	b := &lockedBuffer{}
+func newLogger() (*slog.Logger, *procs.Buffer) {
+	b := &procs.Buffer{}
 	return slog.New(slog.NewTextHandler(b, nil)), b
 }
 

@@ -1,7 +1,6 @@
 package chart_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -14,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // testBackendRunsWithChartConfig starts the real backend binary with the
@@ -126,7 +125,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	// ServiceAccount; here the same identity comes from a kubeconfig.
 	args = append(args, "--kubeconfig="+kubeconfig)
 
-	var logs lockedBuffer
+	var logs procs.Buffer
 	cmd := exec.Command(backendBinary(t), args...)
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	// The pod's downward-API environment, as the chart sets it.
@@ -323,22 +322,4 @@ func checkCertificateRotation(t *testing.T, client *http.Client, base string, vo
 	if !reused || s != a.cert.SerialNumber.String() {
 		t.Errorf("the connection opened before the renewal: reused=%v serial %s, want reused with %s", reused, s, a.cert.SerialNumber)
 	}
-}
-
-// lockedBuffer collects a process's output while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

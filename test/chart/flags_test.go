@@ -1,38 +1,28 @@
 package chart_test
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"sync"
 	"testing"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 var (
 	backendOnce sync.Once
 	backendBin  string
 	backendErr  error
-	backendOut  []byte
 )
 
-// backendBinary builds cmd/backend once for the package.
+// backendBinary builds cmd/backend once for the package (TestMain removes
+// its folder).
 func backendBinary(t *testing.T) string {
 	t.Helper()
-	backendOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kbb-chart-backend-")
-		if err != nil {
-			backendErr = err
-			return
-		}
-		backendBin = filepath.Join(dir, "backend")
-		cmd := exec.Command("go", "build", "-o", backendBin, "./cmd/backend")
-		cmd.Dir = repoRoot(t)
-		backendOut, backendErr = cmd.CombinedOutput()
-	})
+	backendOnce.Do(func() { backendBin, _, backendErr = procs.Build("./cmd/backend") })
 	if backendErr != nil {
-		t.Fatalf("building cmd/backend: %v\n%s", backendErr, backendOut)
+		t.Fatalf("building cmd/backend: %v", backendErr)
 	}
 	return backendBin
 }

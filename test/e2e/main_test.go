@@ -6,58 +6,38 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/deploy/crds"
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 var backendBinary string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "e2e-backend-")
+	bin, cleanup, err := procs.Build("./cmd/backend")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	backendBinary = filepath.Join(dir, "kube-bind-backend")
-	build := exec.Command("go", "build", "-o", backendBinary, "./cmd/backend")
-	build.Dir = repoRoot()
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the backend:", err)
 		os.Exit(1)
 	}
+	backendBinary = bin
 	code := controlplane.RunMain(m)
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
-}
-
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
 // Users of the test identity provider. Only members of group "binders"
@@ -95,69 +75,10 @@ func prepareCluster(t *testing.T, cp *controlplane.ControlPlane) {
 	clusterOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		admin := cp.AdminConfig()
-		if clusterErr = crds.Install(ctx, admin); clusterErr != nil {
-			return
-		}
-		if clusterErr = binding.InstallClusterRoles(ctx, admin); clusterErr != nil {
-			return
-		}
-		ext := apiextensionsclient.NewForConfigOrDie(admin)
-		for _, c := range []struct {
-			group, plural, kind string
-			exported            bool
-		}{
-			{"mangodb.com", "mangodbs", "MangoDB", true},
-			{"cache.example.com", "redises", "Redis", true},
-			{"internal.example.com", "secretthings", "SecretThing", false},
-		} {
-			crd := exampleCRD(c.group, c.plural, c.kind, c.exported)
-			_, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{})
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				clusterErr = err
-				return
-			}
-			clusterErr = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-				got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-				if err != nil {
-					return false, nil
-				}
-				for _, cond := range got.Status.Conditions {
-					if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-						return true, nil
-					}
-				}
-				return false, nil
-			})
-			if clusterErr != nil {
-				return
-			}
-		}
+		clusterErr = exampleapis.Prepare(ctx, cp.AdminConfig(), exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing)
 	})
 	if clusterErr != nil {
 		t.Fatalf("preparing the control plane: %v", clusterErr)
-	}
-}
-
-func exampleCRD(group, plural, kind string, exported bool) *apiextensionsv1.CustomResourceDefinition {
-	labels := map[string]string{}
-	if exported {
-		labels[binding.ExportedLabel] = "true"
-	}
-	preserve := true
-	return &apiextensionsv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + group, Labels: labels},
-		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
-			Group: group,
-			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: plural, Kind: kind, ListKind: kind + "List", Singular: strings.ToLower(kind)},
-			Scope: apiextensionsv1.NamespaceScoped,
-			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
-				Name: "v1alpha1", Served: true, Storage: true,
-				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
-					Type: "object", XPreserveUnknownFields: &preserve,
-				}},
-			}},
-		},
 	}
 }
 
@@ -172,7 +93,7 @@ func startEnv(t *testing.T, opts backendOptions) *env {
 	cp := controlplane.Get(t)
 	prepareCluster(t, cp)
 
-	port := freePort(t)
+	port := procs.FreePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	idp := oidcprovider.Start(t, oidcprovider.Options{
 		RedirectURIs: []string{base + "/callback"},
@@ -185,8 +106,8 @@ func startEnv(t *testing.T, opts backendOptions) *env {
 		"--oidc-issuer-client-id", idp.ClientID,
 		"--oidc-issuer-client-secret", idp.ClientSecret,
 		"--oidc-allowed-groups", "binders",
-		"--cookie-signing-key", randomKey(t, 32),
-		"--cookie-encryption-key", randomKey(t, 32),
+		"--cookie-signing-key", procs.RandomKey(t, 32),
+		"--cookie-encryption-key", procs.RandomKey(t, 32),
 		"--kubeconfig", cp.AdminKubeconfigPath(),
 		"--pretty-name", prettyName,
 		"--namespace-prefix", namespacePrefix,
@@ -203,7 +124,7 @@ func startEnv(t *testing.T, opts backendOptions) *env {
 func startBackend(t *testing.T, args []string, base string) {
 	t.Helper()
 	cmd := exec.Command(backendBinary, args...)
-	logs := &lockedBuffer{}
+	logs := &procs.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the backend: %v", err)
@@ -248,23 +169,6 @@ func startBackend(t *testing.T, args []string, base string) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func randomKey(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return base64.StdEncoding.EncodeToString(b)
-}
-
 // consumerNamespaces lists the provider namespaces made for a user.
 func (e *env) consumerNamespaces(t *testing.T, user oidcprovider.User) []string {
 	t.Helper()
@@ -279,21 +183,4 @@ func (e *env) consumerNamespaces(t *testing.T, user oidcprovider.User) []string 
 		}
 	}
 	return names
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -3,7 +3,6 @@ package replicas
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -28,6 +27,7 @@ import (
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/web"
 )
@@ -41,7 +41,7 @@ type replica struct {
 	peerURL string // peer API base URL
 	args    []string
 	cmd     *exec.Cmd
-	logs    *lockedBuffer
+	logs    *procs.Buffer
 	exited  chan struct{}
 	waitErr error // valid once exited is closed
 }
@@ -50,7 +50,7 @@ type replica struct {
 func (r *replica) start(t *testing.T) {
 	t.Helper()
 	r.cmd = exec.Command(backendBinary, r.args...)
-	r.logs = &lockedBuffer{}
+	r.logs = &procs.Buffer{}
 	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
 	if err := r.cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", r.name, err)
@@ -158,24 +158,6 @@ func newFront(t *testing.T, replicas ...*replica) *front {
 
 func (f *front) pin(r *replica) { f.target.Store(r) }
 
-// freePort returns a loopback port nothing listens on right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func randomKey(t *testing.T, n int) string {
-	t.Helper()
-	b := make([]byte, n)
-	rand.Read(b)
-	return base64.StdEncoding.EncodeToString(b)
-}
-
 // writeFile writes a file the backend reads (keys), mode 0600.
 func writeFile(t *testing.T, name, content string) string {
 	t.Helper()
@@ -188,7 +170,7 @@ func writeFile(t *testing.T, name, content string) string {
 
 // newReplica prepares (does not start) a replica on fresh loopback ports.
 func newReplica(t *testing.T, name string) *replica {
-	port, peerPort := freePort(t), freePort(t)
+	port, peerPort := procs.FreePort(t), procs.FreePort(t)
 	return &replica{
 		name:    name,
 		addr:    fmt.Sprintf("127.0.0.1:%d", port),

@@ -19,6 +19,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
@@ -49,9 +50,9 @@ func TestThreeReplicas(t *testing.T) {
 	reps := []*replica{newReplica(t, "replica-0"), newReplica(t, "replica-1"), newReplica(t, "replica-2")}
 	f := newFront(t, reps...)
 	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{f.url + "/callback"}, Users: []oidcprovider.User{alice}})
-	peerKeyB64 := randomKey(t, 32)
+	peerKeyB64 := procs.RandomKey(t, 32)
 	peerKey := writeFile(t, "peer-key", peerKeyB64+"\n")
-	signKey, encKey := randomKey(t, 64), randomKey(t, 32)
+	signKey, encKey := procs.RandomKey(t, 64), procs.RandomKey(t, 32)
 	t.Cleanup(func() {
 		for _, r := range reps {
 			for name, secret := range map[string]string{"peer key": peerKeyB64, "cookie signing key": signKey, "cookie encryption key": encKey} {
@@ -301,7 +302,7 @@ func TestReplicaJoinsByDiscovery(t *testing.T) {
 		}
 	}
 
-	peerKey := writeFile(t, "peer-key", randomKey(t, 48))
+	peerKey := writeFile(t, "peer-key", procs.RandomKey(t, 48))
 	reps := []*replica{newReplica(t, "replica-0"), newReplica(t, "replica-1"), newReplica(t, "replica-2")}
 	ext := "http://" + reps[0].addr
 	for _, r := range reps {
@@ -323,7 +324,7 @@ clusters: [{name: c, cluster: {server: "https://127.0.0.1:%d", insecure-skip-tls
 users: [{name: u, user: {token: x}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
-`, freePort(t)))
+`, procs.FreePort(t)))
 	lost.args = append(lost.hashringArgs(peerKey), "--peer-service", ns+"/"+svc, "--kubeconfig", unreachable)
 	lost.start(t)
 

@@ -5,7 +5,6 @@ package oidcprovider
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -21,9 +20,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // User is a test user the provider knows. Its subject (sub) is its Name.
@@ -58,7 +58,7 @@ type Provider struct {
 	redirectURIs []string
 	cmd          *exec.Cmd     // nil for Attach
 	exited       chan struct{} // closed when node has exited
-	logs         *syncBuffer
+	logs         *procs.Buffer
 }
 
 const startTimeout = 60 * time.Second
@@ -150,7 +150,7 @@ func Run(ctx context.Context, opts Options) (_ *Provider, err error) {
 
 	logs := opts.Log
 	if logs == nil {
-		p.logs = &syncBuffer{}
+		p.logs = &procs.Buffer{}
 		logs = p.logs
 	}
 	cmd := exec.Command(node, filepath.Join(dir, "server.js"))
@@ -272,21 +272,4 @@ func randomString() (string, error) {
 		return "", err
 	}
 	return base64.RawURLEncoding.EncodeToString(b), nil
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,0 +1,102 @@
+// Package exampleapis prepares a provider cluster for bindings in tests and
+// the local demo: the kube-bind.io CRDs, the consumer ClusterRoles, and
+// example CRDs that are (or are not) exported.
+package exampleapis
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+
+	"github.com/kbprovider/backend/deploy/crds"
+	"github.com/kbprovider/backend/internal/binding"
+)
+
+// API is an example namespaced API served as a CRD.
+type API struct {
+	Group, Plural, Kind string
+	// Exported labels the CRD kube-bind.io/exported=true.
+	Exported bool
+}
+
+// Name is the CRD's name, <plural>.<group>.
+func (a API) Name() string { return a.Plural + "." + a.Group }
+
+// Examples used across tests and the demo.
+var (
+	MangoDB     = API{Group: "mangodb.com", Plural: "mangodbs", Kind: "MangoDB", Exported: true}
+	Redis       = API{Group: "cache.example.com", Plural: "redises", Kind: "Redis", Exported: true}
+	SecretThing = API{Group: "internal.example.com", Plural: "secretthings", Kind: "SecretThing"}
+)
+
+// CRD returns the CRD of a: one served version v1alpha1 that keeps any
+// fields.
+func CRD(a API) *apiextensionsv1.CustomResourceDefinition {
+	labels := map[string]string{}
+	if a.Exported {
+		labels[binding.ExportedLabel] = "true"
+	}
+	preserve := true
+	return &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: a.Name(), Labels: labels},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: a.Group,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{
+				Plural: a.Plural, Kind: a.Kind, ListKind: a.Kind + "List", Singular: strings.ToLower(a.Kind),
+			},
+			Scope: apiextensionsv1.NamespaceScoped,
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+				Name: "v1alpha1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+					Type: "object", XPreserveUnknownFields: &preserve,
+				}},
+			}},
+		},
+	}
+}
+
+// Prepare installs the kube-bind.io CRDs and the consumer ClusterRoles, and
+// creates the CRDs of apis (an existing one is kept), waiting until every
+// CRD is established.
+func Prepare(ctx context.Context, admin *rest.Config, apis ...API) error {
+	if err := crds.Install(ctx, admin); err != nil {
+		return err
+	}
+	if err := binding.InstallClusterRoles(ctx, admin); err != nil {
+		return err
+	}
+	client, err := apiextensionsclient.NewForConfig(admin)
+	if err != nil {
+		return err
+	}
+	crdClient := client.ApiextensionsV1().CustomResourceDefinitions()
+	for _, a := range apis {
+		if _, err := crdClient.Create(ctx, CRD(a), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating CRD %s: %w", a.Name(), err)
+		}
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := crdClient.Get(ctx, a.Name(), metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, c := range got.Status.Conditions {
+				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("CRD %s not established: %w", a.Name(), err)
+		}
+	}
+	return nil
+}

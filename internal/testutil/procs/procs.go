@@ -1,0 +1,86 @@
+// Package procs holds what tests that run the project's commands as real
+// processes share: building a command once, free loopback ports, random
+// keys, and a buffer that collects a process's output while the test reads
+// it.
+package procs
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// RepoRoot is the root of this repository.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}
+
+// Build builds the command in pkg (a path relative to the repository root,
+// e.g. "./cmd/backend") into a new temporary folder and returns the
+// binary's path and a function that removes the folder. For TestMain, which
+// has no testing.TB.
+func Build(pkg string, extraArgs ...string) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "procs-build-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	args := append([]string{"build", "-o", bin}, extraArgs...)
+	cmd := exec.Command("go", append(args, pkg)...)
+	cmd.Dir = RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return bin, cleanup, nil
+}
+
+// FreePort returns a loopback TCP port nothing listens on right now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// RandomKey returns n random bytes in standard base64, the form the
+// backend's key flags take.
+func RandomKey(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// Buffer collects output written concurrently (a process's stdout and
+// stderr, a server's logs) while a test reads it.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
