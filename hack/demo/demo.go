@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 )
 
@@ -77,10 +78,10 @@ func (d *demo) start(ctx context.Context) error {
 	d.step("control plane up at %s (%s)", cp.Host(), since(t))
 
 	t = time.Now()
-	if err := installAPIs(ctx, cp.AdminConfig()); err != nil {
+	if err := exampleapis.Prepare(ctx, cp.AdminConfig(), exampleAPIs...); err != nil {
 		return fmt.Errorf("installing the kube-bind CRDs and the example APIs: %w", err)
 	}
-	d.step("installed the kube-bind CRDs, the consumer ClusterRoles and the exported APIs %s (%s)", strings.Join(exampleNames(), ", "), since(t))
+	d.step("installed the kube-bind CRDs, the consumer ClusterRoles and the example APIs %s (%s)", describeAPIs(), since(t))
 
 	t = time.Now()
 	if d.idpLog, err = os.Create(d.path("oidc-provider.log")); err != nil {
@@ -212,6 +213,22 @@ func (d *demo) stop() {
 		// The logs stay; etcd's data (tens of MB) need not.
 		_ = os.RemoveAll(filepath.Join(d.cp.LogDir(), "etcd"))
 	}
+}
+
+// exampleAPIs are the provider's APIs in the demo: two that consumers can
+// bind, and one that is not exported (and so never offered).
+var exampleAPIs = []exampleapis.API{exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing}
+
+func describeAPIs() string {
+	var names []string
+	for _, a := range exampleAPIs {
+		if a.Exported {
+			names = append(names, a.Name()+" (exported)")
+		} else {
+			names = append(names, a.Name()+" (not exported)")
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }

@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,7 +30,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/web"
 )
@@ -40,7 +41,7 @@ import (
 type demoRun struct {
 	cmd              *exec.Cmd
 	stdout           io.Reader
-	stderr           *lockedBuffer
+	stderr           *procs.Buffer
 	exited           chan error
 	state            string
 	listen, oidcAddr string
@@ -50,7 +51,7 @@ type demoRun struct {
 // startDemo runs hack/demo.sh on free ports, as a user would.
 func startDemo(t *testing.T) *demoRun {
 	t.Helper()
-	root := repoRoot(t)
+	root := procs.RepoRoot()
 	// The demo would build the Kubernetes binaries if they were missing:
 	// minutes, not for a test to start by surprise.
 	if out, err := exec.Command("bash", filepath.Join(root, "hack/install-test-binaries.sh"), "--print-dir").CombinedOutput(); err != nil {
@@ -60,7 +61,7 @@ func startDemo(t *testing.T) *demoRun {
 		t.Fatal("the OIDC provider's npm packages are missing: run hack/install-test-deps.sh")
 	}
 
-	d := &demoRun{state: filepath.Join(t.TempDir(), "state"), listen: freeAddr(t), oidcAddr: freeAddr(t), stderr: &lockedBuffer{}, exited: make(chan error, 1)}
+	d := &demoRun{state: filepath.Join(t.TempDir(), "state"), listen: freeAddr(t), oidcAddr: freeAddr(t), stderr: &procs.Buffer{}, exited: make(chan error, 1)}
 	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", d.listen, "--oidc-address", d.oidcAddr, "--state-dir", d.state)
 	cmd.Dir = root
 	// If this test dies, the demo dies too, and with it what it started.
@@ -284,7 +285,7 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	poll := exec.CommandContext(ctx, ready.poll[0], ready.poll[1:]...)
-	pollErr := &lockedBuffer{}
+	pollErr := &procs.Buffer{}
 	poll.Stderr = pollErr
 	if err := poll.Start(); err != nil {
 		t.Fatal(err)
@@ -330,16 +331,16 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 		t.Fatalf("after login: %s at %s:\n%.2000s", resp.Status, resp.Request.URL, page)
 	}
 	form := parseForm(t, page)
-	for _, want := range exampleNames() {
-		if !slices.Contains(form.checkboxes[web.FieldAPI], want) {
-			t.Errorf("selection page does not offer %s (offers %v)", want, form.checkboxes[web.FieldAPI])
+	for _, a := range exampleAPIs {
+		if offered := slices.Contains(form.checkboxes[web.FieldAPI], a.Name()); offered != a.Exported {
+			t.Errorf("selection page offers %v, want exactly the exported example APIs", form.checkboxes[web.FieldAPI])
 		}
 	}
 	if form.values.Get(web.FieldCSRF) == "" {
 		t.Fatal("selection form has no CSRF token")
 	}
 	values := form.values
-	values.Set(web.FieldAPI, "mangodbs.mangodb.com")
+	values.Set(web.FieldAPI, exampleapis.MangoDB.Name())
 	values.Set(web.FieldAction, web.ActionBind)
 	action, err := resp.Request.URL.Parse(form.action)
 	if err != nil {
@@ -531,21 +532,7 @@ func alive(pid int) bool {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Join(dir, "..", "..")
+	return fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t))
 }
 
 func tail(s string, n int) string {
@@ -554,21 +541,4 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
