@@ -85,6 +85,9 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		return nil, nil, "", err
 	}
 	catalog.Start(ctx)
+	if err := startControllers(ctx, cfg, rc, catalog, provisioner, w.logger); err != nil {
+		return nil, nil, "", err
+	}
 	go login.Run(ctx)
 	return handler, []health.Check{login, catalog}, "", nil
 }

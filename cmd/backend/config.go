@@ -76,6 +76,14 @@ type config struct {
 	// CallbackAllowList: URL prefixes a callback-flow u may start with.
 	CallbackAllowList []string
 
+	// Leader election of the provider-side controllers (internal/exports):
+	// on when LeaderElectionNamespace is set (see leaderElection in
+	// leader.go).
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	LeaderElectionLeaseName string
+	PodName                 string
+
 	ShowVersion bool
 }
 
@@ -97,6 +105,9 @@ type rawFlags struct {
 	version                                               bool
 	store                                                 storeFlags
 	callbackAllowedURLs                                   string
+	leaderElection                                        bool
+	leaderElectionNamespace, leaderElectionLeaseName      string
+	podNamespace, podName                                 string
 }
 
 func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
@@ -144,6 +155,10 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	r.store.register(fs)
 	s(&r.callbackAllowedURLs, "callback-allowed-urls", "", "comma-separated URL prefixes (scheme://host[:port][/path]) the callback flow may redirect to, besides http URLs on a loopback host")
 
+	b(&r.leaderElection, "leader-election", true, "run the provider-side controllers on one replica at a time, holding a Lease; off when no namespace is known (no --leader-election-namespace, no POD_NAMESPACE, not in a pod)")
+	s(&r.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: $POD_NAMESPACE, else the pod's own namespace)")
+	s(&r.leaderElectionLeaseName, "leader-election-lease-name", "kube-bind-backend", "name of the leader election Lease")
+
 	b(&r.version, "version", false, "print the version and exit")
 
 	fs.Usage = func() {
@@ -186,6 +201,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*c
 		return &config{ShowVersion: true}, nil
 	}
 	r.store.podIP = getenv("POD_IP")
+	r.podNamespace, r.podName = getenv("POD_NAMESPACE"), getenv("POD_NAME")
 	return r.validate()
 }
 
@@ -359,6 +375,7 @@ func (r *rawFlags) validate() (*config, error) {
 	errs = append(errs, storeErrs...)
 	c.CallbackAllowList, storeErrs = validateCallbackAllowList(r.callbackAllowedURLs)
 	errs = append(errs, storeErrs...)
+	errs = append(errs, r.validateLeaderElection(c)...)
 	return c, errors.Join(errs...)
 }
 

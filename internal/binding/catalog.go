@@ -146,6 +146,48 @@ func (c *Catalog) exported(crd *apiextensionsv1.CustomResourceDefinition) (Expor
 	return api, true
 }
 
+// ExportedCRD returns the cached CRD of an exported API the consumer scope
+// allows (see Lookup), for the controllers that mirror it into
+// APIServiceExports. The object is the informer's: callers must not modify it.
+func (c *Catalog) ExportedCRD(group, resource string) (*apiextensionsv1.CustomResourceDefinition, bool) {
+	o, found, err := c.informer.GetStore().GetByKey(resource + "." + group)
+	if err != nil || !found {
+		return nil, false
+	}
+	crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
+	if !ok {
+		return nil, false
+	}
+	if _, ok := c.exported(crd); !ok {
+		return nil, false
+	}
+	return crd, true
+}
+
+// OnChange calls fn with the CRD's name whenever a labelled CRD is added,
+// changed or removed (also when its label is taken away), so that
+// controllers can follow the catalog without a second watch. The returned
+// function stops the calls.
+func (c *Catalog) OnChange(fn func(name string)) (stop func(), err error) {
+	name := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if crd, ok := obj.(*apiextensionsv1.CustomResourceDefinition); ok {
+			fn(crd.Name)
+		}
+	}
+	reg, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    name,
+		UpdateFunc: func(_, obj any) { name(obj) },
+		DeleteFunc: name,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = c.informer.RemoveEventHandler(reg) }, nil
+}
+
 // Name names the catalog's readiness check.
 func (c *Catalog) Name() string { return "provider-cluster" }
 

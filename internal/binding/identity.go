@@ -25,15 +25,22 @@ func (c Consumer) ID() string { return c.Issuer + "/" + c.Subject }
 // verbatim (any characters); the label holds its hash so that a namespace
 // can be found by identity with a label selector.
 const (
-	AnnotationIssuer   = "kube-bind.io/consumer-issuer"
-	AnnotationSubject  = "kube-bind.io/consumer-subject"
-	AnnotationCluster  = "kube-bind.io/cluster-id"
-	LabelConsumerHash  = "kube-bind.io/consumer-hash"
-	LabelManagedBy     = "app.kubernetes.io/managed-by"
-	managedByValue     = "kube-bind-backend"
-	maxIssuerLength    = 2048
-	maxSubjectLength   = 1024
-	maxClusterIDLength = 256
+	AnnotationIssuer  = "kube-bind.io/consumer-issuer"
+	AnnotationSubject = "kube-bind.io/consumer-subject"
+	AnnotationCluster = "kube-bind.io/cluster-id"
+	LabelConsumerHash = "kube-bind.io/consumer-hash"
+	LabelManagedBy    = "app.kubernetes.io/managed-by"
+	// ManagedByValue is LabelManagedBy's value on everything the backend
+	// makes; the chart's admission policy looks for it on namespaces.
+	ManagedByValue = "kube-bind-backend"
+	managedByValue = ManagedByValue
+	// LabelConsumerNamespace marks a namespace made for an
+	// APIServiceNamespace (internal/exports) with the consumer namespace it
+	// belongs to, so that Unbind can remove it with the consumer.
+	LabelConsumerNamespace = "kube-bind.io/consumer-namespace"
+	maxIssuerLength        = 2048
+	maxSubjectLength       = 1024
+	maxClusterIDLength     = 256
 )
 
 // nameHashLength is how many hash characters the namespace name carries:

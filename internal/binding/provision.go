@@ -255,6 +255,15 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 	return name, nil
 }
 
+// IsConsumerNamespace says whether ns is a provider namespace Provision
+// made for a consumer: labelled as the backend's and carrying an identity.
+// Namespaces made for APIServiceNamespaces are not.
+func IsConsumerNamespace(ns *corev1.Namespace) bool {
+	a := ns.Annotations
+	return ns.Labels[LabelManagedBy] == managedByValue && ns.Labels[LabelConsumerNamespace] == "" &&
+		a[AnnotationIssuer] != "" && a[AnnotationSubject] != "" && a[AnnotationCluster] != ""
+}
+
 func sameIdentity(ns *corev1.Namespace, c Consumer, clusterID string) bool {
 	a := ns.Annotations
 	return a[AnnotationIssuer] == c.Issuer && a[AnnotationSubject] == c.Subject && a[AnnotationCluster] == clusterID
@@ -276,6 +285,13 @@ func (p *Provisioner) backendUser(ctx context.Context) (string, error) {
 	}
 	p.user = r.Status.UserInfo.Username
 	return p.user, nil
+}
+
+// GrantBackend gives the backend its namespace role in ns (a namespace the
+// backend made), as Provision does in a consumer namespace; the
+// controllers in internal/exports use it in the namespaces they make.
+func (p *Provisioner) GrantBackend(ctx context.Context, ns string) error {
+	return p.grantBackend(ctx, ns)
 }
 
 // grantBackend binds BackendNamespaceClusterRole to the backend in the
@@ -409,6 +425,29 @@ func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) 
 	err = p.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting provider namespace %s: %w", name, err)
+	}
+	return p.deleteAPIServiceNamespaces(ctx, name)
+}
+
+// deleteAPIServiceNamespaces deletes the namespaces made for the
+// consumer's APIServiceNamespaces (internal/exports labels them with the
+// consumer namespace). The controllers would remove them too, but Unbind
+// does not depend on them running.
+func (p *Provisioner) deleteAPIServiceNamespaces(ctx context.Context, consumerNS string) error {
+	list, err := p.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{
+		LabelSelector: LabelManagedBy + "=" + managedByValue + "," + LabelConsumerNamespace + "=" + consumerNS,
+	})
+	if err != nil {
+		return fmt.Errorf("listing the namespaces of provider namespace %s: %w", consumerNS, err)
+	}
+	for _, ns := range list.Items {
+		if ns.DeletionTimestamp != nil {
+			continue
+		}
+		err := p.client.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ns.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting namespace %s of provider namespace %s: %w", ns.Name, consumerNS, err)
+		}
 	}
 	return nil
 }

@@ -46,8 +46,12 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 		role(BackendClusterRole,
 			// The catalog's informer.
 			rule("apiextensions.k8s.io", []string{"customresourcedefinitions"}, "get", "list", "watch"),
-			// One namespace per consumer; names are not known in advance.
-			rule("", []string{"namespaces"}, "get", "create", "delete"),
+			// One namespace per consumer, and one per APIServiceNamespace;
+			// names are not known in advance. list and watch: the
+			// controllers (internal/exports) keep the backend's namespaces
+			// in a cache and remove those whose owner is gone, without
+			// finalizers that could block a consumer's namespace deletion.
+			rule("", []string{"namespaces"}, "get", "list", "watch", "create", "delete"),
 			// The first RoleBinding in a new namespace (granting the backend
 			// BackendNamespaceClusterRole there) must be created before the
 			// backend has any right in that namespace.
@@ -62,11 +66,23 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			},
 			// Finding its own user name, to bind roles to itself.
 			rule("authentication.k8s.io", []string{"selfsubjectreviews"}, "create"),
+			// The controllers' caches (internal/exports); every write to
+			// these is made through BackendNamespaceClusterRole, in the
+			// backend's namespaces only.
+			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces"}, "list", "watch"),
 		),
 		role(BackendNamespaceClusterRole,
 			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch", "delete"),
 			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "get", "create", "patch"),
 			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
+			// Answering requests and APIServiceNamespaces.
+			rule(kubeBindGroup, []string{"apiserviceexportrequests/status", "apiservicenamespaces/status"}, "patch"),
+			// Mirroring exported CRDs.
+			rule(kubeBindGroup, []string{"apiserviceexports"}, "create", "patch", "delete"),
+			// The consumer's rights on the resources it bound: a Role of
+			// exactly those resources, which the backend does not hold
+			// itself (escalate, bind), confined to the backend's namespaces.
+			rule("rbac.authorization.k8s.io", []string{"roles"}, "create", "patch", "escalate", "bind"),
 		),
 		role(ConsumerClusterRole,
 			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiservicenamespaces"},

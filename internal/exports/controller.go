@@ -1,0 +1,267 @@
+// Package exports is the provider side of a binding after the bind: it
+// answers the APIServiceExportRequests consumers create in their provider
+// namespaces (mirroring exported CRDs into APIServiceExports), keeps those
+// in step with the CRDs, makes a namespace for each APIServiceNamespace,
+// and grants the consumer's service account the resources it bound.
+//
+// One reconcile covers one consumer namespace, so that every decision is
+// taken from the same view of its requests, exports and namespaces. Every
+// write goes to a namespace the backend made, with the backend's namespace
+// role (binding.BackendNamespaceClusterRole).
+package exports
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kbprovider/backend/internal/binding"
+)
+
+var (
+	requestsGVR   = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	exportsGVR    = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexports"}
+	namespacesGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
+)
+
+// Config configures the controllers.
+type Config struct {
+	// Catalog says which CRDs are exported; the caller starts it.
+	Catalog *binding.Catalog
+	// GrantBackend gives the backend its namespace role in a namespace it
+	// made (binding.Provisioner.GrantBackend).
+	GrantBackend func(ctx context.Context, namespace string) error
+	// NamespacePrefix starts the names of the namespaces made for
+	// APIServiceNamespaces (--namespace-prefix, as for consumers).
+	NamespacePrefix string
+	// Workers reconcile namespaces in parallel; 0 means 2.
+	Workers int
+	// Resync re-checks every consumer namespace this often (a Role
+	// deleted by hand comes back); 0 means 10 minutes.
+	Resync time.Duration
+	Logger *slog.Logger
+}
+
+// Controller runs the reconcilers. Run may be called again after it
+// returned (a new leadership term): every run starts with fresh caches.
+type Controller struct {
+	cfg     Config
+	kube    kubernetes.Interface
+	dynamic dynamic.Interface
+	log     *slog.Logger
+}
+
+// New checks the configuration; it does not contact the cluster.
+func New(rc *rest.Config, cfg Config) (*Controller, error) {
+	if cfg.Catalog == nil || cfg.GrantBackend == nil {
+		return nil, errors.New("exports: a catalog and GrantBackend are required")
+	}
+	if err := binding.ValidatePrefix(cfg.NamespacePrefix); err != nil {
+		return nil, err
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 2
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 10 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return &Controller{cfg: cfg, kube: kube, dynamic: dyn, log: cfg.Logger}, nil
+}
+
+// byOwner indexes the namespaces made for APIServiceNamespaces by the
+// consumer namespace they belong to.
+const byOwner = "owner"
+
+// run is one Run's state: caches and the queue of consumer namespaces.
+type run struct {
+	*Controller
+	queue      workqueue.TypedRateLimitingInterface[string]
+	namespaces cache.SharedIndexInformer
+	requests   cache.SharedIndexInformer
+	exports    cache.SharedIndexInformer
+	apiNS      cache.SharedIndexInformer
+
+	mu      sync.Mutex
+	applied map[string]appliedRoles // namespace -> last Role applied there
+}
+
+type appliedRoles struct {
+	fingerprint string
+	at          time.Time
+}
+
+// Run reconciles until ctx ends. It returns an error only when the caches
+// could not be set up; a cluster that is down is waited for.
+func (c *Controller) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := &run{
+		Controller: c,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "exports"}),
+		applied: map[string]appliedRoles{},
+	}
+	defer r.queue.ShutDown()
+
+	nsFactory := informers.NewSharedInformerFactoryWithOptions(c.kube, c.cfg.Resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = binding.LabelManagedBy + "=" + binding.ManagedByValue
+		}))
+	r.namespaces = nsFactory.Core().V1().Namespaces().Informer()
+	if err := r.namespaces.AddIndexers(cache.Indexers{byOwner: func(obj any) ([]string, error) {
+		if ns, ok := obj.(*corev1.Namespace); ok && ns.Labels[binding.LabelConsumerNamespace] != "" {
+			return []string{ns.Labels[binding.LabelConsumerNamespace]}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return err
+	}
+	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
+	r.requests = dynFactory.ForResource(requestsGVR).Informer()
+	r.exports = dynFactory.ForResource(exportsGVR).Informer()
+	r.apiNS = dynFactory.ForResource(namespacesGVR).Informer()
+
+	// Any change in a namespace's kube-bind objects re-checks that namespace.
+	byNamespace := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if m, err := metaAccessor(obj); err == nil {
+			r.queue.Add(m.GetNamespace())
+		}
+	}
+	for _, inf := range []cache.SharedIndexInformer{r.requests, r.exports, r.apiNS} {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: byNamespace, UpdateFunc: func(_, o any) { byNamespace(o) }, DeleteFunc: byNamespace,
+		}); err != nil {
+			return err
+		}
+	}
+	// A namespace change re-checks the consumer it belongs to.
+	onNamespace := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		ns, ok := obj.(*corev1.Namespace)
+		if !ok {
+			return
+		}
+		if owner := ns.Labels[binding.LabelConsumerNamespace]; owner != "" {
+			r.queue.Add(owner)
+			return
+		}
+		r.queue.Add(ns.Name)
+	}
+	if _, err := r.namespaces.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: onNamespace, UpdateFunc: func(_, o any) { onNamespace(o) }, DeleteFunc: onNamespace,
+	}); err != nil {
+		return err
+	}
+	// An exported CRD changed: every consumer may hold an export of it.
+	stop, err := c.cfg.Catalog.OnChange(func(string) { r.enqueueAll() })
+	if err != nil {
+		return err
+	}
+	defer stop()
+
+	nsFactory.Start(ctx.Done())
+	dynFactory.Start(ctx.Done())
+	defer nsFactory.Shutdown()
+	defer dynFactory.Shutdown()
+	c.log.Info("exports controllers: waiting for caches")
+	start := time.Now()
+	if !cache.WaitForCacheSync(ctx.Done(), r.namespaces.HasSynced, r.requests.HasSynced, r.exports.HasSynced,
+		r.apiNS.HasSynced, c.cfg.Catalog.HasSynced) {
+		return ctx.Err()
+	}
+	c.log.Info("exports controllers: caches synced, reconciling", "took", time.Since(start).Round(time.Millisecond).String(),
+		"workers", c.cfg.Workers)
+	r.enqueueAll()
+
+	var wg sync.WaitGroup
+	for i := 0; i < c.cfg.Workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r.next(ctx) {
+			}
+		}()
+	}
+	<-ctx.Done()
+	r.queue.ShutDown()
+	wg.Wait()
+	c.log.Info("exports controllers: stopped")
+	return nil
+}
+
+// enqueueAll queues every consumer namespace and every owner of a
+// namespace made for an APIServiceNamespace.
+func (r *run) enqueueAll() {
+	for _, o := range r.namespaces.GetStore().List() {
+		ns := o.(*corev1.Namespace)
+		if owner := ns.Labels[binding.LabelConsumerNamespace]; owner != "" {
+			r.queue.Add(owner)
+		} else if binding.IsConsumerNamespace(ns) {
+			r.queue.Add(ns.Name)
+		}
+	}
+}
+
+func (r *run) next(ctx context.Context) bool {
+	ns, quit := r.queue.Get()
+	if quit {
+		return false
+	}
+	defer r.queue.Done(ns)
+	err := r.reconcile(ctx, ns)
+	var again *requeueAfter
+	switch {
+	case err == nil:
+		r.queue.Forget(ns)
+	case errors.As(err, &again):
+		r.queue.Forget(ns)
+		r.queue.AddAfter(ns, again.d)
+	default:
+		if ctx.Err() == nil {
+			r.log.Warn("exports controllers: reconcile failed, retrying", "namespace", ns, "error", err,
+				"retries", r.queue.NumRequeues(ns))
+		}
+		r.queue.AddRateLimited(ns)
+	}
+	return true
+}
+
+// requeueAfter asks for another pass later without counting as a failure
+// (e.g. a namespace still terminating).
+type requeueAfter struct {
+	d      time.Duration
+	reason string
+}
+
+func (e *requeueAfter) Error() string { return fmt.Sprintf("again in %s: %s", e.d, e.reason) }

@@ -1,0 +1,229 @@
+package exports_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+)
+
+func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
+
+// backendUser runs the controllers, the catalog and the provisioner: it
+// holds only binding.BackendClusterRole, so the tests also prove that the
+// documented RBAC is enough.
+const (
+	backendUser = "kube-bind-backend-exports-test"
+	prefix      = "kbx-"
+	issuer      = "https://idp.example.com"
+)
+
+var (
+	requestsGVR   = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	exportsGVR    = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexports"}
+	apiNSGVR      = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
+	mangodbsGVR   = schema.GroupVersionResource{Group: "mangodb.com", Version: "v1alpha1", Resource: "mangodbs"}
+	redisesGVR    = schema.GroupVersionResource{Group: "cache.example.com", Version: "v1alpha1", Resource: "redises"}
+	mangodb       = binding.Resource{Group: "mangodb.com", Resource: "mangodbs"}
+	prepareOnce   sync.Once
+	prepareErr    error
+	sharedCatalog *binding.Catalog
+)
+
+type env struct {
+	cp          *controlplane.ControlPlane
+	admin       *rest.Config
+	kube        kubernetes.Interface
+	dyn         dynamic.Interface
+	crds        apiextensionsclient.Interface
+	backend     *rest.Config
+	catalog     *binding.Catalog
+	provisioner *binding.Provisioner
+}
+
+// setup prepares the cluster once (kube-bind CRDs, ClusterRoles, example
+// APIs, the backend identity), and starts a catalog and the controllers
+// as the backend identity for this test.
+func setup(t *testing.T) *env {
+	t.Helper()
+	cp := controlplane.Get(t)
+	admin := cp.AdminConfig()
+	prepareOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		prepareErr = exampleapis.Prepare(ctx, admin, exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing)
+		if prepareErr != nil {
+			return
+		}
+		_, err := kubernetes.NewForConfigOrDie(admin).RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: backendUser},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: binding.BackendClusterRole},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: backendUser}},
+		}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			prepareErr = err
+		}
+	})
+	if prepareErr != nil {
+		t.Fatalf("preparing the control plane: %v", prepareErr)
+	}
+	e := &env{
+		cp: cp, admin: admin,
+		kube:    kubernetes.NewForConfigOrDie(admin),
+		dyn:     dynamic.NewForConfigOrDie(admin),
+		crds:    apiextensionsclient.NewForConfigOrDie(admin),
+		backend: cp.ConfigForUser(backendUser),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cat, err := binding.NewCatalog(e.backend, binding.ScopeNamespaced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat.Start(ctx)
+	if !cat.WaitForSync(ctx) {
+		t.Fatal("catalog never synced")
+	}
+	e.catalog = cat
+	e.provisioner, err = binding.NewProvisioner(e.backend, cat, binding.Config{NamespacePrefix: prefix, ProviderPrettyName: "Exports Test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl, err := exports.New(e.backend, exports.Config{
+		Catalog: cat, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("controller Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("the controllers did not stop within 10s")
+		}
+	})
+	eventually(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup("mangodb.com", "mangodbs"); return ok })
+	return e
+}
+
+// consumer is a bound consumer seen through its issued kubeconfig, as the
+// CLI and the konnector use it.
+type consumer struct {
+	id        binding.Consumer
+	clusterID string
+	namespace string
+	dyn       dynamic.Interface
+}
+
+func (e *env) bind(t *testing.T, subject string, resources ...binding.Resource) *consumer {
+	t.Helper()
+	c := binding.Consumer{Issuer: issuer, Subject: subject + "-" + fmt.Sprint(time.Now().UnixNano())}
+	resp, err := e.provisioner.Provision(context.Background(), c, "cluster1", resources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := clientcmd.NewClientConfigFromBytes(resp.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, _, err := cc.Namespace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := cc.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &consumer{id: c, clusterID: "cluster1", namespace: ns, dyn: dynamic.NewForConfigOrDie(rc)}
+}
+
+// create makes obj as the consumer, retrying while RBAC catches up.
+func (c *consumer) create(t *testing.T, gvr schema.GroupVersionResource, ns string, obj *unstructured.Unstructured) error {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err = c.dyn.Resource(gvr).Namespace(ns).Create(context.Background(), obj, metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func request(name, group, resource string, versions ...string) *unstructured.Unstructured {
+	res := map[string]any{"group": group, "resource": resource}
+	if len(versions) > 0 {
+		vs := []any{}
+		for _, v := range versions {
+			vs = append(vs, v)
+		}
+		res["versions"] = vs
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceExportRequest",
+		"metadata": map[string]any{"name": name},
+		"spec":     map[string]any{"resources": []any{res}},
+	}}
+}
+
+func object(gvr schema.GroupVersionResource, kind, name string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": gvr.GroupVersion().String(), "kind": kind,
+		"metadata": map[string]any{"name": name},
+		"spec":     map[string]any{"size": int64(1)},
+	}}
+}
+
+// waitPhase polls (every 5 ms, as the consumer) until the request has a
+// terminal phase, and returns it with the message and the time it took.
+func (c *consumer) waitPhase(t *testing.T, name string) (phase, message string, took time.Duration) {
+	t.Helper()
+	start := time.Now()
+	err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		u, err := c.dyn.Resource(requestsGVR).Namespace(c.namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		phase, _, _ = unstructured.NestedString(u.Object, "status", "phase")
+		message, _, _ = unstructured.NestedString(u.Object, "status", "terminalMessage")
+		return phase == exports.PhaseSucceeded || phase == exports.PhaseFailed, nil
+	})
+	if err != nil {
+		t.Fatalf("request %s/%s never left phase %q", c.namespace, name, phase)
+	}
+	return phase, message, time.Since(start)
+}
+
+// eventually polls cond for up to 30s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("timed out waiting until %s", what)
+	}
+}
