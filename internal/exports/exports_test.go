@@ -399,7 +399,9 @@ func createCRD(t *testing.T, e *env, crd *apiextensionsv1.CustomResourceDefiniti
 		}
 		return false
 	})
-	t.Cleanup(func() { _ = e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), crd.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), crd.Name, metav1.DeleteOptions{})
+	})
 }
 
 func setExported(t *testing.T, e *env, name string, exported bool) {
