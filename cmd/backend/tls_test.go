@@ -2,13 +2,8 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"math/big"
@@ -22,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/certs"
 )
 
 // testBinary builds this command into the test's temporary directory.
@@ -34,98 +31,25 @@ func testBinary(t *testing.T) string {
 	return bin
 }
 
-// servingPair is a self-signed serving certificate for 127.0.0.1.
-type servingPair struct {
-	serial          *big.Int
-	certPEM, keyPEM []byte
-}
-
-func newServingPair(t *testing.T, name string) servingPair {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Minute),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return servingPair{
-		serial:  serial,
-		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}),
-	}
-}
-
-// secretDir lays files out as the kubelet mounts a Secret: tls.crt ->
-// ..data/tls.crt, ..data -> ..<version>; a rotation swaps ..data at once.
-type secretDir struct {
-	dir     string
-	version int
-}
-
-func (d *secretDir) publish(t *testing.T, p servingPair) {
-	t.Helper()
-	d.version++
-	v := fmt.Sprintf("..v%d", d.version)
-	if err := os.Mkdir(filepath.Join(d.dir, v), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{"tls.crt": p.certPEM, "tls.key": p.keyPEM} {
-		if err := os.WriteFile(filepath.Join(d.dir, v, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tmp := filepath.Join(d.dir, "..data_tmp")
-	if err := os.Symlink(v, tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"tls.crt", "tls.key"} {
-		link := filepath.Join(d.dir, name)
-		if _, err := os.Lstat(link); os.IsNotExist(err) {
-			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
 // TestTLSRotation starts the built backend with TLS files, rotates them
 // the way the kubelet does, and sees the new certificate on a new
 // connection while a connection opened before keeps working.
 func TestTLSRotation(t *testing.T) {
 	bin := testBinary(t)
-	sd := &secretDir{dir: t.TempDir()}
-	first, second := newServingPair(t, "first"), newServingPair(t, "second")
-	sd.publish(t, first)
+	// Keys in SEC 1 form: the backend takes them as well as PKCS #8 ones.
+	first, second := certs.NewServingPair(t, "first").SEC1(t), certs.NewServingPair(t, "second").SEC1(t)
+	vol := certs.NewSecretVolume(t, first)
 
 	addr := freeLoopbackAddr(t)
 	cmd := exec.Command(bin, "--listen-address="+addr, "--log-format=text",
-		"--tls-cert-file="+filepath.Join(sd.dir, "tls.crt"), "--tls-key-file="+filepath.Join(sd.dir, "tls.key"))
+		"--tls-cert-file="+vol.CertFile(), "--tls-key-file="+vol.KeyFile())
 	logs := startProcess(t, cmd)
 	base := "https://" + addr
 
 	// Trust exactly the two test certificates.
 	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(first.certPEM)
-	pool.AppendCertsFromPEM(second.certPEM)
+	pool.AppendCertsFromPEM(first.CertPEM)
+	pool.AppendCertsFromPEM(second.CertPEM)
 	newClient := func(keepAlive bool) *http.Client {
 		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 			TLSClientConfig:   &tls.Config{RootCAs: pool},
@@ -164,8 +88,8 @@ func TestTLSRotation(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if serial.Cmp(first.serial) != 0 {
-		t.Fatalf("served serial %v, want the first certificate's %v", serial, first.serial)
+	if serial.Cmp(first.Cert.SerialNumber) != 0 {
+		t.Fatalf("served serial %v, want the first certificate's %v", serial, first.Cert.SerialNumber)
 	}
 	// The derived external URL is https: the advertised URLs match.
 	resp, err := kept.Get(base + "/export")
@@ -178,22 +102,22 @@ func TestTLSRotation(t *testing.T) {
 		t.Errorf("/export does not advertise %s/poll: %s", base, body)
 	}
 
-	sd.publish(t, second)
+	vol.Publish(second)
 	fresh := newClient(false)
 	for deadline := time.Now().Add(15 * time.Second); ; {
 		serial, _, err = served(fresh, "/healthz")
-		if err == nil && serial.Cmp(second.serial) == 0 {
+		if err == nil && serial.Cmp(second.Cert.SerialNumber) == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("new connections still get serial %v (%v) 15s after the rotation, want %v\n%s", serial, err, second.serial, logs)
+			t.Fatalf("new connections still get serial %v (%v) 15s after the rotation, want %v\n%s", serial, err, second.Cert.SerialNumber, logs)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	// The connection opened before the rotation was not dropped: it is
 	// reused and still shows the certificate it negotiated.
 	serial, reused, err := served(kept, "/healthz")
-	if err != nil || !reused || serial.Cmp(first.serial) != 0 {
+	if err != nil || !reused || serial.Cmp(first.Cert.SerialNumber) != 0 {
 		t.Errorf("old connection after rotation: serial %v reused %v err %v; want the first certificate on the same connection", serial, reused, err)
 	}
 }

@@ -3,17 +3,10 @@ package servingcert
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -23,103 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil/certs"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 )
-
-// keyPair is a self-signed certificate for 127.0.0.1, PEM encoded.
-type keyPair struct {
-	name            string
-	certPEM, keyPEM []byte
-	cert            *x509.Certificate
-}
-
-func newKeyPair(t *testing.T, name string) keyPair {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Minute),
-		NotAfter:              time.Now().Add(time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return keyPair{
-		name:    name,
-		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
-		cert:    cert,
-	}
-}
-
-// secretVolume lays files out the way the kubelet does for a mounted
-// Secret: tls.crt -> ..data/tls.crt, ..data -> ..<timestamp>/, and a new
-// version is published by an atomic rename of a new ..data symlink.
-type secretVolume struct {
-	t   *testing.T
-	dir string
-	gen int
-}
-
-func newSecretVolume(t *testing.T, p keyPair) *secretVolume {
-	v := &secretVolume{t: t, dir: t.TempDir()}
-	v.publish(p.certPEM, p.keyPEM)
-	for _, f := range []string{"tls.crt", "tls.key"} {
-		if err := os.Symlink(filepath.Join("..data", f), filepath.Join(v.dir, f)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return v
-}
-
-func (v *secretVolume) certFile() string { return filepath.Join(v.dir, "tls.crt") }
-func (v *secretVolume) keyFile() string  { return filepath.Join(v.dir, "tls.key") }
-
-func (v *secretVolume) publish(certPEM, keyPEM []byte) {
-	t := v.t
-	v.gen++
-	old, _ := os.Readlink(filepath.Join(v.dir, "..data"))
-	ts := fmt.Sprintf("..2026_01_01_00_00_%02d.%d", v.gen, v.gen)
-	if err := os.Mkdir(filepath.Join(v.dir, ts), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(v.dir, ts, "tls.crt"), certPEM)
-	writeFile(t, filepath.Join(v.dir, ts, "tls.key"), keyPEM)
-	tmp := filepath.Join(v.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(v.dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	if old != "" {
-		if err := os.RemoveAll(filepath.Join(v.dir, old)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 func writeFile(t *testing.T, path string, b []byte) {
 	t.Helper()
@@ -159,10 +58,10 @@ func serve(t *testing.T, r *Reloader) string {
 	return "https://" + ln.Addr().String() + "/"
 }
 
-func trusting(pairs ...keyPair) *x509.CertPool {
+func trusting(pairs ...certs.Pair) *x509.CertPool {
 	pool := x509.NewCertPool()
 	for _, p := range pairs {
-		pool.AddCert(p.cert)
+		pool.AddCert(p.Cert)
 	}
 	return pool
 }
@@ -220,10 +119,10 @@ func startRun(t *testing.T, r *Reloader) {
 }
 
 func TestSymlinkSwapServesNewCertificateAndKeepsConnections(t *testing.T) {
-	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
-	vol := newSecretVolume(t, a)
+	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
+	vol := certs.NewSecretVolume(t, a)
 	logger, logs := newLogger()
-	r, err := New(vol.certFile(), vol.keyFile(), logger)
+	r, err := New(vol.CertFile(), vol.KeyFile(), logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,28 +134,28 @@ func TestSymlinkSwapServesNewCertificateAndKeepsConnections(t *testing.T) {
 	// One keep-alive connection, established before the rotation.
 	kept := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 1}}
 	defer kept.CloseIdleConnections()
-	if serial, _ := get(t, kept, url); serial != a.cert.SerialNumber.String() {
-		t.Fatalf("before rotation: served serial %s, want a's %s", serial, a.cert.SerialNumber)
+	if serial, _ := get(t, kept, url); serial != a.Cert.SerialNumber.String() {
+		t.Fatalf("before rotation: served serial %s, want a's %s", serial, a.Cert.SerialNumber)
 	}
 
-	vol.publish(b.certPEM, b.keyPEM)
+	vol.Publish(b)
 
 	eventually(t, "a new connection to present certificate b", func() bool {
-		return handshakeSerial(t, url, pool) == b.cert.SerialNumber.String()
+		return handshakeSerial(t, url, pool) == b.Cert.SerialNumber.String()
 	})
 	// The existing connection carries on: same connection, old handshake.
 	serial, reused := get(t, kept, url)
 	if !reused {
 		t.Fatal("the keep-alive connection made before the rotation was not reused: it was dropped")
 	}
-	if serial != a.cert.SerialNumber.String() {
-		t.Fatalf("existing connection reports serial %s, want a's %s", serial, a.cert.SerialNumber)
+	if serial != a.Cert.SerialNumber.String() {
+		t.Fatalf("existing connection reports serial %s, want a's %s", serial, a.Cert.SerialNumber)
 	}
 	// A fresh client gets the new certificate over HTTP too.
 	fresh := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	defer fresh.CloseIdleConnections()
-	if serial, _ := get(t, fresh, url); serial != b.cert.SerialNumber.String() {
-		t.Fatalf("new client: served serial %s, want b's %s", serial, b.cert.SerialNumber)
+	if serial, _ := get(t, fresh, url); serial != b.Cert.SerialNumber.String() {
+		t.Fatalf("new client: served serial %s, want b's %s", serial, b.Cert.SerialNumber)
 	}
 	if !strings.Contains(logs.String(), "serving certificate reloaded") {
 		t.Fatalf("no reload logged; logs:\n%s", logs)
@@ -267,11 +166,11 @@ func TestSymlinkSwapServesNewCertificateAndKeepsConnections(t *testing.T) {
 }
 
 func TestInPlaceRewriteIsPickedUp(t *testing.T) {
-	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
+	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	writeFile(t, certFile, a.certPEM)
-	writeFile(t, keyFile, a.keyPEM)
+	writeFile(t, certFile, a.CertPEM)
+	writeFile(t, keyFile, a.KeyPEM)
 	r, err := New(certFile, keyFile, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -282,18 +181,18 @@ func TestInPlaceRewriteIsPickedUp(t *testing.T) {
 
 	// Written one after the other, as a naive tool would: in between the
 	// pair is mismatched and must not be served.
-	writeFile(t, certFile, b.certPEM)
-	writeFile(t, keyFile, b.keyPEM)
+	writeFile(t, certFile, b.CertPEM)
+	writeFile(t, keyFile, b.KeyPEM)
 	eventually(t, "certificate b to be served", func() bool {
-		return handshakeSerial(t, url, trusting(a, b)) == b.cert.SerialNumber.String()
+		return handshakeSerial(t, url, trusting(a, b)) == b.Cert.SerialNumber.String()
 	})
 }
 
 func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
-	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
-	vol := newSecretVolume(t, a)
+	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
+	vol := certs.NewSecretVolume(t, a)
 	logger, logs := newLogger()
-	r, err := New(vol.certFile(), vol.keyFile(), logger)
+	r, err := New(vol.CertFile(), vol.KeyFile(), logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,20 +200,20 @@ func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
 	startRun(t, r)
 	url := serve(t, r)
 	pool := trusting(a, b)
-	aSerial := a.cert.SerialNumber.String()
+	aSerial := a.Cert.SerialNumber.String()
 
 	broken := []struct {
 		name      string
 		cert, key []byte
 		wantLog   string
 	}{
-		{"certificate of b with the key of a", b.certPEM, a.keyPEM, "private key does not match public key"},
-		{"half-written certificate", a.certPEM[:len(a.certPEM)/2], a.keyPEM, "failed to find any PEM data in certificate input"},
-		{"empty key", a.certPEM, nil, "failed to find any PEM data in key input"},
+		{"certificate of b with the key of a", b.CertPEM, a.KeyPEM, "private key does not match public key"},
+		{"half-written certificate", a.CertPEM[:len(a.CertPEM)/2], a.KeyPEM, "failed to find any PEM data in certificate input"},
+		{"empty key", a.CertPEM, nil, "failed to find any PEM data in key input"},
 	}
 	for _, tc := range broken {
 		t.Run(tc.name, func(t *testing.T) {
-			vol.publish(tc.cert, tc.key)
+			vol.PublishPEM(tc.cert, tc.key)
 			eventually(t, "the failure to be logged", func() bool { return strings.Contains(logs.String(), tc.wantLog) })
 			time.Sleep(150 * time.Millisecond) // several periodic checks
 			if got := handshakeSerial(t, url, pool); got != aSerial {
@@ -331,16 +230,16 @@ func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
 	}
 
 	// And a good pair afterwards is taken.
-	vol.publish(b.certPEM, b.keyPEM)
+	vol.Publish(b)
 	eventually(t, "certificate b to be served after the broken ones", func() bool {
-		return handshakeSerial(t, url, pool) == b.cert.SerialNumber.String()
+		return handshakeSerial(t, url, pool) == b.Cert.SerialNumber.String()
 	})
 }
 
 func TestPeriodicCheckWithoutFileEvents(t *testing.T) {
-	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
-	vol := newSecretVolume(t, a)
-	r, err := New(vol.certFile(), vol.keyFile(), nil)
+	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
+	vol := certs.NewSecretVolume(t, a)
+	r, err := New(vol.CertFile(), vol.KeyFile(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,21 +247,21 @@ func TestPeriodicCheckWithoutFileEvents(t *testing.T) {
 	r.interval = 50 * time.Millisecond
 	startRun(t, r)
 
-	vol.publish(b.certPEM, b.keyPEM)
+	vol.Publish(b)
 	eventually(t, "the periodic check to load b", func() bool {
-		return r.Certificate().Leaf.SerialNumber.Cmp(b.cert.SerialNumber) == 0
+		return r.Certificate().Leaf.SerialNumber.Cmp(b.Cert.SerialNumber) == 0
 	})
 }
 
 func TestUnchangedContentIsNotReloaded(t *testing.T) {
-	a := newKeyPair(t, "a")
-	vol := newSecretVolume(t, a)
-	r, err := New(vol.certFile(), vol.keyFile(), nil)
+	a := certs.NewServingPair(t, "a")
+	vol := certs.NewSecretVolume(t, a)
+	r, err := New(vol.CertFile(), vol.KeyFile(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	before := r.Certificate()
-	vol.publish(a.certPEM, a.keyPEM) // same bytes, new directory
+	vol.Publish(a) // same bytes, new directory
 	if changed, err := r.reload(); changed || err != nil {
 		t.Fatalf("reload of identical content: changed=%v err=%v", changed, err)
 	}
@@ -372,11 +271,11 @@ func TestUnchangedContentIsNotReloaded(t *testing.T) {
 }
 
 func TestNewRefusesBadInput(t *testing.T) {
-	a, b := newKeyPair(t, "a"), newKeyPair(t, "b")
+	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	writeFile(t, certFile, a.certPEM)
-	writeFile(t, keyFile, b.keyPEM)
+	writeFile(t, certFile, a.CertPEM)
+	writeFile(t, keyFile, b.KeyPEM)
 	big := filepath.Join(dir, "big.crt")
 	writeFile(t, big, bytes.Repeat([]byte("A"), maxFileSize+1))
 
@@ -398,9 +297,9 @@ func TestNewRefusesBadInput(t *testing.T) {
 }
 
 func TestRefusesTLSBelow12(t *testing.T) {
-	a := newKeyPair(t, "a")
-	vol := newSecretVolume(t, a)
-	r, err := New(vol.certFile(), vol.keyFile(), nil)
+	a := certs.NewServingPair(t, "a")
+	vol := certs.NewSecretVolume(t, a)
+	r, err := New(vol.CertFile(), vol.KeyFile(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
