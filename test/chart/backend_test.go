@@ -173,6 +173,21 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("/readyz with the chart's configuration: %d %s", code, strings.TrimSpace(body))
+	if mode == memoryMode {
+		// The controllers run: leader election with the chart's Lease Role
+		// (POD_NAMESPACE as the chart sets it), and their caches fill with
+		// the chart's ClusterRoles.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			l := logs.String()
+			if strings.Contains(l, "leader election: became leader") && strings.Contains(l, "exports controllers: caches synced") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the controllers did not become leader and sync within 30s with the chart's RBAC:\n%s", l)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 	// A session can be created: the store (and for hashring, the ring of
 	// this one replica found through the chart's Service) works.
 	resp, err := client.Post(base+"/sessions", "application/json", strings.NewReader(`{}`))

@@ -16,8 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/exports"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
@@ -161,8 +164,21 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{"", "list", "customresourcedefinitions.apiextensions.k8s.io", nil},
 		{"", "watch", "customresourcedefinitions.apiextensions.k8s.io", nil},
 		{"", "get", "namespaces", nil},
+		{"", "list", "namespaces", nil},
+		{"", "watch", "namespaces", nil},
 		{"", "create", "namespaces", nil},
 		{"", "delete", "namespaces", nil},
+		// The controllers' caches (internal/exports).
+		{"", "list", "apiserviceexportrequests.kube-bind.io", nil},
+		{"", "watch", "apiserviceexportrequests.kube-bind.io", nil},
+		{"", "list", "apiserviceexports.kube-bind.io", nil},
+		{"", "watch", "apiserviceexports.kube-bind.io", nil},
+		{"", "list", "apiservicenamespaces.kube-bind.io", nil},
+		{"", "watch", "apiservicenamespaces.kube-bind.io", nil},
+		// Leader election: its own Lease.
+		{releaseNS, "create", "leases.coordination.k8s.io", nil},
+		{releaseNS, "get", "leases.coordination.k8s.io/" + fullname, nil},
+		{releaseNS, "update", "leases.coordination.k8s.io/" + fullname, nil},
 		{"kube-bind-newconsumer", "create", "rolebindings.rbac.authorization.k8s.io", nil},
 		{"", "bind", "clusterroles.rbac.authorization.k8s.io/kube-bind-consumer", nil},
 		{"", "bind", "clusterroles.rbac.authorization.k8s.io/kube-bind-backend-namespace", nil},
@@ -178,8 +194,14 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{releaseNS, "get", "secrets", nil},
 		{"", "delete", "customresourcedefinitions.apiextensions.k8s.io", nil},
 		{"", "update", "customresourcedefinitions.apiextensions.k8s.io", nil},
-		{"", "list", "namespaces", nil},
 		{"", "update", "namespaces", nil},
+		{"", "patch", "namespaces", nil},
+		{releaseNS, "update", "leases.coordination.k8s.io/kube-controller-manager", nil},
+		{"kube-system", "create", "leases.coordination.k8s.io", nil},
+		{"", "create", "apiserviceexports.kube-bind.io", nil},
+		{"", "patch", "apiserviceexportrequests.kube-bind.io", nil},
+		{"default", "create", "roles.rbac.authorization.k8s.io", nil},
+		{"default", "escalate", "roles.rbac.authorization.k8s.io", nil},
 		{"", "create", "clusterrolebindings.rbac.authorization.k8s.io", nil},
 		{"", "bind", "clusterroles.rbac.authorization.k8s.io/cluster-admin", nil},
 		{"", "escalate", "clusterroles.rbac.authorization.k8s.io", nil},
@@ -271,6 +293,7 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		t.Fatal(err)
 	}
 	alice := binding.Consumer{Issuer: "https://login.example.com", Subject: "alice"}
+	var kubeconfig []byte
 	for i := 0; i < 2; i++ { // new consumer, then returning consumer
 		start := time.Now()
 		resp, err := p.Provision(ctx, alice, "cluster1", []binding.Resource{{Group: "example.com", Resource: "mangodbs"}})
@@ -281,8 +304,10 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 			t.Fatalf("Provision #%d: kubeconfig %d bytes, %d requests", i+1, len(resp.Kubeconfig), len(resp.Requests))
 		}
 		t.Logf("Provision #%d as the chart's ServiceAccount: %v", i+1, time.Since(start).Round(time.Millisecond))
+		kubeconfig = resp.Kubeconfig
 	}
 	ns := p.Namespace(alice, "cluster1")
+	runControllersAsChartAccount(t, ctx, asSA, catalog, p, kubeconfig, ns)
 
 	// Inside the consumer namespace: exactly the namespace role.
 	checkRequests(t, cp, true, []request{
@@ -290,12 +315,21 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		{ns, "get", "secrets", nil}, {ns, "patch", "secrets", nil}, {ns, "delete", "secrets", nil},
 		{ns, "get", "rolebindings.rbac.authorization.k8s.io", nil}, {ns, "patch", "rolebindings.rbac.authorization.k8s.io", nil},
 		{ns, "get", "clusterbindings.kube-bind.io", nil}, {ns, "patch", "clusterbindings.kube-bind.io", nil},
+		// The controllers (internal/exports).
+		{ns, "patch", "apiserviceexportrequests.kube-bind.io", []string{"--subresource=status"}},
+		{ns, "patch", "apiservicenamespaces.kube-bind.io", []string{"--subresource=status"}},
+		{ns, "create", "apiserviceexports.kube-bind.io", nil}, {ns, "patch", "apiserviceexports.kube-bind.io", nil},
+		{ns, "delete", "apiserviceexports.kube-bind.io", nil},
+		{ns, "create", "roles.rbac.authorization.k8s.io", nil}, {ns, "patch", "roles.rbac.authorization.k8s.io", nil},
+		{ns, "escalate", "roles.rbac.authorization.k8s.io", nil}, {ns, "bind", "roles.rbac.authorization.k8s.io", nil},
 	})
 	checkRequests(t, cp, false, []request{
 		{ns, "list", "secrets", nil},
 		{ns, "create", "pods", nil},
-		{ns, "create", "roles.rbac.authorization.k8s.io", nil},
 		{ns, "delete", "rolebindings.rbac.authorization.k8s.io", nil},
+		{ns, "delete", "roles.rbac.authorization.k8s.io", nil},
+		{ns, "patch", "apiserviceexportrequests.kube-bind.io", nil},
+		{ns, "delete", "apiserviceexportrequests.kube-bind.io", nil},
 		{"default", "create", "serviceaccounts", nil},
 		{"kube-system", "get", "secrets", nil},
 	})
@@ -355,3 +389,64 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// runControllersAsChartAccount runs the provider-side controllers
+// (internal/exports) with the chart's ServiceAccount, under the chart's
+// admission policy: a request created with the issued kubeconfig succeeds,
+// and an APIServiceNamespace gets its namespace.
+func runControllersAsChartAccount(t *testing.T, ctx context.Context, asSA *rest.Config, catalog *binding.Catalog, p *binding.Provisioner, kubeconfig []byte, ns string) {
+	t.Helper()
+	ctrl, err := exports.New(asSA, exports.Config{Catalog: catalog, GrantBackend: p.GrantBackend, NamespacePrefix: "kube-bind-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer := dynamic.NewForConfigOrDie(rc)
+	kb := func(resource string) schema.GroupVersionResource {
+		return schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: resource}
+	}
+	req := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceExportRequest",
+		"metadata": map[string]any{"name": "mangodbs.example.com"},
+		"spec":     map[string]any{"resources": []any{map[string]any{"group": "example.com", "resource": "mangodbs"}}},
+	}}
+	apiNS := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceNamespace", "metadata": map[string]any{"name": "default"},
+	}}
+	for gvr, obj := range map[schema.GroupVersionResource]*unstructured.Unstructured{kb("apiserviceexportrequests"): req, kb("apiservicenamespaces"): apiNS} {
+		if _, err := consumer.Resource(gvr).Namespace(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating %s with the issued kubeconfig: %v", gvr.Resource, err)
+		}
+	}
+	start := time.Now()
+	for {
+		r, _ := consumer.Resource(kb("apiserviceexportrequests")).Namespace(ns).Get(ctx, "mangodbs.example.com", metav1.GetOptions{})
+		a, _ := consumer.Resource(kb("apiservicenamespaces")).Namespace(ns).Get(ctx, "default", metav1.GetOptions{})
+		var phase, child string
+		if r != nil {
+			phase, _, _ = unstructured.NestedString(r.Object, "status", "phase")
+		}
+		if a != nil {
+			child, _, _ = unstructured.NestedString(a.Object, "status", "namespace")
+		}
+		if phase == "Succeeded" && child != "" {
+			t.Logf("controllers as the chart's ServiceAccount: request Succeeded and APIServiceNamespace -> %s in %v", child, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if phase == "Failed" || ctx.Err() != nil || time.Since(start) > 30*time.Second {
+			t.Fatalf("with the chart's ServiceAccount: request phase %q, APIServiceNamespace namespace %q after %v", phase, child, time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := consumer.Resource(kb("apiserviceexports")).Namespace(ns).Get(ctx, "mangodbs.example.com", metav1.GetOptions{}); err != nil {
+		t.Errorf("the APIServiceExport, read with the issued kubeconfig: %v", err)
+	}
+}

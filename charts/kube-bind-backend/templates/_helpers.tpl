@@ -158,6 +158,7 @@ Secrets are passed as files, never as flag values.
   (printf "--log-format=%s" $v.log.format)
   (printf "--shutdown-timeout=%s" $v.shutdownTimeout)
   (printf "--session-store=%s" $store)
+  (printf "--leader-election-lease-name=%s" (include "kbb.fullname" .))
 }}
 {{- with $v.oidc.callbackURL }}
 {{- $args = append $args (printf "--oidc-callback-url=%s" .) }}
