@@ -117,6 +117,7 @@ func TestPollFlowInBrowser(t *testing.T) {
 		t.Fatalf("consumer namespaces %v, kubeconfig namespace %q", namespaces, r.res.Namespace)
 	}
 	useKubeconfig(t, resp.Kubeconfig, r.res.Namespace)
+	waitRequestSucceeded(t, resp.Kubeconfig, r.res.Namespace, "mangodbs.mangodb.com")
 }
 
 // useKubeconfig shows the issued kubeconfig working as the consumer: it
@@ -141,6 +142,40 @@ func useKubeconfig(t *testing.T, kubeconfig []byte, namespace string) {
 	secrets := schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
 	if _, err := dyn.Resource(secrets).Namespace("kube-system").List(context.Background(), metav1.ListOptions{}); err == nil {
 		t.Error("the consumer can read secrets in kube-system")
+	}
+}
+
+// waitRequestSucceeded waits, as the released CLI does with the issued
+// kubeconfig, until the backend's controllers set the request's phase to
+// Succeeded, and checks the APIServiceExport the konnector will read.
+func waitRequestSucceeded(t *testing.T, kubeconfig []byte, namespace, name string) {
+	t.Helper()
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamic.NewForConfigOrDie(rc)
+	gvr := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	start := time.Now()
+	var phase, message string
+	for time.Since(start) < 30*time.Second {
+		u, err := dyn.Resource(gvr).Namespace(namespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil {
+			phase, _, _ = unstructured.NestedString(u.Object, "status", "phase")
+			message, _, _ = unstructured.NestedString(u.Object, "status", "terminalMessage")
+		}
+		if phase == "Succeeded" || phase == "Failed" {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if phase != "Succeeded" {
+		t.Fatalf("request %s/%s: phase %q (%s) after %v, want Succeeded", namespace, name, phase, message, time.Since(start).Round(time.Millisecond))
+	}
+	t.Logf("request %s/%s Succeeded %v after it was created", namespace, name, time.Since(start).Round(time.Millisecond))
+	exports := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexports"}
+	if _, err := dyn.Resource(exports).Namespace(namespace).Get(context.Background(), name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the APIServiceExport %s, read with the issued kubeconfig: %v", name, err)
 	}
 }
 
@@ -235,6 +270,7 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 			t.Errorf("bob's namespaces %v, kubeconfig namespace %q", got, ns)
 		}
 		useKubeconfig(t, resp.Kubeconfig, ns)
+		waitRequestSucceeded(t, resp.Kubeconfig, ns, "mangodbs.mangodb.com")
 	case msg := <-cb.problems:
 		t.Fatalf("the CLI callback refused the redirect: %s", msg)
 	case <-time.After(30 * time.Second):
