@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -26,13 +26,13 @@ var (
 	buildOnce sync.Once
 	builtBin  string
 	buildErr  error
-	buildDir  string
+	cleanBin  func()
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
+	if cleanBin != nil {
+		cleanBin()
 	}
 	os.Exit(code)
 }
@@ -42,19 +42,8 @@ func TestMain(m *testing.M) {
 func buildBackend(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-		}
-		if buildDir, buildErr = os.MkdirTemp("", "kube-bind-backend-test-"); buildErr != nil {
-			return
-		}
-		builtBin = filepath.Join(buildDir, "kube-bind-backend")
-		cmd := exec.Command(goTool, "build", "-o", builtBin,
-			"-ldflags", "-X github.com/kbprovider/backend/internal/version.Version=v9.8.7-test", ".")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		builtBin, cleanBin, buildErr = procs.Build("./cmd/backend",
+			"-ldflags", "-X github.com/kbprovider/backend/internal/version.Version=v9.8.7-test")
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

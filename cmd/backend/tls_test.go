@@ -12,7 +12,6 @@ import (
 	"net/http/httptrace"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,21 +20,11 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/certs"
 )
 
-// testBinary builds this command into the test's temporary directory.
-func testBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kube-bind-backend")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // TestTLSRotation starts the built backend with TLS files, rotates them
 // the way the kubelet does, and sees the new certificate on a new
 // connection while a connection opened before keeps working.
 func TestTLSRotation(t *testing.T) {
-	bin := testBinary(t)
+	bin := buildBackend(t)
 	// Keys in SEC 1 form: the backend takes them as well as PKCS #8 ones.
 	first, second := certs.NewServingPair(t, "first").SEC1(t), certs.NewServingPair(t, "second").SEC1(t)
 	vol := certs.NewSecretVolume(t, first)

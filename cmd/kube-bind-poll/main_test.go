@@ -19,6 +19,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/testutil/pollbackend"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -27,22 +28,15 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "kube-bind-poll-test-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		binary = filepath.Join(dir, "kube-bind-poll")
-		build := exec.Command("go", "build", "-o", binary, ".")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "building kube-bind-poll:", err)
-			return 1
-		}
-		return m.Run()
-	}())
+	bin, cleanup, err := procs.Build("./cmd/kube-bind-poll")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building kube-bind-poll:", err)
+		os.Exit(1)
+	}
+	binary = bin
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }
 
 // proc is a running kube-bind-poll.

@@ -17,30 +17,13 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 const installScript = "hack/install-test-binaries.sh"
 
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
 func chartDir(t testing.TB) string {
-	return filepath.Join(repoRoot(t), "charts", "kube-bind-backend")
+	return filepath.Join(procs.RepoRoot(), "charts", "kube-bind-backend")
 }
 
 var (
@@ -60,7 +43,7 @@ func testBinary(t testing.TB, name string) string {
 			binDir = dir
 			return
 		}
-		root := repoRoot(t)
+		root := procs.RepoRoot()
 		var stderr bytes.Buffer
 		cmd := exec.Command("bash", filepath.Join(root, installScript), "--print-dir")
 		cmd.Stderr = &stderr

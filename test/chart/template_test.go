@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 const (
@@ -361,7 +362,7 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 
 // The chart ships the same CRD files as deploy/crds, byte for byte.
 func TestCRDsAreThoseOfDeployCRDs(t *testing.T) {
-	root := repoRoot(t)
+	root := procs.RepoRoot()
 	want, _ := filepath.Glob(filepath.Join(root, "deploy", "crds", "*.yaml"))
 	have, _ := filepath.Glob(filepath.Join(chartDir(t), "crds", "*.yaml"))
 	base := func(paths []string) []string {

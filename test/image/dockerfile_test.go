@@ -16,28 +16,12 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // testVersion is stamped by the test; it must appear in the binary.
 const testVersion = "v9.8.7-image-test"
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
 
 // instruction is one Dockerfile instruction with continuations joined.
 type instruction struct {
@@ -111,7 +95,7 @@ func argDefault(t *testing.T, ins []instruction, name string) string {
 }
 
 func TestGoVersionMatchesGoMod(t *testing.T) {
-	root := repoRoot(t)
+	root := procs.RepoRoot()
 	global, _ := stages(parseDockerfile(t, filepath.Join(root, "Dockerfile")))
 	goMod, err := os.ReadFile(filepath.Join(root, "go.mod"))
 	if err != nil {
@@ -132,7 +116,7 @@ func TestGoVersionMatchesGoMod(t *testing.T) {
 }
 
 func TestFinalImageIsMinimalAndNonRoot(t *testing.T) {
-	_, st := stages(parseDockerfile(t, filepath.Join(repoRoot(t), "Dockerfile")))
+	_, st := stages(parseDockerfile(t, filepath.Join(procs.RepoRoot(), "Dockerfile")))
 	if len(st) < 2 {
 		t.Fatalf("want a multi-stage build, got %d stage(s)", len(st))
 	}
@@ -321,7 +305,7 @@ func copyFile(src, dst string) error {
 }
 
 func TestDockerfileBuildStep(t *testing.T) {
-	root := repoRoot(t)
+	root := procs.RepoRoot()
 	_, st := stages(parseDockerfile(t, filepath.Join(root, "Dockerfile")))
 	outDir := t.TempDir()
 	cmdline := buildCommand(t, st, outDir)
