@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kbprovider/backend/internal/testutil/certs"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
@@ -68,16 +69,16 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 
 	port := freePort(t)
 	scheme := "http"
-	var tlsA, tlsB servingPair
-	var tlsVolume *secretVolume
+	var tlsA, tlsB certs.Pair
+	var tlsVolume *certs.SecretVolume
 	client := &http.Client{Timeout: 5 * time.Second}
 	if mode == tlsMode {
 		scheme = "https"
-		tlsA, tlsB = newServingPair(t, "a"), newServingPair(t, "b")
-		tlsVolume = newSecretVolume(t, tlsA)
+		tlsA, tlsB = certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
+		tlsVolume = certs.NewSecretVolume(t, tlsA)
 		pool := x509.NewCertPool()
-		pool.AddCert(tlsA.cert)
-		pool.AddCert(tlsB.cert)
+		pool.AddCert(tlsA.Cert)
+		pool.AddCert(tlsB.Cert)
 		client.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
 	}
 	base := fmt.Sprintf("%s://127.0.0.1:%d", scheme, port)
@@ -110,7 +111,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	for _, a := range asSlice(t, container(t, objs)["args"]) {
 		s := strings.Replace(a.(string), secretDir, secretsDir, 1)
 		if tlsVolume != nil {
-			s = strings.Replace(s, "/etc/kube-bind-backend/tls", tlsVolume.dir, 1)
+			s = strings.Replace(s, "/etc/kube-bind-backend/tls", tlsVolume.Dir(), 1)
 		}
 		// Not on every interface of the test machine.
 		if strings.HasPrefix(s, "--listen-address=") {
@@ -293,7 +294,7 @@ const (
 // checkCertificateRotation renews the mounted TLS Secret (b replaces a)
 // and checks that new connections get b without a restart while the open
 // keep-alive connection of client carries on.
-func checkCertificateRotation(t *testing.T, client *http.Client, base string, vol *secretVolume, a, b servingPair) {
+func checkCertificateRotation(t *testing.T, client *http.Client, base string, vol *certs.SecretVolume, a, b certs.Pair) {
 	t.Helper()
 	serialOf := func(c *http.Client) (string, bool) {
 		var reused bool
@@ -312,10 +313,10 @@ func checkCertificateRotation(t *testing.T, client *http.Client, base string, vo
 		}
 		return resp.TLS.PeerCertificates[0].SerialNumber.String(), reused
 	}
-	if s, _ := serialOf(client); s != a.cert.SerialNumber.String() {
-		t.Fatalf("before renewal the backend serves serial %s, want %s", s, a.cert.SerialNumber)
+	if s, _ := serialOf(client); s != a.Cert.SerialNumber.String() {
+		t.Fatalf("before renewal the backend serves serial %s, want %s", s, a.Cert.SerialNumber)
 	}
-	vol.publish(b)
+	vol.Publish(b)
 	fresh := func() *http.Client {
 		tr := client.Transport.(*http.Transport).Clone()
 		return &http.Client{Transport: tr, Timeout: 5 * time.Second}
@@ -325,7 +326,7 @@ func checkCertificateRotation(t *testing.T, client *http.Client, base string, vo
 		c := fresh()
 		s, _ := serialOf(c)
 		c.CloseIdleConnections()
-		if s == b.cert.SerialNumber.String() {
+		if s == b.Cert.SerialNumber.String() {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -334,7 +335,7 @@ func checkCertificateRotation(t *testing.T, client *http.Client, base string, vo
 		time.Sleep(100 * time.Millisecond)
 	}
 	s, reused := serialOf(client)
-	if !reused || s != a.cert.SerialNumber.String() {
-		t.Errorf("the connection opened before the renewal: reused=%v serial %s, want reused with %s", reused, s, a.cert.SerialNumber)
+	if !reused || s != a.Cert.SerialNumber.String() {
+		t.Errorf("the connection opened before the renewal: reused=%v serial %s, want reused with %s", reused, s, a.Cert.SerialNumber)
 	}
 }
