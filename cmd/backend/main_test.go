@@ -85,13 +85,13 @@ func TestProcess(t *testing.T) {
 	// The log line "serving" says where the backend is.
 	lines := bufio.NewScanner(stderr)
 	found := make(chan string, 1)
-	var logs lockedLog
+	var logs procs.Buffer
 	logDone := make(chan struct{})
 	go func() {
 		defer close(logDone)
 		sent := false
 		for lines.Scan() {
-			logs.add(lines.Text())
+			fmt.Fprintln(&logs, lines.Text())
 			var rec struct {
 				Msg         string `json:"msg"`
 				ExternalURL string `json:"external_url"`
@@ -243,22 +243,4 @@ func TestBadConfigExits2(t *testing.T) {
 	if !strings.Contains(string(out), "--external-url") || strings.Contains(string(out), "panic") {
 		t.Fatalf("output:\n%s", out)
 	}
-}
-
-// lockedLog collects log lines from the reading goroutine.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) add(line string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b.WriteString(line + "\n")
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

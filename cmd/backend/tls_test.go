@@ -7,17 +7,16 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kbprovider/backend/internal/testutil/certs"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // TestTLSRotation starts the built backend with TLS files, rotates them
@@ -29,7 +28,7 @@ func TestTLSRotation(t *testing.T) {
 	first, second := certs.NewServingPair(t, "first").SEC1(t), certs.NewServingPair(t, "second").SEC1(t)
 	vol := certs.NewSecretVolume(t, first)
 
-	addr := freeLoopbackAddr(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t))
 	cmd := exec.Command(bin, "--listen-address="+addr, "--log-format=text",
 		"--tls-cert-file="+vol.CertFile(), "--tls-key-file="+vol.KeyFile())
 	logs := startProcess(t, cmd)
@@ -111,39 +110,11 @@ func TestTLSRotation(t *testing.T) {
 	}
 }
 
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// procLogs collects a process's output.
-type procLogs struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *procLogs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *procLogs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startProcess starts cmd and stops it (SIGTERM, then kill) when the test
 // ends; it returns the process's output so far at any time.
-func startProcess(t *testing.T, cmd *exec.Cmd) *procLogs {
+func startProcess(t *testing.T, cmd *exec.Cmd) *procs.Buffer {
 	t.Helper()
-	logs := &procLogs{}
+	logs := &procs.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

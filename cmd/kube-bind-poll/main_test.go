@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,8 +42,7 @@ func TestMain(m *testing.M) {
 type proc struct {
 	cmd    *exec.Cmd
 	stdout bytes.Buffer
-	mu     sync.Mutex
-	stderr bytes.Buffer
+	stderr procs.Buffer // read while the process runs
 	lines  chan string
 	done   chan struct{}
 }
@@ -65,9 +63,7 @@ func start(t *testing.T, dir string, args ...string) *proc {
 		defer close(p.done)
 		sc := bufio.NewScanner(errPipe)
 		for sc.Scan() {
-			p.mu.Lock()
-			p.stderr.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
+			fmt.Fprintln(&p.stderr, sc.Text())
 			select {
 			case p.lines <- sc.Text():
 			default:
@@ -127,11 +123,7 @@ func (p *proc) wait(t *testing.T) int {
 	}
 }
 
-func (p *proc) errText() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
+func (p *proc) errText() string { return p.stderr.String() }
 
 func sessionOf(t *testing.T, u *url.URL) string {
 	t.Helper()
