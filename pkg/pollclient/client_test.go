@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil/pollbackend"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -382,8 +383,8 @@ func TestWaitValidatesBindingResponse(t *testing.T) {
 		},
 		"no kubeconfig":  func(br *v1alpha1.BindingResponse) { br.Kubeconfig = nil },
 		"bad kubeconfig": func(br *v1alpha1.BindingResponse) { br.Kubeconfig = []byte("{{{") },
-		"no namespace":   func(br *v1alpha1.BindingResponse) { br.Kubeconfig = kubeconfig(t, "https://x", "") },
-		"no server":      func(br *v1alpha1.BindingResponse) { br.Kubeconfig = kubeconfig(t, "", "ns") },
+		"no namespace":   func(br *v1alpha1.BindingResponse) { br.Kubeconfig = pollbackend.Kubeconfig(t, "https://x", "") },
+		"no server":      func(br *v1alpha1.BindingResponse) { br.Kubeconfig = pollbackend.Kubeconfig(t, "", "ns") },
 		"no current context": func(br *v1alpha1.BindingResponse) {
 			br.Kubeconfig = bytes.ReplaceAll(br.Kubeconfig, []byte("current-context: provider"), []byte("current-context: gone"))
 		},

@@ -7,51 +7,19 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-
+	"github.com/kbprovider/backend/internal/testutil/pollbackend"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
-// kubeconfig returns a kubeconfig YAML for server and namespace, as a
-// provider would issue it.
-func kubeconfig(t testing.TB, server, namespace string) []byte {
-	t.Helper()
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["provider"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: []byte("not-a-real-ca")}
-	cfg.AuthInfos["consumer"] = &clientcmdapi.AuthInfo{Token: "sa-token"}
-	cfg.Contexts["provider"] = &clientcmdapi.Context{Cluster: "provider", AuthInfo: "consumer", Namespace: namespace}
-	cfg.CurrentContext = "provider"
-	b, err := clientcmd.Write(*cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// bindingResponse returns a valid BindingResponse for session sid.
+// bindingResponse returns a valid BindingResponse for session sid, with
+// the provider's kubeconfig for namespace kube-bind-abc and one request.
 func bindingResponse(t testing.TB, sid string) v1alpha1.BindingResponse {
 	t.Helper()
-	req, err := json.Marshal(v1alpha1.APIServiceExportRequestResponse{
-		APIVersion: v1alpha1.GroupVersion,
-		Kind:       v1alpha1.KindAPIServiceExportRequest,
-		Metadata:   v1alpha1.NameMeta{Name: "mangodbs.mangodb.com"},
-		Spec: v1alpha1.APIServiceExportRequestResponseSpec{
-			Resources: []v1alpha1.APIServiceExportRequestResource{{Group: "mangodb.com", Resource: "mangodbs"}},
-		},
-	})
-	if err != nil {
+	var br v1alpha1.BindingResponse
+	if err := json.Unmarshal(pollbackend.BindingResponse(t, sid, "kube-bind-abc", "mangodbs.mangodb.com"), &br); err != nil {
 		t.Fatal(err)
 	}
-	return v1alpha1.BindingResponse{
-		APIVersion: v1alpha1.GroupVersion,
-		Kind:       v1alpha1.KindBindingResponse,
-		Authentication: v1alpha1.BindingAuthentication{
-			OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{SessionID: sid, ID: "https://issuer.example/alice"},
-		},
-		Kubeconfig: kubeconfig(t, "https://provider.example:6443", "kube-bind-abc"),
-		Requests:   []json.RawMessage{req},
-	}
+	return br
 }
 
 // fakeTime replaces the client's clock and sleep: sleeping advances the
