@@ -100,7 +100,7 @@ func startDemo(t *testing.T) *demoRun {
 // with want and that every process it ran at the time of the signal is gone.
 func (d *demoRun) interrupt(t *testing.T, wantCode int) {
 	t.Helper()
-	procs := descendants(d.cmd.Process.Pid)
+	running := descendants(d.cmd.Process.Pid)
 	d.stopped = true
 	begin := time.Now()
 	if err := d.cmd.Process.Signal(os.Interrupt); err != nil {
@@ -115,10 +115,10 @@ func (d *demoRun) interrupt(t *testing.T, wantCode int) {
 		_ = d.cmd.Process.Kill()
 		t.Fatal("demo did not stop within 30s of SIGINT")
 	}
-	t.Logf("stopped %d processes %v in %s after SIGINT", len(procs), slices.Sorted(maps.Values(procs)), time.Since(begin).Round(time.Millisecond))
+	t.Logf("stopped %d processes %v in %s after SIGINT", len(running), slices.Sorted(maps.Values(running)), time.Since(begin).Round(time.Millisecond))
 	var left []string
-	for pid, name := range procs {
-		if alive(pid) {
+	for pid, name := range running {
+		if procs.Alive(pid) {
 			left = append(left, fmt.Sprintf("%d (%s)", pid, name))
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
@@ -515,19 +515,6 @@ func descendants(pid int) map[int]string {
 		}
 	}
 	return out
-}
-
-// alive reports whether pid runs; a zombie counts as dead.
-func alive(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(stat)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
 }
 
 func freeAddr(t *testing.T) string {

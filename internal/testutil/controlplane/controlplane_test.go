@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 func TestMain(m *testing.M) {
@@ -295,7 +297,7 @@ func TestServersDieWithTestBinary(t *testing.T) {
 	}
 	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		for _, pid := range pids {
-			if alive(pid) {
+			if procs.Alive(pid) {
 				return false, nil
 			}
 		}
@@ -307,20 +309,6 @@ func TestServersDieWithTestBinary(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-}
-
-// alive reports whether pid runs; a zombie (dead, not yet reaped by init)
-// counts as dead.
-func alive(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(stat)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
 }
 
 // BenchmarkStartStop measures a whole start (until the API server is ready

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -54,6 +55,21 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Alive reports whether process pid runs, as /proc shows it (Linux only:
+// elsewhere it reports false); a zombie, dead but not yet reaped, counts as
+// dead.
+func Alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(stat)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
 }
 
 // RandomKey returns n random bytes in standard base64, the form the
