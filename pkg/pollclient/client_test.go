@@ -154,10 +154,7 @@ func TestDiscoverErrors(t *testing.T) {
 func TestCreateSessionPresentsClusterID(t *testing.T) {
 	f := newFakeProvider(t)
 	c := New(nil)
-	p, err := c.Discover(context.Background(), f.exportURL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := discover(t, c, f)
 	s, err := c.CreateSession(context.Background(), p, "oldcid")
 	if err != nil {
 		t.Fatal(err)
@@ -183,10 +180,7 @@ func TestCreateSessionRetriesWhenFull(t *testing.T) {
 	f.create = []answer{full, full}
 	c := New(nil)
 	ft := installFakeTime(c, fakeStart)
-	p, err := c.Discover(context.Background(), f.exportURL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := discover(t, c, f)
 	if _, err := c.CreateSession(context.Background(), p, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +189,7 @@ func TestCreateSessionRetriesWhenFull(t *testing.T) {
 	}
 
 	f.create = []answer{full, full, full, full, full}
-	_, err = c.CreateSession(context.Background(), p, "")
+	_, err := c.CreateSession(context.Background(), p, "")
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "full") {
 		t.Errorf("CreateSession against a full provider = %v", err)
 	}
@@ -208,16 +202,22 @@ func TestCreateSessionRetriesWhenFull(t *testing.T) {
 	}
 }
 
+// discover asks the fake provider for its export with c.
+func discover(t *testing.T, c *Client, f *fakeProvider) *Provider {
+	t.Helper()
+	p, err := c.Discover(context.Background(), f.exportURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // open discovers the fake provider and opens a session with fake time.
 func open(t *testing.T, f *fakeProvider) (*Session, *fakeTime) {
 	t.Helper()
 	c := New(nil)
 	ft := installFakeTime(c, fakeStart)
-	p, err := c.Discover(context.Background(), f.exportURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.CreateSession(context.Background(), p, "")
+	s, err := c.CreateSession(context.Background(), discover(t, c, f), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,11 +432,7 @@ func TestWaitGivesUpAfterExpiry(t *testing.T) {
 func TestWaitStopsOnContextCancel(t *testing.T) {
 	f := newFakeProvider(t)
 	c := New(nil) // real time
-	p, err := c.Discover(context.Background(), f.exportURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.CreateSession(context.Background(), p, "")
+	s, err := c.CreateSession(context.Background(), discover(t, c, f), "")
 	if err != nil {
 		t.Fatal(err)
 	}
