@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/hex"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -76,14 +75,7 @@ func TestDocVectors(t *testing.T) {
 	}
 	for i, v := range got {
 		t.Run("vector "+v.num, func(t *testing.T) {
-			u, err := url.Parse(v.url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := RequestFromURL(v.method, u, []byte(v.body))
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := request(t, v.method, v.url, v.body)
 			if c := CanonicalQuery(r.Query); c != v.canonical {
 				t.Errorf("document's canonical query %q, code makes %q", v.canonical, c)
 			}
@@ -93,8 +85,7 @@ func TestDocVectors(t *testing.T) {
 			// The same request as hmac_test.go's vector, which came from
 			// the wire contract.
 			want := vectors[i]
-			wu, _ := url.Parse(want.url)
-			wr, _ := RequestFromURL(want.method, wu, []byte(want.body))
+			wr := request(t, want.method, want.url, want.body)
 			if string(Payload(r)) != string(Payload(wr)) || v.sig != want.sig {
 				t.Errorf("document's vector %s differs from hmac_test.go's vector %q", v.num, want.name)
 			}
@@ -114,8 +105,7 @@ func TestDocVectors(t *testing.T) {
 	if !ok {
 		t.Fatalf("%s: no code block after the worked-example-payload marker", docPath)
 	}
-	u, _ := url.Parse(got[0].url)
-	r, _ := RequestFromURL(got[0].method, u, nil)
+	r := request(t, got[0].method, got[0].url, "")
 	if p := Payload(r); !bytes.Equal(block, p) {
 		t.Errorf("worked example payload\n%s\nthe code signs\n%s", block, p)
 	}
@@ -123,8 +113,7 @@ func TestDocVectors(t *testing.T) {
 		t.Errorf("%s does not show vector 1's HMAC in hex, %s", docPath, h)
 	}
 	// The prose spells out vector 4's payload with \n for line feeds.
-	u4, _ := url.Parse(got[3].url)
-	r4, _ := RequestFromURL(got[3].method, u4, []byte(got[3].body))
+	r4 := request(t, got[3].method, got[3].url, got[3].body)
 	if p4 := strings.ReplaceAll(string(Payload(r4)), "\n", `\n`); !bytes.Contains(doc, []byte("`"+p4+"`")) {
 		t.Errorf("%s does not spell out vector 4's payload %s", docPath, p4)
 	}
