@@ -27,6 +27,16 @@ func writeFile(t *testing.T, path string, b []byte) {
 	}
 }
 
+// mustNew is New for a test whose files are good.
+func mustNew(t *testing.T, certFile, keyFile string, logger *slog.Logger) *Reloader {
+	t.Helper()
+	r, err := New(certFile, keyFile, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func newLogger() (*slog.Logger, *procs.Buffer) {
 	b := &procs.Buffer{}
 	return slog.New(slog.NewTextHandler(b, nil)), b
@@ -122,10 +132,7 @@ func TestSymlinkSwapServesNewCertificateAndKeepsConnections(t *testing.T) {
 	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
 	vol := certs.NewSecretVolume(t, a)
 	logger, logs := newLogger()
-	r, err := New(vol.CertFile(), vol.KeyFile(), logger)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustNew(t, vol.CertFile(), vol.KeyFile(), logger)
 	r.interval = time.Hour // only the file watch can pick the change up
 	startRun(t, r)
 	url := serve(t, r)
@@ -171,10 +178,7 @@ func TestInPlaceRewriteIsPickedUp(t *testing.T) {
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	writeFile(t, certFile, a.CertPEM)
 	writeFile(t, keyFile, a.KeyPEM)
-	r, err := New(certFile, keyFile, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustNew(t, certFile, keyFile, nil)
 	r.interval = time.Hour
 	startRun(t, r)
 	url := serve(t, r)
@@ -192,10 +196,7 @@ func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
 	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
 	vol := certs.NewSecretVolume(t, a)
 	logger, logs := newLogger()
-	r, err := New(vol.CertFile(), vol.KeyFile(), logger)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustNew(t, vol.CertFile(), vol.KeyFile(), logger)
 	r.interval = 50 * time.Millisecond // give the broken content many chances
 	startRun(t, r)
 	url := serve(t, r)
@@ -239,10 +240,7 @@ func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
 func TestPeriodicCheckWithoutFileEvents(t *testing.T) {
 	a, b := certs.NewServingPair(t, "a"), certs.NewServingPair(t, "b")
 	vol := certs.NewSecretVolume(t, a)
-	r, err := New(vol.CertFile(), vol.KeyFile(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustNew(t, vol.CertFile(), vol.KeyFile(), nil)
 	r.noWatch = true
 	r.interval = 50 * time.Millisecond
 	startRun(t, r)
@@ -256,10 +254,7 @@ func TestPeriodicCheckWithoutFileEvents(t *testing.T) {
 func TestUnchangedContentIsNotReloaded(t *testing.T) {
 	a := certs.NewServingPair(t, "a")
 	vol := certs.NewSecretVolume(t, a)
-	r, err := New(vol.CertFile(), vol.KeyFile(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustNew(t, vol.CertFile(), vol.KeyFile(), nil)
 	before := r.Certificate()
 	vol.Publish(a) // same bytes, new directory
 	if changed, err := r.reload(); changed || err != nil {
@@ -299,10 +294,7 @@ func TestNewRefusesBadInput(t *testing.T) {
 func TestRefusesTLSBelow12(t *testing.T) {
 	a := certs.NewServingPair(t, "a")
 	vol := certs.NewSecretVolume(t, a)
-	r, err := New(vol.CertFile(), vol.KeyFile(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustNew(t, vol.CertFile(), vol.KeyFile(), nil)
 	url := serve(t, r)
 	addr := strings.TrimSuffix(strings.TrimPrefix(url, "https://"), "/")
 	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: trusting(a), MaxVersion: tls.VersionTLS11})
