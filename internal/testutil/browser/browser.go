@@ -21,6 +21,8 @@ import (
 
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // ExecPathEnv overrides the chromium binary (default /usr/bin/chromium).
@@ -429,11 +431,7 @@ func artifactDir(t testing.TB) string {
 	t.Helper()
 	base := os.Getenv(ArtifactsEnv)
 	if base == "" {
-		root, err := repoRoot()
-		if err != nil {
-			root = os.TempDir()
-		}
-		base = filepath.Join(root, "_artifacts")
+		base = filepath.Join(procs.RepoRoot(), "_artifacts")
 	}
 	dir := filepath.Join(base, sanitize(strings.ReplaceAll(t.Name(), "/", "__")))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -444,22 +442,4 @@ func artifactDir(t testing.TB) string {
 		_ = os.Remove(f)
 	}
 	return dir
-}
-
-// repoRoot walks up from the working directory to the folder with go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above %s", dir)
-		}
-		dir = parent
-	}
 }

@@ -2,12 +2,13 @@ package controlplane
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // BinariesEnv names the folder holding etcd, kube-apiserver,
@@ -32,13 +33,8 @@ func findBinaries() (string, error) {
 		}
 		return dir, nil
 	}
-	root, err := repoRoot()
-	if err != nil {
-		return "", fmt.Errorf("%s is not set and %v; run %s and set %s to the folder it prints",
-			BinariesEnv, err, InstallScript, BinariesEnv)
-	}
 	var stderr bytes.Buffer
-	cmd := exec.Command("bash", filepath.Join(root, InstallScript), "--print-dir")
+	cmd := exec.Command("bash", filepath.Join(procs.RepoRoot(), InstallScript), "--print-dir")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -66,23 +62,4 @@ func checkBinaries(dir string) error {
 		return fmt.Errorf("missing %s", strings.Join(missing, ", "))
 	}
 	return nil
-}
-
-// repoRoot walks up from the working directory (a package folder under go
-// test) to the folder holding the install script.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, InstallScript)); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no " + InstallScript + " above the working directory")
-		}
-		dir = parent
-	}
 }
