@@ -177,15 +177,25 @@ func TestProcess(t *testing.T) {
 	}
 
 	// A request in flight when SIGTERM comes is finished: its body is
-	// only half sent when the signal arrives.
+	// only half sent when the signal arrives. Expect: 100-continue makes
+	// the server say when the handler has started reading the body, so the
+	// request is certainly accepted and in flight before the signal.
 	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	inFlightReader := bufio.NewReader(conn)
 	sessionBody := `{"clusterID":"aB3dE9"}`
-	fmt.Fprintf(conn, "POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		len(sessionBody), sessionBody[:5])
+	fmt.Fprintf(conn, "POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n",
+		len(sessionBody))
+	if cont, err := http.ReadResponse(inFlightReader, nil); err != nil || cont.StatusCode != http.StatusContinue {
+		t.Fatalf("no 100 Continue for the in-flight request: %v", err)
+	}
+	if _, err := conn.Write([]byte(sessionBody[:5])); err != nil {
+		t.Fatal(err)
+	}
 
 	// SIGTERM: exits 0, promptly.
 	start := time.Now()
@@ -202,7 +212,7 @@ func TestProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	inFlight, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	inFlight, err := http.ReadResponse(inFlightReader, nil)
 	if err != nil {
 		t.Fatalf("in-flight request during shutdown: %v", err)
 	}
