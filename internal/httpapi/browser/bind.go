@@ -147,7 +147,6 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		for _, n := range r.PostForm[web.FieldAPI] {
 			ticked[n] = true
 		}
-		w.Header().Set("X-Bind-Problem", "selection")
 		h.renderSelection(w, lc, sess, ticked, problem)
 		return
 	}
