@@ -69,6 +69,10 @@ type PollSession struct {
 	ClusterID     string    `json:"clusterID"`
 	SessionSecret string    `json:"sessionSecret"`
 	ExpiresAt     time.Time `json:"expiresAt"`
+	// ClusterSecret comes with a newly issued cluster ID only. The client
+	// keeps it with the cluster ID and proves it holds it on later sessions
+	// that present that ID (package bindproof); released clients ignore it.
+	ClusterSecret string `json:"clusterSecret,omitempty"`
 }
 
 // BindingResponse is what a consumer receives at the end of either flow.
