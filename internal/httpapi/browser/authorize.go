@@ -122,8 +122,7 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 	}
 	if q.Has("p") {
 		p, ok := single(q, "p")
-		port, err := strconv.Atoi(p)
-		if !ok || err != nil || port < 1 || port > 65535 {
+		if !ok || !validPort(p) {
 			return nil, "p must be a port number"
 		}
 		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", p), Path: "/callback"}, ""
@@ -136,15 +135,41 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 	if err != nil || !u.IsAbs() || u.User != nil || u.Fragment != "" || u.Opaque != "" {
 		return nil, "u is not a plain absolute URL"
 	}
+	if port := u.Port(); port != "" && !validPort(port) {
+		return nil, "u's port must be a number from 1 to 65535"
+	}
 	if u.Scheme == "http" && isLoopback(u.Hostname()) {
 		return u, ""
 	}
 	for _, allowed := range h.allowList {
-		if matchesPrefix(u, allowed) {
+		if matchesPrefix(u, allowed) && !hasDotSegment(u.EscapedPath()) {
 			return u, ""
 		}
 	}
 	return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1])"
+}
+
+// validPort: 1 to 65535 in decimal digits only. strconv.Atoi alone would
+// let "+41234" through, which net/url then refuses when the bind redirects.
+func validPort(p string) bool {
+	if p == "" || len(p) > 5 || strings.Trim(p, "0123456789") != "" {
+		return false
+	}
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
+}
+
+// hasDotSegment: a "." or ".." path segment, also percent-encoded or
+// after a backslash, which a browser resolves, leaving an allow-listed
+// path prefix behind.
+func hasDotSegment(escapedPath string) bool {
+	for _, seg := range strings.FieldsFunc(escapedPath, func(r rune) bool { return r == '/' || r == '\\' }) {
+		switch strings.ReplaceAll(strings.ToLower(seg), "%2e", ".") {
+		case ".", "..":
+			return true
+		}
+	}
+	return false
 }
 
 func isLoopback(host string) bool {

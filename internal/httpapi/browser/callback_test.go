@@ -38,6 +38,13 @@ func TestCallbackURL(t *testing.T) {
 		{url.Values{"p": {"0"}}, ""},
 		{url.Values{"p": {"65536"}}, ""},
 		{url.Values{"p": {"80x"}}, ""},
+		{url.Values{"p": {"+41234"}}, ""}, // issue 13, defect 1
+		{url.Values{"p": {" 41234"}}, ""},
+		{url.Values{"u": {"http://localhost:99999/cb"}}, ""},
+		{url.Values{"u": {"http://localhost:+5000/cb"}}, ""},
+		{url.Values{"u": {"https://cli.example.com/kube-bind/../evil"}}, ""},
+		{url.Values{"u": {"https://cli.example.com/kube-bind/%2E%2e/evil"}}, ""},
+		{url.Values{"u": {"https://cli.example.com/kube-bind/./callback"}}, ""},
 		{url.Values{"p": {"8080"}, "u": {"http://localhost/cb"}}, ""},
 		{url.Values{}, ""},
 	}
