@@ -8,6 +8,7 @@
 #   hack/fuzz.sh                      # every target, FUZZTIME each (default 5s)
 #   FUZZTIME=10m hack/fuzz.sh         # the long run (docs/fuzzing.md)
 #   FUZZ_MATCH='Peer|Seal' hack/fuzz.sh   # only targets whose name matches
+#   FUZZ_LOG_DIR=/tmp/fuzzlogs hack/fuzz.sh  # keep each target's output
 #
 # Each package's fuzz test binary is built once (go test -c -fuzz=., the
 # build go test -fuzz makes), its targets are listed from it (-test.list
@@ -81,6 +82,7 @@ for dir in "${dirs[@]}"; do
 		(cd "$dir" && "$bin" -test.run='^$' -test.fuzz="^${target}\$" -test.fuzztime="$FUZZTIME" -test.parallel=1 \
 			-test.fuzzminimizetime="$FUZZMINIMIZETIME" -test.timeout=0 -test.fuzzcachedir="$cache/$pkg") >"$log" 2>&1 || rc=$?
 		ran=$(since "$t1")
+		if [ -n "${FUZZ_LOG_DIR:-}" ]; then mkdir -p "$FUZZ_LOG_DIR" && cp "$log" "$FUZZ_LOG_DIR/"; fi
 		# The last progress line has the totals.
 		last=$(grep -E '^fuzz: elapsed' "$log" | tail -n 1 || true)
 		execs=$(sed -nE 's/.*execs: ([0-9]+).*/\1/p' <<<"$last")
