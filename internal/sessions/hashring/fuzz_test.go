@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -208,11 +209,19 @@ func FuzzServePeer(f *testing.F) {
 // peer request with the fuzzed plaintext, sealed for that request (or,
 // with wrongNonce, for another one).
 type scriptedPeer struct {
-	s          *sealer
+	s *sealer
+
+	// A non-owner's Get asks for state and static part at once.
+	mu         sync.Mutex
 	plain      []byte
 	status     int
 	wrongNonce bool
-	ops        []string
+}
+
+func (p *scriptedPeer) set(plain []byte, status int, wrongNonce bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.plain, p.status, p.wrongNonce = plain, status, wrongNonce
 }
 
 func (p *scriptedPeer) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -225,7 +234,8 @@ func (p *scriptedPeer) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err := json.Unmarshal(plain, &req); err != nil {
 		return nil, err
 	}
-	p.ops = append(p.ops, req.Op)
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.wrongNonce {
 		nonce = bytes.Repeat([]byte{1}, gcmNonceSize)
 	}
@@ -267,7 +277,7 @@ func FuzzPeerResponse(f *testing.F) {
 		if status < 100 || status > 999 {
 			return // net/http refuses to write such a status line
 		}
-		peer.plain, peer.status, peer.wrongNonce, peer.ops = plain, status, wrongNonce, nil
+		peer.set(plain, status, wrongNonce)
 		// A new ID each time, owned by the other replica: groupcache
 		// keeps static parts it fetched.
 		var id string
