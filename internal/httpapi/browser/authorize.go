@@ -121,12 +121,12 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		return nil, "exactly one of p and u must be given"
 	}
 	if q.Has("p") {
-		p, ok := single(q, "p")
-		port, err := strconv.Atoi(p)
-		if !ok || err != nil || port < 1 || port > 65535 {
-			return nil, "p must be a port number"
+		p, _ := single(q, "p")
+		port, ok := parsePort(p)
+		if !ok {
+			return nil, "p must be a port number from 1 to 65535, in digits only"
 		}
-		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", p), Path: "/callback"}, ""
+		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", strconv.Itoa(port)), Path: "/callback"}, ""
 	}
 	raw, ok := single(q, "u")
 	if !ok || len(raw) > 2048 {
@@ -145,6 +145,24 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		}
 	}
 	return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1])"
+}
+
+// parsePort accepts a TCP port written as released CLIs write it: 1 to 5
+// ASCII digits, no sign, no leading zero, 1 to 65535. strconv.Atoi alone
+// would let "+41234" through, which net/url then refuses when the
+// response is handed back: after the binding was made.
+func parsePort(p string) (int, bool) {
+	if len(p) == 0 || len(p) > 5 || p[0] == '0' {
+		return 0, false
+	}
+	port := 0
+	for i := 0; i < len(p); i++ {
+		if p[i] < '0' || p[i] > '9' {
+			return 0, false
+		}
+		port = port*10 + int(p[i]-'0')
+	}
+	return port, port <= 65535
 }
 
 func isLoopback(host string) bool {
