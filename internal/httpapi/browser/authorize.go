@@ -59,6 +59,15 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 		h.page(w, http.StatusUnauthorized, pageBadSignature, "")
 		return
 	}
+	if r.Method == http.MethodHead {
+		// A link preview or scanner: say what can be said without using
+		// the link (whether its nonce was spent cannot be asked without
+		// spending it).
+		if h.stillPending(w, sess) {
+			linkLooksGood(w)
+		}
+		return
+	}
 	switch err := h.cfg.Store.UseNonce(ctx, sid, nonce); {
 	case errors.Is(err, sessions.ErrNonceUsed):
 		h.page(w, http.StatusUnauthorized, pageLinkUsed, "")
@@ -89,6 +98,10 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		h.page(w, http.StatusBadRequest, pageBadLink, "c must be a cluster ID, once")
 		return
 	}
+	if r.Method == http.MethodHead {
+		linkLooksGood(w)
+		return
+	}
 	now := h.cfg.Now()
 	expires := now.Add(h.cfg.SessionTTL)
 	sess := sessions.Session{
@@ -110,6 +123,22 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		return
 	}
 	h.beginLogin(w, r, sess.ID)
+}
+
+// linkLooksGood answers a HEAD of a link that a GET would act on. HEAD
+// must have no side effect (RFC 9110 §9.2.1), but the GET of a good link
+// spends its nonce (or, in the callback flow, creates a session) and
+// redirects to the identity provider with a state made for this browser.
+// Link previews, mail scanners and link checkers send HEAD to see whether
+// a link is alive; a 405 makes most of them retry with GET, which would
+// spend the user's link before the user opens it. So a good link answers
+// 200 text/html with no body and nothing changed, and a bad one the same
+// error status its GET gets.
+func linkLooksGood(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
 }
 
 // callbackURL returns where the callback flow ends: http://localhost:<p>/callback

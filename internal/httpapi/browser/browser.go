@@ -123,6 +123,9 @@ func New(cfg Config) (*Handler, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+h.prefix+"/authorize", h.authorize)
 	mux.HandleFunc("GET "+h.prefix+"/callback", h.callback)
+	// The callback spends the login state: a HEAD of it (nobody's browser
+	// sends one) must not, and it has nothing to check without spending.
+	mux.HandleFunc("HEAD "+h.prefix+"/callback", h.headNotAllowed)
 	mux.HandleFunc("GET "+h.prefix+"/bind", h.showSelection)
 	mux.HandleFunc("POST "+h.prefix+"/bind", h.bind)
 	mux.HandleFunc("/", h.notFound)
