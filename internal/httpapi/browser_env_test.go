@@ -94,10 +94,15 @@ type browserEnv struct {
 	idpMu       sync.Mutex
 	idpRequests map[string]int
 	catalog     *staticCatalog
+	// sessions is the store the router uses.
+	sessions sessions.Store
 }
 
 type browserOpts struct {
 	limits sessions.Limits
+	// store, if set, keeps the sessions instead of a memory store (env.store
+	// is then nil).
+	store sessions.Store
 	// oidc adjusts the Authenticator's configuration.
 	oidc func(*oidc.Config)
 }
@@ -107,11 +112,16 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 	srv, idp := sharedServer(t)
 	ext, _ := url.Parse(srv.URL)
 	clock := storetest.NewClock(time.Now())
-	store := memory.New(o.limits, clock.Now)
-	t.Cleanup(store.Close)
+	var mem *memory.Store
+	store := o.store
+	if store == nil {
+		mem = memory.New(o.limits, clock.Now)
+		t.Cleanup(mem.Close)
+		store = mem
+	}
 	logs := &procs.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	be := &browserEnv{idp: idp, idpRequests: map[string]int{}, catalog: &staticCatalog{}}
+	be := &browserEnv{idp: idp, idpRequests: map[string]int{}, catalog: &staticCatalog{}, sessions: store}
 
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	idpURL, _ := url.Parse(idp.IssuerURL)
@@ -178,7 +188,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		t.Fatal(err)
 	}
 	shared.handler.Store(&h)
-	be.env = &env{t: t, ext: ext, store: store, clock: clock, reg: reg, handler: h, srv: srv, logs: logs}
+	be.env = &env{t: t, ext: ext, store: mem, clock: clock, reg: reg, handler: h, srv: srv, logs: logs}
 	return be
 }
 
@@ -261,7 +271,7 @@ func (be *browserEnv) loginCallback(authURL string) (*http.Client, *url.URL) {
 // sessionState returns the store's state of session id.
 func (be *browserEnv) sessionState(id string) sessions.Session {
 	be.t.Helper()
-	s, err := be.store.Get(context.Background(), id)
+	s, err := be.sessions.Get(context.Background(), id)
 	if err != nil {
 		be.t.Fatalf("session %s: %v", id, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
@@ -43,7 +44,7 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	}
 	ctx := r.Context()
 	sess, err := h.cfg.Store.Get(ctx, sid)
-	if errors.Is(err, sessions.ErrNotFound) && !h.expiredID(sid) {
+	if errors.Is(err, sessions.ErrNotFound) && !h.issuedID(sid) {
 		h.page(w, http.StatusNotFound, pageUnknownSession, "")
 		return
 	}
@@ -236,11 +237,16 @@ func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, sid string)
 	http.Redirect(w, r, target, http.StatusSeeOther)
 }
 
-// expiredID reports whether a session ID the store does not know carries
-// an expiry in the past: its link expired, rather than never existed.
-func (h *Handler) expiredID(sid string) bool {
+// issuedID reports whether a session ID the store does not know looks
+// like one this backend issued: of the expiring shape, with an expiry no
+// later than a session made now would get. Its link is then answered as
+// expired (410) rather than unknown (404): the session ended, expired or
+// was lost with the replica that owned it (the hashring cannot tell a lost
+// session from one that never existed), and either way the user starts
+// over. The expiry is not authenticated; it only picks the words.
+func (h *Handler) issuedID(sid string) bool {
 	at, ok := ids.SessionIDExpiry(sid)
-	return ok && !h.cfg.Now().Before(at)
+	return ok && !at.After(h.cfg.Now().Add(h.cfg.SessionTTL+time.Minute))
 }
 
 // single returns the only value of key, and false when it is missing or

@@ -74,10 +74,10 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	h.renderSelection(w, lc, sess, nil, "")
+	h.renderSelection(w, http.StatusOK, lc, sess, nil, "")
 }
 
-func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
+func (h *Handler) renderSelection(w http.ResponseWriter, status int, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
@@ -90,7 +90,7 @@ func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess se
 	if user == "" {
 		user = lc.Subject
 	}
-	web.RenderSelect(w, web.SelectPage{
+	web.RenderSelectStatus(w, status, web.SelectPage{
 		ProviderName: h.cfg.ProviderName,
 		User:         user,
 		Action:       h.path("/bind"),
@@ -147,7 +147,9 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		for _, n := range r.PostForm[web.FieldAPI] {
 			ticked[n] = true
 		}
-		h.renderSelection(w, lc, sess, ticked, problem)
+		// The page again, saying what to fix; 422: the form was well
+		// formed, but what it asks for cannot be done.
+		h.renderSelection(w, http.StatusUnprocessableEntity, lc, sess, ticked, problem)
 		return
 	}
 

@@ -109,11 +109,6 @@ func (h *Handler) internalError(w http.ResponseWriter, doing string, err error) 
 	h.page(w, http.StatusInternalServerError, pageInternal, "")
 }
 
-func (h *Handler) headNotAllowed(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Allow", http.MethodGet)
-	h.page(w, http.StatusMethodNotAllowed, pageMethodNotAllowed, "")
-}
-
 func (h *Handler) notFound(w http.ResponseWriter, r *http.Request) {
 	h.page(w, http.StatusNotFound, pageNotFound, "")
 }
