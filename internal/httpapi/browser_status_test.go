@@ -187,3 +187,56 @@ func TestBadRequestMessagesNameNoGoTypes(t *testing.T) {
 		}
 	}
 }
+
+// logLines returns the log lines at level.
+func logLines(logs, level string) []string {
+	var out []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, `"level":"`+level+`"`) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// Client mistakes are 4xx (or a 503 refusal at the session limit) and are
+// logged below ERROR: ERROR is for what an operator must act on.
+func TestClientMistakesAreNotErrors(t *testing.T) {
+	be := newBrowserEnv(t, browserOpts{limits: sessions.Limits{MaxSessions: 4}})
+
+	// A callback whose code is missing or altered, or that names another
+	// issuer, with the genuine state of this browser.
+	for name, edit := range map[string]func(url.Values){
+		"no code":      func(q url.Values) { q.Del("code") },
+		"other issuer": func(q url.Values) { q.Set("iss", "https://evil.example.com") },
+		"altered code": func(q url.Values) { q.Set("code", q.Get("code")+"x") },
+	} {
+		_, link := be.authURL()
+		client, back := be.loginCallback(link)
+		q := back.Query()
+		edit(q)
+		back.RawQuery = q.Encode()
+		if resp, body := be.send(client, http.MethodGet, back.String()); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: %d, want 400:\n%s", name, resp.StatusCode, body)
+		}
+	}
+
+	// A flood at the session limit: poll sessions and callback-flow links.
+	for be.store.Len() < 4 {
+		be.createSession("")
+	}
+	for i := 0; i < 20; i++ {
+		wantError(t, be.do("POST", "/sessions", nil), http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable)
+		link := be.ext.String() + "/authorize?" + url.Values{"p": {"41234"}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
+		if resp, _ := be.send(be.jar(), http.MethodGet, link); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("callback-flow link at the limit: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+	logs := be.logs.String()
+	if errs := logLines(logs, "ERROR"); len(errs) != 0 {
+		t.Errorf("%d ERROR lines for client mistakes, e.g.\n%s", len(errs), errs[0])
+	}
+	if warns := logLines(logs, "WARN"); len(warns) < 40 {
+		t.Errorf("%d WARN lines for 40 refusals at the session limit", len(warns))
+	}
+}

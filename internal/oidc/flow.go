@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -91,6 +92,12 @@ func (a *Authenticator) Finish(w http.ResponseWriter, r *http.Request) (Identity
 	ctx := context.WithValue(r.Context(), oauth2.HTTPClient, a.cfg.HTTPClient)
 	tok, err := a.oauth2Config(prov).Exchange(ctx, code, oauth2.VerifierOption(c.Value))
 	if err != nil {
+		var re *oauth2.RetrieveError
+		if errors.As(err, &re) && re.ErrorCode == "invalid_grant" {
+			// The code the browser brought is not good (made up, used
+			// or expired): the callback's mistake, not the provider's.
+			return Identity{}, p.Data, fmt.Errorf("%w: the identity provider refused the code (invalid_grant)", ErrInvalidCallback)
+		}
 		return Identity{}, p.Data, fmt.Errorf("%w: code exchange: %v", ErrLoginFailed, err)
 	}
 	raw, _ := tok.Extra("id_token").(string)

@@ -87,7 +87,9 @@ var (
 	ErrStateUsed = errors.New("login state already used")
 	// ErrBrowserMismatch: the callback came to a browser that did not start the login.
 	ErrBrowserMismatch = errors.New("login was started in another browser")
-	// ErrInvalidCallback: the callback lacks a code or names another issuer.
+	// ErrInvalidCallback: the callback lacks a code, names another issuer,
+	// or brings a code the identity provider refuses (invalid_grant): what
+	// the browser brought is wrong, a client's mistake.
 	ErrInvalidCallback = errors.New("invalid login callback")
 	// ErrLoginFailed: the code exchange or the ID-token verification failed.
 	ErrLoginFailed = errors.New("login failed")

@@ -63,6 +63,10 @@ func loginRefusal(err error) (reason string, status int, kind pageKind) {
 		return "the identity provider refused the login (" + pe.Code + ")", http.StatusForbidden, pageDenied
 	case errors.Is(err, oidc.ErrAccessDenied):
 		return "this user may not bind APIs of this provider", http.StatusForbidden, pageDenied
+	case errors.Is(err, oidc.ErrInvalidCallback):
+		// What the browser brought back is wrong (no code, a foreign
+		// issuer, a code the provider refuses): the client's mistake.
+		return "the sign-in came back incomplete or altered", http.StatusBadRequest, pageLoginFailed
 	default:
 		return "the login at the identity provider failed", http.StatusBadGateway, pageLoginFailed
 	}
