@@ -61,6 +61,8 @@ type ErrorPage struct {
 	Title        string // e.g. "This link has expired"
 	Message      string // what happened, in words
 	Hint         string // what to do next, e.g. "Run the bind command again to get a new link."
+	// RetryURL, if set, is shown as a "Try again" link.
+	RetryURL string
 }
 
 // CancelledPage is shown after the user pressed Cancel.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -238,5 +239,51 @@ func TestClientMistakesAreNotErrors(t *testing.T) {
 	}
 	if warns := logLines(logs, "WARN"); len(warns) < 40 {
 		t.Errorf("%d WARN lines for 40 refusals at the session limit", len(warns))
+	}
+}
+
+var retryLink = regexp.MustCompile(`<a class="button" id="retry" href="([^"]+)">Try again</a>`)
+
+// An identity provider whose token endpoint accepts the connection and
+// never answers: the callback gives up after the exchange timeout with 503
+// and Retry-After, the session stays pending (the poll says so, not
+// access_denied), and the page's "Try again" finishes the login once the
+// provider answers again. Discovery and login are the real provider's.
+func TestIdPHangsDuringExchange(t *testing.T) {
+	be := newBrowserEnv(t, browserOpts{oidc: func(c *oidc.Config) { c.ExchangeTimeout = time.Second }})
+	ps, link := be.authURL()
+	client, back := be.loginCallback(link)
+
+	hang := hangingServer(t)
+	be.tokenDiversion.Store(&hang)
+	resp, body := be.send(client, http.MethodGet, back.String())
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "Try again") {
+		t.Fatalf("callback while the token endpoint hangs: %d, Retry-After %q; want 503 with Retry-After and Try again:\n%s",
+			resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if s := be.sessionState(ps.SessionID); s.State != sessions.StatePending {
+		t.Fatalf("session after the hang: %v (%s), want pending", s.State, s.DenyReason)
+	}
+	be.clock.Advance(2 * time.Second)
+	wantError(t, be.poll(ps), http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)
+	if errs := logLines(be.logs.String(), "ERROR"); len(errs) != 0 {
+		t.Errorf("a transient identity provider failure logged at ERROR: %s", errs[0])
+	}
+
+	// The provider answers again: Try again.
+	be.tokenDiversion.Store(nil)
+	m := retryLink.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no Try again link:\n%s", body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	back, err := be.idp.Login(ctx, client, html.UnescapeString(m[1]), idpUser.Name, idpUser.Password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, body = be.send(client, http.MethodGet, back.String())
+	if resp.StatusCode != http.StatusSeeOther || !strings.Contains(resp.Header.Get("Location"), "/bind?s="+ps.SessionID) {
+		t.Fatalf("callback after Try again: %d, want 303 to the selection page:\n%s", resp.StatusCode, body)
 	}
 }

@@ -28,6 +28,13 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sid := string(flow)
+	if errors.Is(err, oidc.ErrIdPUnavailable) || errors.Is(err, oidc.ErrNotReady) {
+		// Transient: the session stays pending, and this browser, which
+		// just proved it started the login, may start it again.
+		h.log.Warn("login could not be finished: the identity provider is unavailable; the session stays pending", "session", sid, "error", err)
+		h.idpUnavailable(w, r, sid)
+		return
+	}
 	if err != nil {
 		// The state was genuine, so the session cannot go on (its link
 		// was used): end it, so that the CLI stops waiting and says why.
@@ -52,6 +59,19 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, h.path("/bind")+"?s="+url.QueryEscape(sid), http.StatusSeeOther)
+}
+
+// idpUnavailable answers a login the identity provider could not finish
+// with 503, Retry-After and a "Try again" link that starts a new login for
+// the same session (the old state is spent).
+func (h *Handler) idpUnavailable(w http.ResponseWriter, r *http.Request, sid string) {
+	p := errorPages[pageIdPRetry]
+	p.ProviderName = h.cfg.ProviderName
+	if target, err := h.cfg.Login.Begin(w, r, []byte(sid)); err == nil {
+		p.RetryURL = target
+	}
+	w.Header().Set("Retry-After", "10")
+	web.RenderError(w, http.StatusServiceUnavailable, p)
 }
 
 // loginRefusal maps a failed login with a genuine state to what the CLI and

@@ -25,6 +25,7 @@ const (
 	pageLoginExpired
 	pageDenied
 	pageLoginFailed
+	pageIdPRetry
 	pageNotLoggedIn
 	pageOtherSession
 	pageCrossSite
