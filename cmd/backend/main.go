@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/klog/v2"
 
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/version"
@@ -54,6 +55,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := newLogger(cfg, stderr)
 	slog.SetDefault(logger)
+	// client-go logs through klog: route it through the same handler, so
+	// that --log-format json gives one JSON object per line for all of it.
+	klog.SetSlogLogger(logger.With("component", "client-go"))
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
