@@ -61,6 +61,8 @@ type ErrorPage struct {
 	Title        string // e.g. "This link has expired"
 	Message      string // what happened, in words
 	Hint         string // what to do next, e.g. "Run the bind command again to get a new link."
+	// RetryURL, if set, is shown as a "Try again" link.
+	RetryURL string
 }
 
 // CancelledPage is shown after the user pressed Cancel.
@@ -101,12 +103,19 @@ func init() {
 
 // RenderSelect writes the API selection page with status 200.
 func RenderSelect(w http.ResponseWriter, p SelectPage) {
+	RenderSelectStatus(w, http.StatusOK, p)
+}
+
+// RenderSelectStatus writes the API selection page with another status,
+// e.g. 422 when it is shown again because the submitted choice was not
+// valid.
+func RenderSelectStatus(w http.ResponseWriter, status int, p SelectPage) {
 	for i := range p.APIs {
 		if p.APIs[i].ID == "" {
 			p.APIs[i].ID = p.APIs[i].Resource + "." + p.APIs[i].Group
 		}
 	}
-	render(w, http.StatusOK, "select.html", p)
+	render(w, status, "select.html", p)
 }
 
 // RenderDone writes the done page with status 200.

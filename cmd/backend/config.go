@@ -63,7 +63,11 @@ type config struct {
 	PollInterval       time.Duration
 	GracePeriod        time.Duration
 	MaxPendingSessions int
-	ShutdownTimeout    time.Duration
+	// MaxConnections and MaxConnsPerClient cap the public listener's
+	// connections (0: no cap).
+	MaxConnections    int
+	MaxConnsPerClient int
+	ShutdownTimeout   time.Duration
 
 	LogLevel  slog.Level
 	LogFormat string // "json" or "text"
@@ -100,6 +104,7 @@ type rawFlags struct {
 	kubeconfig, kubeContext                               string
 	sessionTTL, pollInterval, gracePeriod, shutdownTimout time.Duration
 	maxPendingSessions                                    int
+	maxConnections, maxConnectionsPerClient               int
 	logLevel, logFormat                                   string
 	tlsCertFile, tlsKeyFile                               string
 	version                                               bool
@@ -145,6 +150,8 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	d(&r.pollInterval, "poll-interval", 2*time.Second, "poll interval advertised to clients and enforced (with a small jitter tolerance)")
 	d(&r.gracePeriod, "grace-period", 60*time.Second, "how long a delivered BindingResponse stays available to further polls")
 	i(&r.maxPendingSessions, "max-pending-sessions", 10000, "most sessions held at once, per replica (with the hashring, a replica's limit counts the sessions it owns); beyond it session creation answers 503")
+	i(&r.maxConnections, "max-connections", 4096, "most connections served at once; beyond it new ones wait in the listen backlog (0: no limit). Keep it below the open-file limit (ulimit -n)")
+	i(&r.maxConnectionsPerClient, "max-connections-per-client", 64, "most connections from one client IP address at once; more are closed at once (0: no limit). Behind a proxy that does not keep client addresses, every connection is the proxy's")
 	d(&r.shutdownTimout, "shutdown-timeout", 25*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 
 	s(&r.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -243,6 +250,8 @@ func (r *rawFlags) validate() (*config, error) {
 		PollInterval:       r.pollInterval,
 		GracePeriod:        r.gracePeriod,
 		MaxPendingSessions: r.maxPendingSessions,
+		MaxConnections:     r.maxConnections,
+		MaxConnsPerClient:  r.maxConnectionsPerClient,
 		ShutdownTimeout:    r.shutdownTimout,
 		TLSCertFile:        r.tlsCertFile,
 		TLSKeyFile:         r.tlsKeyFile,
@@ -344,6 +353,12 @@ func (r *rawFlags) validate() (*config, error) {
 	}
 	if r.gracePeriod <= 0 {
 		fail("--grace-period %s: must be positive", r.gracePeriod)
+	}
+	if r.maxConnections < 0 {
+		fail("--max-connections %d: must be 0 (no limit) or positive", r.maxConnections)
+	}
+	if r.maxConnectionsPerClient < 0 {
+		fail("--max-connections-per-client %d: must be 0 (no limit) or positive", r.maxConnectionsPerClient)
 	}
 	if r.maxPendingSessions <= 0 {
 		fail("--max-pending-sessions %d: must be positive", r.maxPendingSessions)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/kbprovider/backend/internal/ids"
@@ -95,14 +96,41 @@ func decodeCreateSession(body []byte) (v1alpha1.CreateSessionRequest, error) {
 	return req, nil
 }
 
-// cleanJSONError drops the Go type names from decoding errors.
+// cleanJSONError says what is wrong with a body in JSON's words, never
+// with the Go type names encoding/json puts into its errors.
 func cleanJSONError(err error) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return errors.New("field " + te.Field + " must be a " + strings.TrimPrefix(te.Type.String(), "v1alpha1.") + ", not a JSON " + te.Value)
+		what := "the body"
+		if te.Field != "" {
+			what = "field " + te.Field
+		}
+		return errors.New(what + " must be " + jsonKind(te.Type) + ", not a JSON " + te.Value)
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: "); ok {
 		return errors.New(msg)
 	}
 	return err
+}
+
+// jsonKind names what a Go type is in JSON.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another JSON value"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "a JSON object"
 }

@@ -102,8 +102,8 @@ func TestRefusals(t *testing.T) {
 		client, form := e.loginToSelection(t, authURL, dave)
 		form["api"] = []string{"mangodbs.mangodb.com", "secretthings.internal.example.com"}
 		status, body := e.post(t, client, form, nil)
-		if status != http.StatusOK || !strings.Contains(body, "not offered") {
-			t.Fatalf("got %d, want the selection page again saying the API is not offered:\n%s", status, body)
+		if status != http.StatusUnprocessableEntity || !strings.Contains(body, "not offered") {
+			t.Fatalf("got %d, want 422 with the selection page again saying the API is not offered:\n%s", status, body)
 		}
 		e.expectStillPending(t, s)
 		e.expectNothingProvisioned(t, dave)

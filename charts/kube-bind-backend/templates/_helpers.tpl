@@ -153,6 +153,8 @@ Secrets are passed as files, never as flag values.
   (printf "--session-ttl=%s" $v.session.ttl)
   (printf "--poll-interval=%s" $v.session.pollInterval)
   (printf "--max-pending-sessions=%d" (int $v.session.maxPending))
+  (printf "--max-connections=%d" (int $v.connections.max))
+  (printf "--max-connections-per-client=%d" (int $v.connections.maxPerClient))
   (printf "--grace-period=%s" $v.session.gracePeriod)
   (printf "--log-level=%s" $v.log.level)
   (printf "--log-format=%s" $v.log.format)

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
@@ -43,7 +44,7 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	}
 	ctx := r.Context()
 	sess, err := h.cfg.Store.Get(ctx, sid)
-	if errors.Is(err, sessions.ErrNotFound) && !h.expiredID(sid) {
+	if errors.Is(err, sessions.ErrNotFound) && !h.issuedID(sid) {
 		h.page(w, http.StatusNotFound, pageUnknownSession, "")
 		return
 	}
@@ -57,6 +58,15 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	}
 	if !hmac.Verify(sess.Secret, signed, sig) {
 		h.page(w, http.StatusUnauthorized, pageBadSignature, "")
+		return
+	}
+	if r.Method == http.MethodHead {
+		// A link preview or scanner: say what can be said without using
+		// the link (whether its nonce was spent cannot be asked without
+		// spending it).
+		if h.stillPending(w, sess) {
+			linkLooksGood(w)
+		}
 		return
 	}
 	switch err := h.cfg.Store.UseNonce(ctx, sid, nonce); {
@@ -89,6 +99,10 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		h.page(w, http.StatusBadRequest, pageBadLink, "c must be a cluster ID, once")
 		return
 	}
+	if r.Method == http.MethodHead {
+		linkLooksGood(w)
+		return
+	}
 	now := h.cfg.Now()
 	expires := now.Add(h.cfg.SessionTTL)
 	sess := sessions.Session{
@@ -112,6 +126,22 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 	h.beginLogin(w, r, sess.ID)
 }
 
+// linkLooksGood answers a HEAD of a link that a GET would act on. HEAD
+// must have no side effect (RFC 9110 §9.2.1), but the GET of a good link
+// spends its nonce (or, in the callback flow, creates a session) and
+// redirects to the identity provider with a state made for this browser.
+// Link previews, mail scanners and link checkers send HEAD to see whether
+// a link is alive; a 405 makes most of them retry with GET, which would
+// spend the user's link before the user opens it. So a good link answers
+// 200 text/html with no body and nothing changed, and a bad one the same
+// error status its GET gets.
+func linkLooksGood(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+}
+
 // callbackURL returns where the callback flow ends: http://localhost:<p>/callback
 // for p, else u when it is an http URL on a loopback host or starts with an
 // entry of the allow-list. Anything else is refused: an open redirect here
@@ -121,12 +151,12 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		return nil, "exactly one of p and u must be given"
 	}
 	if q.Has("p") {
-		p, ok := single(q, "p")
-		port, err := strconv.Atoi(p)
-		if !ok || err != nil || port < 1 || port > 65535 {
-			return nil, "p must be a port number"
+		p, _ := single(q, "p")
+		port, ok := parsePort(p)
+		if !ok {
+			return nil, "p must be a port number from 1 to 65535, in digits only"
 		}
-		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", p), Path: "/callback"}, ""
+		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", strconv.Itoa(port)), Path: "/callback"}, ""
 	}
 	raw, ok := single(q, "u")
 	if !ok || len(raw) > 2048 {
@@ -145,6 +175,24 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		}
 	}
 	return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1])"
+}
+
+// parsePort accepts a TCP port written as released CLIs write it: 1 to 5
+// ASCII digits, no sign, no leading zero, 1 to 65535. strconv.Atoi alone
+// would let "+41234" through, which net/url then refuses when the
+// response is handed back: after the binding was made.
+func parsePort(p string) (int, bool) {
+	if len(p) == 0 || len(p) > 5 || p[0] == '0' {
+		return 0, false
+	}
+	port := 0
+	for i := 0; i < len(p); i++ {
+		if p[i] < '0' || p[i] > '9' {
+			return 0, false
+		}
+		port = port*10 + int(p[i]-'0')
+	}
+	return port, port <= 65535
 }
 
 func isLoopback(host string) bool {
@@ -189,11 +237,16 @@ func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, sid string)
 	http.Redirect(w, r, target, http.StatusSeeOther)
 }
 
-// expiredID reports whether a session ID the store does not know carries
-// an expiry in the past: its link expired, rather than never existed.
-func (h *Handler) expiredID(sid string) bool {
+// issuedID reports whether a session ID the store does not know looks
+// like one this backend issued: of the expiring shape, with an expiry no
+// later than a session made now would get. Its link is then answered as
+// expired (410) rather than unknown (404): the session ended, expired or
+// was lost with the replica that owned it (the hashring cannot tell a lost
+// session from one that never existed), and either way the user starts
+// over. The expiry is not authenticated; it only picks the words.
+func (h *Handler) issuedID(sid string) bool {
 	at, ok := ids.SessionIDExpiry(sid)
-	return ok && !h.cfg.Now().Before(at)
+	return ok && !at.After(h.cfg.Now().Add(h.cfg.SessionTTL+time.Minute))
 }
 
 // single returns the only value of key, and false when it is missing or

@@ -28,6 +28,13 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sid := string(flow)
+	if errors.Is(err, oidc.ErrIdPUnavailable) || errors.Is(err, oidc.ErrNotReady) {
+		// Transient: the session stays pending, and this browser, which
+		// just proved it started the login, may start it again.
+		h.log.Warn("login could not be finished: the identity provider is unavailable; the session stays pending", "session", sid, "error", err)
+		h.idpUnavailable(w, r, sid)
+		return
+	}
 	if err != nil {
 		// The state was genuine, so the session cannot go on (its link
 		// was used): end it, so that the CLI stops waiting and says why.
@@ -54,6 +61,19 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, h.path("/bind")+"?s="+url.QueryEscape(sid), http.StatusSeeOther)
 }
 
+// idpUnavailable answers a login the identity provider could not finish
+// with 503, Retry-After and a "Try again" link that starts a new login for
+// the same session (the old state is spent).
+func (h *Handler) idpUnavailable(w http.ResponseWriter, r *http.Request, sid string) {
+	p := errorPages[pageIdPRetry]
+	p.ProviderName = h.cfg.ProviderName
+	if target, err := h.cfg.Login.Begin(w, r, []byte(sid)); err == nil {
+		p.RetryURL = target
+	}
+	w.Header().Set("Retry-After", "10")
+	web.RenderError(w, http.StatusServiceUnavailable, p)
+}
+
 // loginRefusal maps a failed login with a genuine state to what the CLI and
 // the page are told.
 func loginRefusal(err error) (reason string, status int, kind pageKind) {
@@ -63,6 +83,10 @@ func loginRefusal(err error) (reason string, status int, kind pageKind) {
 		return "the identity provider refused the login (" + pe.Code + ")", http.StatusForbidden, pageDenied
 	case errors.Is(err, oidc.ErrAccessDenied):
 		return "this user may not bind APIs of this provider", http.StatusForbidden, pageDenied
+	case errors.Is(err, oidc.ErrInvalidCallback):
+		// What the browser brought back is wrong (no code, a foreign
+		// issuer, a code the provider refuses): the client's mistake.
+		return "the sign-in came back incomplete or altered", http.StatusBadRequest, pageLoginFailed
 	default:
 		return "the login at the identity provider failed", http.StatusBadGateway, pageLoginFailed
 	}
@@ -74,10 +98,10 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	h.renderSelection(w, lc, sess, nil, "")
+	h.renderSelection(w, http.StatusOK, lc, sess, nil, "")
 }
 
-func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
+func (h *Handler) renderSelection(w http.ResponseWriter, status int, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
@@ -90,7 +114,7 @@ func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess se
 	if user == "" {
 		user = lc.Subject
 	}
-	web.RenderSelect(w, web.SelectPage{
+	web.RenderSelectStatus(w, status, web.SelectPage{
 		ProviderName: h.cfg.ProviderName,
 		User:         user,
 		Action:       h.path("/bind"),
@@ -147,7 +171,9 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		for _, n := range r.PostForm[web.FieldAPI] {
 			ticked[n] = true
 		}
-		h.renderSelection(w, lc, sess, ticked, problem)
+		// The page again, saying what to fix; 422: the form was well
+		// formed, but what it asks for cannot be done.
+		h.renderSelection(w, http.StatusUnprocessableEntity, lc, sess, ticked, problem)
 		return
 	}
 

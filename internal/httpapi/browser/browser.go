@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -75,7 +76,7 @@ type Config struct {
 type Handler struct {
 	cfg       Config
 	log       *slog.Logger
-	mux       *http.ServeMux
+	routes    map[string]methods
 	cookies   *securecookie.SecureCookie
 	allowList []*url.URL
 	prefix    string
@@ -120,18 +121,38 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h.cookies.MaxAge(int(cfg.SessionTTL / time.Second))
 	h.cookies.SetSerializer(securecookie.JSONEncoder{})
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+h.prefix+"/authorize", h.authorize)
-	mux.HandleFunc("GET "+h.prefix+"/callback", h.callback)
-	mux.HandleFunc("GET "+h.prefix+"/bind", h.showSelection)
-	mux.HandleFunc("POST "+h.prefix+"/bind", h.bind)
-	mux.HandleFunc("/", h.notFound)
-	h.mux = mux
+	// Each path with the methods it takes. GET routes take HEAD too (see
+	// linkLooksGood for /authorize), except the callback, whose GET spends
+	// the login state and which has nothing to check without spending it.
+	h.routes = map[string]methods{
+		h.prefix + "/authorize": {http.MethodGet: h.authorize, http.MethodHead: h.authorize},
+		h.prefix + "/callback":  {http.MethodGet: h.callback},
+		h.prefix + "/bind":      {http.MethodGet: h.showSelection, http.MethodHead: h.showSelection, http.MethodPost: h.bind},
+	}
 	return h, nil
 }
 
+// methods maps the HTTP methods a path takes to their handlers.
+type methods map[string]http.HandlerFunc
+
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.mux.ServeHTTP(w, r)
+	// The prefix is kept escaped, as the external URL has it.
+	route, ok := h.routes[r.URL.EscapedPath()]
+	if !ok {
+		h.notFound(w, r)
+		return
+	}
+	if serve, ok := route[r.Method]; ok {
+		serve(w, r)
+		return
+	}
+	allowed := make([]string, 0, len(route))
+	for m := range route {
+		allowed = append(allowed, m)
+	}
+	slices.Sort(allowed)
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	h.page(w, http.StatusMethodNotAllowed, pageMethodNotAllowed, r.Method+" is not taken here")
 }
 
 // path returns p under the external URL's path prefix.
