@@ -28,6 +28,10 @@ func (g GroupResource) Name() string { return g.Resource + "." + g.Group }
 //   - APIServiceBindings: it reads them, adds finalizers, writes status.
 //   - namespaces: it watches them to sync namespaced objects.
 //   - events: it records events about what it syncs.
+//   - secrets, list and watch only: its informer of Secrets is
+//     cluster-wide (a limit of the released konnector: it then reads only
+//     the kubeconfig Secrets in kube-bind, where the Role lets it change
+//     them).
 //   - the bound APIs: it syncs spec to the provider and status back, and
 //     removes finalizers and objects deleted upstream.
 func konnectorClusterRole(bound []GroupResource) *rbacv1.ClusterRole {
@@ -41,6 +45,7 @@ func konnectorClusterRole(bound []GroupResource) *rbacv1.ClusterRole {
 		{APIGroups: []string{"kube-bind.io"}, Resources: []string{"apiservicebindings"}, Verbs: []string{"get", "list", "watch", "update", "patch"}},
 		{APIGroups: []string{"kube-bind.io"}, Resources: []string{"apiservicebindings/status"}, Verbs: []string{"get", "update", "patch"}},
 		{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list", "watch"}},
 		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "update", "patch"}},
 	}
 	byGroup := map[string][]string{}
