@@ -508,9 +508,11 @@ func (bd *Binder) ensureKonnectorRBAC(ctx context.Context, reqs []request) (stri
 	for gr := range bound {
 		all = append(all, gr)
 	}
+	// The ServiceAccount last: once it exists, so do its rights (a
+	// konnector started with its token then never meets a Forbidden).
 	objs := []runtime.Object{
-		konnectorServiceAccount(), konnectorRole(), konnectorRoleBinding(),
-		konnectorClusterRole(all), konnectorClusterRoleBinding(),
+		konnectorRole(), konnectorClusterRole(all), konnectorRoleBinding(),
+		konnectorClusterRoleBinding(), konnectorServiceAccount(),
 	}
 	if bd.o.DryRun {
 		for _, o := range objs {

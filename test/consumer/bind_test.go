@@ -20,6 +20,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/consumer"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/konnector"
 )
 
 // One provider (control plane, identity provider, backend) and one
@@ -35,7 +36,9 @@ func TestBind(t *testing.T) {
 	t.Run("RefusesAnotherProvidersBinding", func(t *testing.T) { testRefusesOtherBinding(t, e) })
 	t.Run("RequestFailedByProvider", func(t *testing.T) { testRequestFailed(t, e) })
 	t.Run("UnreachableConsumerCluster", func(t *testing.T) { testUnreachable(t, e) })
+	t.Run("DryRun", func(t *testing.T) { testDryRun(t, e) })
 	t.Run("CallbackFlow", func(t *testing.T) { testCallbackFlow(t, e, first) })
+	t.Run("ReleasedCLI", func(t *testing.T) { testReleasedCLI(t, e) })
 }
 
 // bound is what the first bind left.
@@ -70,10 +73,10 @@ func testPollFlow(t *testing.T, e *env) *bound {
 	if !strings.HasPrefix(u, e.baseURL+"/authorize?") {
 		t.Errorf("printed URL %s is not the provider's poll authentication URL", u)
 	}
+	pressed := bindInBrowser(t, e, u, exampleapis.MangoDB.Name(), exampleapis.Redis.Name())
 	if !regexp.MustCompile(`the code [A-Z2-7]{4}-[A-Z2-7]{4}; continue only if it matches`).MatchString(c.stderr.String()) {
 		t.Errorf("no confirmation code printed next to the URL:\n%s", c.stderr.String())
 	}
-	pressed := bindInBrowser(t, e, u, exampleapis.MangoDB.Name(), exampleapis.Redis.Name())
 	k := startKonnectorWhenReady(t, e, c)
 	if code := c.wait(t, 5*time.Minute); code != 0 {
 		t.Fatalf("exit code %d:\n%s", code, c.stderr.String())
@@ -372,5 +375,83 @@ func testCallbackFlow(t *testing.T, e *env, first *bound) {
 	b, err := consumerDyn.Resource(bindingGVR).Get(ctx, widgetAPI.Name(), metav1.GetOptions{})
 	if err != nil || nested(b, "spec", "kubeconfigSecretRef", "name") != first.secretName {
 		t.Errorf("binding %s: %v %v", widgetAPI.Name(), err, b)
+	}
+}
+
+// --dry-run prints every object and changes nothing.
+func testDryRun(t *testing.T, e *env) {
+	ctx := context.Background()
+	consumerKube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
+	before := kubeconfigSecrets(t, consumerKube)
+	c := runCLI(t, t.TempDir(), cliBinary, []string{"--kubeconfig", e.consumer.AdminKubeconfigPath(), "--dry-run", "-o", "yaml", e.exportURL})
+	bindInBrowser(t, e, c.url(t), widgetAPI.Name())
+	if code := c.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, c.stderr.String())
+	}
+	out := c.stdout.String()
+	for _, want := range []string{"kind: APIServiceExportRequest", "kind: APIServiceBinding", "name: " + widgetAPI.Name(),
+		"kind: ClusterRole", "resources:\n  - widgets\n", "kind: Secret"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, out)
+		}
+	}
+	consumerDyn := dynamic.NewForConfigOrDie(e.consumer.AdminConfig())
+	if _, err := consumerDyn.Resource(bindingGVR).Get(ctx, widgetAPI.Name(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the dry run made APIServiceBinding %s: %v", widgetAPI.Name(), err)
+	}
+	providerDyn := dynamic.NewForConfigOrDie(e.provider.AdminConfig())
+	if _, err := providerDyn.Resource(requestGVR).Namespace(providerNamespaceOf(t, c)).Get(ctx, widgetAPI.Name(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the dry run made a request on the provider: %v", err)
+	}
+	cr, err := consumerKube.RbacV1().ClusterRoles().Get(ctx, consumer.KonnectorRoleName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range cr.Rules {
+		for _, res := range r.Resources {
+			if res == widgetAPI.Plural {
+				t.Errorf("the dry run changed the konnector's ClusterRole: %v", r)
+			}
+		}
+	}
+	if after := kubeconfigSecrets(t, consumerKube); strings.Join(after, ",") != strings.Join(before, ",") {
+		t.Errorf("kubeconfig Secrets changed in a dry run: %v -> %v", before, after)
+	}
+}
+
+// The released v0.4.8 CLI still binds with the backend: its dry run, then
+// its apiservice step, as its README says.
+func testReleasedCLI(t *testing.T, e *env) {
+	bin := konnector.ReleasedBinary(t, "kubectl-bind")
+	home := t.TempDir()
+	c := runCLI(t, home, bin, []string{"bind", e.exportURL, "--dry-run", "--kubeconfig", e.consumer.AdminKubeconfigPath()})
+	u := c.url(t)
+	bindInBrowser(t, e, u, gadgetAPI.Name())
+	if code := c.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("released CLI's dry run: exit %d\nstdout:\n%s", code, c.stdout.String())
+	}
+	m := regexp.MustCompile(`secret kube-bind/(kubeconfig-\w+) for host \S+, namespace (\S+)`).FindStringSubmatch(c.stderr.String())
+	if m == nil || !strings.Contains(c.stdout.String(), "kind: APIServiceExportRequest") {
+		t.Fatalf("the released CLI's dry run printed no request or named no Secret:\nstdout:\n%s", c.stdout.String())
+	}
+	secret, ns := m[1], m[2]
+	reqFile := home + "/request.yaml"
+	writeFileT(t, reqFile, c.stdout.String())
+	step := runCLI(t, home, bin, []string{"bind", "apiservice",
+		"--remote-kubeconfig-namespace", consumer.Namespace, "--remote-kubeconfig-name", secret,
+		"-f", reqFile, "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-konnector"})
+	if code := step.wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("released CLI's apiservice step: exit %d\nstdout:\n%s", code, step.stdout.String())
+	}
+	ctx := context.Background()
+	providerDyn := dynamic.NewForConfigOrDie(e.provider.AdminConfig())
+	r, err := providerDyn.Resource(requestGVR).Namespace(ns).Get(ctx, gadgetAPI.Name(), metav1.GetOptions{})
+	if err != nil || nested(r, "status", "phase") != "Succeeded" {
+		t.Fatalf("request %s/%s on the provider: %v %v", ns, gadgetAPI.Name(), err, r)
+	}
+	consumerDyn := dynamic.NewForConfigOrDie(e.consumer.AdminConfig())
+	b, err := consumerDyn.Resource(bindingGVR).Get(ctx, gadgetAPI.Name(), metav1.GetOptions{})
+	if err != nil || nested(b, "spec", "kubeconfigSecretRef", "name") != secret {
+		t.Fatalf("the released CLI's APIServiceBinding: %v %v", err, b)
 	}
 }

@@ -173,8 +173,8 @@ func signIn(t *testing.T, b *browser.Browser, user oidcprovider.User) {
 	}
 }
 
-// startKonnectorWhenReady waits until the command made the konnector's
-// ServiceAccount in the consumer cluster, then runs the released konnector
+// startKonnectorWhenReady waits until the command deployed the konnector
+// in the consumer cluster (pods never run there: no nodes), then runs the released konnector
 // with a token of it: the RBAC the command wrote is all it gets.
 func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector {
 	t.Helper()
@@ -182,12 +182,13 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	for {
-		_, err := kube.CoreV1().ServiceAccounts(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
+		// The Deployment comes after the RBAC and the ServiceAccount.
+		_, err := kube.AppsV1().Deployments(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
 		if err == nil {
 			break
 		}
 		if !apierrors.IsNotFound(err) || !c.running() || ctx.Err() != nil {
-			t.Fatalf("no konnector ServiceAccount (%v); command running: %v\n%s", err, c.running(), c.stderr.String())
+			t.Fatalf("no konnector Deployment (%v); command running: %v\n%s", err, c.running(), c.stderr.String())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

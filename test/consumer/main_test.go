@@ -70,6 +70,7 @@ var (
 	queueAPI  = exampleapis.API{Group: "queue.example.com", Plural: "queues", Kind: "Queue", Exported: true}
 	bucketAPI = exampleapis.API{Group: "storage.example.com", Plural: "buckets", Kind: "Bucket", Exported: true}
 	widgetAPI = exampleapis.API{Group: "widgets.example.com", Plural: "widgets", Kind: "Widget", Exported: true}
+	gadgetAPI = exampleapis.API{Group: "gadgets.example.com", Plural: "gadgets", Kind: "Gadget", Exported: true}
 )
 
 // The consumer cluster: a second, independent control plane.
@@ -117,7 +118,7 @@ func startEnv(t *testing.T) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := exampleapis.Prepare(ctx, provider.AdminConfig(),
-		exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing, queueAPI, bucketAPI, widgetAPI); err != nil {
+		exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing, queueAPI, bucketAPI, widgetAPI, gadgetAPI); err != nil {
 		t.Fatalf("preparing the provider cluster: %v", err)
 	}
 	port := procs.FreePort(t)
