@@ -85,7 +85,7 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		return nil, nil, "", err
 	}
 	catalog.Start(ctx)
-	if err := startControllers(ctx, cfg, rc, catalog, provisioner, w.logger); err != nil {
+	if err := startControllers(ctx, cfg, rc, catalog, provisioner, w); err != nil {
 		return nil, nil, "", err
 	}
 	go login.Run(ctx)
