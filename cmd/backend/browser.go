@@ -28,7 +28,7 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 	if err != nil {
 		return nil, nil, "", err
 	}
-	catalog, err := binding.NewCatalog(rc, scope)
+	catalog, err := binding.NewCatalog(rc, scope, binding.WithLogger(w.logger.With("component", "catalog")))
 	if err != nil {
 		return nil, nil, "", err
 	}

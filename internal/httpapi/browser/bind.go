@@ -81,10 +81,14 @@ func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess se
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
-		apis = append(apis, web.API{
+		api := web.API{
 			ID: e.Name, Group: e.Group, Resource: e.Resource, Scope: string(e.Scope),
 			Versions: e.Versions, Checked: ticked[e.Name],
-		})
+		}
+		if len(e.NoStatusSubresource) > 0 {
+			api.Warning = noStatusWarning
+		}
+		apis = append(apis, api)
 	}
 	user := lc.Email
 	if user == "" {
@@ -100,6 +104,9 @@ func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess se
 		Error:        problem,
 	})
 }
+
+// noStatusWarning goes with an API whose CRD has no status subresource.
+const noStatusWarning = "Its status is not synced back to your cluster (the provider's CRD has no status subresource)."
 
 // bind handles the selection form: cancel, or provision and hand over.
 func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
