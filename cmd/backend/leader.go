@@ -14,6 +14,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindinghealth"
+	"github.com/kbprovider/backend/internal/cleanup"
 	"github.com/kbprovider/backend/internal/exports"
 	"github.com/kbprovider/backend/internal/leader"
 )
@@ -53,7 +54,7 @@ func (r *rawFlags) validateLeaderElection(c *config) []error {
 }
 
 // startControllers runs the provider-side controllers (internal/exports,
-// internal/bindinghealth) in the background until ctx ends: on the replica
+// internal/bindinghealth, internal/cleanup) in the background until ctx ends: on the replica
 // holding the Lease when leader election is on, else right here. A failing
 // controller is started again; all of them stop when leadership ends.
 func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog *binding.Catalog, p *binding.Provisioner, w wiring) error {
@@ -73,9 +74,17 @@ func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog
 	if err != nil {
 		return err
 	}
+	cleanupLog := logger.With("component", "cleanup")
+	clean, err := cleanup.New(rc, cleanup.Config{
+		Unbinder: p, GCAfter: cfg.GCUnusedBindingAfter, DryRun: cfg.GCDryRun, Metrics: w.metrics, Logger: cleanupLog,
+	})
+	if err != nil {
+		return err
+	}
 	controllers := []controller{
 		{"exports", ctrl.Run, log},
 		{"binding health", health.Run, healthLog},
+		{"cleanup", clean.Run, cleanupLog},
 	}
 	runUntilDone := func(ctx context.Context) {
 		var wg sync.WaitGroup

@@ -192,6 +192,9 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", sess.ClusterID, "apis", strings.Join(names, ","))
 	if sess.CallbackURL != "" {
 		h.redirectToCLI(w, r, sess.CallbackURL, body)
+		if h.cfg.OnDelivered != nil {
+			h.cfg.OnDelivered(body)
+		}
 		return
 	}
 	web.RenderDone(w, web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names})
