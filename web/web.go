@@ -32,6 +32,7 @@ type API struct {
 	Scope       string // "Namespaced" or "Cluster"
 	Versions    []string
 	Description string // optional
+	Warning     string // optional caution shown with the API, e.g. that its status is not synced back
 	Checked     bool   // ticked when the page is shown (e.g. shown again after an error)
 }
 

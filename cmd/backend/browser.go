@@ -16,21 +16,21 @@ import (
 // the background and retry; their readiness checks say when they are not
 // there yet. A nil handler (with a reason) means the browser part is not
 // configured: discovery, sessions and polls still work.
-func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []health.Check, string, error) {
+func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []health.Check, string, func([]byte), error) {
 	if cfg.OIDCIssuerURL == "" || cfg.OIDCClientID == "" {
-		return nil, nil, "--oidc-issuer-url and --oidc-issuer-client-id are not set", nil
+		return nil, nil, "--oidc-issuer-url and --oidc-issuer-client-id are not set", nil, nil
 	}
 	rc, err := binding.RESTConfig(cfg.Kubeconfig, cfg.Context)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("provider cluster: %w", err)
+		return nil, nil, "", nil, fmt.Errorf("provider cluster: %w", err)
 	}
 	scope, err := binding.ParseScope(cfg.ConsumerScope)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
-	catalog, err := binding.NewCatalog(rc, scope)
+	catalog, err := binding.NewCatalog(rc, scope, binding.WithLogger(w.logger.With("component", "catalog")))
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 	provisioner, err := binding.NewProvisioner(rc, catalog, binding.Config{
 		NamespacePrefix:    cfg.NamespacePrefix,
@@ -40,7 +40,7 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		ExternalServerName: cfg.ExternalServerName,
 	})
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 
 	callbackURL := cfg.OIDCCallbackURL
@@ -64,9 +64,12 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		Logger: w.logger.With("component", "oidc"),
 	})
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 
+	// Records on the ClusterBinding that a response was handed out, for
+	// the garbage collection of never-delivered bindings.
+	marker := binding.NewDeliveryMarker(provisioner, w.logger.With("component", "delivery"))
 	handler, err := browser.New(browser.Config{
 		ExternalURL:    w.ext,
 		ProviderName:   cfg.PrettyName,
@@ -80,14 +83,16 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		// The callback flow's u may also point at these prefixes.
 		CallbackAllowList: cfg.CallbackAllowList,
 		Logger:            w.logger.With("component", "browser"),
+		OnDelivered:       marker.Delivered,
 	})
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 	catalog.Start(ctx)
-	if err := startControllers(ctx, cfg, rc, catalog, provisioner, w.logger); err != nil {
-		return nil, nil, "", err
+	if err := startControllers(ctx, cfg, rc, catalog, provisioner, w); err != nil {
+		return nil, nil, "", nil, err
 	}
 	go login.Run(ctx)
-	return handler, []health.Check{login, catalog}, "", nil
+	go marker.Run(ctx)
+	return handler, []health.Check{login, catalog}, "", marker.Delivered, nil
 }

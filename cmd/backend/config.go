@@ -88,6 +88,11 @@ type config struct {
 	LeaderElectionLeaseName string
 	PodName                 string
 
+	// Garbage collection of unused bindings (internal/cleanup, gc.go):
+	// off when GCUnusedBindingAfter is 0.
+	GCUnusedBindingAfter time.Duration
+	GCDryRun             bool
+
 	ShowVersion bool
 }
 
@@ -113,6 +118,8 @@ type rawFlags struct {
 	leaderElection                                        bool
 	leaderElectionNamespace, leaderElectionLeaseName      string
 	podNamespace, podName                                 string
+	gcUnusedBindingAfter                                  time.Duration
+	gcDryRun                                              bool
 }
 
 func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
@@ -165,6 +172,9 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	b(&r.leaderElection, "leader-election", true, "run the provider-side controllers on one replica at a time, holding a Lease; off when no namespace is known (no --leader-election-namespace, no POD_NAMESPACE, not in a pod)")
 	s(&r.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: $POD_NAMESPACE, else the pod's own namespace)")
 	s(&r.leaderElectionLeaseName, "leader-election-lease-name", "kube-bind-backend", "name of the leader election Lease")
+
+	d(&r.gcUnusedBindingAfter, "gc-unused-binding-after", 24*time.Hour, "delete a consumer namespace left by a bind cut short, or by a bind whose response was never handed out, this long after it was made; never one whose konnector sent a heartbeat or whose credentials were used; 0 turns it off (at least 1h and longer than --session-ttl)")
+	b(&r.gcDryRun, "gc-dry-run", false, "only log (and count) the unused bindings the garbage collection would delete")
 
 	b(&r.version, "version", false, "print the version and exit")
 
@@ -391,6 +401,7 @@ func (r *rawFlags) validate() (*config, error) {
 	c.CallbackAllowList, storeErrs = validateCallbackAllowList(r.callbackAllowedURLs)
 	errs = append(errs, storeErrs...)
 	errs = append(errs, r.validateLeaderElection(c)...)
+	errs = append(errs, r.validateGC(c)...)
 	return c, errors.Join(errs...)
 }
 

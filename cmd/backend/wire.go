@@ -32,7 +32,7 @@ type wiring struct {
 // (internal/binding) are wired in here: the former as httpapi.Config.Browser,
 // both with their readiness checks appended to w.readiness.
 func newHandler(ctx context.Context, cfg *config, w wiring) (http.Handler, error) {
-	browserHandler, checks, disabled, err := newBrowser(ctx, cfg, w)
+	browserHandler, checks, disabled, onDelivered, err := newBrowser(ctx, cfg, w)
 	if err != nil {
 		return nil, err
 	}
@@ -49,5 +49,6 @@ func newHandler(ctx context.Context, cfg *config, w wiring) (http.Handler, error
 		Metrics:      w.metrics,
 		Readiness:    append(w.readiness, checks...),
 		Browser:      browserHandler,
+		OnDelivered:  onDelivered,
 	})
 }

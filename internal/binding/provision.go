@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/dynamic"
@@ -252,6 +253,10 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 	if have.DeletionTimestamp != nil {
 		return "", fmt.Errorf("%w: namespace %s; bind again once it is gone", ErrNamespaceTerminating, name)
 	}
+	if IsRevoked(have.Labels) {
+		return "", fmt.Errorf("%w: namespace %s was revoked by the provider (label %s) and is about to be removed",
+			ErrNamespaceTerminating, name, LabelRevoked)
+	}
 	return name, nil
 }
 
@@ -385,6 +390,8 @@ func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error 
 			"name":      ClusterBindingName,
 			"namespace": ns,
 			"labels":    map[string]any{LabelManagedBy: managedByValue},
+			// The last step: the binding is complete (garbage collection).
+			"annotations": map[string]any{AnnotationProvisionedAt: time.Now().UTC().Format(time.RFC3339)},
 		},
 		"spec": map[string]any{
 			"kubeconfigSecretRef": map[string]any{"name": KubeconfigSecretName, "key": KubeconfigSecretKey},
@@ -406,7 +413,34 @@ func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	name := p.Namespace(c, clusterID)
+	return p.unbind(ctx, p.Namespace(c, clusterID), func(have *corev1.Namespace) error {
+		if !sameIdentity(have, c, clusterID) {
+			return fmt.Errorf("%w: namespace %s", ErrIdentityConflict, have.Name)
+		}
+		return nil
+	})
+}
+
+// UnbindNamespace removes the consumer of provider namespace name, as
+// Unbind does, for the controllers that find namespaces rather than
+// identities (revocation, garbage collection). It refuses a namespace that
+// is not a consumer namespace (IsConsumerNamespace) or, when uid is given,
+// not the one with that UID (a namespace made again since).
+func (p *Provisioner) UnbindNamespace(ctx context.Context, name string, uid types.UID) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	return p.unbind(ctx, name, func(have *corev1.Namespace) error {
+		if !IsConsumerNamespace(have) {
+			return fmt.Errorf("%w: namespace %s is not a consumer namespace of this backend", ErrIdentityConflict, name)
+		}
+		if uid != "" && have.UID != uid {
+			return fmt.Errorf("%w: namespace %s was made again (UID %s, not %s)", ErrNotBound, name, have.UID, uid)
+		}
+		return nil
+	})
+}
+
+func (p *Provisioner) unbind(ctx context.Context, name string, check func(*corev1.Namespace) error) error {
 	have, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: no namespace %s", ErrNotBound, name)
@@ -414,17 +448,21 @@ func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) 
 	if err != nil {
 		return fmt.Errorf("reading provider namespace %s: %w", name, err)
 	}
-	if !sameIdentity(have, c, clusterID) {
-		return fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
+	if err := check(have); err != nil {
+		return err
 	}
+	// A namespace already being deleted (by the provider, or an earlier
+	// Unbind) refuses new objects, so the backend cannot grant itself the
+	// rights to revoke there, and deleting it again is refused: what is
+	// left is the namespaces made for it.
 	if have.DeletionTimestamp == nil {
 		if err := p.revoke(ctx, name); err != nil {
 			return err
 		}
-	}
-	err = p.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting provider namespace %s: %w", name, err)
+		err = p.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting provider namespace %s: %w", name, err)
+		}
 	}
 	return p.deleteAPIServiceNamespaces(ctx, name)
 }

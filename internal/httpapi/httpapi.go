@@ -74,6 +74,10 @@ type Config struct {
 	// Now is the clock for session creation times (default time.Now); use
 	// the store's clock so both agree.
 	Now func() time.Time
+	// OnDelivered, if set, is called with the BindingResponse each time a
+	// poll hands it out (binding.DeliveryMarker records it; it must not
+	// block).
+	OnDelivered func(response []byte)
 }
 
 // Bounds of request bodies.

@@ -110,6 +110,9 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	case sessions.StateCompleted:
 		s.metrics.poll("completed")
 		writeJSONBytes(w, http.StatusOK, sess.Response)
+		if s.cfg.OnDelivered != nil {
+			s.cfg.OnDelivered(sess.Response)
+		}
 	case sessions.StateDenied:
 		reason := sess.DenyReason
 		if reason == "" {

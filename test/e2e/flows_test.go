@@ -118,6 +118,7 @@ func TestPollFlowInBrowser(t *testing.T) {
 	}
 	useKubeconfig(t, resp.Kubeconfig, r.res.Namespace)
 	waitRequestSucceeded(t, resp.Kubeconfig, r.res.Namespace, "mangodbs.mangodb.com")
+	e.waitDelivered(t, r.res.Namespace)
 }
 
 // useKubeconfig shows the issued kubeconfig working as the consumer: it
@@ -271,6 +272,7 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 		}
 		useKubeconfig(t, resp.Kubeconfig, ns)
 		waitRequestSucceeded(t, resp.Kubeconfig, ns, "mangodbs.mangodb.com")
+		e.waitDelivered(t, ns)
 	case msg := <-cb.problems:
 		t.Fatalf("the CLI callback refused the redirect: %s", msg)
 	case <-time.After(30 * time.Second):

@@ -161,6 +161,8 @@ Secrets are passed as files, never as flag values.
   (printf "--shutdown-timeout=%s" $v.shutdownTimeout)
   (printf "--session-store=%s" $store)
   (printf "--leader-election-lease-name=%s" (include "kbb.fullname" .))
+  (printf "--gc-unused-binding-after=%s" $v.gc.unusedBindingAfter)
+  (printf "--gc-dry-run=%t" $v.gc.dryRun)
 }}
 {{- with $v.oidc.callbackURL }}
 {{- $args = append $args (printf "--oidc-callback-url=%s" .) }}

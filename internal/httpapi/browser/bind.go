@@ -105,10 +105,14 @@ func (h *Handler) renderSelection(w http.ResponseWriter, status int, lc loginCoo
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
-		apis = append(apis, web.API{
+		api := web.API{
 			ID: e.Name, Group: e.Group, Resource: e.Resource, Scope: string(e.Scope),
 			Versions: e.Versions, Checked: ticked[e.Name],
-		})
+		}
+		if len(e.NoStatusSubresource) > 0 {
+			api.Warning = noStatusWarning
+		}
+		apis = append(apis, api)
 	}
 	user := lc.Email
 	if user == "" {
@@ -124,6 +128,9 @@ func (h *Handler) renderSelection(w http.ResponseWriter, status int, lc loginCoo
 		Error:        problem,
 	})
 }
+
+// noStatusWarning goes with an API whose CRD has no status subresource.
+const noStatusWarning = "Its status is not synced back to your cluster (the provider's CRD has no status subresource)."
 
 // bind handles the selection form: cancel, or provision and hand over.
 func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
@@ -211,6 +218,9 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", sess.ClusterID, "apis", strings.Join(names, ","))
 	if sess.CallbackURL != "" {
 		h.redirectToCLI(w, r, sess.CallbackURL, body)
+		if h.cfg.OnDelivered != nil {
+			h.cfg.OnDelivered(body)
+		}
 		return
 	}
 	web.RenderDone(w, web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names})

@@ -70,6 +70,10 @@ type Config struct {
 	CallbackAllowList []string
 	Logger            *slog.Logger
 	Now               func() time.Time
+	// OnDelivered, if set, is called with the BindingResponse when the
+	// callback flow redirects the browser to the CLI with it (the poll
+	// flow hands it out in internal/httpapi). It must not block.
+	OnDelivered func(response []byte)
 }
 
 // Handler serves the browser routes.
