@@ -70,9 +70,19 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			// these is made through BackendNamespaceClusterRole, in the
 			// backend's namespaces only.
 			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces"}, "list", "watch"),
+			// The credentials controller's cache (internal/credentials):
+			// heartbeats tell when the konnector switched to a new token.
+			rule(kubeBindGroup, []string{"clusterbindings"}, "list", "watch"),
 		),
 		role(BackendNamespaceClusterRole,
 			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch", "delete"),
+			// Consumer credentials (internal/credentials): list the
+			// per-token Secrets, issue TokenRequest tokens bound to them,
+			// and say on the ClusterBinding whether the konnector's
+			// credential is valid.
+			rule("", []string{"secrets"}, "list"),
+			rule("", []string{"serviceaccounts/token"}, "create"),
+			rule(kubeBindGroup, []string{"clusterbindings/status"}, "patch"),
 			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "get", "create", "patch"),
 			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
 			// Answering requests and APIServiceNamespaces.

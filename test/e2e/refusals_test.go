@@ -285,6 +285,7 @@ func formFromPage(t *testing.T, page string) url.Values {
 	}
 	form.Set("api", "mangodbs.mangodb.com")
 	form.Set("action", "bind")
+	form.Set("confirm", "yes")
 	return form
 }
 

@@ -382,6 +382,7 @@ func (sel *selection) bind(t *testing.T, ctx context.Context) (int, string) {
 	}
 	form.Add(web.FieldAPI, exportedCRD)
 	form.Set(web.FieldAction, web.ActionBind)
+	form.Set(web.FieldConfirm, web.ConfirmYes)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sel.target.String(), strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", sel.f.url)

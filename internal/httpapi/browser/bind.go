@@ -1,6 +1,7 @@
 package browser
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -27,7 +29,12 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		h.loginStateFailed(w, err)
 		return
 	}
-	sid := string(flow)
+	sid, clusterID, kind, ok := parseFlowState(flow)
+	if !ok {
+		// Only a login begun by an older version of the backend gets here.
+		h.loginStateFailed(w, errors.New("flow state of another format"))
+		return
+	}
 	if err != nil {
 		// The state was genuine, so the session cannot go on (its link
 		// was used): end it, so that the CLI stops waiting and says why.
@@ -47,7 +54,9 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	if !h.stillPending(w, sess) {
 		return
 	}
-	if err := h.setLoginCookie(w, loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken()}); err != nil {
+	lc := loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken(),
+		ClusterID: clusterID, ClusterKind: kind}
+	if err := h.setLoginCookie(w, lc); err != nil {
 		h.internalError(w, "setting the login cookie", err)
 		return
 	}
@@ -74,10 +83,10 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	h.renderSelection(w, lc, sess, nil, "")
+	h.renderSelection(w, r, lc, sess, nil, "")
 }
 
-func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
+func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
@@ -98,7 +107,34 @@ func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess se
 		Hidden:       []web.Field{{Name: "s", Value: sess.ID}},
 		APIs:         apis,
 		Error:        problem,
+		Origin:       h.origin(sess),
+		Binding:      h.bindingInfo(r.Context(), lc),
 	})
+}
+
+// origin is what the page tells the user to check before binding: in the
+// poll flow the confirmation code the client printed next to the link; in
+// the callback flow, where released CLIs print no code, the address on
+// the user's own machine that receives the result.
+func (h *Handler) origin(sess sessions.Session) web.Origin {
+	if sess.CallbackURL != "" {
+		return web.Origin{CallbackURL: sess.CallbackURL}
+	}
+	return web.Origin{ConfirmationCode: bindproof.ConfirmationCode(sess.ID)}
+}
+
+// bindingInfo says whether the bind creates a binding or updates one.
+func (h *Handler) bindingInfo(ctx context.Context, lc loginCookie) web.BindingInfo {
+	info := web.BindingInfo{Replaced: lc.ClusterKind == clusterReplaced}
+	created, exists, err := h.cfg.Provisioner.Existing(ctx, binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}, lc.ClusterID)
+	switch {
+	case err != nil:
+		h.log.Warn("cannot tell whether the binding exists", "session", lc.SessionID, "error", err)
+		info.Unknown = true
+	case exists:
+		info.Existing, info.Since = true, created
+	}
+	return info
 }
 
 // bind handles the selection form: cancel, or provision and hand over.
@@ -147,12 +183,23 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		for _, n := range r.PostForm[web.FieldAPI] {
 			ticked[n] = true
 		}
-		h.renderSelection(w, lc, sess, ticked, problem)
+		h.renderSelection(w, r, lc, sess, ticked, problem)
+		return
+	}
+	// The user must say the page belongs to what they started (the code
+	// matches their terminal); the checkbox is required in HTML too, so
+	// only a hand-made POST gets here without it.
+	if r.PostForm.Get(web.FieldConfirm) != web.ConfirmYes {
+		ticked := map[string]bool{}
+		for _, n := range names {
+			ticked[n] = true
+		}
+		h.renderSelection(w, r, lc, sess, ticked, "Confirm that you started this binding yourself and that the code matches your terminal.")
 		return
 	}
 
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
-	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, sess.ClusterID, resources)
+	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, lc.ClusterID, resources)
 	if errors.Is(err, binding.ErrNotExported) {
 		h.page(w, http.StatusBadRequest, pageBadForm, err.Error())
 		return
@@ -182,7 +229,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.clearLoginCookie(w)
-	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", sess.ClusterID, "apis", strings.Join(names, ","))
+	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", lc.ClusterID, "clusterKind", string(lc.ClusterKind), "apis", strings.Join(names, ","))
 	if sess.CallbackURL != "" {
 		h.redirectToCLI(w, r, sess.CallbackURL, body)
 		return
