@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/credentials"
 	"github.com/kbprovider/backend/internal/exports"
 	"github.com/kbprovider/backend/internal/leader"
 )
@@ -50,9 +52,10 @@ func (r *rawFlags) validateLeaderElection(c *config) []error {
 	return errs
 }
 
-// startControllers runs the provider-side controllers (internal/exports)
-// in the background until ctx ends: on the replica holding the Lease when
-// leader election is on, else right here. A failing run is started again.
+// startControllers runs the provider-side controllers (internal/exports,
+// internal/credentials) in the background until ctx ends: on the replica
+// holding the Lease when leader election is on, else right here. A failing
+// controller is started again.
 func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog *binding.Catalog, p *binding.Provisioner, logger *slog.Logger) error {
 	log := logger.With("component", "exports")
 	ctrl, err := exports.New(rc, exports.Config{
@@ -64,10 +67,24 @@ func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog
 	if err != nil {
 		return err
 	}
-	runUntilDone := func(ctx context.Context) {
+	credLog := logger.With("component", "credentials")
+	creds, err := credentials.New(rc, credentials.Config{
+		Policy: credentials.Policy{
+			Lifetime:      cfg.Credentials.Lifetime,
+			RotationPoint: cfg.Credentials.RotationPoint,
+			Overlap:       cfg.Credentials.Overlap,
+		},
+		Issuer:          p,
+		NamespacePrefix: cfg.NamespacePrefix,
+		Logger:          credLog,
+	})
+	if err != nil {
+		return err
+	}
+	keepRunning := func(ctx context.Context, name string, log *slog.Logger, run func(context.Context) error) {
 		for ctx.Err() == nil {
-			if err := ctrl.Run(ctx); err != nil && ctx.Err() == nil {
-				log.Error("exports controllers stopped; starting again in 5s", "error", err)
+			if err := run(ctx); err != nil && ctx.Err() == nil {
+				log.Error(name+" stopped; starting again in 5s", "error", err)
 				select {
 				case <-ctx.Done():
 				case <-time.After(5 * time.Second):
@@ -75,9 +92,16 @@ func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog
 			}
 		}
 	}
+	runUntilDone := func(ctx context.Context) {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); keepRunning(ctx, "exports controllers", log, ctrl.Run) }()
+		go func() { defer wg.Done(); keepRunning(ctx, "credentials controller", credLog, creds.Run) }()
+		wg.Wait()
+	}
 	if !cfg.LeaderElection {
 		log.Warn("leader election off (no --leader-election-namespace, POD_NAMESPACE or pod namespace file, or --leader-election=false): " +
-			"this process runs the exports controllers; run a single replica")
+			"this process runs the exports and credentials controllers; run a single replica")
 		go runUntilDone(ctx)
 		return nil
 	}
@@ -89,7 +113,7 @@ func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog
 	}
 	go func() {
 		if err := leader.Run(ctx, rc, le, runUntilDone); err != nil {
-			log.Error("leader election cannot run; the exports controllers are not running", "error", err)
+			log.Error("leader election cannot run; the exports and credentials controllers are not running", "error", err)
 		}
 	}()
 	return nil
