@@ -38,6 +38,7 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		ExternalAddress:    cfg.ExternalAddress,
 		ExternalCAFile:     cfg.ExternalCAFile,
 		ExternalServerName: cfg.ExternalServerName,
+		TokenLifetime:      cfg.Credentials.Lifetime,
 	})
 	if err != nil {
 		return nil, nil, "", nil, err
@@ -59,7 +60,7 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		// States are single-use across replicas: the session store
 		// remembers them like nonces of the session they belong to.
 		UseOnce: func(ctx context.Context, flowState []byte, key string) error {
-			return w.store.UseNonce(ctx, string(flowState), "oidc-state:"+key)
+			return w.store.UseNonce(ctx, browser.FlowSessionID(flowState), "oidc-state:"+key)
 		},
 		Logger: w.logger.With("component", "oidc"),
 	})
@@ -78,6 +79,7 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		Login:          login,
 		Catalog:        catalog,
 		Provisioner:    provisioner,
+		ClusterKey:     w.clusterKey,
 		CookieHashKey:  cfg.CookieSigningKey,
 		CookieBlockKey: cfg.CookieEncryptionKey,
 		// The callback flow's u may also point at these prefixes.

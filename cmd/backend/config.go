@@ -47,6 +47,13 @@ type config struct {
 	// CookieKeysGenerated says which keys were made up at random because
 	// none was configured (they differ per process and per restart).
 	CookieKeysGenerated []string
+	// ClusterSecretKey derives new cluster IDs and their cluster secrets
+	// (internal/clusterkey); ClusterSecretKeyGenerated: made up at random.
+	ClusterSecretKey          []byte
+	ClusterSecretKeyGenerated bool
+
+	// Consumer credentials (internal/credentials).
+	Credentials credentialsConfig
 
 	ExternalAddress    string
 	ExternalCAFile     string
@@ -104,6 +111,8 @@ type rawFlags struct {
 	oidcCallbackURL, oidcAllowedUsers, oidcAllowedGroups  string
 	cookieSigningKey, cookieSigningKeyFile                string
 	cookieEncryptionKey, cookieEncryptionKeyFile          string
+	clusterSecretKey, clusterSecretKeyFile                string
+	credentials                                           credentialsFlags
 	externalAddress, externalCAFile, externalServerName   string
 	prettyName, namespacePrefix, consumerScope            string
 	kubeconfig, kubeContext                               string
@@ -142,6 +151,10 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	s(&r.cookieSigningKeyFile, "cookie-signing-key-file", "", "file holding the base64 cookie signing key")
 	s(&r.cookieEncryptionKey, "cookie-encryption-key", "", "base64 key (16, 24 or 32 bytes) encrypting cookies; all replicas need the same (default: random per process)")
 	s(&r.cookieEncryptionKeyFile, "cookie-encryption-key-file", "", "file holding the base64 cookie encryption key")
+
+	s(&r.clusterSecretKey, "cluster-secret-key", "", "base64 key (32 to 64 bytes) from which cluster secrets are derived; all replicas need the same, and it must survive restarts and upgrades (default: random per process)")
+	s(&r.clusterSecretKeyFile, "cluster-secret-key-file", "", "file holding the base64 cluster secret key")
+	r.credentials.register(fs)
 
 	s(&r.externalAddress, "external-address", "", "API server address put into issued kubeconfigs (default: the provider cluster's)")
 	s(&r.externalCAFile, "external-ca-file", "", "PEM CA bundle put into issued kubeconfigs (default: the provider cluster's)")
@@ -320,6 +333,16 @@ func (r *rawFlags) validate() (*config, error) {
 		c.CookieEncryptionKey = randomKey(32)
 		c.CookieKeysGenerated = append(c.CookieKeysGenerated, "cookie-encryption-key")
 	}
+
+	c.ClusterSecretKey, err = cookieKey("cluster-secret-key", r.clusterSecretKey, r.clusterSecretKeyFile, 32, 48, 64)
+	if err != nil {
+		errs = append(errs, err)
+	} else if c.ClusterSecretKey == nil {
+		c.ClusterSecretKey, c.ClusterSecretKeyGenerated = randomKey(32), true
+	}
+	var credErrs []error
+	c.Credentials, credErrs = r.credentials.validate()
+	errs = append(errs, credErrs...)
 
 	if r.externalCAFile != "" {
 		b, err := os.ReadFile(r.externalCAFile)

@@ -15,6 +15,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindinghealth"
 	"github.com/kbprovider/backend/internal/cleanup"
+	"github.com/kbprovider/backend/internal/credentials"
 	"github.com/kbprovider/backend/internal/exports"
 	"github.com/kbprovider/backend/internal/leader"
 )
@@ -54,7 +55,7 @@ func (r *rawFlags) validateLeaderElection(c *config) []error {
 }
 
 // startControllers runs the provider-side controllers (internal/exports,
-// internal/bindinghealth, internal/cleanup) in the background until ctx ends: on the replica
+// internal/bindinghealth, internal/cleanup, internal/credentials) in the background until ctx ends: on the replica
 // holding the Lease when leader election is on, else right here. A failing
 // controller is started again; all of them stop when leadership ends.
 func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog *binding.Catalog, p *binding.Provisioner, w wiring) error {
@@ -81,10 +82,25 @@ func startControllers(ctx context.Context, cfg *config, rc *rest.Config, catalog
 	if err != nil {
 		return err
 	}
+	credLog := logger.With("component", "credentials")
+	creds, err := credentials.New(rc, credentials.Config{
+		Policy: credentials.Policy{
+			Lifetime:      cfg.Credentials.Lifetime,
+			RotationPoint: cfg.Credentials.RotationPoint,
+			Overlap:       cfg.Credentials.Overlap,
+		},
+		Issuer:          p,
+		NamespacePrefix: cfg.NamespacePrefix,
+		Logger:          credLog,
+	})
+	if err != nil {
+		return err
+	}
 	controllers := []controller{
 		{"exports", ctrl.Run, log},
 		{"binding health", health.Run, healthLog},
 		{"cleanup", clean.Run, cleanupLog},
+		{"credentials", creds.Run, credLog},
 	}
 	runUntilDone := func(ctx context.Context) {
 		var wg sync.WaitGroup

@@ -82,6 +82,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, k := range cfg.CookieKeysGenerated {
 		logger.Warn("--"+k+" not set: using a random key; browser logins break on restart, and replicas must share one key", "flag", k)
 	}
+	if cfg.ClusterSecretKeyGenerated {
+		logger.Warn("--cluster-secret-key not set: using a random key; the cluster secrets issued now stop proving their cluster IDs on restart "+
+			"(those clients then bind into new provider namespaces), and replicas must share one key; for local use only", "flag", "cluster-secret-key")
+	}
 
 	store, err := newSessionStore(cfg, logger)
 	if err != nil {

@@ -39,9 +39,12 @@ type Config struct {
 	// ExternalServerName is an optional TLS server name for the issued
 	// kubeconfig (--external-server-name).
 	ExternalServerName string
-	// TokenTimeout bounds the wait for the token controller to fill a
-	// service account token Secret; 0 means 30s.
-	TokenTimeout time.Duration
+	// TokenLifetime is the lifetime asked for each issued token
+	// (--credential-lifetime); 0 means DefaultTokenLifetime. The API
+	// server may cap it (--service-account-max-token-expiration).
+	TokenLifetime time.Duration
+	// Now is the clock of issue and retirement times (default time.Now).
+	Now func() time.Time
 	// Timeout bounds a whole Provision or Unbind, so that an API server
 	// that accepts connections but never answers cannot hang a bind;
 	// 0 means 60s.
@@ -57,14 +60,12 @@ type Resource struct {
 // Names of the objects in a provider namespace.
 const (
 	ServiceAccountName     = "kube-bind-consumer"
-	TokenSecretName        = "kube-bind-consumer-token"
 	ConsumerRoleBinding    = "kube-bind-consumer"
 	KubeconfigSecretName   = "kubeconfig"
 	KubeconfigSecretKey    = "kubeconfig"
 	ClusterBindingName     = "cluster"
 	fieldManager           = "kube-bind-backend"
 	backendBindingPrefix   = "kube-bind-backend-"
-	defaultTokenTimeout    = 30 * time.Second
 	defaultTimeout         = 60 * time.Second
 	rbacPropagationTimeout = 10 * time.Second
 )
@@ -95,8 +96,14 @@ func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner
 	if catalog == nil {
 		return nil, fmt.Errorf("a catalog is required")
 	}
-	if cfg.TokenTimeout <= 0 {
-		cfg.TokenTimeout = defaultTokenTimeout
+	if cfg.TokenLifetime == 0 {
+		cfg.TokenLifetime = DefaultTokenLifetime
+	}
+	if cfg.TokenLifetime < MinTokenLifetime {
+		return nil, fmt.Errorf("token lifetime %s: the API server's minimum is %s", cfg.TokenLifetime, MinTokenLifetime)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
@@ -126,8 +133,9 @@ func (p *Provisioner) Namespace(c Consumer, clusterID string) string {
 // the catalog before touching the cluster, then makes sure the consumer's
 // namespace and everything in it exist, and returns the BindingResponse
 // (Authentication.OAuth2CodeGrant.SessionID is left for the caller).
-// It is idempotent: a returning consumer gets the same namespace, service
-// account and token. A failure midway leaves objects that the next attempt
+// It is idempotent but for the token: a returning consumer gets the same
+// namespace and service account and a new token (the one it replaces is
+// retired, see IssueToken). A failure midway leaves objects that the next attempt
 // reuses and completes; the response is returned only when all exist.
 func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID string, resources []Resource) (*v1alpha1.BindingResponse, error) {
 	if err := validateIdentity(c, clusterID); err != nil {
@@ -153,15 +161,13 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 	}{
 		{"applying service account", func(ctx context.Context) error { return p.applyServiceAccount(ctx, ns) }},
 		{"applying consumer role binding", func(ctx context.Context) error { return p.applyConsumerRoleBinding(ctx, ns) }},
-		{"applying token secret", func(ctx context.Context) error { return p.applyTokenSecret(ctx, ns) }},
-		{"waiting for the service account token", func(ctx context.Context) error {
-			token, err := p.waitForToken(ctx, ns)
-			if err == nil {
-				kubeconfig, err = p.endpoint.kubeconfig(ns, token)
-			}
+		// A new token on every bind: a rebind never hands out a token
+		// that is in use elsewhere (docs/binding.md).
+		{"issuing a token", func(ctx context.Context) error {
+			t, err := p.IssueToken(ctx, ns, IssuedByBind)
+			kubeconfig = t.Kubeconfig
 			return err
 		}},
-		{"applying kubeconfig secret", func(ctx context.Context) error { return p.applyKubeconfigSecret(ctx, ns, kubeconfig) }},
 		{"applying ClusterBinding", func(ctx context.Context) error { return p.applyClusterBinding(ctx, ns) }},
 	}
 	for _, s := range steps {
@@ -339,49 +345,6 @@ func (p *Provisioner) applyConsumerRoleBinding(ctx context.Context, ns string) e
 	return err
 }
 
-// applyTokenSecret asks for a non-expiring token of the consumer's service
-// account; kube-controller-manager's token controller fills it in.
-func (p *Provisioner) applyTokenSecret(ctx context.Context, ns string) error {
-	ac := corev1ac.Secret(TokenSecretName, ns).
-		WithLabels(map[string]string{LabelManagedBy: managedByValue}).
-		WithAnnotations(map[string]string{corev1.ServiceAccountNameKey: ServiceAccountName}).
-		WithType(corev1.SecretTypeServiceAccountToken)
-	_, err := p.client.CoreV1().Secrets(ns).Apply(ctx, ac, applyOptions)
-	return err
-}
-
-// waitForToken polls the token Secret until the token controller filled it.
-func (p *Provisioner) waitForToken(ctx context.Context, ns string) (string, error) {
-	deadline := time.Now().Add(p.cfg.TokenTimeout)
-	delay := 20 * time.Millisecond
-	for {
-		s, err := p.client.CoreV1().Secrets(ns).Get(ctx, TokenSecretName, metav1.GetOptions{})
-		if err != nil {
-			return "", err
-		}
-		if t := s.Data[corev1.ServiceAccountTokenKey]; len(t) > 0 {
-			return string(t), nil
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("%w: Secret %s/%s still empty after %s; is kube-controller-manager's service account token controller running?",
-				ErrTokenNotIssued, ns, TokenSecretName, p.cfg.TokenTimeout)
-		}
-		if err := sleep(ctx, delay); err != nil {
-			return "", err
-		}
-		delay = min(2*delay, 250*time.Millisecond)
-	}
-}
-
-func (p *Provisioner) applyKubeconfigSecret(ctx context.Context, ns string, kubeconfig []byte) error {
-	ac := corev1ac.Secret(KubeconfigSecretName, ns).
-		WithLabels(map[string]string{LabelManagedBy: managedByValue}).
-		WithType(corev1.SecretTypeOpaque).
-		WithData(map[string][]byte{KubeconfigSecretKey: kubeconfig})
-	_, err := p.client.CoreV1().Secrets(ns).Apply(ctx, ac, applyOptions)
-	return err
-}
-
 func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error {
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": kubeBindGroup + "/v1alpha1",
@@ -490,8 +453,8 @@ func (p *Provisioner) deleteAPIServiceNamespaces(ctx context.Context, consumerNS
 	return nil
 }
 
-// revoke deletes the token Secret and the service account first, so the
-// issued kubeconfig stops working at once rather than whenever the
+// revoke deletes the service account and the token Secrets first, so the
+// issued kubeconfigs stop working at once rather than whenever the
 // namespace controller gets to them.
 func (p *Provisioner) revoke(ctx context.Context, ns string) error {
 	if err := p.grantBackend(ctx, ns); err != nil {
@@ -504,13 +467,28 @@ func (p *Provisioner) revoke(ctx context.Context, ns string) error {
 		}
 		return nil
 	}
-	if err := del("token secret", func() error {
-		return p.client.CoreV1().Secrets(ns).Delete(ctx, TokenSecretName, metav1.DeleteOptions{})
+	// The service account first: every token of it dies with it.
+	if err := del("service account", func() error {
+		return p.client.CoreV1().ServiceAccounts(ns).Delete(ctx, ServiceAccountName, metav1.DeleteOptions{})
 	}); err != nil {
 		return err
 	}
-	return del("service account", func() error {
-		return p.client.CoreV1().ServiceAccounts(ns).Delete(ctx, ServiceAccountName, metav1.DeleteOptions{})
+	var tokens *corev1.SecretList
+	if err := del("token secrets", func() (err error) {
+		tokens, err = p.client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelCredential + "=" + CredentialToken})
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, t := range tokens.Items {
+		if err := del("token secret "+t.Name, func() error {
+			return p.client.CoreV1().Secrets(ns).Delete(ctx, t.Name, metav1.DeleteOptions{})
+		}); err != nil {
+			return err
+		}
+	}
+	return del("legacy token secret", func() error {
+		return p.client.CoreV1().Secrets(ns).Delete(ctx, TokenSecretName, metav1.DeleteOptions{})
 	})
 }
 

@@ -67,16 +67,23 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			// Finding its own user name, to bind roles to itself.
 			rule("authentication.k8s.io", []string{"selfsubjectreviews"}, "create"),
 			// The controllers' caches (internal/exports, bindinghealth,
-			// cleanup); every write to these is made through
+			// cleanup, credentials); every write to these is made through
 			// BackendNamespaceClusterRole, in the backend's namespaces only.
 			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces", "clusterbindings"}, "list", "watch"),
 		),
 		role(BackendNamespaceClusterRole,
 			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch", "delete"),
+			// Consumer credentials (internal/credentials): list the
+			// per-token Secrets and issue TokenRequest tokens bound to
+			// them (the CredentialsValid condition is written through the
+			// clusterbindings/status rule below).
+			rule("", []string{"secrets"}, "list"),
+			rule("", []string{"serviceaccounts/token"}, "create"),
 			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "get", "create", "patch"),
 			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
-			// Answering requests and APIServiceNamespaces; the Healthy
-			// condition of ClusterBindings (internal/bindinghealth).
+			// Answering requests and APIServiceNamespaces; the Healthy and
+			// CredentialsValid conditions of ClusterBindings
+			// (internal/bindinghealth, internal/credentials).
 			rule(kubeBindGroup, []string{"apiserviceexportrequests/status", "apiservicenamespaces/status", "clusterbindings/status"}, "patch"),
 			// Mirroring exported CRDs.
 			rule(kubeBindGroup, []string{"apiserviceexports"}, "create", "patch", "delete"),

@@ -220,6 +220,10 @@ func (refusingProvisioner) Provision(context.Context, binding.Consumer, string, 
 	return nil, errors.New("test: nothing may be provisioned here")
 }
 
+func (refusingProvisioner) Existing(context.Context, binding.Consumer, string) (time.Time, bool, error) {
+	return time.Time{}, false, nil
+}
+
 // jar returns a client with a cookie jar that does not follow redirects,
 // like a browser whose every hop the test looks at.
 func (be *browserEnv) jar() *http.Client {

@@ -16,8 +16,10 @@ import (
 
 // createSession is POST /sessions (§1). The body is empty or
 // {"clusterID": "..."}. A clusterID that is empty or not of a format this
-// backend accepts (ids.ValidClusterID) is replaced by a new one, as §1
-// says; malformed JSON, a value that is not a string, an unknown field or
+// backend accepts (ids.ValidClusterID) is replaced by a new one, derived
+// from the session ID (clusterkey), and the answer carries its cluster
+// secret. A presented clusterID is echoed without a secret: it is used only
+// if the authentication URL proves it (browser.authorizePoll); malformed JSON, a value that is not a string, an unknown field or
 // trailing data is a 400, so that a typo such as "cluster" does not
 // silently cost the client its identity. (Field names match
 // case-insensitively, as encoding/json does: "clusterId" is accepted.)
@@ -37,15 +39,16 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 			`the body must be empty or {"clusterID": "<id>"}: `+err.Error())
 		return
 	}
-	clusterID := req.ClusterID
-	if !ids.ValidClusterID(clusterID) {
-		clusterID = ids.NewClusterID()
-	}
-
 	now := s.cfg.Now()
 	expires := now.Add(s.cfg.SessionTTL)
+	id := ids.NewExpiringSessionID(expires)
+	clusterID, clusterSecret := req.ClusterID, ""
+	if !ids.ValidClusterID(clusterID) {
+		clusterID = s.cfg.ClusterKey.NewClusterID(id)
+		clusterSecret = s.cfg.ClusterKey.Secret(clusterID)
+	}
 	sess := sessions.Session{
-		ID:        ids.NewExpiringSessionID(expires),
+		ID:        id,
 		ClusterID: clusterID,
 		Secret:    ids.NewSessionSecret(),
 		CreatedAt: now,
@@ -77,6 +80,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		ClusterID:     sess.ClusterID,
 		SessionSecret: sess.Secret,
 		ExpiresAt:     sess.ExpiresAt.UTC().Truncate(1e9),
+		ClusterSecret: clusterSecret,
 	})
 }
 

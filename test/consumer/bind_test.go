@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"net/url"
 	"regexp"
 	"strings"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 	"github.com/kbprovider/backend/internal/consumer"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
+	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
 // One provider (control plane, identity provider, backend) and one
@@ -74,8 +76,12 @@ func testPollFlow(t *testing.T, e *env) *bound {
 		t.Errorf("printed URL %s is not the provider's poll authentication URL", u)
 	}
 	pressed := bindInBrowser(t, e, u, exampleapis.MangoDB.Name(), exampleapis.Redis.Name())
-	if !regexp.MustCompile(`the code [A-Z2-7]{4}-[A-Z2-7]{4}; continue only if it matches`).MatchString(c.stderr.String()) {
-		t.Errorf("no confirmation code printed next to the URL:\n%s", c.stderr.String())
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := bindproof.ConfirmationCode(pu.Query().Get("s")); !strings.Contains(c.stderr.String(), "the code "+code+"; continue only if it matches") {
+		t.Errorf("confirmation code %s (shown on the page) not printed next to the URL:\n%s", code, c.stderr.String())
 	}
 	k := startKonnectorWhenReady(t, e, c)
 	if code := c.wait(t, 5*time.Minute); code != 0 {

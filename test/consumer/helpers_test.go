@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
 // cli is a running kube-bind-poll (or another command) with its stderr
@@ -155,6 +157,14 @@ func bindInBrowserThen(t *testing.T, e *env, u string, beforeBind func(), apis .
 	for _, a := range apis {
 		b.Click("input[value='" + a + "']")
 	}
+	// The poll flow's page shows the code the command printed next to the
+	// URL (derived from the session ID in it); the user confirms it.
+	if pu, err := url.Parse(u); err == nil && pu.Query().Get("h") != "" {
+		if code, want := b.Text("#confirmation-code"), bindproof.ConfirmationCode(pu.Query().Get("s")); code != want {
+			t.Errorf("the page shows confirmation code %q, want %q", code, want)
+		}
+	}
+	b.Click("#confirm")
 	if beforeBind != nil {
 		beforeBind()
 	}

@@ -80,7 +80,8 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	if !h.stillPending(w, sess) {
 		return
 	}
-	h.beginLogin(w, r, sess.ID)
+	clusterID, kind := h.pollCluster(sess, q)
+	h.beginLogin(w, r, flowState(sess.ID, clusterID, kind))
 }
 
 func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q url.Values) {
@@ -123,7 +124,7 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		h.internalError(w, "creating a callback-flow session", err)
 		return
 	}
-	h.beginLogin(w, r, sess.ID)
+	h.beginLogin(w, r, flowState(sess.ID, clusterID, clusterCallback))
 }
 
 // linkLooksGood answers a HEAD of a link that a GET would act on. HEAD
@@ -222,9 +223,10 @@ func matchesPrefix(u, allowed *url.URL) bool {
 	return base == "" || p == base || strings.HasPrefix(p, base+"/")
 }
 
-// beginLogin sends the browser to the identity provider for session sid.
-func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, sid string) {
-	target, err := h.cfg.Login.Begin(w, r, []byte(sid))
+// beginLogin sends the browser to the identity provider with the flow
+// state of a session (flowState).
+func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, state []byte) {
+	target, err := h.cfg.Login.Begin(w, r, state)
 	if errors.Is(err, oidc.ErrNotReady) {
 		w.Header().Set("Retry-After", "30")
 		h.page(w, http.StatusServiceUnavailable, pageIdPDown, "")

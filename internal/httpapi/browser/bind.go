@@ -1,6 +1,7 @@
 package browser
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -27,12 +29,17 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		h.loginStateFailed(w, err)
 		return
 	}
-	sid := string(flow)
+	sid, clusterID, kind, ok := parseFlowState(flow)
+	if !ok {
+		// Only a login begun by an older version of the backend gets here.
+		h.loginStateFailed(w, errors.New("flow state of another format"))
+		return
+	}
 	if errors.Is(err, oidc.ErrIdPUnavailable) || errors.Is(err, oidc.ErrNotReady) {
 		// Transient: the session stays pending, and this browser, which
 		// just proved it started the login, may start it again.
 		h.log.Warn("login could not be finished: the identity provider is unavailable; the session stays pending", "session", sid, "error", err)
-		h.idpUnavailable(w, r, sid)
+		h.idpUnavailable(w, r, flow)
 		return
 	}
 	if err != nil {
@@ -54,7 +61,9 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	if !h.stillPending(w, sess) {
 		return
 	}
-	if err := h.setLoginCookie(w, loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken()}); err != nil {
+	lc := loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken(),
+		ClusterID: clusterID, ClusterKind: kind}
+	if err := h.setLoginCookie(w, lc); err != nil {
 		h.internalError(w, "setting the login cookie", err)
 		return
 	}
@@ -63,11 +72,11 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 
 // idpUnavailable answers a login the identity provider could not finish
 // with 503, Retry-After and a "Try again" link that starts a new login for
-// the same session (the old state is spent).
-func (h *Handler) idpUnavailable(w http.ResponseWriter, r *http.Request, sid string) {
+// the same session and cluster decision (the old state is spent).
+func (h *Handler) idpUnavailable(w http.ResponseWriter, r *http.Request, flow []byte) {
 	p := errorPages[pageIdPRetry]
 	p.ProviderName = h.cfg.ProviderName
-	if target, err := h.cfg.Login.Begin(w, r, []byte(sid)); err == nil {
+	if target, err := h.cfg.Login.Begin(w, r, flow); err == nil {
 		p.RetryURL = target
 	}
 	w.Header().Set("Retry-After", "10")
@@ -98,10 +107,10 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	h.renderSelection(w, http.StatusOK, lc, sess, nil, "")
+	h.renderSelection(w, r, http.StatusOK, lc, sess, nil, "")
 }
 
-func (h *Handler) renderSelection(w http.ResponseWriter, status int, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
+func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
@@ -126,11 +135,38 @@ func (h *Handler) renderSelection(w http.ResponseWriter, status int, lc loginCoo
 		Hidden:       []web.Field{{Name: "s", Value: sess.ID}},
 		APIs:         apis,
 		Error:        problem,
+		Origin:       h.origin(sess),
+		Binding:      h.bindingInfo(r.Context(), lc),
 	})
 }
 
 // noStatusWarning goes with an API whose CRD has no status subresource.
 const noStatusWarning = "Its status is not synced back to your cluster (the provider's CRD has no status subresource)."
+
+// origin is what the page tells the user to check before binding: in the
+// poll flow the confirmation code the client printed next to the link; in
+// the callback flow, where released CLIs print no code, the address on
+// the user's own machine that receives the result.
+func (h *Handler) origin(sess sessions.Session) web.Origin {
+	if sess.CallbackURL != "" {
+		return web.Origin{CallbackURL: sess.CallbackURL}
+	}
+	return web.Origin{ConfirmationCode: bindproof.ConfirmationCode(sess.ID)}
+}
+
+// bindingInfo says whether the bind creates a binding or updates one.
+func (h *Handler) bindingInfo(ctx context.Context, lc loginCookie) web.BindingInfo {
+	info := web.BindingInfo{Replaced: lc.ClusterKind == clusterReplaced}
+	created, exists, err := h.cfg.Provisioner.Existing(ctx, binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}, lc.ClusterID)
+	switch {
+	case err != nil:
+		h.log.Warn("cannot tell whether the binding exists", "session", lc.SessionID, "error", err)
+		info.Unknown = true
+	case exists:
+		info.Existing, info.Since = true, created
+	}
+	return info
+}
 
 // bind handles the selection form: cancel, or provision and hand over.
 func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
@@ -180,12 +216,23 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		}
 		// The page again, saying what to fix; 422: the form was well
 		// formed, but what it asks for cannot be done.
-		h.renderSelection(w, http.StatusUnprocessableEntity, lc, sess, ticked, problem)
+		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, ticked, problem)
+		return
+	}
+	// The user must say the page belongs to what they started (the code
+	// matches their terminal); the checkbox is required in HTML too, so
+	// only a hand-made POST gets here without it.
+	if r.PostForm.Get(web.FieldConfirm) != web.ConfirmYes {
+		ticked := map[string]bool{}
+		for _, n := range names {
+			ticked[n] = true
+		}
+		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, ticked, "Confirm that you started this binding yourself and that the code matches your terminal.")
 		return
 	}
 
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
-	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, sess.ClusterID, resources)
+	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, lc.ClusterID, resources)
 	if errors.Is(err, binding.ErrNotExported) {
 		h.page(w, http.StatusBadRequest, pageBadForm, err.Error())
 		return
@@ -215,7 +262,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.clearLoginCookie(w)
-	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", sess.ClusterID, "apis", strings.Join(names, ","))
+	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", lc.ClusterID, "clusterKind", string(lc.ClusterKind), "apis", strings.Join(names, ","))
 	if sess.CallbackURL != "" {
 		h.redirectToCLI(w, r, sess.CallbackURL, body)
 		if h.cfg.OnDelivered != nil {

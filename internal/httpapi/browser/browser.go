@@ -27,6 +27,7 @@ import (
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 )
@@ -47,6 +48,8 @@ type Catalog interface {
 // *binding.Provisioner).
 type Provisioner interface {
 	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*v1alpha1.BindingResponse, error)
+	// Existing says whether the identity is bound already, and since when.
+	Existing(ctx context.Context, c binding.Consumer, clusterID string) (created time.Time, exists bool, err error)
 }
 
 // Config configures the browser handler.
@@ -62,6 +65,9 @@ type Config struct {
 	Login       Login
 	Catalog     Catalog
 	Provisioner Provisioner
+	// ClusterKey settles presented cluster IDs (the same key as
+	// httpapi.Config.ClusterKey). Required.
+	ClusterKey *clusterkey.Key
 	// CookieHashKey authenticates and CookieBlockKey (16, 24 or 32 bytes)
 	// encrypts the cookie that carries a logged-in user to the bind POST.
 	CookieHashKey, CookieBlockKey []byte
@@ -92,8 +98,8 @@ func New(cfg Config) (*Handler, error) {
 	switch {
 	case cfg.ExternalURL == nil:
 		return nil, errors.New("browser: ExternalURL is required")
-	case cfg.Store == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil:
-		return nil, errors.New("browser: Store, Login, Catalog and Provisioner are required")
+	case cfg.Store == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil || cfg.ClusterKey == nil:
+		return nil, errors.New("browser: Store, Login, Catalog, Provisioner and ClusterKey are required")
 	case len(cfg.CookieHashKey) < 32:
 		return nil, errors.New("browser: the cookie signing key must have at least 32 bytes")
 	}
