@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -132,7 +134,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		RedirectURL:  srv.URL + "/callback",
 		SigningKey:   []byte("0123456789abcdef0123456789abcdef-browser-test"),
 		UseOnce: func(ctx context.Context, flowState []byte, key string) error {
-			return store.UseNonce(ctx, string(flowState), "oidc-state:"+key)
+			return store.UseNonce(ctx, browser.FlowSessionID(flowState), "oidc-state:"+key)
 		},
 		HTTPClient: &http.Client{Timeout: 30 * time.Second, Transport: roundTripper(func(r *http.Request) (*http.Response, error) {
 			if r.URL.Host == idpURL.Host {
@@ -156,7 +158,12 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		t.Fatal(err)
 	}
 	be.login = login
+	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
+	if err != nil {
+		t.Fatal(err)
+	}
 	bh, err := browser.New(browser.Config{
+		ClusterKey:     key,
 		ExternalURL:    ext,
 		ProviderName:   "MangoDB Inc.",
 		Store:          store,
@@ -174,6 +181,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 	}
 	reg := prometheus.NewRegistry()
 	h, err := New(Config{
+		ClusterKey:   key,
 		ExternalURL:  ext,
 		PrettyName:   "MangoDB Inc.",
 		PollInterval: time.Second,
