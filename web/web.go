@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Form field names of the selection page, for the handler of its POST.
@@ -21,6 +22,10 @@ const (
 	FieldAction  = "action"     // ActionBind or ActionCancel: the button pressed
 	ActionBind   = "bind"
 	ActionCancel = "cancel"
+	// FieldConfirm is the checkbox by which the user confirms that the
+	// page belongs to the binding they started; ConfirmYes its value.
+	FieldConfirm = "confirm"
+	ConfirmYes   = "yes"
 )
 
 // API is one bindable API as the selection page lists it.
@@ -32,6 +37,7 @@ type API struct {
 	Scope       string // "Namespaced" or "Cluster"
 	Versions    []string
 	Description string // optional
+	Warning     string // optional caution shown with the API, e.g. that its status is not synced back
 	Checked     bool   // ticked when the page is shown (e.g. shown again after an error)
 }
 
@@ -47,6 +53,30 @@ type SelectPage struct {
 	Hidden       []Field
 	APIs         []API
 	Error        string // shown above the list, e.g. "Pick at least one API."
+	Origin       Origin
+	Binding      BindingInfo
+}
+
+// Origin is what the user checks against what they started.
+type Origin struct {
+	// ConfirmationCode (poll flow) is the code the client printed next to
+	// the link, e.g. "K7QF-2MXA".
+	ConfirmationCode string
+	// CallbackURL (callback flow, released CLIs print no code) is the
+	// address on the user's machine that receives the result.
+	CallbackURL string
+}
+
+// BindingInfo says what the bind does to the user's bindings.
+type BindingInfo struct {
+	// Existing: the bind updates a binding made at Since; else it creates one.
+	Existing bool
+	Since    time.Time
+	// Replaced: the link named an existing cluster without proving it, so
+	// the bind creates a new binding instead of updating that cluster's.
+	Replaced bool
+	// Unknown: the provider could not tell (its cluster did not answer).
+	Unknown bool
 }
 
 // DonePage is the page after a successful bind.
@@ -61,6 +91,8 @@ type ErrorPage struct {
 	Title        string // e.g. "This link has expired"
 	Message      string // what happened, in words
 	Hint         string // what to do next, e.g. "Run the bind command again to get a new link."
+	// RetryURL, if set, is shown as a "Try again" link.
+	RetryURL string
 }
 
 // CancelledPage is shown after the user pressed Cancel.
@@ -93,6 +125,9 @@ func init() {
 		"fieldAction":  func() string { return FieldAction },
 		"actionBind":   func() string { return ActionBind },
 		"actionCancel": func() string { return ActionCancel },
+		"fieldConfirm": func() string { return FieldConfirm },
+		"confirmYes":   func() string { return ConfirmYes },
+		"date":         func(t time.Time) string { return t.UTC().Format("2 January 2006, 15:04 UTC") },
 	}
 	for _, name := range []string{"select.html", "done.html", "error.html"} {
 		pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name))
@@ -101,12 +136,19 @@ func init() {
 
 // RenderSelect writes the API selection page with status 200.
 func RenderSelect(w http.ResponseWriter, p SelectPage) {
+	RenderSelectStatus(w, http.StatusOK, p)
+}
+
+// RenderSelectStatus writes the API selection page with another status,
+// e.g. 422 when it is shown again because the submitted choice was not
+// valid.
+func RenderSelectStatus(w http.ResponseWriter, status int, p SelectPage) {
 	for i := range p.APIs {
 		if p.APIs[i].ID == "" {
 			p.APIs[i].ID = p.APIs[i].Resource + "." + p.APIs[i].Group
 		}
 	}
-	render(w, http.StatusOK, "select.html", p)
+	render(w, status, "select.html", p)
 }
 
 // RenderDone writes the done page with status 200.

@@ -102,8 +102,16 @@ func TestPagesInChromium(t *testing.T) {
 		CSRFToken:    "csrf-123",
 		Hidden:       []Field{{Name: "s", Value: "sess-1"}},
 		APIs:         sampleAPIs,
+		Origin:       Origin{ConfirmationCode: "IZ5L-N2QI"},
+		Binding:      BindingInfo{Existing: true, Since: time.Date(2026, 3, 1, 9, 30, 0, 0, time.UTC)},
 	}
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /select-callback", func(w http.ResponseWriter, r *http.Request) {
+		p := selectPage
+		p.Origin = Origin{CallbackURL: "http://localhost:43210/callback"}
+		p.Binding = BindingInfo{Replaced: true}
+		RenderSelect(w, p)
+	})
 	mux.HandleFunc("GET /select", func(w http.ResponseWriter, r *http.Request) { RenderSelect(w, selectPage) })
 	mux.HandleFunc("GET /select-again", func(w http.ResponseWriter, r *http.Request) {
 		p := selectPage
@@ -145,7 +153,7 @@ func TestPagesInChromium(t *testing.T) {
 		width, height int
 	}{{"wide", 1280, 900}, {"phone", 390, 844}} {
 		b.Resize(size.width, size.height)
-		for _, path := range []string{"/select", "/select-again", "/select-empty", "/error"} {
+		for _, path := range []string{"/select", "/select-again", "/select-empty", "/select-callback", "/error"} {
 			b.AutoScreenshot = false
 			status := b.Open(srv.URL + path)
 			b.Screenshot(size.name + path)
@@ -187,17 +195,34 @@ func TestPagesInChromium(t *testing.T) {
 	}
 	b.Screenshot("wide-select-focus")
 
-	// A user ticks two APIs by clicking their labels' text and presses Bind.
+	// The page shows the code to compare and what the bind does.
+	if code := b.Text("#confirmation-code"); code != "IZ5L-N2QI" {
+		t.Errorf("confirmation code %q", code)
+	}
+	if kind := b.Text("#binding-kind"); !strings.Contains(kind, "updates your existing binding, made on 1 March 2026, 09:30 UTC") {
+		t.Errorf("binding kind %q", kind)
+	}
+
+	// A user ticks two APIs by clicking their labels' text; Bind is not
+	// possible (HTML validation, no script) until the confirmation box is
+	// ticked too.
 	b.AutoScreenshot = true
 	b.Click(`label[for="api-0"] .api-name`)
 	b.Click(`label[for="api-2"] .api-group`)
+	if eval[bool](t, b, `document.querySelector("form").checkValidity()`) {
+		t.Error("the form may be submitted without the confirmation box")
+	}
+	b.Click(`label[for="confirm"] span`)
+	if !eval[bool](t, b, `document.querySelector("form").checkValidity()`) {
+		t.Error("the form is invalid with the confirmation box ticked")
+	}
 	if status := b.Submit(`button[value="bind"]`); status != http.StatusOK {
 		t.Fatalf("bind: status %d", status)
 	}
 	mu.Lock()
 	got := posted
 	mu.Unlock()
-	if got.Get(FieldCSRF) != "csrf-123" || got.Get("s") != "sess-1" || got.Get(FieldAction) != ActionBind ||
+	if got.Get(FieldCSRF) != "csrf-123" || got.Get("s") != "sess-1" || got.Get(FieldAction) != ActionBind || got.Get(FieldConfirm) != ConfirmYes ||
 		!slices.Equal(got[FieldAPI], []string{"mangodbs.mangodb.com", "objectbuckets.storage.example.org"}) {
 		t.Fatalf("posted form = %v", got)
 	}
@@ -207,7 +232,19 @@ func TestPagesInChromium(t *testing.T) {
 	b.Resize(390, 844)
 	b.Screenshot("phone-done")
 
-	// Cancel posts the form with action=cancel, whatever is ticked.
+	// The callback flow's page names where the result goes instead of a
+	// code, and says why a presented cluster is not updated.
+	b.AutoScreenshot = false
+	b.Open(srv.URL + "/select-callback")
+	if got := b.Text("#callback-url"); got != "http://localhost:43210/callback" || b.Exists("#confirmation-code") {
+		t.Errorf("callback page: target %q, code shown %v", got, b.Exists("#confirmation-code"))
+	}
+	if kind := b.Text("#binding-kind"); !strings.Contains(kind, "creates a new binding") || !strings.Contains(kind, "could not prove") {
+		t.Errorf("binding kind %q", kind)
+	}
+
+	// Cancel posts the form with action=cancel, whatever is ticked, and
+	// without the confirmation box.
 	b.Resize(1280, 900)
 	b.AutoScreenshot = false
 	b.Open(srv.URL + "/select")

@@ -16,21 +16,21 @@ import (
 // the background and retry; their readiness checks say when they are not
 // there yet. A nil handler (with a reason) means the browser part is not
 // configured: discovery, sessions and polls still work.
-func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []health.Check, string, error) {
+func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []health.Check, string, func([]byte), error) {
 	if cfg.OIDCIssuerURL == "" || cfg.OIDCClientID == "" {
-		return nil, nil, "--oidc-issuer-url and --oidc-issuer-client-id are not set", nil
+		return nil, nil, "--oidc-issuer-url and --oidc-issuer-client-id are not set", nil, nil
 	}
 	rc, err := binding.RESTConfig(cfg.Kubeconfig, cfg.Context)
 	if err != nil {
-		return nil, nil, "", fmt.Errorf("provider cluster: %w", err)
+		return nil, nil, "", nil, fmt.Errorf("provider cluster: %w", err)
 	}
 	scope, err := binding.ParseScope(cfg.ConsumerScope)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
-	catalog, err := binding.NewCatalog(rc, scope)
+	catalog, err := binding.NewCatalog(rc, scope, binding.WithLogger(w.logger.With("component", "catalog")))
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 	provisioner, err := binding.NewProvisioner(rc, catalog, binding.Config{
 		NamespacePrefix:    cfg.NamespacePrefix,
@@ -38,9 +38,10 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		ExternalAddress:    cfg.ExternalAddress,
 		ExternalCAFile:     cfg.ExternalCAFile,
 		ExternalServerName: cfg.ExternalServerName,
+		TokenLifetime:      cfg.Credentials.Lifetime,
 	})
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 
 	callbackURL := cfg.OIDCCallbackURL
@@ -59,14 +60,17 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		// States are single-use across replicas: the session store
 		// remembers them like nonces of the session they belong to.
 		UseOnce: func(ctx context.Context, flowState []byte, key string) error {
-			return w.store.UseNonce(ctx, string(flowState), "oidc-state:"+key)
+			return w.store.UseNonce(ctx, browser.FlowSessionID(flowState), "oidc-state:"+key)
 		},
 		Logger: w.logger.With("component", "oidc"),
 	})
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 
+	// Records on the ClusterBinding that a response was handed out, for
+	// the garbage collection of never-delivered bindings.
+	marker := binding.NewDeliveryMarker(provisioner, w.logger.With("component", "delivery"))
 	handler, err := browser.New(browser.Config{
 		ExternalURL:    w.ext,
 		ProviderName:   cfg.PrettyName,
@@ -75,19 +79,22 @@ func newBrowser(ctx context.Context, cfg *config, w wiring) (http.Handler, []hea
 		Login:          login,
 		Catalog:        catalog,
 		Provisioner:    provisioner,
+		ClusterKey:     w.clusterKey,
 		CookieHashKey:  cfg.CookieSigningKey,
 		CookieBlockKey: cfg.CookieEncryptionKey,
 		// The callback flow's u may also point at these prefixes.
 		CallbackAllowList: cfg.CallbackAllowList,
 		Logger:            w.logger.With("component", "browser"),
+		OnDelivered:       marker.Delivered,
 	})
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, "", nil, err
 	}
 	catalog.Start(ctx)
-	if err := startControllers(ctx, cfg, rc, catalog, provisioner, w.logger); err != nil {
-		return nil, nil, "", err
+	if err := startControllers(ctx, cfg, rc, catalog, provisioner, w); err != nil {
+		return nil, nil, "", nil, err
 	}
 	go login.Run(ctx)
-	return handler, []health.Check{login, catalog}, "", nil
+	go marker.Run(ctx)
+	return handler, []health.Check{login, catalog}, "", marker.Delivered, nil
 }

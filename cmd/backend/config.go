@@ -47,6 +47,13 @@ type config struct {
 	// CookieKeysGenerated says which keys were made up at random because
 	// none was configured (they differ per process and per restart).
 	CookieKeysGenerated []string
+	// ClusterSecretKey derives new cluster IDs and their cluster secrets
+	// (internal/clusterkey); ClusterSecretKeyGenerated: made up at random.
+	ClusterSecretKey          []byte
+	ClusterSecretKeyGenerated bool
+
+	// Consumer credentials (internal/credentials).
+	Credentials credentialsConfig
 
 	ExternalAddress    string
 	ExternalCAFile     string
@@ -63,7 +70,11 @@ type config struct {
 	PollInterval       time.Duration
 	GracePeriod        time.Duration
 	MaxPendingSessions int
-	ShutdownTimeout    time.Duration
+	// MaxConnections and MaxConnsPerClient cap the public listener's
+	// connections (0: no cap).
+	MaxConnections    int
+	MaxConnsPerClient int
+	ShutdownTimeout   time.Duration
 
 	LogLevel  slog.Level
 	LogFormat string // "json" or "text"
@@ -84,6 +95,11 @@ type config struct {
 	LeaderElectionLeaseName string
 	PodName                 string
 
+	// Garbage collection of unused bindings (internal/cleanup, gc.go):
+	// off when GCUnusedBindingAfter is 0.
+	GCUnusedBindingAfter time.Duration
+	GCDryRun             bool
+
 	ShowVersion bool
 }
 
@@ -95,11 +111,14 @@ type rawFlags struct {
 	oidcCallbackURL, oidcAllowedUsers, oidcAllowedGroups  string
 	cookieSigningKey, cookieSigningKeyFile                string
 	cookieEncryptionKey, cookieEncryptionKeyFile          string
+	clusterSecretKey, clusterSecretKeyFile                string
+	credentials                                           credentialsFlags
 	externalAddress, externalCAFile, externalServerName   string
 	prettyName, namespacePrefix, consumerScope            string
 	kubeconfig, kubeContext                               string
 	sessionTTL, pollInterval, gracePeriod, shutdownTimout time.Duration
 	maxPendingSessions                                    int
+	maxConnections, maxConnectionsPerClient               int
 	logLevel, logFormat                                   string
 	tlsCertFile, tlsKeyFile                               string
 	version                                               bool
@@ -108,6 +127,8 @@ type rawFlags struct {
 	leaderElection                                        bool
 	leaderElectionNamespace, leaderElectionLeaseName      string
 	podNamespace, podName                                 string
+	gcUnusedBindingAfter                                  time.Duration
+	gcDryRun                                              bool
 }
 
 func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
@@ -131,6 +152,10 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	s(&r.cookieEncryptionKey, "cookie-encryption-key", "", "base64 key (16, 24 or 32 bytes) encrypting cookies; all replicas need the same (default: random per process)")
 	s(&r.cookieEncryptionKeyFile, "cookie-encryption-key-file", "", "file holding the base64 cookie encryption key")
 
+	s(&r.clusterSecretKey, "cluster-secret-key", "", "base64 key (32 to 64 bytes) from which cluster secrets are derived; all replicas need the same, and it must survive restarts and upgrades (default: random per process)")
+	s(&r.clusterSecretKeyFile, "cluster-secret-key-file", "", "file holding the base64 cluster secret key")
+	r.credentials.register(fs)
+
 	s(&r.externalAddress, "external-address", "", "API server address put into issued kubeconfigs (default: the provider cluster's)")
 	s(&r.externalCAFile, "external-ca-file", "", "PEM CA bundle put into issued kubeconfigs (default: the provider cluster's)")
 	s(&r.externalServerName, "external-server-name", "", "TLS server name put into issued kubeconfigs")
@@ -145,6 +170,8 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	d(&r.pollInterval, "poll-interval", 2*time.Second, "poll interval advertised to clients and enforced (with a small jitter tolerance)")
 	d(&r.gracePeriod, "grace-period", 60*time.Second, "how long a delivered BindingResponse stays available to further polls")
 	i(&r.maxPendingSessions, "max-pending-sessions", 10000, "most sessions held at once, per replica (with the hashring, a replica's limit counts the sessions it owns); beyond it session creation answers 503")
+	i(&r.maxConnections, "max-connections", 4096, "most connections served at once; beyond it new ones wait in the listen backlog (0: no limit). Keep it below the open-file limit (ulimit -n)")
+	i(&r.maxConnectionsPerClient, "max-connections-per-client", 64, "most connections from one client IP address at once; more are closed at once (0: no limit). Behind a proxy that does not keep client addresses, every connection is the proxy's")
 	d(&r.shutdownTimout, "shutdown-timeout", 25*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 
 	s(&r.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -158,6 +185,9 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	b(&r.leaderElection, "leader-election", true, "run the provider-side controllers on one replica at a time, holding a Lease; off when no namespace is known (no --leader-election-namespace, no POD_NAMESPACE, not in a pod)")
 	s(&r.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: $POD_NAMESPACE, else the pod's own namespace)")
 	s(&r.leaderElectionLeaseName, "leader-election-lease-name", "kube-bind-backend", "name of the leader election Lease")
+
+	d(&r.gcUnusedBindingAfter, "gc-unused-binding-after", 24*time.Hour, "delete a consumer namespace left by a bind cut short, or by a bind whose response was never handed out, this long after it was made; never one whose konnector sent a heartbeat or whose credentials were used; 0 turns it off (at least 1h and longer than --session-ttl)")
+	b(&r.gcDryRun, "gc-dry-run", false, "only log (and count) the unused bindings the garbage collection would delete")
 
 	b(&r.version, "version", false, "print the version and exit")
 
@@ -243,6 +273,8 @@ func (r *rawFlags) validate() (*config, error) {
 		PollInterval:       r.pollInterval,
 		GracePeriod:        r.gracePeriod,
 		MaxPendingSessions: r.maxPendingSessions,
+		MaxConnections:     r.maxConnections,
+		MaxConnsPerClient:  r.maxConnectionsPerClient,
 		ShutdownTimeout:    r.shutdownTimout,
 		TLSCertFile:        r.tlsCertFile,
 		TLSKeyFile:         r.tlsKeyFile,
@@ -302,6 +334,16 @@ func (r *rawFlags) validate() (*config, error) {
 		c.CookieKeysGenerated = append(c.CookieKeysGenerated, "cookie-encryption-key")
 	}
 
+	c.ClusterSecretKey, err = cookieKey("cluster-secret-key", r.clusterSecretKey, r.clusterSecretKeyFile, 32, 48, 64)
+	if err != nil {
+		errs = append(errs, err)
+	} else if c.ClusterSecretKey == nil {
+		c.ClusterSecretKey, c.ClusterSecretKeyGenerated = randomKey(32), true
+	}
+	var credErrs []error
+	c.Credentials, credErrs = r.credentials.validate()
+	errs = append(errs, credErrs...)
+
 	if r.externalCAFile != "" {
 		b, err := os.ReadFile(r.externalCAFile)
 		switch {
@@ -345,6 +387,12 @@ func (r *rawFlags) validate() (*config, error) {
 	if r.gracePeriod <= 0 {
 		fail("--grace-period %s: must be positive", r.gracePeriod)
 	}
+	if r.maxConnections < 0 {
+		fail("--max-connections %d: must be 0 (no limit) or positive", r.maxConnections)
+	}
+	if r.maxConnectionsPerClient < 0 {
+		fail("--max-connections-per-client %d: must be 0 (no limit) or positive", r.maxConnectionsPerClient)
+	}
 	if r.maxPendingSessions <= 0 {
 		fail("--max-pending-sessions %d: must be positive", r.maxPendingSessions)
 	}
@@ -376,6 +424,7 @@ func (r *rawFlags) validate() (*config, error) {
 	c.CallbackAllowList, storeErrs = validateCallbackAllowList(r.callbackAllowedURLs)
 	errs = append(errs, storeErrs...)
 	errs = append(errs, r.validateLeaderElection(c)...)
+	errs = append(errs, r.validateGC(c)...)
 	return c, errors.Join(errs...)
 }
 

@@ -42,6 +42,27 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// The cluster secret key: random (and flagged) when unset, else the
+// configured one; the credential flags' defaults and values.
+func TestClusterKeyAndCredentials(t *testing.T) {
+	c := mustParse(t, nil, nil)
+	if len(c.ClusterSecretKey) != 32 || !c.ClusterSecretKeyGenerated {
+		t.Errorf("cluster secret key not generated: %d bytes, generated %v", len(c.ClusterSecretKey), c.ClusterSecretKeyGenerated)
+	}
+	if c.Credentials != (credentialsConfig{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute}) {
+		t.Errorf("credential defaults %+v", c.Credentials)
+	}
+	key := bytes.Repeat([]byte{9}, 48)
+	c = mustParse(t, []string{"--credential-lifetime=10m", "--credential-rotation-point=0.05", "--credential-overlap=20s"},
+		map[string]string{"KUBE_BIND_CLUSTER_SECRET_KEY": base64.StdEncoding.EncodeToString(key)})
+	if !bytes.Equal(c.ClusterSecretKey, key) || c.ClusterSecretKeyGenerated {
+		t.Errorf("cluster secret key %x (generated %v)", c.ClusterSecretKey, c.ClusterSecretKeyGenerated)
+	}
+	if c.Credentials != (credentialsConfig{Lifetime: 10 * time.Minute, RotationPoint: 0.05, Overlap: 20 * time.Second}) {
+		t.Errorf("credentials %+v", c.Credentials)
+	}
+}
+
 func TestEnvName(t *testing.T) {
 	if got := envName("oidc-issuer-url"); got != "KUBE_BIND_OIDC_ISSUER_URL" {
 		t.Errorf("envName = %q", got)
@@ -128,6 +149,12 @@ func TestInvalidConfig(t *testing.T) {
 		{[]string{"--tls-cert-file", "/x"}, nil, "go together"},
 		{[]string{"--pretty-name", " "}, nil, "--pretty-name"},
 		{[]string{"stray"}, nil, "unexpected arguments"},
+		{[]string{"--cluster-secret-key", base64.StdEncoding.EncodeToString(make([]byte, 16))}, nil, "--cluster-secret-key: decodes to 16 bytes"},
+		{[]string{"--credential-lifetime", "5m"}, nil, "--credential-lifetime 5m0s: must be at least 10m0s"},
+		{[]string{"--credential-rotation-point", "1"}, nil, "--credential-rotation-point 1: want a fraction"},
+		{[]string{"--credential-rotation-point", "0"}, nil, "--credential-rotation-point 0: want a fraction"},
+		{[]string{"--credential-overlap", "0s"}, nil, "--credential-overlap 0s: must be positive"},
+		{[]string{"--credential-lifetime", "10m", "--credential-overlap", "3m"}, nil, "must be shorter than what remains of a token after its rotation (2m0s"},
 	} {
 		_, err := parseConfig(c.args, env(c.env), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -79,6 +80,10 @@ func FuzzParseConfig(f *testing.F) {
 	}
 	store := memory.New(sessions.DefaultLimits, nil)
 	f.Cleanup(store.Close)
+	key, err := clusterkey.New(make([]byte, 32))
+	if err != nil {
+		f.Fatal(err)
+	}
 
 	f.Fuzz(func(t *testing.T, args, env string) {
 		var argv []string
@@ -97,13 +102,12 @@ func FuzzParseConfig(f *testing.F) {
 		var pre rawFlags
 		fs := newFlagSet(&pre, io.Discard)
 		preErr := fs.Parse(argv)
-		fileFlags := []string{pre.oidcClientSecretFile, pre.cookieSigningKeyFile, pre.cookieEncryptionKeyFile, pre.externalCAFile,
-			pre.tlsCertFile, pre.tlsKeyFile, pre.store.peerKeyFile}
-		for k, v := range envm {
-			if strings.HasPrefix(k, envPrefix) && strings.HasSuffix(k, "_FILE") || k == envName("tls-cert-file") || k == envName("tls-key-file") {
-				fileFlags = append(fileFlags, v)
+		var fileFlags []string
+		fs.VisitAll(func(fl *flag.Flag) {
+			if strings.HasSuffix(fl.Name, "-file") {
+				fileFlags = append(fileFlags, fl.Value.String(), envm[envName(fl.Name)])
 			}
-		}
+		})
 		for _, p := range fileFlags {
 			if p != "" && (filepath.Base(p) != p || p == "." || p == "..") {
 				return // only the prepared files
@@ -115,10 +119,11 @@ func FuzzParseConfig(f *testing.F) {
 			if c != nil && (errors.Is(err, flag.ErrHelp) || preErr != nil) {
 				t.Fatalf("a configuration and the error %v", err)
 			}
-			wantNoSecret(t, err, args+"\n"+env, []string{pre.cookieSigningKey, pre.cookieEncryptionKey, pre.oidcClientSecret, pre.store.peerKey,
-				envm[envName("cookie-signing-key")], envm[envName("cookie-encryption-key")], envm[envName("oidc-issuer-client-secret")], envm[envName("peer-key")]})
+			wantNoSecret(t, err, args+"\n"+env, []string{pre.cookieSigningKey, pre.cookieEncryptionKey, pre.oidcClientSecret, pre.store.peerKey, pre.clusterSecretKey,
+				envm[envName("cookie-signing-key")], envm[envName("cookie-encryption-key")], envm[envName("oidc-issuer-client-secret")], envm[envName("peer-key")],
+				envm[envName("cluster-secret-key")]})
 		} else if !c.ShowVersion {
-			wantValidConfig(t, c, store)
+			wantValidConfig(t, c, store, key)
 		}
 
 		// The same flags through the environment.
@@ -145,6 +150,9 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if err == nil {
 			for _, cc := range []*config{c, c2} {
+				if cc.ClusterSecretKeyGenerated {
+					cc.ClusterSecretKey = nil
+				}
 				for _, g := range cc.CookieKeysGenerated {
 					if g == "cookie-signing-key" {
 						cc.CookieSigningKey = nil
@@ -169,7 +177,7 @@ func wantNoSecret(t *testing.T, err error, input string, secrets []string) {
 	}
 }
 
-func wantValidConfig(t *testing.T, c *config, store sessions.Store) {
+func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *clusterkey.Key) {
 	t.Helper()
 	if _, _, err := net.SplitHostPort(c.ListenAddress); err != nil {
 		t.Fatalf("listen address %q", c.ListenAddress)
@@ -190,6 +198,9 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store) {
 	}
 	if n := len(c.CookieEncryptionKey); n != 16 && n != 24 && n != 32 {
 		t.Fatalf("encryption key of %d bytes", n)
+	}
+	if n := len(c.ClusterSecretKey); n != 32 && n != 48 && n != 64 {
+		t.Fatalf("cluster secret key of %d bytes", n)
 	}
 	if c.PrettyName == "" || strings.TrimSpace(c.PrettyName) != c.PrettyName {
 		t.Fatalf("pretty name %q", c.PrettyName)
@@ -217,7 +228,7 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store) {
 	// The browser handler parses the allow-list again: it must agree.
 	if _, err := browser.New(browser.Config{
 		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Store: store,
-		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil),
+		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil), ClusterKey: key,
 		CookieHashKey: make([]byte, 32), CookieBlockKey: make([]byte, 32), CallbackAllowList: c.CallbackAllowList,
 	}); err != nil {
 		t.Fatalf("accepted an allow-list the browser handler refuses: %v", err)

@@ -22,7 +22,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/klog/v2"
 
+	"github.com/kbprovider/backend/internal/connlimit"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/version"
 )
@@ -54,6 +56,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := newLogger(cfg, stderr)
 	slog.SetDefault(logger)
+	// client-go logs through klog: route it through the same handler, so
+	// that --log-format json gives one JSON object per line for all of it.
+	klog.SetSlogLogger(logger.With("component", "client-go"))
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -63,6 +68,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logger.Error("cannot listen", "address", cfg.ListenAddress, "error", err)
 		return exitFailed
 	}
+	// One client must not hold every connection (or file descriptor).
+	ln = connlimit.New(ln, cfg.MaxConnections, cfg.MaxConnsPerClient)
+	if limit, ok := openFileLimit(); ok && cfg.MaxConnections > 0 && uint64(cfg.MaxConnections)+256 > limit {
+		logger.Warn("--max-connections is close to or above the open-file limit: at the limit, new connections fail instead of waiting; "+
+			"lower --max-connections or raise the limit (ulimit -n)", "max_connections", cfg.MaxConnections, "open_file_limit", limit)
+	}
 	ext, derived := cfg.externalURLFor(ln.Addr())
 	if derived {
 		logger.Warn("--external-url not set: advertising "+ext.String()+", which only works for clients on this machine; "+
@@ -70,6 +81,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	for _, k := range cfg.CookieKeysGenerated {
 		logger.Warn("--"+k+" not set: using a random key; browser logins break on restart, and replicas must share one key", "flag", k)
+	}
+	if cfg.ClusterSecretKeyGenerated {
+		logger.Warn("--cluster-secret-key not set: using a random key; the cluster secrets issued now stop proving their cluster IDs on restart "+
+			"(those clients then bind into new provider namespaces), and replicas must share one key; for local use only", "flag", "cluster-secret-key")
 	}
 
 	store, err := newSessionStore(cfg, logger)

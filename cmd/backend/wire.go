@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -20,6 +21,8 @@ type wiring struct {
 	store     sessions.Store
 	metrics   *prometheus.Registry
 	readiness []health.Check
+	// clusterKey is shared by the session endpoint and the browser part.
+	clusterKey *clusterkey.Key
 }
 
 // newHandler assembles the backend's components into its HTTP handler.
@@ -32,7 +35,12 @@ type wiring struct {
 // (internal/binding) are wired in here: the former as httpapi.Config.Browser,
 // both with their readiness checks appended to w.readiness.
 func newHandler(ctx context.Context, cfg *config, w wiring) (http.Handler, error) {
-	browserHandler, checks, disabled, err := newBrowser(ctx, cfg, w)
+	key, err := clusterkey.New(cfg.ClusterSecretKey)
+	if err != nil {
+		return nil, err
+	}
+	w.clusterKey = key
+	browserHandler, checks, disabled, onDelivered, err := newBrowser(ctx, cfg, w)
 	if err != nil {
 		return nil, err
 	}
@@ -49,5 +57,7 @@ func newHandler(ctx context.Context, cfg *config, w wiring) (http.Handler, error
 		Metrics:      w.metrics,
 		Readiness:    append(w.readiness, checks...),
 		Browser:      browserHandler,
+		OnDelivered:  onDelivered,
+		ClusterKey:   key,
 	})
 }

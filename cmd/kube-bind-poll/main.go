@@ -1,30 +1,24 @@
-// Command kube-bind-poll binds APIs of a kube-bind provider with the poll
-// flow: it prints a URL to open in any browser (on any machine, so it works
-// over SSH), waits while the user logs in and picks the APIs, and writes the
-// BindingResponse and the kubeconfig it carries.
+// Command kube-bind-poll binds APIs of a kube-bind provider into the
+// consumer's cluster: it prints a URL to open in a browser (any browser on
+// any machine with the poll flow, so it works over SSH; the callback flow
+// where a provider offers only that), waits while the user logs in and
+// picks the APIs, then creates what the released konnector needs in the
+// cluster of the current kubeconfig context (kubeconfig Secret,
+// APIServiceExportRequests waited for, the konnector with least-privilege
+// RBAC, APIServiceBindings). Installed as kubectl-bind_poll it is the
+// kubectl plugin `kubectl bind-poll`. With --output-dir it only writes the
+// BindingResponse and its kubeconfig.
 //
 // Usage:
 //
 //	kube-bind-poll [flags] <export-url>
 //
-// Flags:
+// Flags, what it creates, its RBAC: docs/client.md.
 //
-//	--output-dir DIR      where to write binding-response.json and kubeconfig
-//	                      (mode 0600; default: the current directory)
-//	-o -                  write the BindingResponse JSON to stdout instead of
-//	                      files (the kubeconfig is in it, base64-encoded)
-//	--force               overwrite existing output files
-//	--cluster-id ID       present the cluster ID of an earlier binding, so the
-//	                      new one lands in the same provider namespace
-//	--timeout DURATION    give up after this long (default: when the session
-//	                      expires)
-//	--certificate-authority FILE
-//	                      also trust the CA certificates in this PEM file
-//	-v                    report every poll on stderr
-//
-// Exit codes: 0 bound; 1 the binding failed (denied, expired, timed out,
-// interrupted, provider unreachable or misbehaving, files not writable);
-// 2 usage error (bad flags or arguments, output files already there).
+// Exit codes: 0 bound; 1 the binding failed (cluster unreachable, denied,
+// expired, timed out, interrupted, a request the provider failed, a
+// conflict); 2 usage error (bad flags or arguments, no cluster and no
+// --output-dir, output files already there).
 package main
 
 import (

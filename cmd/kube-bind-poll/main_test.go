@@ -51,6 +51,9 @@ func start(t *testing.T, dir string, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(binary, args...), lines: make(chan string, 100), done: make(chan struct{})}
 	p.cmd.Dir = dir
+	// No cluster unless a test names one: a kubeconfig of the machine must
+	// not turn a files-only test into a bind.
+	p.cmd.Env = append(os.Environ(), "HOME="+dir, "KUBECONFIG=", "KUBERNETES_SERVICE_HOST=")
 	p.cmd.Stdout = &p.stdout
 	errPipe, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -275,13 +278,13 @@ func TestExpired(t *testing.T) {
 
 func TestTimeoutAndInterrupt(t *testing.T) {
 	b := pollbackend.Start(t, pollbackend.Options{})
-	p := start(t, t.TempDir(), "--timeout", "700ms", b.ExportURL)
+	p := start(t, t.TempDir(), "--timeout", "700ms", "-o", "-", b.ExportURL)
 	p.authURL(t)
 	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "gave up after --timeout 700ms") {
 		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, p.errText())
 	}
 
-	p = start(t, t.TempDir(), b.ExportURL)
+	p = start(t, t.TempDir(), "-o", "-", b.ExportURL)
 	p.authURL(t)
 	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
@@ -294,15 +297,20 @@ func TestTimeoutAndInterrupt(t *testing.T) {
 func TestUsageErrors(t *testing.T) {
 	b := pollbackend.Start(t, pollbackend.Options{})
 	cases := map[string][]string{
-		"no argument":      {},
-		"two arguments":    {b.ExportURL, b.ExportURL},
-		"not a URL":        {"bind.example.com/export"},
-		"unknown flag":     {"--nope", b.ExportURL},
-		"bad -o":           {"-o", "file.json", b.ExportURL},
-		"bad timeout":      {"--timeout", "soon", b.ExportURL},
-		"missing dir":      {"--output-dir", "/nonexistent/dir", b.ExportURL},
-		"missing CA file":  {"--certificate-authority", "/nonexistent/ca.pem", b.ExportURL},
-		"negative timeout": {"--timeout=-1s", b.ExportURL},
+		"no argument":               {},
+		"two arguments":             {b.ExportURL, b.ExportURL},
+		"not a URL":                 {"bind.example.com/export"},
+		"unknown flag":              {"--nope", b.ExportURL},
+		"bad -o":                    {"-o", "file.json", b.ExportURL},
+		"bad timeout":               {"--timeout", "soon", b.ExportURL},
+		"missing dir":               {"--output-dir", "/nonexistent/dir", b.ExportURL},
+		"missing CA file":           {"--certificate-authority", "/nonexistent/ca.pem", b.ExportURL},
+		"negative timeout":          {"--timeout=-1s", b.ExportURL},
+		"no cluster":                {b.ExportURL},
+		"missing kubeconfig":        {"--kubeconfig", "/nonexistent/kubeconfig", b.ExportURL},
+		"-o yaml without --dry-run": {"-o", "yaml", b.ExportURL},
+		"dry run to files":          {"--dry-run", "--output-dir", ".", b.ExportURL},
+		"bad flow":                  {"--flow", "carrier-pigeon", b.ExportURL},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -325,8 +333,39 @@ func TestProviderWithoutPollFlow(t *testing.T) {
 	// An export URL that is not a poll provider fails with exit 1 and a
 	// readable reason.
 	b := pollbackend.Start(t, pollbackend.Options{})
-	p := start(t, t.TempDir(), b.URL+"/nothing-here")
+	p := start(t, t.TempDir(), "-o", "-", b.URL+"/nothing-here")
 	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "404") {
 		t.Fatalf("exit code %d, want 1 naming the 404; stderr:\n%s", code, p.errText())
+	}
+}
+
+func TestNoClusterSaysSo(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	p := start(t, t.TempDir(), b.ExportURL)
+	if code := p.wait(t); code != 2 || !strings.Contains(p.errText(), "no cluster to bind into") || !strings.Contains(p.errText(), "--output-dir") {
+		t.Fatalf("exit code %d, want 2 naming the missing cluster and --output-dir; stderr:\n%s", code, p.errText())
+	}
+}
+
+func TestUnreachableClusterFailsBeforeTheBrowserStep(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	server := fmt.Sprintf("https://127.0.0.1:%d", procs.FreePort(t))
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+server+`", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, dir, "--kubeconfig", kc, b.ExportURL)
+	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "does not answer") || !strings.Contains(p.errText(), server) {
+		t.Fatalf("exit code %d, want 1 saying the cluster at %s does not answer; stderr:\n%s", code, server, p.errText())
+	}
+	if strings.Contains(p.errText(), "http://") || b.Store.Len() != 0 {
+		t.Errorf("a session was opened or a URL printed before the cluster was checked (%d sessions):\n%s", b.Store.Len(), p.errText())
 	}
 }

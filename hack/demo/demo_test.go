@@ -342,6 +342,7 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 	values := form.values
 	values.Set(web.FieldAPI, exampleapis.MangoDB.Name())
 	values.Set(web.FieldAction, web.ActionBind)
+	values.Set(web.FieldConfirm, web.ConfirmYes)
 	action, err := resp.Request.URL.Parse(form.action)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +31,11 @@ type ExportedAPI struct {
 	Scope    apiextensionsv1.ResourceScope
 	// Versions are the served versions, in the CRD's order.
 	Versions []string
+	// NoStatusSubresource lists the served versions without a status
+	// subresource: the released konnector syncs status back to the
+	// consumer only through it, so consumers of those versions never see
+	// the status the provider writes.
+	NoStatusSubresource []string
 }
 
 // Catalog is the set of exported APIs offered to consumers, kept in an
@@ -41,11 +48,19 @@ type Catalog struct {
 
 	mu      sync.Mutex
 	lastErr error // last list/watch error, said while the cache is unsynced
+	log     *slog.Logger
+	warned  map[string]int64 // CRD name -> generation warned about (no status subresource)
 }
+
+// CatalogOption changes a Catalog's defaults.
+type CatalogOption func(*Catalog)
+
+// WithLogger sets where the catalog's warnings go (default slog.Default()).
+func WithLogger(l *slog.Logger) CatalogOption { return func(c *Catalog) { c.log = l } }
 
 // NewCatalog prepares a catalog for the provider cluster of cfg. It does
 // not contact the cluster; Start does, and keeps retrying while it is down.
-func NewCatalog(cfg *rest.Config, scope Scope) (*Catalog, error) {
+func NewCatalog(cfg *rest.Config, scope Scope, opts ...CatalogOption) (*Catalog, error) {
 	if _, err := ParseScope(string(scope)); err != nil {
 		return nil, err
 	}
@@ -57,8 +72,18 @@ func NewCatalog(cfg *rest.Config, scope Scope) (*Catalog, error) {
 		apiextensionsinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = ExportedLabel + "=true"
 		}))
-	c := &Catalog{scope: scope, client: client, factory: factory}
+	c := &Catalog{scope: scope, client: client, factory: factory, log: slog.Default(), warned: map[string]int64{}}
+	for _, o := range opts {
+		o(c)
+	}
 	c.informer = factory.Apiextensions().V1().CustomResourceDefinitions().Informer()
+	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.warnNoStatus,
+		UpdateFunc: func(_, obj any) { c.warnNoStatus(obj) },
+		DeleteFunc: c.forgetWarning,
+	}); err != nil {
+		return nil, err
+	}
 	// Remember why the cache cannot follow the cluster, for the readiness
 	// check; the reflector retries with backoff on its own.
 	_ = c.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
@@ -138,6 +163,9 @@ func (c *Catalog) exported(crd *apiextensionsv1.CustomResourceDefinition) (Expor
 	for _, v := range crd.Spec.Versions {
 		if v.Served {
 			api.Versions = append(api.Versions, v.Name)
+			if v.Subresources == nil || v.Subresources.Status == nil {
+				api.NoStatusSubresource = append(api.NoStatusSubresource, v.Name)
+			}
 		}
 	}
 	if len(api.Versions) == 0 {
@@ -186,6 +214,41 @@ func (c *Catalog) OnChange(fn func(name string)) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { _ = c.informer.RemoveEventHandler(reg) }, nil
+}
+
+// warnNoStatus logs, at WARN, an offered CRD with a served version that
+// has no status subresource: once per CRD and generation (a spec change),
+// not on every relist.
+func (c *Catalog) warnNoStatus(obj any) {
+	crd, ok := obj.(*apiextensionsv1.CustomResourceDefinition)
+	if !ok {
+		return
+	}
+	api, offered := c.exported(crd)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !offered || len(api.NoStatusSubresource) == 0 {
+		delete(c.warned, crd.Name)
+		return
+	}
+	if gen, done := c.warned[crd.Name]; done && gen == crd.Generation {
+		return
+	}
+	c.warned[crd.Name] = crd.Generation
+	c.log.Warn("exported CRD has no status subresource: consumers will never see the status the provider writes "+
+		"(the konnector syncs status back only through /status); add subresources.status to these versions",
+		"crd", crd.Name, "versions", strings.Join(api.NoStatusSubresource, ","), "generation", crd.Generation)
+}
+
+func (c *Catalog) forgetWarning(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if crd, ok := obj.(*apiextensionsv1.CustomResourceDefinition); ok {
+		c.mu.Lock()
+		delete(c.warned, crd.Name)
+		c.mu.Unlock()
+	}
 }
 
 // Name names the catalog's readiness check.

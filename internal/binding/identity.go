@@ -124,8 +124,6 @@ var (
 	ErrNamespaceTerminating = errors.New("provider namespace is being deleted")
 	// ErrNotBound: Unbind found no namespace for the identity.
 	ErrNotBound = errors.New("consumer is not bound")
-	// ErrTokenNotIssued: the service account token Secret stayed empty.
-	ErrTokenNotIssued = errors.New("service account token not issued")
 )
 
 // NotExportedError refuses a resource that is not in the catalog.

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/dynamic"
@@ -38,9 +39,12 @@ type Config struct {
 	// ExternalServerName is an optional TLS server name for the issued
 	// kubeconfig (--external-server-name).
 	ExternalServerName string
-	// TokenTimeout bounds the wait for the token controller to fill a
-	// service account token Secret; 0 means 30s.
-	TokenTimeout time.Duration
+	// TokenLifetime is the lifetime asked for each issued token
+	// (--credential-lifetime); 0 means DefaultTokenLifetime. The API
+	// server may cap it (--service-account-max-token-expiration).
+	TokenLifetime time.Duration
+	// Now is the clock of issue and retirement times (default time.Now).
+	Now func() time.Time
 	// Timeout bounds a whole Provision or Unbind, so that an API server
 	// that accepts connections but never answers cannot hang a bind;
 	// 0 means 60s.
@@ -56,14 +60,12 @@ type Resource struct {
 // Names of the objects in a provider namespace.
 const (
 	ServiceAccountName     = "kube-bind-consumer"
-	TokenSecretName        = "kube-bind-consumer-token"
 	ConsumerRoleBinding    = "kube-bind-consumer"
 	KubeconfigSecretName   = "kubeconfig"
 	KubeconfigSecretKey    = "kubeconfig"
 	ClusterBindingName     = "cluster"
 	fieldManager           = "kube-bind-backend"
 	backendBindingPrefix   = "kube-bind-backend-"
-	defaultTokenTimeout    = 30 * time.Second
 	defaultTimeout         = 60 * time.Second
 	rbacPropagationTimeout = 10 * time.Second
 )
@@ -94,8 +96,14 @@ func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner
 	if catalog == nil {
 		return nil, fmt.Errorf("a catalog is required")
 	}
-	if cfg.TokenTimeout <= 0 {
-		cfg.TokenTimeout = defaultTokenTimeout
+	if cfg.TokenLifetime == 0 {
+		cfg.TokenLifetime = DefaultTokenLifetime
+	}
+	if cfg.TokenLifetime < MinTokenLifetime {
+		return nil, fmt.Errorf("token lifetime %s: the API server's minimum is %s", cfg.TokenLifetime, MinTokenLifetime)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
@@ -125,8 +133,9 @@ func (p *Provisioner) Namespace(c Consumer, clusterID string) string {
 // the catalog before touching the cluster, then makes sure the consumer's
 // namespace and everything in it exist, and returns the BindingResponse
 // (Authentication.OAuth2CodeGrant.SessionID is left for the caller).
-// It is idempotent: a returning consumer gets the same namespace, service
-// account and token. A failure midway leaves objects that the next attempt
+// It is idempotent but for the token: a returning consumer gets the same
+// namespace and service account and a new token (the one it replaces is
+// retired, see IssueToken). A failure midway leaves objects that the next attempt
 // reuses and completes; the response is returned only when all exist.
 func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID string, resources []Resource) (*v1alpha1.BindingResponse, error) {
 	if err := validateIdentity(c, clusterID); err != nil {
@@ -152,15 +161,13 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 	}{
 		{"applying service account", func(ctx context.Context) error { return p.applyServiceAccount(ctx, ns) }},
 		{"applying consumer role binding", func(ctx context.Context) error { return p.applyConsumerRoleBinding(ctx, ns) }},
-		{"applying token secret", func(ctx context.Context) error { return p.applyTokenSecret(ctx, ns) }},
-		{"waiting for the service account token", func(ctx context.Context) error {
-			token, err := p.waitForToken(ctx, ns)
-			if err == nil {
-				kubeconfig, err = p.endpoint.kubeconfig(ns, token)
-			}
+		// A new token on every bind: a rebind never hands out a token
+		// that is in use elsewhere (docs/binding.md).
+		{"issuing a token", func(ctx context.Context) error {
+			t, err := p.IssueToken(ctx, ns, IssuedByBind)
+			kubeconfig = t.Kubeconfig
 			return err
 		}},
-		{"applying kubeconfig secret", func(ctx context.Context) error { return p.applyKubeconfigSecret(ctx, ns, kubeconfig) }},
 		{"applying ClusterBinding", func(ctx context.Context) error { return p.applyClusterBinding(ctx, ns) }},
 	}
 	for _, s := range steps {
@@ -252,6 +259,10 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 	if have.DeletionTimestamp != nil {
 		return "", fmt.Errorf("%w: namespace %s; bind again once it is gone", ErrNamespaceTerminating, name)
 	}
+	if IsRevoked(have.Labels) {
+		return "", fmt.Errorf("%w: namespace %s was revoked by the provider (label %s) and is about to be removed",
+			ErrNamespaceTerminating, name, LabelRevoked)
+	}
 	return name, nil
 }
 
@@ -334,49 +345,6 @@ func (p *Provisioner) applyConsumerRoleBinding(ctx context.Context, ns string) e
 	return err
 }
 
-// applyTokenSecret asks for a non-expiring token of the consumer's service
-// account; kube-controller-manager's token controller fills it in.
-func (p *Provisioner) applyTokenSecret(ctx context.Context, ns string) error {
-	ac := corev1ac.Secret(TokenSecretName, ns).
-		WithLabels(map[string]string{LabelManagedBy: managedByValue}).
-		WithAnnotations(map[string]string{corev1.ServiceAccountNameKey: ServiceAccountName}).
-		WithType(corev1.SecretTypeServiceAccountToken)
-	_, err := p.client.CoreV1().Secrets(ns).Apply(ctx, ac, applyOptions)
-	return err
-}
-
-// waitForToken polls the token Secret until the token controller filled it.
-func (p *Provisioner) waitForToken(ctx context.Context, ns string) (string, error) {
-	deadline := time.Now().Add(p.cfg.TokenTimeout)
-	delay := 20 * time.Millisecond
-	for {
-		s, err := p.client.CoreV1().Secrets(ns).Get(ctx, TokenSecretName, metav1.GetOptions{})
-		if err != nil {
-			return "", err
-		}
-		if t := s.Data[corev1.ServiceAccountTokenKey]; len(t) > 0 {
-			return string(t), nil
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("%w: Secret %s/%s still empty after %s; is kube-controller-manager's service account token controller running?",
-				ErrTokenNotIssued, ns, TokenSecretName, p.cfg.TokenTimeout)
-		}
-		if err := sleep(ctx, delay); err != nil {
-			return "", err
-		}
-		delay = min(2*delay, 250*time.Millisecond)
-	}
-}
-
-func (p *Provisioner) applyKubeconfigSecret(ctx context.Context, ns string, kubeconfig []byte) error {
-	ac := corev1ac.Secret(KubeconfigSecretName, ns).
-		WithLabels(map[string]string{LabelManagedBy: managedByValue}).
-		WithType(corev1.SecretTypeOpaque).
-		WithData(map[string][]byte{KubeconfigSecretKey: kubeconfig})
-	_, err := p.client.CoreV1().Secrets(ns).Apply(ctx, ac, applyOptions)
-	return err
-}
-
 func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error {
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": kubeBindGroup + "/v1alpha1",
@@ -385,6 +353,8 @@ func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error 
 			"name":      ClusterBindingName,
 			"namespace": ns,
 			"labels":    map[string]any{LabelManagedBy: managedByValue},
+			// The last step: the binding is complete (garbage collection).
+			"annotations": map[string]any{AnnotationProvisionedAt: time.Now().UTC().Format(time.RFC3339)},
 		},
 		"spec": map[string]any{
 			"kubeconfigSecretRef": map[string]any{"name": KubeconfigSecretName, "key": KubeconfigSecretKey},
@@ -406,7 +376,34 @@ func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	name := p.Namespace(c, clusterID)
+	return p.unbind(ctx, p.Namespace(c, clusterID), func(have *corev1.Namespace) error {
+		if !sameIdentity(have, c, clusterID) {
+			return fmt.Errorf("%w: namespace %s", ErrIdentityConflict, have.Name)
+		}
+		return nil
+	})
+}
+
+// UnbindNamespace removes the consumer of provider namespace name, as
+// Unbind does, for the controllers that find namespaces rather than
+// identities (revocation, garbage collection). It refuses a namespace that
+// is not a consumer namespace (IsConsumerNamespace) or, when uid is given,
+// not the one with that UID (a namespace made again since).
+func (p *Provisioner) UnbindNamespace(ctx context.Context, name string, uid types.UID) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	return p.unbind(ctx, name, func(have *corev1.Namespace) error {
+		if !IsConsumerNamespace(have) {
+			return fmt.Errorf("%w: namespace %s is not a consumer namespace of this backend", ErrIdentityConflict, name)
+		}
+		if uid != "" && have.UID != uid {
+			return fmt.Errorf("%w: namespace %s was made again (UID %s, not %s)", ErrNotBound, name, have.UID, uid)
+		}
+		return nil
+	})
+}
+
+func (p *Provisioner) unbind(ctx context.Context, name string, check func(*corev1.Namespace) error) error {
 	have, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: no namespace %s", ErrNotBound, name)
@@ -414,17 +411,21 @@ func (p *Provisioner) Unbind(ctx context.Context, c Consumer, clusterID string) 
 	if err != nil {
 		return fmt.Errorf("reading provider namespace %s: %w", name, err)
 	}
-	if !sameIdentity(have, c, clusterID) {
-		return fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
+	if err := check(have); err != nil {
+		return err
 	}
+	// A namespace already being deleted (by the provider, or an earlier
+	// Unbind) refuses new objects, so the backend cannot grant itself the
+	// rights to revoke there, and deleting it again is refused: what is
+	// left is the namespaces made for it.
 	if have.DeletionTimestamp == nil {
 		if err := p.revoke(ctx, name); err != nil {
 			return err
 		}
-	}
-	err = p.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting provider namespace %s: %w", name, err)
+		err = p.client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting provider namespace %s: %w", name, err)
+		}
 	}
 	return p.deleteAPIServiceNamespaces(ctx, name)
 }
@@ -452,8 +453,8 @@ func (p *Provisioner) deleteAPIServiceNamespaces(ctx context.Context, consumerNS
 	return nil
 }
 
-// revoke deletes the token Secret and the service account first, so the
-// issued kubeconfig stops working at once rather than whenever the
+// revoke deletes the service account and the token Secrets first, so the
+// issued kubeconfigs stop working at once rather than whenever the
 // namespace controller gets to them.
 func (p *Provisioner) revoke(ctx context.Context, ns string) error {
 	if err := p.grantBackend(ctx, ns); err != nil {
@@ -466,13 +467,28 @@ func (p *Provisioner) revoke(ctx context.Context, ns string) error {
 		}
 		return nil
 	}
-	if err := del("token secret", func() error {
-		return p.client.CoreV1().Secrets(ns).Delete(ctx, TokenSecretName, metav1.DeleteOptions{})
+	// The service account first: every token of it dies with it.
+	if err := del("service account", func() error {
+		return p.client.CoreV1().ServiceAccounts(ns).Delete(ctx, ServiceAccountName, metav1.DeleteOptions{})
 	}); err != nil {
 		return err
 	}
-	return del("service account", func() error {
-		return p.client.CoreV1().ServiceAccounts(ns).Delete(ctx, ServiceAccountName, metav1.DeleteOptions{})
+	var tokens *corev1.SecretList
+	if err := del("token secrets", func() (err error) {
+		tokens, err = p.client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelCredential + "=" + CredentialToken})
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, t := range tokens.Items {
+		if err := del("token secret "+t.Name, func() error {
+			return p.client.CoreV1().Secrets(ns).Delete(ctx, t.Name, metav1.DeleteOptions{})
+		}); err != nil {
+			return err
+		}
+	}
+	return del("legacy token secret", func() error {
+		return p.client.CoreV1().Secrets(ns).Delete(ctx, TokenSecretName, metav1.DeleteOptions{})
 	})
 }
 

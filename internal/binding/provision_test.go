@@ -220,8 +220,13 @@ func TestProvisionConcurrent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("bind %d: %v", i, err)
 		}
-		if string(resps[i].Kubeconfig) != string(resps[0].Kubeconfig) {
-			t.Errorf("bind %d issued a different kubeconfig", i)
+		for j := range i {
+			if string(resps[i].Kubeconfig) == string(resps[j].Kubeconfig) {
+				t.Errorf("binds %d and %d got the same token", j, i)
+			}
+		}
+		if _, _, ns := consumerClients(t, resps[i].Kubeconfig); ns != p.Namespace(c, "cid") {
+			t.Errorf("bind %d: namespace %s", i, ns)
 		}
 	}
 	list, err := e.kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: LabelConsumerHash + "=" + identityHash(c, "cid")})
@@ -235,8 +240,19 @@ func TestProvisionConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(secrets.Items) != 2 {
-		t.Errorf("%d Secrets in the namespace, want the token and the kubeconfig", len(secrets.Items))
+	tokens, current := 0, ""
+	for _, sec := range secrets.Items {
+		switch {
+		case sec.Name == KubeconfigSecretName:
+			current = sec.Annotations[AnnotationTokenSecret]
+		case sec.Labels[LabelCredential] == CredentialToken:
+			tokens++
+		default:
+			t.Errorf("unexpected Secret %s", sec.Name)
+		}
+	}
+	if tokens != 10 || current == "" {
+		t.Errorf("%d token Secrets (want one per bind), current %q", tokens, current)
 	}
 	_, dyn, ns := consumerClients(t, resps[0].Kubeconfig)
 	if _, err := dyn.Resource(requestsGVR).Namespace(ns).List(ctx, metav1.ListOptions{}); err != nil {
@@ -244,9 +260,10 @@ func TestProvisionConcurrent(t *testing.T) {
 	}
 }
 
-// A returning consumer gets the same namespace, the same service account
-// and token, and a working kubeconfig; another cluster of the same user
-// gets another namespace.
+// A returning consumer gets the same namespace and service account, and a
+// new token: the one it replaces is retired (it keeps working until
+// internal/credentials revokes it); another cluster of the same user gets
+// another namespace.
 func TestProvisionReturningConsumer(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
@@ -272,8 +289,39 @@ func TestProvisionReturningConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sa1.UID != sa2.UID || string(first.Kubeconfig) != string(second.Kubeconfig) {
-		t.Error("returning consumer did not get the same service account and kubeconfig")
+	if sa1.UID != sa2.UID {
+		t.Error("returning consumer did not get the same service account")
+	}
+	if string(first.Kubeconfig) == string(second.Kubeconfig) {
+		t.Error("a rebind handed out the token already in use")
+	}
+	tokens, err := e.kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelCredential + "=" + CredentialToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := e.kube.CoreV1().Secrets(ns).Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(kc.Data[KubeconfigSecretKey]) != string(second.Kubeconfig) {
+		t.Error("the kubeconfig Secret does not hold the new kubeconfig")
+	}
+	retired := 0
+	for _, tok := range tokens.Items {
+		if tok.Name == kc.Annotations[AnnotationTokenSecret] {
+			continue
+		}
+		if tok.Annotations[AnnotationRetiredAt] == "" || tok.Annotations[AnnotationExpiresAt] == "" {
+			t.Errorf("replaced token Secret %s: annotations %v, want retired-at and expires-at", tok.Name, tok.Annotations)
+		}
+		retired++
+	}
+	if len(tokens.Items) != 2 || retired != 1 {
+		t.Errorf("%d token Secrets, %d retired; want 2 and 1", len(tokens.Items), retired)
+	}
+	firstKube, _, _ := consumerClients(t, first.Kubeconfig)
+	if _, err := firstKube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		t.Errorf("the retired token stopped working before its revocation: %v", err)
 	}
 	kube, _, ns2 := consumerClients(t, second.Kubeconfig)
 	if ns2 != ns {
@@ -513,7 +561,10 @@ func TestProvisionNetworkCutMidway(t *testing.T) {
 			return err
 		}},
 		{"token secret", func(ns string) error {
-			_, err := e.kube.CoreV1().Secrets(ns).Get(ctx, TokenSecretName, metav1.GetOptions{})
+			l, err := e.kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelCredential + "=" + CredentialToken})
+			if err == nil && len(l.Items) == 0 {
+				err = apierrors.NewNotFound(corev1.Resource("secrets"), "token")
+			}
 			return err
 		}},
 	}

@@ -66,17 +66,25 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			},
 			// Finding its own user name, to bind roles to itself.
 			rule("authentication.k8s.io", []string{"selfsubjectreviews"}, "create"),
-			// The controllers' caches (internal/exports); every write to
-			// these is made through BackendNamespaceClusterRole, in the
-			// backend's namespaces only.
-			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces"}, "list", "watch"),
+			// The controllers' caches (internal/exports, bindinghealth,
+			// cleanup, credentials); every write to these is made through
+			// BackendNamespaceClusterRole, in the backend's namespaces only.
+			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces", "clusterbindings"}, "list", "watch"),
 		),
 		role(BackendNamespaceClusterRole,
 			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch", "delete"),
+			// Consumer credentials (internal/credentials): list the
+			// per-token Secrets and issue TokenRequest tokens bound to
+			// them (the CredentialsValid condition is written through the
+			// clusterbindings/status rule below).
+			rule("", []string{"secrets"}, "list"),
+			rule("", []string{"serviceaccounts/token"}, "create"),
 			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "get", "create", "patch"),
 			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
-			// Answering requests and APIServiceNamespaces.
-			rule(kubeBindGroup, []string{"apiserviceexportrequests/status", "apiservicenamespaces/status"}, "patch"),
+			// Answering requests and APIServiceNamespaces; the Healthy and
+			// CredentialsValid conditions of ClusterBindings
+			// (internal/bindinghealth, internal/credentials).
+			rule(kubeBindGroup, []string{"apiserviceexportrequests/status", "apiservicenamespaces/status", "clusterbindings/status"}, "patch"),
 			// Mirroring exported CRDs.
 			rule(kubeBindGroup, []string{"apiserviceexports"}, "create", "patch", "delete"),
 			// The consumer's rights on the resources it bound: a Role of

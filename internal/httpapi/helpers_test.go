@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -36,6 +37,7 @@ type env struct {
 	handler http.Handler
 	srv     *httptest.Server
 	logs    *procs.Buffer
+	key     *clusterkey.Key
 }
 
 type envOpts struct {
@@ -67,7 +69,12 @@ func newEnv(t testing.TB, o envOpts) *env {
 		level = *o.logLevel
 	}
 	reg := prometheus.NewRegistry()
+	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, err := New(Config{
+		ClusterKey:   key,
 		ExternalURL:  ext,
 		PrettyName:   "MangoDB Inc.",
 		PollInterval: o.interval,
@@ -82,7 +89,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ext: ext, store: store, clock: clock, reg: reg, handler: h, logs: logs}
+	e := &env{t: t, ext: ext, store: store, clock: clock, reg: reg, handler: h, logs: logs, key: key}
 	if _, ok := t.(*testing.T); ok {
 		e.srv = httptest.NewServer(h)
 		t.Cleanup(e.srv.Close)

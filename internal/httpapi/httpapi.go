@@ -6,6 +6,7 @@
 package httpapi
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/sessions"
 )
@@ -71,9 +73,17 @@ type Config struct {
 	// /bind and /static/ (under the external URL's path prefix). While it
 	// is nil, /authorize answers 503.
 	Browser http.Handler
+	// ClusterKey derives new cluster IDs and their cluster secrets; the
+	// browser part must use the same one. Default: a random key (tests
+	// only: secrets then die with the process).
+	ClusterKey *clusterkey.Key
 	// Now is the clock for session creation times (default time.Now); use
 	// the store's clock so both agree.
 	Now func() time.Time
+	// OnDelivered, if set, is called with the BindingResponse each time a
+	// poll hands it out (binding.DeliveryMarker records it; it must not
+	// block).
+	OnDelivered func(response []byte)
 }
 
 // Bounds of request bodies.
@@ -115,6 +125,11 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.ClusterKey == nil {
+		key := make([]byte, clusterkey.MinKeyLen)
+		_, _ = rand.Read(key)
+		cfg.ClusterKey, _ = clusterkey.New(key)
 	}
 	m, err := newMetrics(cfg.Metrics)
 	if err != nil {

@@ -90,6 +90,10 @@ func TestCreateSession(t *testing.T) {
 	if !ids.IssuedClusterID(ps.ClusterID) {
 		t.Errorf("cluster ID %q is not of the issued format", ps.ClusterID)
 	}
+	// A new cluster ID comes with its secret, derived from the backend's key.
+	if !e.key.Issued(ps.SessionID, ps.ClusterID) || ps.ClusterSecret != e.key.Secret(ps.ClusterID) || len(ps.ClusterSecret) != 43 {
+		t.Errorf("cluster ID %q with secret %q: not the ones derived for the session", ps.ClusterID, ps.ClusterSecret)
+	}
 	if want := e.clock.Now().Add(7 * time.Minute); !ps.ExpiresAt.Equal(want) {
 		t.Errorf("expiresAt %s, want %s", ps.ExpiresAt, want)
 	}
@@ -124,11 +128,11 @@ func TestCreateSessionClusterID(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ps := e.createSession(c.body)
-			if c.keep != "" && ps.ClusterID != c.keep {
-				t.Fatalf("cluster ID %q, want %q kept", ps.ClusterID, c.keep)
+			if c.keep != "" && (ps.ClusterID != c.keep || ps.ClusterSecret != "") {
+				t.Fatalf("cluster ID %q with secret %q, want %q kept and no secret", ps.ClusterID, ps.ClusterSecret, c.keep)
 			}
-			if c.keep == "" && !ids.IssuedClusterID(ps.ClusterID) {
-				t.Fatalf("cluster ID %q, want a newly issued one", ps.ClusterID)
+			if c.keep == "" && (!ids.IssuedClusterID(ps.ClusterID) || ps.ClusterSecret != e.key.Secret(ps.ClusterID)) {
+				t.Fatalf("cluster ID %q, want a newly issued one with its secret", ps.ClusterID)
 			}
 		})
 	}

@@ -136,9 +136,15 @@ func (s *server) finish(rec *recorder, r *http.Request, start time.Time) {
 }
 
 // accessLogLevel keeps routine traffic (probes, scrapes, a client waiting
-// for its user) at debug level, so that info logs show what matters.
+// for its user) at debug level, so that info logs show what matters, and
+// ERROR for what an operator must act on. A 503 is a refusal with
+// Retry-After: at the session limit (a flood of clients must not flood the
+// log with errors) or while a dependency is away, which its handler logs
+// itself at ERROR once per failure and /readyz reports; so WARN here.
 func accessLogLevel(route string, status int) slog.Level {
 	switch {
+	case status == http.StatusServiceUnavailable:
+		return slog.LevelWarn
 	case status >= 500:
 		return slog.LevelError
 	case route == "/healthz" || route == "/readyz" || route == "/metrics":

@@ -67,9 +67,10 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, err)
 		return
 	}
-	if sess.Secret == "" {
-		// A session of the callback flow: it has no secret, so nothing can
-		// be signed for it, and it is nothing to poll.
+	if sess.Secret == "" || sess.CallbackURL != "" {
+		// A session of the callback flow: nobody outside holds its secret
+		// (it is made only to key the session's static part), and its
+		// result goes to the CLI's callback, so it is nothing to poll.
 		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "there is no poll session with this ID; start over")
 		return
 	}
@@ -109,6 +110,9 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	case sessions.StateCompleted:
 		s.metrics.poll("completed")
 		writeJSONBytes(w, http.StatusOK, sess.Response)
+		if s.cfg.OnDelivered != nil {
+			s.cfg.OnDelivered(sess.Response)
+		}
 	case sessions.StateDenied:
 		reason := sess.DenyReason
 		if reason == "" {

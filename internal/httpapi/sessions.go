@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/kbprovider/backend/internal/ids"
@@ -15,8 +16,10 @@ import (
 
 // createSession is POST /sessions (§1). The body is empty or
 // {"clusterID": "..."}. A clusterID that is empty or not of a format this
-// backend accepts (ids.ValidClusterID) is replaced by a new one, as §1
-// says; malformed JSON, a value that is not a string, an unknown field or
+// backend accepts (ids.ValidClusterID) is replaced by a new one, derived
+// from the session ID (clusterkey), and the answer carries its cluster
+// secret. A presented clusterID is echoed without a secret: it is used only
+// if the authentication URL proves it (browser.authorizePoll); malformed JSON, a value that is not a string, an unknown field or
 // trailing data is a 400, so that a typo such as "cluster" does not
 // silently cost the client its identity. (Field names match
 // case-insensitively, as encoding/json does: "clusterId" is accepted.)
@@ -36,15 +39,16 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 			`the body must be empty or {"clusterID": "<id>"}: `+err.Error())
 		return
 	}
-	clusterID := req.ClusterID
-	if !ids.ValidClusterID(clusterID) {
-		clusterID = ids.NewClusterID()
-	}
-
 	now := s.cfg.Now()
 	expires := now.Add(s.cfg.SessionTTL)
+	id := ids.NewExpiringSessionID(expires)
+	clusterID, clusterSecret := req.ClusterID, ""
+	if !ids.ValidClusterID(clusterID) {
+		clusterID = s.cfg.ClusterKey.NewClusterID(id)
+		clusterSecret = s.cfg.ClusterKey.Secret(clusterID)
+	}
 	sess := sessions.Session{
-		ID:        ids.NewExpiringSessionID(expires),
+		ID:        id,
 		ClusterID: clusterID,
 		Secret:    ids.NewSessionSecret(),
 		CreatedAt: now,
@@ -76,6 +80,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		ClusterID:     sess.ClusterID,
 		SessionSecret: sess.Secret,
 		ExpiresAt:     sess.ExpiresAt.UTC().Truncate(1e9),
+		ClusterSecret: clusterSecret,
 	})
 }
 
@@ -95,14 +100,41 @@ func decodeCreateSession(body []byte) (v1alpha1.CreateSessionRequest, error) {
 	return req, nil
 }
 
-// cleanJSONError drops the Go type names from decoding errors.
+// cleanJSONError says what is wrong with a body in JSON's words, never
+// with the Go type names encoding/json puts into its errors.
 func cleanJSONError(err error) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return errors.New("field " + te.Field + " must be a " + strings.TrimPrefix(te.Type.String(), "v1alpha1.") + ", not a JSON " + te.Value)
+		what := "the body"
+		if te.Field != "" {
+			what = "field " + te.Field
+		}
+		return errors.New(what + " must be " + jsonKind(te.Type) + ", not a JSON " + te.Value)
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: "); ok {
 		return errors.New(msg)
 	}
 	return err
+}
+
+// jsonKind names what a Go type is in JSON.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another JSON value"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "a JSON object"
 }

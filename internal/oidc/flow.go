@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -55,9 +56,11 @@ func (a *Authenticator) Begin(w http.ResponseWriter, r *http.Request, flowState 
 // flowState is returned exactly when the state proved genuine, of this
 // browser and unused, also alongside these errors: *ProviderError (the
 // identity provider sent an error, e.g. the user declined),
-// ErrInvalidCallback, ErrLoginFailed and ErrAccessDenied. It is nil with
-// ErrInvalidState, ErrStateExpired, ErrBrowserMismatch and ErrStateUsed,
-// and with ErrNotReady.
+// ErrInvalidCallback, ErrLoginFailed, ErrAccessDenied, and the transient
+// ErrIdPUnavailable (and ErrNotReady when the provider was never
+// discovered), after which the caller may start a new login for the same
+// flow state with Begin. It is nil with ErrInvalidState, ErrStateExpired,
+// ErrBrowserMismatch and ErrStateUsed.
 func (a *Authenticator) Finish(w http.ResponseWriter, r *http.Request) (Identity, []byte, error) {
 	q := r.URL.Query()
 	p, err := parseState(a.stateKey, q.Get("state"), a.cfg.Clock())
@@ -88,16 +91,38 @@ func (a *Authenticator) Finish(w http.ResponseWriter, r *http.Request) (Identity
 	if err != nil {
 		return Identity{}, p.Data, err
 	}
-	ctx := context.WithValue(r.Context(), oauth2.HTTPClient, a.cfg.HTTPClient)
-	tok, err := a.oauth2Config(prov).Exchange(ctx, code, oauth2.VerifierOption(c.Value))
+	// The exchange and the token check (which may fetch the provider's
+	// keys) get a bounded time; the user waits on this request.
+	ctx, cancel := context.WithTimeout(r.Context(), a.cfg.ExchangeTimeout)
+	defer cancel()
+	tok, err := a.oauth2Config(prov).Exchange(context.WithValue(ctx, oauth2.HTTPClient, a.cfg.HTTPClient), code, oauth2.VerifierOption(c.Value))
 	if err != nil {
-		return Identity{}, p.Data, fmt.Errorf("%w: code exchange: %v", ErrLoginFailed, err)
+		var re *oauth2.RetrieveError
+		switch {
+		case errors.As(err, &re) && re.ErrorCode == "invalid_grant":
+			// The code the browser brought is not good (made up, used
+			// or expired): the callback's mistake, not the provider's.
+			return Identity{}, p.Data, fmt.Errorf("%w: the identity provider refused the code (invalid_grant)", ErrInvalidCallback)
+		case errors.As(err, &re) && re.Response != nil && re.Response.StatusCode < 500:
+			// Refused for another reason (e.g. invalid_client): the
+			// operator's configuration, not transient.
+			return Identity{}, p.Data, fmt.Errorf("%w: code exchange: %v", ErrLoginFailed, err)
+		default:
+			// No answer in time, no connection, or a 5xx: transient.
+			a.recheckHealth()
+			return Identity{}, p.Data, fmt.Errorf("%w: code exchange: %v", ErrIdPUnavailable, err)
+		}
 	}
 	raw, _ := tok.Extra("id_token").(string)
 	if raw == "" {
 		return Identity{}, p.Data, fmt.Errorf("%w: no ID token in the token response", ErrLoginFailed)
 	}
-	id, emailVerified, err := a.verifyIDToken(r.Context(), prov, raw, p.Nonce)
+	id, emailVerified, err := a.verifyIDToken(ctx, prov, raw, p.Nonce)
+	if err != nil && ctx.Err() != nil {
+		// The provider's keys did not come in time.
+		a.recheckHealth()
+		return Identity{}, p.Data, fmt.Errorf("%w: %v", ErrIdPUnavailable, err)
+	}
 	if err != nil {
 		return Identity{}, p.Data, err
 	}

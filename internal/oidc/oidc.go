@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -63,7 +64,17 @@ type Config struct {
 
 	// HTTPClient talks to the identity provider; default: 10 s timeout.
 	HTTPClient *http.Client
-	Logger     *slog.Logger
+	// ExchangeTimeout bounds the code exchange and the ID-token check
+	// (which may fetch the provider's keys) of one callback; default 10s.
+	// A provider that does not answer in time is ErrIdPUnavailable: the
+	// login can be tried again.
+	ExchangeTimeout time.Duration
+	// HealthInterval is how long the readiness Check trusts its last look
+	// at the provider's discovery document (a failed look: at most 5 s);
+	// default 30s. However often /readyz is asked, the provider is asked at
+	// most once per interval.
+	HealthInterval time.Duration
+	Logger         *slog.Logger
 	// Clock, for tests; default time.Now. It also drives ID-token expiry.
 	Clock func() time.Time
 }
@@ -87,12 +98,18 @@ var (
 	ErrStateUsed = errors.New("login state already used")
 	// ErrBrowserMismatch: the callback came to a browser that did not start the login.
 	ErrBrowserMismatch = errors.New("login was started in another browser")
-	// ErrInvalidCallback: the callback lacks a code or names another issuer.
+	// ErrInvalidCallback: the callback lacks a code, names another issuer,
+	// or brings a code the identity provider refuses (invalid_grant): what
+	// the browser brought is wrong, a client's mistake.
 	ErrInvalidCallback = errors.New("invalid login callback")
 	// ErrLoginFailed: the code exchange or the ID-token verification failed.
 	ErrLoginFailed = errors.New("login failed")
 	// ErrAccessDenied: the user is outside the allow-lists.
 	ErrAccessDenied = errors.New("access denied")
+	// ErrIdPUnavailable: the identity provider did not answer the code
+	// exchange in time, could not be reached, or failed (5xx). Transient:
+	// the login may be started again.
+	ErrIdPUnavailable = errors.New("identity provider unavailable")
 )
 
 // ProviderError is an error the identity provider sent back instead of a
@@ -119,6 +136,13 @@ type Authenticator struct {
 	provider *gooidc.Provider
 	lastErr  error
 	lastTry  time.Time
+
+	// health caches the readiness Check's last look at the provider;
+	// probeMu lets one Check at a time look.
+	probeMu   sync.Mutex
+	healthMu  sync.Mutex
+	healthErr error
+	healthAt  time.Time
 }
 
 // New checks cfg and returns an Authenticator. It does not contact the
@@ -157,6 +181,12 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	if cfg.ExchangeTimeout <= 0 {
+		cfg.ExchangeTimeout = 10 * time.Second
+	}
+	if cfg.HealthInterval <= 0 {
+		cfg.HealthInterval = 30 * time.Second
+	}
 	if cfg.UseOnce == nil {
 		cfg.UseOnce = newMemoryOnce(cfg.Clock, cfg.StateTTL, 100_000).use
 	}
@@ -193,14 +223,76 @@ func (a *Authenticator) Run(ctx context.Context) {
 // Name is the readiness check's name.
 func (a *Authenticator) Name() string { return "oidc" }
 
-// Check reports whether the identity provider was discovered.
-func (a *Authenticator) Check(context.Context) error {
+// Check reports whether the identity provider was discovered and, since
+// then, still answers: it fetches the discovery document again when its
+// last look is older than HealthInterval (5 s after a failure), one
+// request at a time, and otherwise answers from that look. So /readyz
+// notices a provider that went away after start-up without hammering it.
+func (a *Authenticator) Check(ctx context.Context) error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.provider != nil {
-		return nil
+	discovered, lastErr := a.provider != nil, a.lastErr
+	a.mu.Unlock()
+	if !discovered {
+		return fmt.Errorf("oidc discovery failing: %v", lastErr)
 	}
-	return fmt.Errorf("oidc discovery failing: %v", a.lastErr)
+	if err, fresh := a.cachedHealth(); fresh {
+		return err
+	}
+	a.probeMu.Lock()
+	defer a.probeMu.Unlock()
+	if err, fresh := a.cachedHealth(); fresh { // another Check just looked
+		return err
+	}
+	err := a.probe(ctx)
+	a.healthMu.Lock()
+	a.healthErr, a.healthAt = err, time.Now()
+	a.healthMu.Unlock()
+	if err != nil {
+		a.log.Warn("identity provider not answering", "issuer", a.cfg.IssuerURL, "error", err)
+	}
+	return err
+}
+
+func (a *Authenticator) cachedHealth() (error, bool) {
+	a.healthMu.Lock()
+	defer a.healthMu.Unlock()
+	if a.healthAt.IsZero() {
+		return nil, false
+	}
+	ttl := a.cfg.HealthInterval
+	if a.healthErr != nil {
+		ttl = min(ttl, 5*time.Second)
+	}
+	return a.healthErr, time.Since(a.healthAt) < ttl
+}
+
+// recheckHealth makes the next Check look at the provider again, after a
+// login found it unavailable.
+func (a *Authenticator) recheckHealth() {
+	a.healthMu.Lock()
+	a.healthAt = time.Time{}
+	a.healthMu.Unlock()
+}
+
+// probe fetches the provider's discovery document.
+func (a *Authenticator) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	u := strings.TrimSuffix(a.cfg.IssuerURL, "/") + "/.well-known/openid-configuration"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := a.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("identity provider not answering: %w", err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("identity provider not answering: discovery document: %s", resp.Status)
+	}
+	return nil
 }
 
 // discover returns the provider, discovering it now if needed. Requests

@@ -92,9 +92,11 @@ type Store interface {
 	// RecordPoll uses nonce exactly as UseNonce does, then records a poll at
 	// the store's current time. If the previous poll of this session was
 	// less than minInterval ago it fails with a *TooSoonError (errors.Is
-	// ErrTooSoon) carrying how long to wait, and the poll does not count as
-	// the session's last one. Otherwise it returns the session as it is
-	// after the poll. The first poll that sees StateCompleted sets
+	// ErrTooSoon) carrying how long to wait, and changes nothing: the poll
+	// does not count as the session's last one and its nonce stays unused,
+	// so that polling too fast cannot fill the session's bounded nonce set
+	// (a used nonce is still ErrNonceUsed, too soon or not). Otherwise it
+	// returns the session as it is after the poll. The first poll that sees StateCompleted sets
 	// DeliveredAt and shortens ExpiresAt to DeliveredAt plus the store's
 	// grace period: further polls get the same response until then.
 	RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (Session, error)

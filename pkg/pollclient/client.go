@@ -92,6 +92,18 @@ type Provider struct {
 // flow, and with ErrUnsupportedProvider when the document is not one this
 // client speaks.
 func (c *Client) Discover(ctx context.Context, exportURL string) (*Provider, error) {
+	doc, err := c.FetchDocument(ctx, exportURL)
+	if err != nil {
+		return nil, err
+	}
+	return ProviderOf(exportURL, *doc)
+}
+
+// FetchDocument fetches the discovery document at exportURL, exactly as
+// given, and checks what every flow needs (apiVersion, version), without
+// picking a method: for clients that also speak the callback flow
+// (CodeGrantURL). ProviderOf then picks the poll method.
+func (c *Client) FetchDocument(ctx context.Context, exportURL string) (*v1alpha1.BindingProvider, error) {
 	u, err := url.Parse(exportURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("export URL %q must be an absolute http or https URL", exportURL)
@@ -110,8 +122,6 @@ func (c *Client) Discover(ctx context.Context, exportURL string) (*Provider, err
 		return nil, fmt.Errorf("reading provider at %s: %w", exportURL, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		// Session error codes mean nothing here: a 4xx says the URL serves
-		// no provider, a 5xx that the provider is in trouble.
 		se := newServerError(resp.StatusCode, errorBody(body))
 		se.kind = ErrUnsupportedProvider
 		if resp.StatusCode >= 500 {
@@ -123,6 +133,16 @@ func (c *Client) Discover(ctx context.Context, exportURL string) (*Provider, err
 	if err := decodeJSON(resp, body, &doc); err != nil {
 		return nil, fmt.Errorf("provider at %s: %w", exportURL, err)
 	}
+	if err := checkDocument(doc); err != nil {
+		return nil, fmt.Errorf("provider at %s: %w", exportURL, err)
+	}
+	return &doc, nil
+}
+
+// ProviderOf picks the poll method of a discovery document from
+// FetchDocument (fetched from exportURL). It fails with ErrNoPollMethod
+// when the document offers only the callback flow.
+func ProviderOf(exportURL string, doc v1alpha1.BindingProvider) (*Provider, error) {
 	p, err := checkProvider(doc)
 	if err != nil {
 		return nil, fmt.Errorf("provider at %s: %w", exportURL, err)
@@ -131,13 +151,31 @@ func (c *Client) Discover(ctx context.Context, exportURL string) (*Provider, err
 	return p, nil
 }
 
+// CodeGrantURL returns the authenticatedURL of the document's first
+// callback-flow (OAuth2CodeGrant) method, the one released CLIs pick, or
+// ErrNoCodeGrantMethod.
+func CodeGrantURL(doc v1alpha1.BindingProvider) (*url.URL, error) {
+	for _, m := range doc.AuthenticationMethods {
+		if m.Method == v1alpha1.MethodOAuth2CodeGrant && m.OAuth2CodeGrant != nil {
+			return absURL("authenticatedURL", m.OAuth2CodeGrant.AuthenticatedURL)
+		}
+	}
+	return nil, ErrNoCodeGrantMethod
+}
+
+// checkDocument applies the checks of released CLIs that hold for every
+// method.
+func checkDocument(doc v1alpha1.BindingProvider) error {
+	if doc.APIVersion != v1alpha1.ProviderAPIVersion {
+		return fmt.Errorf("%w: apiVersion %q, want %q", ErrUnsupportedProvider, doc.APIVersion, v1alpha1.ProviderAPIVersion)
+	}
+	return checkVersion(doc.Version)
+}
+
 // checkProvider applies the checks of released CLIs and picks the first
 // usable poll method.
 func checkProvider(doc v1alpha1.BindingProvider) (*Provider, error) {
-	if doc.APIVersion != v1alpha1.ProviderAPIVersion {
-		return nil, fmt.Errorf("%w: apiVersion %q, want %q", ErrUnsupportedProvider, doc.APIVersion, v1alpha1.ProviderAPIVersion)
-	}
-	if err := checkVersion(doc.Version); err != nil {
+	if err := checkDocument(doc); err != nil {
 		return nil, err
 	}
 	p := &Provider{PrettyName: doc.ProviderPrettyName, Version: doc.Version, Document: doc}

@@ -9,12 +9,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/testutil/pollbackend"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
 var fakeStart = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -484,5 +487,80 @@ func TestSessionNeverShowsItsSecret(t *testing.T) {
 	}
 	if strings.Contains(u, f.secret) {
 		t.Fatal("the secret shows in the authentication URL")
+	}
+}
+
+func TestClusterSecretAndProofInTheAuthenticationURL(t *testing.T) {
+	f := newFakeProvider(t)
+	const clusterSecret = "cluster-secret-0123456789abcdefghijklmnopqrstu"
+	f.create = []answer{func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusCreated, v1alpha1.PollSession{
+			APIVersion: v1alpha1.GroupVersion, Kind: v1alpha1.KindPollSession,
+			SessionID: f.sid, ClusterID: "newcid", SessionSecret: f.secret,
+			ExpiresAt: time.Now().Add(10 * time.Minute), ClusterSecret: clusterSecret,
+		})
+	}}
+	s, _ := open(t, f)
+	if s.ClusterSecret() != clusterSecret {
+		t.Fatalf("ClusterSecret() = %q, want the issued one", s.ClusterSecret())
+	}
+	if out := fmt.Sprintf("%v %#v", s, s); strings.Contains(out, clusterSecret) {
+		t.Fatalf("the cluster secret shows in %s", out)
+	}
+	raw, err := s.AuthenticationURLWithProof(clusterSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	if got, want := q.Get(bindproof.ProofParam), bindproof.ClusterProof(clusterSecret, f.sid); got != want {
+		t.Errorf("cp = %q, want %q", got, want)
+	}
+	if q.Get("tenant") != "acme" {
+		t.Errorf("the authenticatedURL's own query was lost: %s", raw)
+	}
+	r, err := hmac.RequestFromURL(http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hmac.Verify(f.secret, r, q.Get(hmac.ParamSignature)) {
+		t.Error("the URL with the proof does not verify: the signature must cover cp")
+	}
+	plain, _ := s.AuthenticationURL()
+	if strings.Contains(plain, bindproof.ProofParam+"=") {
+		t.Errorf("AuthenticationURL without a cluster secret carries a proof: %s", plain)
+	}
+	if got := s.ConfirmationCode(); got != bindproof.ConfirmationCode(f.sid) {
+		t.Errorf("ConfirmationCode() = %q", got)
+	}
+}
+
+func TestFetchDocumentOfACallbackOnlyProvider(t *testing.T) {
+	f := newFakeProvider(t)
+	f.doc = func(base string) v1alpha1.BindingProvider {
+		return v1alpha1.BindingProvider{APIVersion: "v1alpha1", Kind: "BindingProvider", Version: "v0.4.8",
+			AuthenticationMethods: []v1alpha1.AuthenticationMethod{
+				{Method: "Other"},
+				{Method: v1alpha1.MethodOAuth2CodeGrant, OAuth2CodeGrant: &v1alpha1.OAuth2CodeGrant{AuthenticatedURL: base + "/authorize"}},
+			}}
+	}
+	c := New(nil)
+	doc, err := c.FetchDocument(context.Background(), f.exportURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ProviderOf(f.exportURL(), *doc); !errors.Is(err, ErrNoPollMethod) {
+		t.Errorf("ProviderOf = %v, want ErrNoPollMethod", err)
+	}
+	u, err := CodeGrantURL(*doc)
+	if err != nil || u.String() != f.srv.URL+"/authorize" {
+		t.Errorf("CodeGrantURL = %v, %v", u, err)
+	}
+	doc.AuthenticationMethods = doc.AuthenticationMethods[:1]
+	if _, err := CodeGrantURL(*doc); !errors.Is(err, ErrNoCodeGrantMethod) {
+		t.Errorf("CodeGrantURL without the method = %v", err)
 	}
 }

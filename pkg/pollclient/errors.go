@@ -22,6 +22,8 @@ var (
 	ErrInvalidRequest = errors.New("invalid request")
 	// ErrNoPollMethod: the provider offers only the callback flow.
 	ErrNoPollMethod = errors.New("provider does not offer the OAuth2CodeGrantPoll method")
+	// ErrNoCodeGrantMethod: the provider does not offer the callback flow.
+	ErrNoCodeGrantMethod = errors.New("provider does not offer the OAuth2CodeGrant method")
 	// ErrUnsupportedProvider: the discovery document is not one this client
 	// speaks (apiVersion, version, malformed URLs or interval).
 	ErrUnsupportedProvider = errors.New("unsupported provider")

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
 // createAttempts bounds how often CreateSession asks a busy provider.
@@ -32,10 +34,18 @@ type Session struct {
 	provider *Provider
 	client   *Client
 	secret   string
+	// clusterSecret came with a newly issued ClusterID (see ClusterSecret).
+	clusterSecret string
 	// deadline is ExpiresAt on the local clock, corrected by the offset
 	// between the provider's Date header and the local clock.
 	deadline time.Time
 }
+
+// ClusterSecret is the secret the provider issued with a new cluster ID
+// (empty when it issued none). Keep it with ClusterID, as secret as a
+// password: it proves on later sessions that present ClusterID that the
+// client holds that ID (AuthenticationURLWithProof).
+func (s *Session) ClusterSecret() string { return s.clusterSecret }
 
 // String describes the session without its secret.
 func (s Session) String() string {
@@ -142,13 +152,14 @@ func (c *Client) createSessionOnce(ctx context.Context, p *Provider, body []byte
 		deadline = now.Add(ps.ExpiresAt.Sub(d))
 	}
 	return &Session{
-		ID:        ps.SessionID,
-		ClusterID: ps.ClusterID,
-		ExpiresAt: ps.ExpiresAt,
-		provider:  p,
-		client:    c,
-		secret:    ps.SessionSecret,
-		deadline:  deadline,
+		ID:            ps.SessionID,
+		ClusterID:     ps.ClusterID,
+		ExpiresAt:     ps.ExpiresAt,
+		provider:      p,
+		client:        c,
+		secret:        ps.SessionSecret,
+		clusterSecret: ps.ClusterSecret,
+		deadline:      deadline,
 	}, 0, nil
 }
 
@@ -156,9 +167,32 @@ func (c *Client) createSessionOnce(ctx context.Context, p *Provider, body []byte
 // log in and pick the APIs. Each call signs with a fresh nonce, and the
 // provider accepts each nonce once, so each URL can be opened once.
 func (s *Session) AuthenticationURL() (string, error) {
-	u, err := hmac.SignURL(s.secret, s.ID, http.MethodGet, s.provider.AuthenticatedURL, nil)
+	return s.AuthenticationURLWithProof("")
+}
+
+// AuthenticationURLWithProof is AuthenticationURL for a session that
+// presented a cluster ID with its cluster secret: it adds the cluster proof
+// (bindproof.ClusterProof(clusterSecret, s.ID)) as query parameter
+// bindproof.ProofParam before signing, so the signature covers it. With an
+// empty clusterSecret it is AuthenticationURL.
+func (s *Session) AuthenticationURLWithProof(clusterSecret string) (string, error) {
+	u := *s.provider.AuthenticatedURL
+	if clusterSecret != "" {
+		q, err := url.ParseQuery(u.RawQuery)
+		if err != nil {
+			return "", err
+		}
+		q.Set(bindproof.ProofParam, bindproof.ClusterProof(clusterSecret, s.ID))
+		u.RawQuery = q.Encode()
+	}
+	signed, err := hmac.SignURL(s.secret, s.ID, http.MethodGet, &u, nil)
 	if err != nil {
 		return "", err
 	}
-	return u.String(), nil
+	return signed.String(), nil
 }
+
+// ConfirmationCode is the code the provider's page shows for this session
+// (bindproof.ConfirmationCode): print it next to the URL so the user can
+// check the page belongs to their own session.
+func (s *Session) ConfirmationCode() string { return bindproof.ConfirmationCode(s.ID) }

@@ -180,7 +180,8 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		// the chart's ClusterRoles.
 		for deadline := time.Now().Add(30 * time.Second); ; {
 			l := logs.String()
-			if strings.Contains(l, "leader election: became leader") && strings.Contains(l, "exports controllers: caches synced") {
+			if strings.Contains(l, "leader election: became leader") && strings.Contains(l, "exports controllers: caches synced") &&
+				strings.Contains(l, "binding health: caches synced") && strings.Contains(l, "cleanup: caches synced") {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -175,6 +175,9 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{"", "watch", "apiserviceexports.kube-bind.io", nil},
 		{"", "list", "apiservicenamespaces.kube-bind.io", nil},
 		{"", "watch", "apiservicenamespaces.kube-bind.io", nil},
+		// The credentials controller's cache (internal/credentials).
+		{"", "list", "clusterbindings.kube-bind.io", nil},
+		{"", "watch", "clusterbindings.kube-bind.io", nil},
 		// Leader election: its own Lease.
 		{releaseNS, "create", "leases.coordination.k8s.io", nil},
 		{releaseNS, "get", "leases.coordination.k8s.io/" + fullname, nil},
@@ -322,9 +325,13 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		{ns, "delete", "apiserviceexports.kube-bind.io", nil},
 		{ns, "create", "roles.rbac.authorization.k8s.io", nil}, {ns, "patch", "roles.rbac.authorization.k8s.io", nil},
 		{ns, "escalate", "roles.rbac.authorization.k8s.io", nil}, {ns, "bind", "roles.rbac.authorization.k8s.io", nil},
+		// Consumer credentials (internal/binding tokens, internal/credentials).
+		{ns, "list", "secrets", nil},
+		{ns, "create", "serviceaccounts/token", nil},
+		{ns, "patch", "clusterbindings.kube-bind.io", []string{"--subresource=status"}},
 	})
 	checkRequests(t, cp, false, []request{
-		{ns, "list", "secrets", nil},
+		{ns, "watch", "secrets", nil},
 		{ns, "create", "pods", nil},
 		{ns, "delete", "rolebindings.rbac.authorization.k8s.io", nil},
 		{ns, "delete", "roles.rbac.authorization.k8s.io", nil},

@@ -21,6 +21,7 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/browser"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
 
@@ -83,11 +84,15 @@ func TestPollFlowInBrowser(t *testing.T) {
 	if strings.Contains(page, "secretthings") {
 		t.Error("selection page offers an API that is not exported")
 	}
+	if code := b.Text("#confirmation-code"); code != bindproof.ConfirmationCode(s.ID) {
+		t.Errorf("page shows confirmation code %q, the client prints %q", code, bindproof.ConfirmationCode(s.ID))
+	}
 	b.Resize(390, 844)
 	b.Screenshot("selection-phone")
 	b.Resize(1280, 900)
 	b.Click("input[value='mangodbs.mangodb.com']")
 	b.Click("input[value='redises.cache.example.com']")
+	b.Click("#confirm")
 	if status := b.ClickAndWait("button[value=bind]"); status != http.StatusOK {
 		t.Fatalf("bind answered %d: %s", status, b.Text("body"))
 	}
@@ -118,6 +123,7 @@ func TestPollFlowInBrowser(t *testing.T) {
 	}
 	useKubeconfig(t, resp.Kubeconfig, r.res.Namespace)
 	waitRequestSucceeded(t, resp.Kubeconfig, r.res.Namespace, "mangodbs.mangodb.com")
+	e.waitDelivered(t, r.res.Namespace)
 }
 
 // useKubeconfig shows the issued kubeconfig working as the consumer: it
@@ -254,6 +260,12 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 	b.Open(authURL)
 	signIn(t, b, bob)
 	b.Click("input[value='mangodbs.mangodb.com']")
+	// Released CLIs print no code: the page names the callback on this
+	// machine instead, and the user confirms having started it.
+	if got := b.Text("#callback-url"); got != "http://localhost:"+itoa(cb.port)+"/callback" {
+		t.Errorf("the page names callback %q", got)
+	}
+	b.Click("#confirm")
 	b.ClickAndWait("button[value=bind]")
 
 	select {
@@ -271,6 +283,7 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 		}
 		useKubeconfig(t, resp.Kubeconfig, ns)
 		waitRequestSucceeded(t, resp.Kubeconfig, ns, "mangodbs.mangodb.com")
+		e.waitDelivered(t, ns)
 	case msg := <-cb.problems:
 		t.Fatalf("the CLI callback refused the redirect: %s", msg)
 	case <-time.After(30 * time.Second):

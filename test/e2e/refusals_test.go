@@ -102,8 +102,25 @@ func TestRefusals(t *testing.T) {
 		client, form := e.loginToSelection(t, authURL, dave)
 		form["api"] = []string{"mangodbs.mangodb.com", "secretthings.internal.example.com"}
 		status, body := e.post(t, client, form, nil)
-		if status != http.StatusOK || !strings.Contains(body, "not offered") {
-			t.Fatalf("got %d, want the selection page again saying the API is not offered:\n%s", status, body)
+		if status != http.StatusUnprocessableEntity || !strings.Contains(body, "not offered") {
+			t.Fatalf("got %d, want 422 with the selection page again saying the API is not offered:\n%s", status, body)
+		}
+		e.expectStillPending(t, s)
+		e.expectNothingProvisioned(t, dave)
+	})
+
+	t.Run("bind without the confirmation", func(t *testing.T) {
+		s, authURL := e.newSession(t)
+		client, form := e.loginToSelection(t, authURL, dave)
+		form.Del("confirm")
+		status, body := e.post(t, client, form, nil)
+		if status != http.StatusUnprocessableEntity || !strings.Contains(body, "Confirm that you started this binding yourself") {
+			t.Fatalf("got %d, want 422 with the selection page again asking for the confirmation:\n%s", status, body)
+		}
+		form.Set("confirm", "on")
+		status, body = e.post(t, client, form, nil)
+		if status != http.StatusUnprocessableEntity || !strings.Contains(body, "Confirm that you started") {
+			t.Fatalf("confirm=on: got %d, want 422 with the selection page again:\n%s", status, body)
 		}
 		e.expectStillPending(t, s)
 		e.expectNothingProvisioned(t, dave)
@@ -285,6 +302,7 @@ func formFromPage(t *testing.T, page string) url.Values {
 	}
 	form.Set("api", "mangodbs.mangodb.com")
 	form.Set("action", "bind")
+	form.Set("confirm", "yes")
 	return form
 }
 

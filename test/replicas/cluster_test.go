@@ -29,6 +29,7 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -217,6 +218,9 @@ func (o *ownerRing) owner(peers []string, id string) string {
 type session struct {
 	v1alpha1.PollSession
 	ext string // external URL the signatures are made for
+	// clusterSecret, when set, proves the presented cluster ID in the
+	// authentication URL (pkg/bindproof).
+	clusterSecret string
 }
 
 // createSession posts a session to replica r; it returns the status and,
@@ -281,6 +285,9 @@ func (s *session) signedPoll(t *testing.T) *url.URL {
 func (s *session) authURL(t *testing.T) string {
 	t.Helper()
 	u, _ := url.Parse(s.ext + "/authorize")
+	if s.clusterSecret != "" {
+		u.RawQuery = url.Values{bindproof.ProofParam: {bindproof.ClusterProof(s.clusterSecret, s.SessionID)}}.Encode()
+	}
 	signed, err := hmac.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -382,6 +389,7 @@ func (sel *selection) bind(t *testing.T, ctx context.Context) (int, string) {
 	}
 	form.Add(web.FieldAPI, exportedCRD)
 	form.Set(web.FieldAction, web.ActionBind)
+	form.Set(web.FieldConfirm, web.ConfirmYes)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sel.target.String(), strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", sel.f.url)

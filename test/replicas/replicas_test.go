@@ -52,10 +52,10 @@ func TestThreeReplicas(t *testing.T) {
 	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{f.url + "/callback"}, Users: []oidcprovider.User{alice}})
 	peerKeyB64 := procs.RandomKey(t, 32)
 	peerKey := writeFile(t, "peer-key", peerKeyB64+"\n")
-	signKey, encKey := procs.RandomKey(t, 64), procs.RandomKey(t, 32)
+	signKey, encKey, clusterKey := procs.RandomKey(t, 64), procs.RandomKey(t, 32), procs.RandomKey(t, 32)
 	t.Cleanup(func() {
 		for _, r := range reps {
-			for name, secret := range map[string]string{"peer key": peerKeyB64, "cookie signing key": signKey, "cookie encryption key": encKey} {
+			for name, secret := range map[string]string{"peer key": peerKeyB64, "cookie signing key": signKey, "cookie encryption key": encKey, "cluster secret key": clusterKey} {
 				if strings.Contains(r.logs.String(), secret) {
 					t.Errorf("the logs of %s contain the %s", r.name, name)
 				}
@@ -76,6 +76,7 @@ func TestThreeReplicas(t *testing.T) {
 			"--oidc-allowed-groups", "binders",
 			"--cookie-signing-key", signKey,
 			"--cookie-encryption-key", encKey,
+			"--cluster-secret-key", clusterKey,
 			"--kubeconfig", cp.AdminKubeconfigPath(),
 			"--namespace-prefix", namespacePrefix,
 		)
@@ -233,12 +234,15 @@ func TestThreeReplicas(t *testing.T) {
 	}
 
 	// Nothing provisioned is lost: the client starts over with its
-	// clusterID, binds again through another survivor and lands in the
-	// same provider namespace.
+	// clusterID, proves it with the cluster secret it was given (any
+	// replica checks the proof: they share --cluster-secret-key), binds
+	// again through another survivor and lands in the same provider
+	// namespace.
 	s2 := mustCreate(t, survivors[0], f.url, s.ClusterID)
 	if s2.ClusterID != s.ClusterID {
 		t.Fatalf("clusterID %q, want %q", s2.ClusterID, s.ClusterID)
 	}
+	s2.clusterSecret = s.ClusterSecret
 	f.pin(survivors[1])
 	if code := bindInBrowser(t, ctx, idp, f, s2, alice); code != http.StatusOK {
 		t.Fatalf("second bind answered %d", code)

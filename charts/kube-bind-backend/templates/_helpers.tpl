@@ -150,15 +150,23 @@ Secrets are passed as files, never as flag values.
   (printf "--oidc-issuer-client-secret-file=%s/%s" $secretDir $keys.oidcClientSecret)
   (printf "--cookie-signing-key-file=%s/%s" $secretDir $keys.cookieSigningKey)
   (printf "--cookie-encryption-key-file=%s/%s" $secretDir $keys.cookieEncryptionKey)
+  (printf "--cluster-secret-key-file=%s/%s" $secretDir $keys.clusterSecretKey)
+  (printf "--credential-lifetime=%s" $v.credentials.lifetime)
+  (printf "--credential-rotation-point=%s" (toString $v.credentials.rotationPoint))
+  (printf "--credential-overlap=%s" $v.credentials.overlap)
   (printf "--session-ttl=%s" $v.session.ttl)
   (printf "--poll-interval=%s" $v.session.pollInterval)
   (printf "--max-pending-sessions=%d" (int $v.session.maxPending))
+  (printf "--max-connections=%d" (int $v.connections.max))
+  (printf "--max-connections-per-client=%d" (int $v.connections.maxPerClient))
   (printf "--grace-period=%s" $v.session.gracePeriod)
   (printf "--log-level=%s" $v.log.level)
   (printf "--log-format=%s" $v.log.format)
   (printf "--shutdown-timeout=%s" $v.shutdownTimeout)
   (printf "--session-store=%s" $store)
   (printf "--leader-election-lease-name=%s" (include "kbb.fullname" .))
+  (printf "--gc-unused-binding-after=%s" $v.gc.unusedBindingAfter)
+  (printf "--gc-dry-run=%t" $v.gc.dryRun)
 }}
 {{- with $v.oidc.callbackURL }}
 {{- $args = append $args (printf "--oidc-callback-url=%s" .) }}
@@ -201,8 +209,10 @@ Secrets are passed as files, never as flag values.
 The data of the Secret the chart makes, rendered once per release render
 (memoized in .Values, so the Deployment's checksum hashes the same random
 keys the Secret holds). Generated keys are made once: on upgrade, lookup
-finds the Secret of the previous release and its keys are kept, so cookies
-and peer traffic survive an upgrade. (helm template and --dry-run cannot
+finds the Secret of the previous release and its keys are kept, so cookies,
+peer traffic and issued cluster secrets survive an upgrade (the cluster
+secret key must never change: clients would lose their provider namespace
+on the next bind). (helm template and --dry-run cannot
 look up; they show fresh keys.) Each key file holds base64 text of random
 bytes, as the backend's --cookie-*-key-file and --peer-key-file read them.
 */}}
@@ -214,7 +224,7 @@ bytes, as the backend's --cookie-*-key-file and --peer-key-file read them.
 {{- $previous = default dict .data }}
 {{- end }}
 {{- $data := dict $keys.oidcClientSecret (.Values.oidc.clientSecret | b64enc) }}
-{{- range $key, $size := dict $keys.cookieSigningKey 64 $keys.cookieEncryptionKey 32 $keys.peerKey 32 }}
+{{- range $key, $size := dict $keys.cookieSigningKey 64 $keys.cookieEncryptionKey 32 $keys.peerKey 32 $keys.clusterSecretKey 32 }}
 {{- $_ := set $data $key ((index $previous $key) | default (randBytes $size | b64enc)) }}
 {{- end }}
 {{- $_ := set .Values "__kbbSecretData" $data }}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
@@ -43,7 +44,7 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	}
 	ctx := r.Context()
 	sess, err := h.cfg.Store.Get(ctx, sid)
-	if errors.Is(err, sessions.ErrNotFound) && !h.expiredID(sid) {
+	if errors.Is(err, sessions.ErrNotFound) && !h.issuedID(sid) {
 		h.page(w, http.StatusNotFound, pageUnknownSession, "")
 		return
 	}
@@ -59,6 +60,15 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 		h.page(w, http.StatusUnauthorized, pageBadSignature, "")
 		return
 	}
+	if r.Method == http.MethodHead {
+		// A link preview or scanner: say what can be said without using
+		// the link (whether its nonce was spent cannot be asked without
+		// spending it).
+		if h.stillPending(w, sess) {
+			linkLooksGood(w)
+		}
+		return
+	}
 	switch err := h.cfg.Store.UseNonce(ctx, sid, nonce); {
 	case errors.Is(err, sessions.ErrNonceUsed):
 		h.page(w, http.StatusUnauthorized, pageLinkUsed, "")
@@ -70,7 +80,8 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	if !h.stillPending(w, sess) {
 		return
 	}
-	h.beginLogin(w, r, sess.ID)
+	clusterID, kind := h.pollCluster(sess, q)
+	h.beginLogin(w, r, flowState(sess.ID, clusterID, kind))
 }
 
 func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q url.Values) {
@@ -87,6 +98,10 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 	}
 	if !okC || !ids.ValidClusterID(clusterID) {
 		h.page(w, http.StatusBadRequest, pageBadLink, "c must be a cluster ID, once")
+		return
+	}
+	if r.Method == http.MethodHead {
+		linkLooksGood(w)
 		return
 	}
 	now := h.cfg.Now()
@@ -109,7 +124,23 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		h.internalError(w, "creating a callback-flow session", err)
 		return
 	}
-	h.beginLogin(w, r, sess.ID)
+	h.beginLogin(w, r, flowState(sess.ID, clusterID, clusterCallback))
+}
+
+// linkLooksGood answers a HEAD of a link that a GET would act on. HEAD
+// must have no side effect (RFC 9110 §9.2.1), but the GET of a good link
+// spends its nonce (or, in the callback flow, creates a session) and
+// redirects to the identity provider with a state made for this browser.
+// Link previews, mail scanners and link checkers send HEAD to see whether
+// a link is alive; a 405 makes most of them retry with GET, which would
+// spend the user's link before the user opens it. So a good link answers
+// 200 text/html with no body and nothing changed, and a bad one the same
+// error status its GET gets.
+func linkLooksGood(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
 }
 
 // callbackURL returns where the callback flow ends: http://localhost:<p>/callback
@@ -121,11 +152,12 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		return nil, "exactly one of p and u must be given"
 	}
 	if q.Has("p") {
-		p, ok := single(q, "p")
-		if !ok || !validPort(p) {
-			return nil, "p must be a port number"
+		p, _ := single(q, "p")
+		port, ok := parsePort(p)
+		if !ok {
+			return nil, "p must be a port number from 1 to 65535, in digits only"
 		}
-		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", p), Path: "/callback"}, ""
+		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", strconv.Itoa(port)), Path: "/callback"}, ""
 	}
 	raw, ok := single(q, "u")
 	if !ok || len(raw) > 2048 {
@@ -135,8 +167,12 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 	if err != nil || !u.IsAbs() || u.User != nil || u.Fragment != "" || u.Opaque != "" {
 		return nil, "u is not a plain absolute URL"
 	}
-	if port := u.Port(); port != "" && !validPort(port) {
-		return nil, "u's port must be a number from 1 to 65535"
+	// A port no browser can reach would lose the response after the
+	// binding was made, as p=+41234 did.
+	if port := u.Port(); port != "" {
+		if _, ok := parsePort(port); !ok {
+			return nil, "u's port must be a number from 1 to 65535, in digits only"
+		}
 	}
 	if u.Scheme == "http" && isLoopback(u.Hostname()) {
 		return u, ""
@@ -149,14 +185,22 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 	return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1])"
 }
 
-// validPort: 1 to 65535 in decimal digits only. strconv.Atoi alone would
-// let "+41234" through, which net/url then refuses when the bind redirects.
-func validPort(p string) bool {
-	if p == "" || len(p) > 5 || strings.Trim(p, "0123456789") != "" {
-		return false
+// parsePort accepts a TCP port written as released CLIs write it: 1 to 5
+// ASCII digits, no sign, no leading zero, 1 to 65535. strconv.Atoi alone
+// would let "+41234" through, which net/url then refuses when the
+// response is handed back: after the binding was made.
+func parsePort(p string) (int, bool) {
+	if len(p) == 0 || len(p) > 5 || p[0] == '0' {
+		return 0, false
 	}
-	n, err := strconv.Atoi(p)
-	return err == nil && n >= 1 && n <= 65535
+	port := 0
+	for i := 0; i < len(p); i++ {
+		if p[i] < '0' || p[i] > '9' {
+			return 0, false
+		}
+		port = port*10 + int(p[i]-'0')
+	}
+	return port, port <= 65535
 }
 
 // hasDotSegment: a "." or ".." path segment, also percent-encoded or
@@ -199,9 +243,10 @@ func matchesPrefix(u, allowed *url.URL) bool {
 	return base == "" || p == base || strings.HasPrefix(p, base+"/")
 }
 
-// beginLogin sends the browser to the identity provider for session sid.
-func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, sid string) {
-	target, err := h.cfg.Login.Begin(w, r, []byte(sid))
+// beginLogin sends the browser to the identity provider with the flow
+// state of a session (flowState).
+func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, state []byte) {
+	target, err := h.cfg.Login.Begin(w, r, state)
 	if errors.Is(err, oidc.ErrNotReady) {
 		w.Header().Set("Retry-After", "30")
 		h.page(w, http.StatusServiceUnavailable, pageIdPDown, "")
@@ -214,11 +259,16 @@ func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, sid string)
 	http.Redirect(w, r, target, http.StatusSeeOther)
 }
 
-// expiredID reports whether a session ID the store does not know carries
-// an expiry in the past: its link expired, rather than never existed.
-func (h *Handler) expiredID(sid string) bool {
+// issuedID reports whether a session ID the store does not know looks
+// like one this backend issued: of the expiring shape, with an expiry no
+// later than a session made now would get. Its link is then answered as
+// expired (410) rather than unknown (404): the session ended, expired or
+// was lost with the replica that owned it (the hashring cannot tell a lost
+// session from one that never existed), and either way the user starts
+// over. The expiry is not authenticated; it only picks the words.
+func (h *Handler) issuedID(sid string) bool {
 	at, ok := ids.SessionIDExpiry(sid)
-	return ok && !h.cfg.Now().Before(at)
+	return ok && !at.After(h.cfg.Now().Add(h.cfg.SessionTTL+time.Minute))
 }
 
 // single returns the only value of key, and false when it is missing or

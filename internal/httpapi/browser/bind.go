@@ -1,6 +1,7 @@
 package browser
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -27,7 +29,19 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		h.loginStateFailed(w, err)
 		return
 	}
-	sid := string(flow)
+	sid, clusterID, kind, ok := parseFlowState(flow)
+	if !ok {
+		// Only a login begun by an older version of the backend gets here.
+		h.loginStateFailed(w, errors.New("flow state of another format"))
+		return
+	}
+	if errors.Is(err, oidc.ErrIdPUnavailable) || errors.Is(err, oidc.ErrNotReady) {
+		// Transient: the session stays pending, and this browser, which
+		// just proved it started the login, may start it again.
+		h.log.Warn("login could not be finished: the identity provider is unavailable; the session stays pending", "session", sid, "error", err)
+		h.idpUnavailable(w, r, flow)
+		return
+	}
 	if err != nil {
 		// The state was genuine, so the session cannot go on (its link
 		// was used): end it, so that the CLI stops waiting and says why.
@@ -47,11 +61,26 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	if !h.stillPending(w, sess) {
 		return
 	}
-	if err := h.setLoginCookie(w, loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken()}); err != nil {
+	lc := loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken(),
+		ClusterID: clusterID, ClusterKind: kind}
+	if err := h.setLoginCookie(w, lc); err != nil {
 		h.internalError(w, "setting the login cookie", err)
 		return
 	}
 	http.Redirect(w, r, h.path("/bind")+"?s="+url.QueryEscape(sid), http.StatusSeeOther)
+}
+
+// idpUnavailable answers a login the identity provider could not finish
+// with 503, Retry-After and a "Try again" link that starts a new login for
+// the same session and cluster decision (the old state is spent).
+func (h *Handler) idpUnavailable(w http.ResponseWriter, r *http.Request, flow []byte) {
+	p := errorPages[pageIdPRetry]
+	p.ProviderName = h.cfg.ProviderName
+	if target, err := h.cfg.Login.Begin(w, r, flow); err == nil {
+		p.RetryURL = target
+	}
+	w.Header().Set("Retry-After", "10")
+	web.RenderError(w, http.StatusServiceUnavailable, p)
 }
 
 // loginRefusal maps a failed login with a genuine state to what the CLI and
@@ -63,6 +92,10 @@ func loginRefusal(err error) (reason string, status int, kind pageKind) {
 		return "the identity provider refused the login (" + pe.Code + ")", http.StatusForbidden, pageDenied
 	case errors.Is(err, oidc.ErrAccessDenied):
 		return "this user may not bind APIs of this provider", http.StatusForbidden, pageDenied
+	case errors.Is(err, oidc.ErrInvalidCallback):
+		// What the browser brought back is wrong (no code, a foreign
+		// issuer, a code the provider refuses): the client's mistake.
+		return "the sign-in came back incomplete or altered", http.StatusBadRequest, pageLoginFailed
 	default:
 		return "the login at the identity provider failed", http.StatusBadGateway, pageLoginFailed
 	}
@@ -74,23 +107,27 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	h.renderSelection(w, lc, sess, nil, "")
+	h.renderSelection(w, r, http.StatusOK, lc, sess, nil, "")
 }
 
-func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
+func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
-		apis = append(apis, web.API{
+		api := web.API{
 			ID: e.Name, Group: e.Group, Resource: e.Resource, Scope: string(e.Scope),
 			Versions: e.Versions, Checked: ticked[e.Name],
-		})
+		}
+		if len(e.NoStatusSubresource) > 0 {
+			api.Warning = noStatusWarning
+		}
+		apis = append(apis, api)
 	}
 	user := lc.Email
 	if user == "" {
 		user = lc.Subject
 	}
-	web.RenderSelect(w, web.SelectPage{
+	web.RenderSelectStatus(w, status, web.SelectPage{
 		ProviderName: h.cfg.ProviderName,
 		User:         user,
 		Action:       h.path("/bind"),
@@ -98,7 +135,37 @@ func (h *Handler) renderSelection(w http.ResponseWriter, lc loginCookie, sess se
 		Hidden:       []web.Field{{Name: "s", Value: sess.ID}},
 		APIs:         apis,
 		Error:        problem,
+		Origin:       h.origin(sess),
+		Binding:      h.bindingInfo(r.Context(), lc),
 	})
+}
+
+// noStatusWarning goes with an API whose CRD has no status subresource.
+const noStatusWarning = "Its status is not synced back to your cluster (the provider's CRD has no status subresource)."
+
+// origin is what the page tells the user to check before binding: in the
+// poll flow the confirmation code the client printed next to the link; in
+// the callback flow, where released CLIs print no code, the address on
+// the user's own machine that receives the result.
+func (h *Handler) origin(sess sessions.Session) web.Origin {
+	if sess.CallbackURL != "" {
+		return web.Origin{CallbackURL: sess.CallbackURL}
+	}
+	return web.Origin{ConfirmationCode: bindproof.ConfirmationCode(sess.ID)}
+}
+
+// bindingInfo says whether the bind creates a binding or updates one.
+func (h *Handler) bindingInfo(ctx context.Context, lc loginCookie) web.BindingInfo {
+	info := web.BindingInfo{Replaced: lc.ClusterKind == clusterReplaced}
+	created, exists, err := h.cfg.Provisioner.Existing(ctx, binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}, lc.ClusterID)
+	switch {
+	case err != nil:
+		h.log.Warn("cannot tell whether the binding exists", "session", lc.SessionID, "error", err)
+		info.Unknown = true
+	case exists:
+		info.Existing, info.Since = true, created
+	}
+	return info
 }
 
 // bind handles the selection form: cancel, or provision and hand over.
@@ -147,12 +214,25 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		for _, n := range r.PostForm[web.FieldAPI] {
 			ticked[n] = true
 		}
-		h.renderSelection(w, lc, sess, ticked, problem)
+		// The page again, saying what to fix; 422: the form was well
+		// formed, but what it asks for cannot be done.
+		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, ticked, problem)
+		return
+	}
+	// The user must say the page belongs to what they started (the code
+	// matches their terminal); the checkbox is required in HTML too, so
+	// only a hand-made POST gets here without it.
+	if r.PostForm.Get(web.FieldConfirm) != web.ConfirmYes {
+		ticked := map[string]bool{}
+		for _, n := range names {
+			ticked[n] = true
+		}
+		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, ticked, "Confirm that you started this binding yourself and that the code matches your terminal.")
 		return
 	}
 
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
-	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, sess.ClusterID, resources)
+	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, lc.ClusterID, resources)
 	if errors.Is(err, binding.ErrNotExported) {
 		h.page(w, http.StatusBadRequest, pageBadForm, err.Error())
 		return
@@ -182,9 +262,12 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.clearLoginCookie(w)
-	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", sess.ClusterID, "apis", strings.Join(names, ","))
+	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", lc.ClusterID, "clusterKind", string(lc.ClusterKind), "apis", strings.Join(names, ","))
 	if sess.CallbackURL != "" {
 		h.redirectToCLI(w, r, sess.CallbackURL, body)
+		if h.cfg.OnDelivered != nil {
+			h.cfg.OnDelivered(body)
+		}
 		return
 	}
 	web.RenderDone(w, web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names})

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 )
@@ -46,6 +48,8 @@ type Catalog interface {
 // *binding.Provisioner).
 type Provisioner interface {
 	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*v1alpha1.BindingResponse, error)
+	// Existing says whether the identity is bound already, and since when.
+	Existing(ctx context.Context, c binding.Consumer, clusterID string) (created time.Time, exists bool, err error)
 }
 
 // Config configures the browser handler.
@@ -61,6 +65,9 @@ type Config struct {
 	Login       Login
 	Catalog     Catalog
 	Provisioner Provisioner
+	// ClusterKey settles presented cluster IDs (the same key as
+	// httpapi.Config.ClusterKey). Required.
+	ClusterKey *clusterkey.Key
 	// CookieHashKey authenticates and CookieBlockKey (16, 24 or 32 bytes)
 	// encrypts the cookie that carries a logged-in user to the bind POST.
 	CookieHashKey, CookieBlockKey []byte
@@ -69,13 +76,17 @@ type Config struct {
 	CallbackAllowList []string
 	Logger            *slog.Logger
 	Now               func() time.Time
+	// OnDelivered, if set, is called with the BindingResponse when the
+	// callback flow redirects the browser to the CLI with it (the poll
+	// flow hands it out in internal/httpapi). It must not block.
+	OnDelivered func(response []byte)
 }
 
 // Handler serves the browser routes.
 type Handler struct {
 	cfg       Config
 	log       *slog.Logger
-	mux       *http.ServeMux
+	routes    map[string]methods
 	cookies   *securecookie.SecureCookie
 	allowList []*url.URL
 	prefix    string
@@ -87,8 +98,8 @@ func New(cfg Config) (*Handler, error) {
 	switch {
 	case cfg.ExternalURL == nil:
 		return nil, errors.New("browser: ExternalURL is required")
-	case cfg.Store == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil:
-		return nil, errors.New("browser: Store, Login, Catalog and Provisioner are required")
+	case cfg.Store == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil || cfg.ClusterKey == nil:
+		return nil, errors.New("browser: Store, Login, Catalog, Provisioner and ClusterKey are required")
 	case len(cfg.CookieHashKey) < 32:
 		return nil, errors.New("browser: the cookie signing key must have at least 32 bytes")
 	}
@@ -120,18 +131,38 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h.cookies.MaxAge(int(cfg.SessionTTL / time.Second))
 	h.cookies.SetSerializer(securecookie.JSONEncoder{})
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+h.prefix+"/authorize", h.authorize)
-	mux.HandleFunc("GET "+h.prefix+"/callback", h.callback)
-	mux.HandleFunc("GET "+h.prefix+"/bind", h.showSelection)
-	mux.HandleFunc("POST "+h.prefix+"/bind", h.bind)
-	mux.HandleFunc("/", h.notFound)
-	h.mux = mux
+	// Each path with the methods it takes. GET routes take HEAD too (see
+	// linkLooksGood for /authorize), except the callback, whose GET spends
+	// the login state and which has nothing to check without spending it.
+	h.routes = map[string]methods{
+		h.prefix + "/authorize": {http.MethodGet: h.authorize, http.MethodHead: h.authorize},
+		h.prefix + "/callback":  {http.MethodGet: h.callback},
+		h.prefix + "/bind":      {http.MethodGet: h.showSelection, http.MethodHead: h.showSelection, http.MethodPost: h.bind},
+	}
 	return h, nil
 }
 
+// methods maps the HTTP methods a path takes to their handlers.
+type methods map[string]http.HandlerFunc
+
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.mux.ServeHTTP(w, r)
+	// The prefix is kept escaped, as the external URL has it.
+	route, ok := h.routes[r.URL.EscapedPath()]
+	if !ok {
+		h.notFound(w, r)
+		return
+	}
+	if serve, ok := route[r.Method]; ok {
+		serve(w, r)
+		return
+	}
+	allowed := make([]string, 0, len(route))
+	for m := range route {
+		allowed = append(allowed, m)
+	}
+	slices.Sort(allowed)
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	h.page(w, http.StatusMethodNotAllowed, pageMethodNotAllowed, r.Method+" is not taken here")
 }
 
 // path returns p under the external URL's path prefix.

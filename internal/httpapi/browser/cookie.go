@@ -18,6 +18,10 @@ type loginCookie struct {
 	Issuer    string `json:"iss"`
 	Subject   string `json:"sub"`
 	Email     string `json:"email,omitempty"`
+	// ClusterID is the cluster ID the bind uses and ClusterKind how
+	// /authorize settled it (flow.go).
+	ClusterID   string      `json:"c"`
+	ClusterKind clusterKind `json:"ck"`
 	// CSRF is the token the selection form must post back.
 	CSRF string `json:"csrf"`
 }

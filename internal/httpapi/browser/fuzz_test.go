@@ -19,12 +19,14 @@ import (
 	"github.com/gorilla/securecookie"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -106,6 +108,10 @@ func (p *recordingProvisioner) Provision(_ context.Context, c binding.Consumer, 
 	}, nil
 }
 
+func (p *recordingProvisioner) Existing(context.Context, binding.Consumer, string) (time.Time, bool, error) {
+	return time.Time{}, false, nil
+}
+
 func (p *recordingProvisioner) take() []provisionCall {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -119,14 +125,20 @@ type fuzzEnv struct {
 	store *memory.Store
 	login *fakeLogin
 	prov  *recordingProvisioner
+	key   *clusterkey.Key
 }
 
 func newFuzzEnv(f *testing.F) *fuzzEnv {
 	f.Helper()
 	store := memory.New(sessions.Limits{MaxSessions: 1 << 20}, nil)
 	f.Cleanup(store.Close)
-	e := &fuzzEnv{store: store, login: &fakeLogin{}, prov: &recordingProvisioner{}}
+	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
+	if err != nil {
+		f.Fatal(err)
+	}
+	e := &fuzzEnv{store: store, login: &fakeLogin{}, prov: &recordingProvisioner{}, key: key}
 	h, err := New(Config{
+		ClusterKey:        key,
 		ExternalURL:       &url.URL{Scheme: "https", Host: "bind.example.com"},
 		ProviderName:      "Fuzz provider",
 		Store:             store,
@@ -261,92 +273,156 @@ func FuzzCallbackURL(f *testing.F) {
 	})
 }
 
-// FuzzAuthorizeQuery: GET /authorize with any query. Never a 5xx but the
-// 503 of a full store; a poll-flow link gets to the login only with a
-// valid signature and an unused nonce; a callback-flow link creates
-// exactly one session, whose callback is safe and whose IDs are valid.
+// FuzzAuthorizeQuery: GET or HEAD /authorize with any query. Never a 5xx
+// but the 503 of a full store; a HEAD changes nothing and starts no
+// login; a poll-flow link starts one only with the session's own
+// signature over this URL and an unused nonce (each nonce once), for the
+// session's issued cluster ID, a presented one only with its proof, and
+// otherwise a new one; a callback-flow link creates exactly one session,
+// whose callback is safe and whose IDs are valid, for the CLI's cluster
+// ID.
 func FuzzAuthorizeQuery(f *testing.F) {
 	e := newFuzzEnv(f)
-	// A poll session whose signed links the seeds hold.
-	sess := sessions.Session{
-		ID: "Zr7Q2mWbX9kLp3VtZr7Q2m", ClusterID: ids.NewClusterID(), Secret: "c2VjcmV0LWZvci1mdXp6aW5nLTAwMDAwMDAwMDAwMDAwMDA",
-		CreatedAt: time.Now(), ExpiresAt: time.Now().Add(24 * time.Hour),
+	now := time.Now()
+	// Poll sessions whose signed links the seeds hold: one with the
+	// cluster ID the backend issued, one that presented its own.
+	issued := sessions.Session{ID: "Zr7Q2mWbX9kLp3VtZr7Q2m", Secret: "c2VjcmV0LWZvci1mdXp6aW5nLTAwMDAwMDAwMDAwMDAwMDA", CreatedAt: now, ExpiresAt: now.Add(24 * time.Hour)}
+	issued.ClusterID = e.key.NewClusterID(issued.ID)
+	presented := sessions.Session{ID: "Pr3s3ntedClusterSess10n", ClusterID: "abcdefghijklmnopqrstuvwxyz", Secret: "c2Vjb25kLXNlY3JldC1mb3ItZnV6emluZy0wMDAwMDAwMDA", CreatedAt: now, ExpiresAt: now.Add(24 * time.Hour)}
+	polls := map[string]sessions.Session{issued.ID: issued, presented.ID: presented}
+	for _, ps := range polls {
+		if err := e.store.Create(context.Background(), ps); err != nil {
+			f.Fatal(err)
+		}
 	}
-	if err := e.store.Create(context.Background(), sess); err != nil {
-		f.Fatal(err)
-	}
-	authz, _ := url.Parse("https://bind.example.com/authorize")
-	for range 3 {
-		signed, err := hmac.SignURL(sess.Secret, sess.ID, http.MethodGet, authz, nil)
+	sign := func(ps sessions.Session, query string) string {
+		u, _ := url.Parse("https://bind.example.com/authorize?" + query)
+		signed, err := hmac.SignURL(ps.Secret, ps.ID, http.MethodGet, u, nil)
 		if err != nil {
 			f.Fatal(err)
 		}
-		f.Add(signed.RawQuery)
+		return signed.RawQuery
+	}
+	proof := bindproof.ProofParam + "=" + bindproof.ClusterProof(e.key.Secret(presented.ClusterID), presented.ID)
+	for _, head := range []bool{false, true} {
+		f.Add(sign(issued, ""), head)
+		f.Add(sign(presented, proof), head)
+		f.Add(sign(presented, ""), head)
+		f.Add(sign(presented, bindproof.ProofParam+"=AAAA"), head)
+		f.Add("p=43210&s=cli-session&c=aB3dE9", head)
 	}
 	for _, s := range []string{
-		"", "s=a&n=b&h=c", "s=" + sess.ID + "&n=x&h=AAAA", "p=43210&s=cli-session&c=aB3dE9", "p=%2B41234&s=cli&c=aB3dE9",
+		"", "s=a&n=b&h=c", "s=" + issued.ID + "&n=x&h=AAAA", "p=%2B41234&s=cli&c=aB3dE9",
 		"u=http://127.0.0.1:5000/cb&s=cli&c=aB3dE9", "u=https://cli.example.com/kube-bind/cb&s=cli&c=" + ids.NewClusterID(),
 		"u=https://evil.example.com/&s=cli&c=aB3dE9", "p=1&s=a&s=b&c=aB3dE9", "p=1&s=a&c=short", "%zz", "p=1;s=a",
 	} {
-		f.Add(s)
+		f.Add(s, false)
 	}
 	var (
 		mu   sync.Mutex
 		used = map[string]bool{} // nonces that got a login started
 	)
-	f.Fuzz(func(t *testing.T, rawQuery string) {
+	f.Fuzz(func(t *testing.T, rawQuery string, head bool) {
 		before := e.store.Len()
-		r := httptest.NewRequest(http.MethodGet, "https://bind.example.com/authorize", nil)
+		method := http.MethodGet
+		if head {
+			method = http.MethodHead
+		}
+		r := httptest.NewRequest(method, "https://bind.example.com/authorize", nil)
 		r.URL.RawQuery = rawQuery
 		w := httptest.NewRecorder()
 		e.h.ServeHTTP(w, r)
 		began := e.login.take()
-		for _, sid := range began {
-			if sid != sess.ID {
+		for _, state := range began {
+			if sid := FlowSessionID([]byte(state)); polls[sid].ID == "" {
 				defer e.store.Delete(context.Background(), sid)
 			}
 		}
 		switch w.Code {
 		case http.StatusSeeOther, http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound, http.StatusGone,
 			http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		case http.StatusOK:
+			if !head {
+				t.Fatalf("query %q: GET answered 200", rawQuery)
+			}
 		default:
-			t.Fatalf("query %q: status %d", rawQuery, w.Code)
+			t.Fatalf("query %q: %s answered %d", rawQuery, method, w.Code)
 		}
 		if (w.Code == http.StatusSeeOther) != (len(began) == 1) || len(began) > 1 {
 			t.Fatalf("query %q: status %d, logins started %d", rawQuery, w.Code, len(began))
 		}
 		q, perr := url.ParseQuery(rawQuery)
 		if w.Code != http.StatusSeeOther {
-			if perr == nil && !q.Has("h") && !q.Has("n") && e.store.Len() != before {
-				t.Fatalf("query %q: refused (%d) but the store went from %d to %d sessions", rawQuery, w.Code, before, e.store.Len())
+			if e.store.Len() != before {
+				t.Fatalf("query %q: %s answered %d, but the store went from %d to %d sessions", rawQuery, method, w.Code, before, e.store.Len())
+			}
+			if head && w.Code == http.StatusOK && (q.Has("h") || q.Has("n")) {
+				// A link preview's HEAD spends nothing: the user's GET of
+				// the same link still works (defect 2 of issue 13).
+				mu.Lock()
+				spent := used[q.Get("n")]
+				used[q.Get("n")] = true
+				mu.Unlock()
+				r := httptest.NewRequest(http.MethodGet, "https://bind.example.com/authorize", nil)
+				r.URL.RawQuery = rawQuery
+				w := httptest.NewRecorder()
+				e.h.ServeHTTP(w, r)
+				if got := e.login.take(); !spent && (w.Code != http.StatusSeeOther || len(got) != 1) {
+					t.Fatalf("query %q: after a HEAD, the GET answered %d", rawQuery, w.Code)
+				}
 			}
 			return
+		}
+		if head {
+			t.Fatalf("query %q: HEAD started a login", rawQuery)
 		}
 		if perr != nil {
 			t.Fatalf("query %q does not parse but started a login", rawQuery)
 		}
+		sid, clusterID, kind, ok := parseFlowState([]byte(began[0]))
+		if !ok {
+			t.Fatalf("query %q: flow state %q", rawQuery, began[0])
+		}
 		if q.Has("h") || q.Has("n") {
 			// Poll flow: only the session's own signature over this very
 			// URL opens it, and each nonce once.
-			n := q.Get("n")
+			ps := polls[sid]
 			req := hmac.Request{Scheme: "https", Host: "bind.example.com", Method: http.MethodGet, Path: "/authorize", Query: q}
-			if began[0] != sess.ID || q.Get("s") != sess.ID || !hmac.Verify(sess.Secret, req, q.Get("h")) {
+			if ps.ID == "" || q.Get("s") != sid || !hmac.Verify(ps.Secret, req, q.Get("h")) {
 				t.Fatalf("query %q: login started without a valid signature", rawQuery)
+			}
+			switch kind {
+			case clusterNew:
+				if ps.ID != issued.ID || clusterID != issued.ClusterID {
+					t.Fatalf("query %q: cluster %q counted as issued", rawQuery, clusterID)
+				}
+			case clusterProven:
+				if ps.ID != presented.ID || clusterID != presented.ClusterID || !e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
+					t.Fatalf("query %q: cluster %q counted as proven", rawQuery, clusterID)
+				}
+			case clusterReplaced:
+				if clusterID == ps.ClusterID || !e.key.Issued(ps.ID, clusterID) {
+					t.Fatalf("query %q: replaced by %q", rawQuery, clusterID)
+				}
+			default:
+				t.Fatalf("query %q: poll flow of kind %q", rawQuery, kind)
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			n := q.Get("n")
 			if used[n] {
 				t.Fatalf("query %q: nonce %q opened a login twice", rawQuery, n)
 			}
 			used[n] = true
 			return
 		}
-		created, err := e.store.Get(context.Background(), began[0])
+		created, err := e.store.Get(context.Background(), sid)
 		if err != nil {
-			t.Fatalf("query %q: login started for session %q that does not exist: %v", rawQuery, began[0], err)
+			t.Fatalf("query %q: login started for session %q that does not exist: %v", rawQuery, sid, err)
 		}
-		if !ids.ValidClusterID(created.ClusterID) || !ids.URLSafe(created.CallbackSessionID, 64) || created.State != sessions.StatePending {
-			t.Fatalf("query %q: made session %+v", rawQuery, created)
+		if kind != clusterCallback || clusterID != q.Get("c") || !ids.ValidClusterID(clusterID) ||
+			!ids.URLSafe(created.CallbackSessionID, 64) || created.State != sessions.StatePending {
+			t.Fatalf("query %q: made session %+v, flow state %q", rawQuery, created, began[0])
 		}
 		u, err := url.Parse(created.CallbackURL)
 		if err != nil {
@@ -368,9 +444,10 @@ func (e *fuzzEnv) cookie(t testing.TB, lc loginCookie) *http.Cookie {
 // FuzzBindForm: POST /bind with any form body, cookie and origin, for a
 // fresh pending session each time. Never a 5xx; the provisioner runs only
 // for a genuine login of this session with its CSRF token, the bind
-// action and APIs that are all in the catalog, and then with exactly
-// those APIs; a refused form leaves the session pending; a bind hands
-// the response over (the callback redirect carries it, decodable).
+// action, the confirmation and APIs that are all in the catalog, and then
+// with exactly those APIs and the login's cluster ID; a refused form
+// leaves the session pending; a bind hands the response over (the
+// callback redirect carries it, decodable).
 func FuzzBindForm(f *testing.F) {
 	e := newFuzzEnv(f)
 	for _, c := range []struct {
@@ -379,20 +456,22 @@ func FuzzBindForm(f *testing.F) {
 		flow   bool
 		origin string
 	}{
-		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com", 0, false, ""},
-		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com&api=mangodbs.mangodb.com&api=widgets.example.com", 0, true, "https://bind.example.com"},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com&api=mangodbs.mangodb.com&api=widgets.example.com", 0, true, "https://bind.example.com"},
 		{"s={s}&csrf_token={csrf}&action=cancel", 0, false, "null"},
 		{"s={s}&csrf_token={csrf}&action=bind", 0, false, ""},
-		{"s={s}&csrf_token={csrf}&action=bind&api=secrets.", 0, false, ""},
-		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com.", 0, false, ""},
-		{"s={s}&csrf_token=wrong&action=bind&api=widgets.example.com", 0, false, ""},
-		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com", 1, false, ""},
-		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com", 2, false, ""},
-		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com", 3, false, ""},
-		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com", 0, false, "https://evil.example.com"},
+		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com", 0, false, ""}, // not confirmed
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=no&api=widgets.example.com", 0, true, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=secrets.", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com.", 0, false, ""},
+		{"s={s}&csrf_token=wrong&action=bind&confirm=yes&api=widgets.example.com", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 1, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 2, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 3, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 0, false, "https://evil.example.com"},
 		{"s={s};csrf_token={csrf}", 0, false, ""},
 		{"%zz", 0, false, ""},
-		{"s=other&csrf_token={csrf}&action=bind&api=widgets.example.com", 0, false, ""},
+		{"s=other&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 0, false, ""},
 		{"s={s}&csrf_token={csrf}&csrf_token=x&action=bind&action=cancel&api=widgets.example.com", 0, true, ""},
 	} {
 		f.Add(c.body, c.cookie, c.flow, c.origin)
@@ -412,7 +491,11 @@ func FuzzBindForm(f *testing.F) {
 		}
 		defer e.store.Delete(ctx, sess.ID)
 		csrf := newCSRFToken()
-		lc := loginCookie{SessionID: sess.ID, Issuer: "https://idp.example.com", Subject: "alice", CSRF: csrf}
+		lc := loginCookie{SessionID: sess.ID, Issuer: "https://idp.example.com", Subject: "alice", CSRF: csrf,
+			ClusterID: e.key.NewClusterID(sess.ID), ClusterKind: clusterNew}
+		if callbackFlow {
+			lc.ClusterID, lc.ClusterKind = sess.ClusterID, clusterCallback
+		}
 		body = strings.NewReplacer("{s}", sess.ID, "{csrf}", csrf).Replace(body)
 
 		r := httptest.NewRequest(http.MethodPost, "https://bind.example.com/bind", strings.NewReader(body))
@@ -447,7 +530,17 @@ func FuzzBindForm(f *testing.F) {
 		form, perr := url.ParseQuery(body)
 		sameSite := origin == "" || origin == "null" || strings.EqualFold(origin, "https://bind.example.com")
 		mayAct := perr == nil && genuine && sameSite && form.Get("s") == sess.ID && form.Get(web.FieldCSRF) == csrf
+		allOffered := len(form[web.FieldAPI]) > 0
+		for _, name := range form[web.FieldAPI] {
+			resource, group, _ := strings.Cut(name, ".")
+			_, ok := fuzzCatalog.Lookup(group, resource)
+			allOffered = allOffered && ok
+		}
+		complete := mayAct && form.Get(web.FieldAction) == web.ActionBind && form.Get(web.FieldConfirm) == web.ConfirmYes && allOffered
 		if len(calls) == 0 {
+			if complete && len(body) < maxFormBytes {
+				t.Fatalf("body %q: a complete, genuine form was not provisioned (status %d)", body, w.Code)
+			}
 			if w.Code == http.StatusOK && after.State == sessions.StateCompleted {
 				t.Fatalf("body %q: completed without provisioning", body)
 			}
@@ -462,7 +555,7 @@ func FuzzBindForm(f *testing.F) {
 			}
 			return
 		}
-		if len(calls) > 1 || !mayAct || form.Get(web.FieldAction) != web.ActionBind {
+		if len(calls) > 1 || !mayAct || form.Get(web.FieldAction) != web.ActionBind || form.Get(web.FieldConfirm) != web.ConfirmYes {
 			t.Fatalf("body %q (cookie mode %d, origin %q): provisioned %d times", body, cookieMode%4, origin, len(calls))
 		}
 		var want []binding.Resource
@@ -476,8 +569,8 @@ func FuzzBindForm(f *testing.F) {
 			}
 		}
 		c := calls[0]
-		if !slices.Equal(c.resources, want) || c.clusterID != sess.ClusterID || c.consumer != (binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}) {
-			t.Fatalf("body %q: provisioned %+v, want resources %v for cluster %s", body, c, want, sess.ClusterID)
+		if !slices.Equal(c.resources, want) || c.clusterID != lc.ClusterID || c.consumer != (binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}) {
+			t.Fatalf("body %q: provisioned %+v, want resources %v for cluster %s", body, c, want, lc.ClusterID)
 		}
 		if after.State != sessions.StateCompleted {
 			t.Fatalf("body %q: provisioned, but the session is %s", body, after.State)

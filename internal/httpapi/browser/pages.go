@@ -25,6 +25,7 @@ const (
 	pageLoginExpired
 	pageDenied
 	pageLoginFailed
+	pageIdPRetry
 	pageNotLoggedIn
 	pageOtherSession
 	pageCrossSite
@@ -32,32 +33,34 @@ const (
 	pageProvisionFailed
 	pageAlreadyDone
 	pageNotFound
+	pageMethodNotAllowed
 	pageInternal
 )
 
 const runAgain = "Run the bind command in your terminal again; it prints a new link."
 
 var errorPages = map[pageKind]web.ErrorPage{
-	pageBadLink:         {Title: "This link is incomplete", Message: "The link does not have the parts a binding link needs.", Hint: "Copy the whole link from your terminal. " + runAgain},
-	pageBadSignature:    {Title: "This link is not valid", Message: "The link's signature does not match. It may have been changed or cut short.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
-	pageLinkUsed:        {Title: "This link was already used", Message: "Each link works once, so that nobody else can reuse it.", Hint: runAgain},
-	pageExpired:         {Title: "This link has expired", Message: "The binding session has ended or is not known here.", Hint: runAgain},
-	pageUnknownSession:  {Title: "This link is not known", Message: "No binding session with this link exists here. The link may be cut short or meant for another provider.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
-	pageBadCallback:     {Title: "This link cannot be used", Message: "The link asks to send the result somewhere this provider does not allow.", Hint: "Use a kube-bind command on your own computer. " + runAgain},
-	pageBusy:            {Title: "Too many bindings at once", Message: "The provider is handling too many bindings right now.", Hint: "Wait a minute, then run the bind command again."},
-	pageIdPDown:         {Title: "Sign-in is not available right now", Message: "The provider cannot reach its identity provider at the moment.", Hint: "Wait a minute, then run the bind command again."},
-	pageLoginState:      {Title: "This sign-in cannot be finished", Message: "The sign-in was not started in this browser, or it was already finished.", Hint: runAgain},
-	pageLoginExpired:    {Title: "The sign-in took too long", Message: "The sign-in at the identity provider expired.", Hint: runAgain},
-	pageDenied:          {Title: "Access denied", Message: "The binding was refused.", Hint: "Ask the provider for access if you think you should have it."},
-	pageLoginFailed:     {Title: "Sign-in failed", Message: "The sign-in at the identity provider did not complete.", Hint: runAgain},
-	pageNotLoggedIn:     {Title: "You are not signed in", Message: "This browser has no sign-in for a binding, or it has expired.", Hint: runAgain},
-	pageOtherSession:    {Title: "Another binding is open in this browser", Message: "This page belongs to a binding other than the one this browser signed in for last.", Hint: runAgain},
-	pageCrossSite:       {Title: "Request refused", Message: "The form did not come from this provider's page.", Hint: "Reload the page and submit it again, or " + lowerFirst(runAgain)},
-	pageBadForm:         {Title: "The form could not be read", Message: "The submitted form is not valid.", Hint: "Go back, pick the APIs again and submit."},
-	pageProvisionFailed: {Title: "The binding could not be set up", Message: "The provider could not prepare your access. Nothing you did caused this.", Hint: "Go back and press Bind again in a moment. If it keeps failing, contact the provider."},
-	pageAlreadyDone:     {Title: "Already bound", Message: "This binding session is already complete.", Hint: "Go back to your terminal. To bind more APIs, run the bind command again."},
-	pageNotFound:        {Title: "Page not found", Message: "There is nothing here.", Hint: "Start from the link your terminal printed."},
-	pageInternal:        {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
+	pageBadLink:          {Title: "This link is incomplete", Message: "The link does not have the parts a binding link needs.", Hint: "Copy the whole link from your terminal. " + runAgain},
+	pageBadSignature:     {Title: "This link is not valid", Message: "The link's signature does not match. It may have been changed or cut short.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
+	pageLinkUsed:         {Title: "This link was already used", Message: "Each link works once, so that nobody else can reuse it.", Hint: runAgain},
+	pageExpired:          {Title: "This link has expired", Message: "The binding session has ended or is not known here.", Hint: runAgain},
+	pageUnknownSession:   {Title: "This link is not known", Message: "No binding session with this link exists here. The link may be cut short or meant for another provider.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
+	pageBadCallback:      {Title: "This link cannot be used", Message: "The link asks to send the result somewhere this provider does not allow.", Hint: "Use a kube-bind command on your own computer. " + runAgain},
+	pageBusy:             {Title: "Too many bindings at once", Message: "The provider is handling too many bindings right now.", Hint: "Wait a minute, then run the bind command again."},
+	pageIdPDown:          {Title: "Sign-in is not available right now", Message: "The provider cannot reach its identity provider at the moment.", Hint: "Wait a minute, then run the bind command again."},
+	pageLoginState:       {Title: "This sign-in cannot be finished", Message: "The sign-in was not started in this browser, or it was already finished.", Hint: runAgain},
+	pageLoginExpired:     {Title: "The sign-in took too long", Message: "The sign-in at the identity provider expired.", Hint: runAgain},
+	pageDenied:           {Title: "Access denied", Message: "The binding was refused.", Hint: "Ask the provider for access if you think you should have it."},
+	pageLoginFailed:      {Title: "Sign-in failed", Message: "The sign-in at the identity provider did not complete.", Hint: runAgain},
+	pageNotLoggedIn:      {Title: "You are not signed in", Message: "This browser has no sign-in for a binding, or it has expired.", Hint: runAgain},
+	pageOtherSession:     {Title: "Another binding is open in this browser", Message: "This page belongs to a binding other than the one this browser signed in for last.", Hint: runAgain},
+	pageCrossSite:        {Title: "Request refused", Message: "The form did not come from this provider's page.", Hint: "Reload the page and submit it again, or " + lowerFirst(runAgain)},
+	pageBadForm:          {Title: "The form could not be read", Message: "The submitted form is not valid.", Hint: "Go back, pick the APIs again and submit."},
+	pageProvisionFailed:  {Title: "The binding could not be set up", Message: "The provider could not prepare your access. Nothing you did caused this.", Hint: "Go back and press Bind again in a moment. If it keeps failing, contact the provider."},
+	pageAlreadyDone:      {Title: "Already bound", Message: "This binding session is already complete.", Hint: "Go back to your terminal. To bind more APIs, run the bind command again."},
+	pageNotFound:         {Title: "Page not found", Message: "There is nothing here.", Hint: "Start from the link your terminal printed."},
+	pageMethodNotAllowed: {Title: "Request not allowed here", Message: "This page does not take this kind of request.", Hint: "Start from the link your terminal printed."},
+	pageInternal:         {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
 }
 
 // page renders the error page of kind; detail, if any, replaces its

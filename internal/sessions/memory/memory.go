@@ -3,8 +3,9 @@
 // state a hashring owner keeps for the sessions it owns.
 //
 // Memory is bounded by sessions.Limits: at most MaxSessions live sessions,
-// at most MaxNoncesPerSession remembered nonces per session (8 bytes each),
-// and responses of at most MaxResponseBytes. Expired sessions are removed
+// at most MaxNoncesPerSession remembered nonces per session (8 bytes each,
+// so 8 KiB for a full set of the default 1024; TestNonceSetHeap measures
+// it), and responses of at most MaxResponseBytes. Expired sessions are removed
 // lazily when touched and by a background janitor, stopped by Close.
 package memory
 
@@ -44,10 +45,10 @@ type Store struct {
 
 type entry struct {
 	s sessions.Session
-	// nonces holds a seeded 64-bit hash of each used nonce: fixed size
-	// whatever the nonce's length. A collision (about 2^-44 at 1024 nonces)
-	// could only refuse a fresh nonce, never accept a used one.
-	nonces map[uint64]struct{}
+	// nonces holds a seeded 64-bit hash of each used nonce: 8 bytes per
+	// nonce whatever its length (nonceSet). A collision (about 2^-44 at
+	// 1024 nonces) could only refuse a fresh nonce, never accept a used one.
+	nonces nonceSet
 }
 
 var _ sessions.Store = (*Store)(nil)
@@ -222,16 +223,12 @@ func (s *Store) UseNonce(_ context.Context, id, nonce string) error {
 }
 
 func (s *Store) useNonceLocked(e *entry, h uint64) error {
-	if _, used := e.nonces[h]; used {
+	if e.nonces.has(h) {
 		return sessions.ErrNonceUsed
 	}
-	if len(e.nonces) >= s.limits.MaxNoncesPerSession {
+	if !e.nonces.add(h, s.limits.MaxNoncesPerSession) {
 		return sessions.ErrTooManyNonces
 	}
-	if e.nonces == nil {
-		e.nonces = make(map[uint64]struct{}, 8)
-	}
-	e.nonces[h] = struct{}{}
 	return nil
 }
 
@@ -244,13 +241,19 @@ func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time
 	if e == nil {
 		return sessions.Session{}, sessions.ErrNotFound
 	}
-	if err := s.useNonceLocked(e, h); err != nil {
-		return sessions.Session{}, err
+	// A replayed nonce is refused as such even when it comes too soon; a
+	// poll refused as too soon changes nothing, not even the nonce set, so
+	// that polling too fast cannot fill it.
+	if e.nonces.has(h) {
+		return sessions.Session{}, sessions.ErrNonceUsed
 	}
 	if last := e.s.LastPollAt; !last.IsZero() {
 		if wait := last.Add(minInterval).Sub(now); wait > 0 {
 			return sessions.Session{}, &sessions.TooSoonError{RetryAfter: wait}
 		}
+	}
+	if err := s.useNonceLocked(e, h); err != nil {
+		return sessions.Session{}, err
 	}
 	e.s.LastPollAt = now
 	if e.s.State == sessions.StateCompleted && e.s.DeliveredAt.IsZero() {

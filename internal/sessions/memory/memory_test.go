@@ -231,3 +231,54 @@ func BenchmarkRecordPollParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestNonceSetHeap measures the worst case the docs promise: a session
+// whose set of used nonces is full (the default 1024) holds 8 bytes of
+// live heap per nonce, 8 KiB, and the whole session well under 9 KiB.
+func TestNonceSetHeap(t *testing.T) {
+	const n = 500
+	limit := sessions.DefaultLimits.MaxNoncesPerSession
+	clock := storetest.NewClock(storetest.Start)
+	s := New(sessions.Limits{MaxSessions: n}, clock.Now)
+	defer s.Close()
+	ctx := context.Background()
+	ids := make([]string, n)
+	empty := heapInUse()
+	for i := range ids {
+		// IDs and secrets of the real sizes.
+		ids[i] = fmt.Sprintf("%027d", i)
+		sess := newSession(ids[i], clock.Now(), time.Hour)
+		sess.ClusterID, sess.Secret = fmt.Sprintf("%026d", i), fmt.Sprintf("%043d", i)
+		if err := s.Create(ctx, sess); err != nil {
+			t.Fatal(err)
+		}
+	}
+	created := heapInUse()
+	nonce := make([]byte, 0, 32)
+	for i, id := range ids {
+		for j := 0; j < limit; j++ {
+			// 22 characters, as a 128-bit base64url nonce.
+			nonce = strconv.AppendInt(append(nonce[:0], "nonce-"...), int64(i*limit+j), 10)
+			for len(nonce) < 22 {
+				nonce = append(nonce, 'x')
+			}
+			if err := s.UseNonce(ctx, id, string(nonce)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.UseNonce(ctx, id, "one-more-nonce-than-the-limit"); !errors.Is(err, sessions.ErrTooManyNonces) {
+			t.Fatalf("nonce %d: %v, want ErrTooManyNonces", limit+1, err)
+		}
+	}
+	full := heapInUse()
+	perNonceSet := float64(full-created) / n
+	perSession := float64(full-empty) / n
+	t.Logf("live heap per session: %.0f bytes for a full set of %d nonces, %.0f bytes in all", perNonceSet, limit, perSession)
+	if want := float64(8 * limit); perNonceSet > want*1.02 {
+		t.Errorf("a full nonce set costs %.0f bytes of heap, want at most %.0f (8 bytes per nonce)", perNonceSet, want)
+	}
+	if perSession > 9<<10 {
+		t.Errorf("a session with a full nonce set costs %.0f bytes of heap, want under 9 KiB", perSession)
+	}
+	runtime.KeepAlive(s)
+}

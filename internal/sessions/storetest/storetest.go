@@ -57,6 +57,7 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"UnknownSession", testUnknownSession},
 		{"PollRecordsTime", testPollRecordsTime},
 		{"PollTooSoon", testPollTooSoon},
+		{"TooSoonSpendsNothing", testTooSoonSpendsNothing},
 		{"PollZeroInterval", testPollZeroInterval},
 		{"Complete", testComplete},
 		{"CompleteCopiesResponse", testCompleteCopiesResponse},
@@ -356,10 +357,35 @@ func testPollTooSoon(t *testing.T, e *env) {
 	got := e.poll(s.ID, "n4", interval)
 	sameTime(t, "LastPollAt", got.LastPollAt, e.clock.Now())
 
-	// A too-soon poll still used its nonce.
+	// A too-soon poll with a used nonce is refused for its nonce.
+	e.clock.Advance(100 * time.Millisecond)
+	_, err = e.store.RecordPoll(e.ctx, s.ID, "n1", interval)
+	wantErr(t, "too-soon replay of a used nonce", err, sessions.ErrNonceUsed)
+
+	// A too-soon poll did not use its nonce.
 	e.clock.Advance(interval)
-	_, err = e.store.RecordPoll(e.ctx, s.ID, "n2", interval)
-	wantErr(t, "replay of a too-soon poll's nonce", err, sessions.ErrNonceUsed)
+	e.poll(s.ID, "n2", interval)
+}
+
+// Polls refused as too soon change nothing: however many there are, they
+// neither use up the session's bounded nonces nor grow what it holds.
+func testTooSoonSpendsNothing(t *testing.T, e *env) {
+	const interval = 2 * time.Second
+	e.withLimits(sessions.Limits{MaxSessions: 8, MaxNoncesPerSession: 3, MaxResponseBytes: 1024, Grace: time.Minute})
+	s := e.create()
+	e.poll(s.ID, "first", interval)
+	for i := 0; i < 50; i++ {
+		_, err := e.store.RecordPoll(e.ctx, s.ID, fmt.Sprintf("soon-%d", i), interval)
+		wantErr(t, "poll too soon", err, sessions.ErrTooSoon)
+	}
+	// Two of the three nonces are left.
+	e.clock.Advance(interval)
+	e.poll(s.ID, "second", interval)
+	e.clock.Advance(interval)
+	e.poll(s.ID, "soon-0", interval)
+	e.clock.Advance(interval)
+	_, err := e.store.RecordPoll(e.ctx, s.ID, "fourth", interval)
+	wantErr(t, "poll beyond the cap", err, sessions.ErrTooManyNonces)
 }
 
 func wantRetryAfter(t *testing.T, err error, want time.Duration) {

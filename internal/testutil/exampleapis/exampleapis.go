@@ -38,7 +38,8 @@ var (
 )
 
 // CRD returns the CRD of a: one served version v1alpha1 that keeps any
-// fields.
+// fields, with a status subresource (the released konnector syncs status
+// back to the consumer only through it).
 func CRD(a API) *apiextensionsv1.CustomResourceDefinition {
 	labels := map[string]string{}
 	if a.Exported {
@@ -55,6 +56,9 @@ func CRD(a API) *apiextensionsv1.CustomResourceDefinition {
 			Scope: apiextensionsv1.NamespaceScoped,
 			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
 				Name: "v1alpha1", Served: true, Storage: true,
+				Subresources: &apiextensionsv1.CustomResourceSubresources{
+					Status: &apiextensionsv1.CustomResourceSubresourceStatus{},
+				},
 				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
 					Type: "object", XPreserveUnknownFields: &preserve,
 				}},

@@ -1,0 +1,192 @@
+// Package bindflow gets a BindingResponse from a kube-bind provider for a
+// command line client: it reads the discovery document, takes the poll
+// flow when the provider offers it (it works over SSH) and the callback
+// flow otherwise (every released v1alpha1 provider offers it), shows the
+// user the URL to open (prominently, with the confirmation code and, on a
+// terminal, a QR code for a phone), and waits.
+package bindflow
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"time"
+
+	"github.com/mdp/qrterminal/v3"
+
+	"github.com/kbprovider/backend/pkg/callbackflow"
+	"github.com/kbprovider/backend/pkg/pollclient"
+)
+
+// Flows to force with Options.Flow.
+const (
+	FlowAuto     = ""
+	FlowPoll     = "poll"
+	FlowCallback = "callback"
+)
+
+// Options configure Obtain.
+type Options struct {
+	HTTPClient *http.Client
+	UserAgent  string
+	// Flow forces a flow; FlowAuto takes poll when offered.
+	Flow string
+	// ClusterID to present ("" for a new one) and ClusterSecret to prove it
+	// with (poll flow, backends that issue one).
+	ClusterID, ClusterSecret string
+	// Out receives the URL and the waiting messages (stderr).
+	Out io.Writer
+	// QR draws a QR code of the URL on Out (for an interactive terminal).
+	QR bool
+	// OpenBrowser, when set, is called with the URL.
+	OpenBrowser func(url string) error
+	// Progress, when set, receives every poll that did not end the wait.
+	Progress func(pollclient.Progress)
+	// BeforeWait is called after the URL is shown (tests, timing).
+	BeforeWait func(url string)
+}
+
+// Result is what the provider handed over, and the identity it knows the
+// cluster by.
+type Result struct {
+	*pollclient.Result
+	Flow          string
+	ClusterID     string
+	ClusterSecret string // newly issued with ClusterID, else ""
+	ProviderName  string
+}
+
+// Obtain runs the flow and returns the provider's BindingResponse.
+func Obtain(ctx context.Context, exportURL string, o Options) (*Result, error) {
+	c := pollclient.New(o.HTTPClient)
+	if o.UserAgent != "" {
+		c.UserAgent = o.UserAgent
+	}
+	doc, err := c.FetchDocument(ctx, exportURL)
+	if err != nil {
+		return nil, err
+	}
+	name := doc.ProviderPrettyName
+	if name == "" {
+		name = "the provider"
+	}
+	flow := o.Flow
+	if flow == FlowAuto {
+		flow = FlowCallback
+		if _, err := pollclient.ProviderOf(exportURL, *doc); err == nil {
+			flow = FlowPoll
+		}
+	}
+	switch flow {
+	case FlowPoll:
+		p, err := pollclient.ProviderOf(exportURL, *doc)
+		if err != nil {
+			return nil, err
+		}
+		s, err := c.CreateSession(ctx, p, o.ClusterID)
+		if err != nil {
+			return nil, err
+		}
+		secret := o.ClusterSecret
+		if s.ClusterID != o.ClusterID {
+			secret = "" // the provider issued another ID: the proof of the old one means nothing
+		}
+		u, err := s.AuthenticationURLWithProof(secret)
+		if err != nil {
+			return nil, err
+		}
+		o.show(name, u, "in a browser (on any machine)", s.ConfirmationCode(), s.ExpiresAt)
+		var opts []pollclient.WaitOption
+		if o.Progress != nil {
+			opts = append(opts, pollclient.WithProgress(o.Progress))
+		}
+		res, err := s.Wait(ctx, opts...)
+		if err != nil {
+			return nil, err
+		}
+		r := &Result{Result: res, Flow: FlowPoll, ClusterID: s.ClusterID, ProviderName: name}
+		if s.ClusterID == o.ClusterID {
+			r.ClusterSecret = o.ClusterSecret
+		} else {
+			r.ClusterSecret = s.ClusterSecret()
+		}
+		return r, nil
+	case FlowCallback:
+		authURL, err := pollclient.CodeGrantURL(*doc)
+		if err != nil {
+			return nil, fmt.Errorf("provider at %s: %w", exportURL, err)
+		}
+		cid := o.ClusterID
+		if cid == "" {
+			if cid, err = newCLIClusterID(); err != nil {
+				return nil, err
+			}
+		}
+		f, err := callbackflow.Start(authURL, cid)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		o.show(name, f.URL(), "in a browser on this machine (it returns to a port of this machine)", "", time.Time{})
+		res, err := f.Wait(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r := &Result{Result: res, Flow: FlowCallback, ClusterID: cid, ProviderName: name}
+		if cid == o.ClusterID {
+			r.ClusterSecret = o.ClusterSecret
+		}
+		return r, nil
+	default:
+		return nil, fmt.Errorf("unknown flow %q (want %s or %s)", flow, FlowPoll, FlowCallback)
+	}
+}
+
+func (o Options) show(provider, u, where, code string, expires time.Time) {
+	out := o.Out
+	if out == nil {
+		out = io.Discard
+	}
+	fmt.Fprintf(out, "\nTo bind APIs of %s, open this URL %s, log in and pick the APIs:\n\n    %s\n\n", provider, where, u)
+	if code != "" {
+		fmt.Fprintf(out, "The page will show the code %s; continue only if it matches.\n", code)
+	}
+	if o.QR {
+		qrterminal.GenerateWithConfig(u, qrterminal.Config{
+			Level: qrterminal.L, Writer: out, HalfBlocks: true, QuietZone: 1,
+			BlackChar: qrterminal.BLACK_BLACK, WhiteBlackChar: qrterminal.WHITE_BLACK,
+			WhiteChar: qrterminal.WHITE_WHITE, BlackWhiteChar: qrterminal.BLACK_WHITE,
+		})
+	}
+	if o.OpenBrowser != nil {
+		if err := o.OpenBrowser(u); err != nil {
+			fmt.Fprintf(out, "(could not open a browser: %v; open the URL yourself)\n", err)
+		}
+	}
+	if expires.IsZero() {
+		fmt.Fprintf(out, "Waiting until you are done (Ctrl-C to stop)...\n")
+	} else {
+		fmt.Fprintf(out, "Waiting until you are done (the link expires at %s; Ctrl-C to stop)...\n", expires.Local().Format("15:04:05 MST"))
+	}
+	if o.BeforeWait != nil {
+		o.BeforeWait(u)
+	}
+}
+
+// newCLIClusterID makes a cluster ID in the released CLI's format (6
+// characters of 0-9a-zA-Z), for the callback flow's first bind.
+func newCLIClusterID() (string, error) {
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	b := make([]byte, 6)
+	for i := range b {
+		n, err := rand.Int(rand.Reader, big.NewInt(int64(len(alphabet))))
+		if err != nil {
+			return "", err
+		}
+		b[i] = alphabet[n.Int64()]
+	}
+	return string(b), nil
+}

@@ -1,0 +1,124 @@
+package binding
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// lockedBuffer collects log lines written from the informer's goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) warnings(crd string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, line := range strings.Split(b.buf.String(), "\n") {
+		if strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, `"crd":"`+crd+`"`) &&
+			strings.Contains(line, "no status subresource") {
+			n++
+		}
+	}
+	return n
+}
+
+// An exported CRD without a status subresource is flagged in the catalog
+// (for the selection page) and logged at WARN once per change of the CRD,
+// not again for changes that leave its spec alone; adding the subresource
+// clears the flag.
+func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	logs := &lockedBuffer{}
+	cat, err := NewCatalog(e.backend, ScopeNamespaced, WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	cat.Start(runCtx)
+	if !cat.WaitForSync(runCtx) {
+		t.Fatal("catalog never synced")
+	}
+
+	r := Resource{Group: "status.test", Resource: "nostatuses"}
+	name := r.Resource + "." + r.Group
+	if err := createCRD(ctx, e.crds, r, "NoStatus", apiextensionsv1.NamespaceScoped, true); err != nil {
+		t.Fatal(err)
+	}
+	crds := e.crds.ApiextensionsV1().CustomResourceDefinitions()
+	t.Cleanup(func() { crds.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+
+	eventually(t, "the CRD is offered", func() bool { _, ok := cat.Lookup(r.Group, r.Resource); return ok })
+	api, _ := cat.Lookup(r.Group, r.Resource)
+	if !slices.Equal(api.NoStatusSubresource, []string{"v1"}) {
+		t.Errorf("NoStatusSubresource %v, want [v1] (v2 is not served)", api.NoStatusSubresource)
+	}
+	eventually(t, "a WARN names the CRD", func() bool { return logs.warnings(name) == 1 })
+
+	// A label change is an update event with the same generation: no
+	// second warning.
+	if _, err := crds.Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the catalog sees the label", func() bool {
+		o, ok, _ := cat.informer.GetStore().GetByKey(name)
+		return ok && o.(*apiextensionsv1.CustomResourceDefinition).Labels["team"] == "a"
+	})
+	time.Sleep(200 * time.Millisecond)
+	if n := logs.warnings(name); n != 1 {
+		t.Errorf("%d warnings after a label change, want still 1", n)
+	}
+
+	// The provider adds the subresource: the flag goes, no warning.
+	setStatus := func(on bool) {
+		t.Helper()
+		var sub any
+		if on {
+			sub = map[string]any{"status": map[string]any{}}
+		}
+		crd, err := crds.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions := []any{}
+		for _, v := range crd.Spec.Versions {
+			b, _ := json.Marshal(v)
+			var m map[string]any
+			_ = json.Unmarshal(b, &m)
+			m["subresources"] = sub
+			versions = append(versions, m)
+		}
+		patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"versions": versions}})
+		if _, err := crds.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setStatus(true)
+	eventually(t, "the flag goes", func() bool {
+		api, ok := cat.Lookup(r.Group, r.Resource)
+		return ok && len(api.NoStatusSubresource) == 0
+	})
+	// ... and taken away again: a new change, a new warning.
+	setStatus(false)
+	eventually(t, "a second WARN", func() bool { return logs.warnings(name) == 2 })
+}

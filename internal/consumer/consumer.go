@@ -1,0 +1,712 @@
+// Package consumer completes a kube-bind binding in the consumer's cluster,
+// leaving exactly the state the released konnector (v0.4.8) expects:
+// namespace kube-bind, the provider's kubeconfig in a Secret there (found
+// again and updated on a rebind), each APIServiceExportRequest created on
+// the provider and waited for, the konnector with a least-privilege
+// ClusterRole, and one APIServiceBinding per API. It also keeps the
+// cluster's identity at each provider (identity.go), so a bind from any
+// machine lands in the same provider namespace.
+//
+// Every step is idempotent: a bind interrupted anywhere is finished by
+// running it again. Before it changes anything it refuses to take over an
+// APIServiceBinding of another provider or a CRD no binding of this name
+// owns.
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Options configure a Binder; the zero values of the optional ones are
+// the defaults named.
+type Options struct {
+	// Config is the consumer cluster (required).
+	Config *rest.Config
+	// KonnectorImage defaults to DefaultKonnector.
+	KonnectorImage string
+	// SkipKonnector leaves the konnector (Deployment, ServiceAccount, RBAC)
+	// alone: someone else runs it.
+	SkipKonnector bool
+	// DryRun changes nothing: Planned returns what would be created.
+	DryRun bool
+	// WaitTimeout bounds each wait (a request's phase, the konnector's
+	// CRD); default 5 minutes.
+	WaitTimeout time.Duration
+	// Progress receives one line per step with its duration; nil discards.
+	Progress io.Writer
+}
+
+// Binder does the consumer side of binds into one cluster.
+type Binder struct {
+	o       Options
+	kube    kubernetes.Interface
+	dyn     dynamic.Interface
+	crds    apiextensionsclient.Interface
+	planned []runtime.Object
+	// newProviderClient makes the client for the provider cluster from the
+	// issued kubeconfig (replaced in narrow tests).
+	newProviderClient func(kubeconfig []byte) (dynamic.Interface, error)
+}
+
+// New validates o and makes the clients.
+func New(o Options) (*Binder, error) {
+	if o.Config == nil {
+		return nil, errors.New("consumer: Options.Config is required")
+	}
+	if o.KonnectorImage == "" {
+		o.KonnectorImage = DefaultKonnector
+	}
+	if o.WaitTimeout <= 0 {
+		o.WaitTimeout = 5 * time.Minute
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	b := &Binder{o: o, newProviderClient: providerClient}
+	var err error
+	if b.kube, err = kubernetes.NewForConfig(o.Config); err != nil {
+		return nil, err
+	}
+	if b.dyn, err = dynamic.NewForConfig(o.Config); err != nil {
+		return nil, err
+	}
+	if b.crds, err = apiextensionsclient.NewForConfig(o.Config); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func providerClient(kubeconfig []byte) (dynamic.Interface, error) {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("the provider's kubeconfig: %w", err)
+	}
+	return dynamic.NewForConfig(cfg)
+}
+
+// Check makes sure the consumer cluster answers and lets us read
+// namespace kube-bind, before the user spends time in a browser.
+func (b *Binder) Check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := b.kube.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(ctx); err != nil {
+		return fmt.Errorf("the consumer cluster at %s does not answer: %w", b.o.Config.Host, err)
+	}
+	if _, err := b.kube.CoreV1().Namespaces().Get(ctx, Namespace, metav1.GetOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("the consumer cluster at %s: reading namespace %s: %w", b.o.Config.Host, Namespace, err)
+	}
+	return nil
+}
+
+// Planned returns every object a dry run would have created or updated,
+// in order.
+func (b *Binder) Planned() []runtime.Object { return b.planned }
+
+func (b *Binder) plan(o runtime.Object) { b.planned = append(b.planned, o) }
+
+// Binding is what a provider handed over, to complete in the cluster.
+type Binding struct {
+	// ExportURL is the provider's export URL (its host keys the identity).
+	ExportURL string
+	// Identity to keep for the provider (the cluster ID of the session).
+	Identity Identity
+	// Kubeconfig the provider issued; Server and Namespace are its current
+	// context's (pollclient.Result has them).
+	Kubeconfig        []byte
+	Server, Namespace string
+	// Requests are the BindingResponse's APIServiceExportRequests.
+	Requests []json.RawMessage
+}
+
+// Outcome is what Bind left in the cluster.
+type Outcome struct {
+	SecretName string
+	Bindings   []string
+}
+
+// request is one APIServiceExportRequest of a BindingResponse.
+type request struct {
+	name      string
+	resources []GroupResource
+	raw       map[string]any
+}
+
+// Bind completes b in the cluster. Its errors say what failed and leave
+// nothing a rerun cannot finish.
+func (bd *Binder) Bind(ctx context.Context, b Binding) (*Outcome, error) {
+	reqs, err := parseRequests(b.Requests)
+	if err != nil {
+		return nil, err
+	}
+	providerKey, err := ProviderKey(b.ExportURL)
+	if err != nil {
+		return nil, err
+	}
+	out := &Outcome{}
+
+	// Read-only first: which Secret is this provider's, and would any
+	// binding take over what is not ours.
+	if err := bd.step("checking for conflicts", func() (string, error) {
+		name, err := bd.findKubeconfigSecret(ctx, b.Server, b.Namespace)
+		if err != nil {
+			return "", err
+		}
+		out.SecretName = name
+		if err := bd.checkConflicts(ctx, reqs, name); err != nil {
+			return "", err
+		}
+		if name == "" {
+			return "none (first bind to this provider namespace)", nil
+		}
+		return "none; kubeconfig Secret " + Namespace + "/" + name + " is this provider's", nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := bd.step("namespace "+Namespace, func() (string, error) { return bd.ensureNamespace(ctx) }); err != nil {
+		return nil, err
+	}
+	if err := bd.step("cluster identity", func() (string, error) { return bd.saveIdentity(ctx, providerKey, b.Identity) }); err != nil {
+		return nil, err
+	}
+	if err := bd.step("kubeconfig Secret", func() (string, error) {
+		name, msg, err := bd.ensureKubeconfigSecret(ctx, out.SecretName, b.Kubeconfig)
+		out.SecretName = name
+		return msg, err
+	}); err != nil {
+		return nil, err
+	}
+	provider, err := bd.newProviderClient(b.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range reqs {
+		if err := bd.step("APIServiceExportRequest "+r.name, func() (string, error) {
+			return bd.request(ctx, provider, b.Namespace, r)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if !bd.o.SkipKonnector {
+		if err := bd.step("konnector RBAC", func() (string, error) { return bd.ensureKonnectorRBAC(ctx, reqs) }); err != nil {
+			return nil, err
+		}
+		if err := bd.step("konnector Deployment", func() (string, error) { return bd.ensureKonnector(ctx) }); err != nil {
+			return nil, err
+		}
+	}
+	if !bd.o.DryRun {
+		if err := bd.step("konnector ready (APIServiceBindings can be listed)", func() (string, error) {
+			return bd.waitForBindingsAPI(ctx)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range reqs {
+		if err := bd.step("APIServiceBinding "+r.name, func() (string, error) {
+			return bd.ensureBinding(ctx, r.name, out.SecretName)
+		}); err != nil {
+			return nil, err
+		}
+		out.Bindings = append(out.Bindings, r.name)
+	}
+	return out, nil
+}
+
+// step runs f and reports it on one line with its duration.
+func (bd *Binder) step(what string, f func() (string, error)) error {
+	start := time.Now()
+	msg, err := f()
+	d := time.Since(start).Round(time.Millisecond)
+	if err != nil {
+		fmt.Fprintf(bd.o.Progress, "  ✗ %s: %v (%s)\n", what, err, d)
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	fmt.Fprintf(bd.o.Progress, "  ✓ %s: %s (%s)\n", what, msg, d)
+	return nil
+}
+
+func parseRequests(raws []json.RawMessage) ([]request, error) {
+	if len(raws) == 0 {
+		return nil, errors.New("the provider's answer holds no APIServiceExportRequest: nothing to bind")
+	}
+	var out []request
+	seen := map[string]bool{}
+	for i, raw := range raws {
+		var r struct {
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				Resources []GroupResource `json:"resources"`
+			} `json:"spec"`
+		}
+		var obj map[string]any
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return nil, fmt.Errorf("requests[%d]: %w", i, err)
+		}
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, fmt.Errorf("requests[%d]: %w", i, err)
+		}
+		if r.Metadata.Name == "" || len(r.Spec.Resources) == 0 {
+			return nil, fmt.Errorf("requests[%d] has no name or no resources", i)
+		}
+		if seen[r.Metadata.Name] {
+			return nil, fmt.Errorf("requests[%d]: %s comes twice", i, r.Metadata.Name)
+		}
+		seen[r.Metadata.Name] = true
+		for _, gr := range r.Spec.Resources {
+			if gr.Resource == "" || strings.ContainsAny(gr.Resource+gr.Group, "/ ") {
+				return nil, fmt.Errorf("requests[%d]: bad resource %q in group %q", i, gr.Resource, gr.Group)
+			}
+		}
+		out = append(out, request{name: r.Metadata.Name, resources: r.Spec.Resources, raw: obj})
+	}
+	return out, nil
+}
+
+func (bd *Binder) ensureNamespace(ctx context.Context) (string, error) {
+	_, err := bd.kube.CoreV1().Namespaces().Get(ctx, Namespace, metav1.GetOptions{})
+	if err == nil {
+		return "exists", nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return "", err
+	}
+	if bd.o.DryRun {
+		bd.plan(namespaceObject())
+		return "would create it", nil
+	}
+	if _, err := bd.kube.CoreV1().Namespaces().Create(ctx, namespaceObject(), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", err
+	}
+	return "created", nil
+}
+
+// findKubeconfigSecret returns the name of the Secret in kube-bind whose
+// kubeconfig names server and namespace, as the released CLI finds it, or
+// "" when there is none.
+func (bd *Binder) findKubeconfigSecret(ctx context.Context, server, namespace string) (string, error) {
+	list, err := bd.kube.CoreV1().Secrets(Namespace).List(ctx, metav1.ListOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("listing Secrets in %s: %w", Namespace, err)
+	}
+	for _, s := range list.Items {
+		data, ok := s.Data[KubeconfigKey]
+		if !ok {
+			continue
+		}
+		cfg, err := clientcmd.Load(data)
+		if err != nil {
+			continue
+		}
+		kctx, ok := cfg.Contexts[cfg.CurrentContext]
+		if !ok || kctx == nil {
+			continue
+		}
+		c, ok := cfg.Clusters[kctx.Cluster]
+		if ok && c != nil && c.Server == server && kctx.Namespace == namespace {
+			return s.Name, nil
+		}
+	}
+	return "", nil
+}
+
+func (bd *Binder) ensureKubeconfigSecret(ctx context.Context, name string, kubeconfig []byte) (string, string, error) {
+	secrets := bd.kube.CoreV1().Secrets(Namespace)
+	if bd.o.DryRun {
+		bd.plan(kubeconfigSecret(name, kubeconfig))
+		if name == "" {
+			return "", "would create kubeconfig-*", nil
+		}
+		return name, "would update " + name, nil
+	}
+	if name == "" {
+		s, err := secrets.Create(ctx, kubeconfigSecret("", kubeconfig), metav1.CreateOptions{})
+		if err != nil {
+			return "", "", err
+		}
+		return s.Name, "created " + Namespace + "/" + s.Name, nil
+	}
+	cur, err := secrets.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", "", err
+	}
+	if string(cur.Data[KubeconfigKey]) == string(kubeconfig) {
+		return name, Namespace + "/" + name + " up to date", nil
+	}
+	if cur.Data == nil {
+		cur.Data = map[string][]byte{}
+	}
+	cur.Data[KubeconfigKey] = kubeconfig
+	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		return "", "", err
+	}
+	return name, "updated " + Namespace + "/" + name, nil
+}
+
+// checkConflicts refuses, before anything is changed, bindings that would
+// take over an APIServiceBinding of another provider (another Secret) or a
+// CRD that no APIServiceBinding of its name owns.
+func (bd *Binder) checkConflicts(ctx context.Context, reqs []request, secretName string) error {
+	bindings := bd.dyn.Resource(BindingGVR)
+	for _, r := range reqs {
+		got, err := bindings.Get(ctx, r.name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		case err != nil:
+			return fmt.Errorf("reading APIServiceBinding %s: %w", r.name, err)
+		default:
+			ns, _, _ := unstructured.NestedString(got.Object, "spec", "kubeconfigSecretRef", "namespace")
+			name, _, _ := unstructured.NestedString(got.Object, "spec", "kubeconfigSecretRef", "name")
+			if ns != Namespace || name == "" || name != secretName {
+				return fmt.Errorf("APIServiceBinding %s exists and is not from this service provider (it uses Secret %s/%s); "+
+					"refusing to take it over (delete it first if it is no longer used)", r.name, ns, name)
+			}
+		}
+		for _, gr := range r.resources {
+			crd, err := bd.crds.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, gr.Name(), metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("reading CRD %s: %w", gr.Name(), err)
+			}
+			owned := false
+			for _, ref := range crd.OwnerReferences {
+				if ref.Kind == "APIServiceBinding" && strings.HasPrefix(ref.APIVersion, "kube-bind.io/") && ref.Name == r.name {
+					owned = true
+				}
+			}
+			if !owned {
+				return fmt.Errorf("CRD %s exists in this cluster and is not owned by APIServiceBinding %s; "+
+					"binding would take over an API of this cluster, refusing", gr.Name(), r.name)
+			}
+		}
+	}
+	return nil
+}
+
+// request creates one APIServiceExportRequest in the provider namespace and
+// waits until the provider says Succeeded. One that Failed before (a
+// rerun) is made again; its spec is immutable.
+func (bd *Binder) request(ctx context.Context, provider dynamic.Interface, namespace string, r request) (string, error) {
+	obj := &unstructured.Unstructured{Object: map[string]any{}}
+	for k, v := range r.raw {
+		obj.Object[k] = v
+	}
+	obj.SetNamespace(namespace)
+	obj.SetName(r.name)
+	if bd.o.DryRun {
+		bd.plan(obj)
+		return "would create it in provider namespace " + namespace, nil
+	}
+	client := provider.Resource(RequestGVR).Namespace(namespace)
+	created := "created"
+	if _, err := client.Create(ctx, obj, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		created = "exists"
+		cur, err := client.Get(ctx, r.name, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		if phase, _, _ := unstructured.NestedString(cur.Object, "status", "phase"); phase == "Failed" {
+			if err := client.Delete(ctx, r.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return "", err
+			}
+			if err := bd.poll(ctx, func(ctx context.Context) (bool, error) {
+				_, err := client.Get(ctx, r.name, metav1.GetOptions{})
+				return apierrors.IsNotFound(err), ignoreNotFound(err)
+			}); err != nil {
+				return "", fmt.Errorf("waiting for the failed request of an earlier run to go: %w", err)
+			}
+			if _, err := client.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+				return "", err
+			}
+			created = "made again (the earlier one had failed)"
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("creating it in provider namespace %s: %w", namespace, err)
+	}
+	var phase, message string
+	err := bd.poll(ctx, func(ctx context.Context) (bool, error) {
+		cur, err := client.Get(ctx, r.name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		phase, _, _ = unstructured.NestedString(cur.Object, "status", "phase")
+		message, _, _ = unstructured.NestedString(cur.Object, "status", "terminalMessage")
+		return phase == "Succeeded" || phase == "Failed", nil
+	})
+	switch {
+	case err != nil && ctx.Err() == nil:
+		if phase == "" {
+			phase = "none yet"
+		}
+		return "", fmt.Errorf("timed out after %s waiting for APIServiceExportRequest %s/%s on the provider to succeed (phase: %s): %w",
+			bd.o.WaitTimeout, namespace, r.name, phase, err)
+	case err != nil:
+		return "", err
+	case phase == "Failed":
+		if message == "" {
+			message = "no message given"
+		}
+		return "", &RequestFailedError{Name: r.name, Message: message}
+	}
+	return created + ", Succeeded", nil
+}
+
+// RequestFailedError is a request the provider refused, with its message.
+type RequestFailedError struct{ Name, Message string }
+
+func (e *RequestFailedError) Error() string {
+	return fmt.Sprintf("the provider failed APIServiceExportRequest %s: %s", e.Name, e.Message)
+}
+
+// ensureKonnectorRBAC writes the konnector's ServiceAccount, Role and
+// ClusterRole (naming every API bound in this cluster, old and new) and
+// their bindings.
+func (bd *Binder) ensureKonnectorRBAC(ctx context.Context, reqs []request) (string, error) {
+	bound := map[GroupResource]bool{}
+	for _, r := range reqs {
+		for _, gr := range r.resources {
+			bound[gr] = true
+		}
+	}
+	list, err := bd.dyn.Resource(BindingGVR).List(ctx, metav1.ListOptions{})
+	switch {
+	case err == nil:
+		for _, it := range list.Items {
+			if resource, group, ok := strings.Cut(it.GetName(), "."); ok {
+				bound[GroupResource{Group: group, Resource: resource}] = true
+			}
+		}
+	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+	default:
+		return "", fmt.Errorf("listing APIServiceBindings: %w", err)
+	}
+	var all []GroupResource
+	for gr := range bound {
+		all = append(all, gr)
+	}
+	// The ServiceAccount last: once it exists, so do its rights (a
+	// konnector started with its token then never meets a Forbidden).
+	objs := []runtime.Object{
+		konnectorRole(), konnectorClusterRole(all), konnectorRoleBinding(),
+		konnectorClusterRoleBinding(), konnectorServiceAccount(),
+	}
+	if bd.o.DryRun {
+		for _, o := range objs {
+			bd.plan(o)
+		}
+		return fmt.Sprintf("would write ServiceAccount, Role, ClusterRole (%d bound APIs) and bindings", len(all)), nil
+	}
+	for _, o := range objs {
+		if err := bd.apply(ctx, o); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("ServiceAccount %s/%s; Role and ClusterRole %s (%d bound APIs)", Namespace, KonnectorName, KonnectorRoleName, len(all)), nil
+}
+
+// ensureKonnector deploys the konnector unless one of the same or a newer
+// version runs (read from its image tag, as the released CLI does).
+func (bd *Binder) ensureKonnector(ctx context.Context) (string, error) {
+	want := konnectorDeployment(bd.o.KonnectorImage)
+	deployments := bd.kube.AppsV1().Deployments(Namespace)
+	cur, err := deployments.Get(ctx, KonnectorName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		if bd.o.DryRun {
+			bd.plan(want)
+			return "would deploy " + bd.o.KonnectorImage, nil
+		}
+		if _, err := deployments.Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return "", err
+		}
+		return "deployed " + bd.o.KonnectorImage, nil
+	case err != nil:
+		return "", err
+	}
+	var running string
+	if cs := cur.Spec.Template.Spec.Containers; len(cs) > 0 {
+		running = cs[0].Image
+	}
+	if !newer(bd.o.KonnectorImage, running) {
+		return "kept " + running + " (same or newer)", nil
+	}
+	if bd.o.DryRun {
+		bd.plan(want)
+		return "would replace " + running + " by " + bd.o.KonnectorImage, nil
+	}
+	cur.Spec = want.Spec
+	if cur.Labels == nil {
+		cur.Labels = map[string]string{}
+	}
+	for k, v := range want.Labels {
+		cur.Labels[k] = v
+	}
+	if _, err := deployments.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		return "", err
+	}
+	return "replaced " + running + " by " + bd.o.KonnectorImage, nil
+}
+
+// newer reports whether image want should replace image running: when the
+// tags are versions, only if want's is higher; otherwise when they differ.
+func newer(want, running string) bool {
+	if want == running {
+		return false
+	}
+	wv, werr := version.ParseSemantic(tag(want))
+	rv, rerr := version.ParseSemantic(tag(running))
+	if werr != nil || rerr != nil {
+		return true
+	}
+	return rv.LessThan(wv)
+}
+
+func tag(image string) string {
+	if i := strings.LastIndex(image, ":"); i >= 0 && !strings.Contains(image[i:], "/") {
+		return image[i+1:]
+	}
+	return ""
+}
+
+func (bd *Binder) waitForBindingsAPI(ctx context.Context) (string, error) {
+	var lastErr error
+	err := bd.poll(ctx, func(ctx context.Context) (bool, error) {
+		_, lastErr = bd.dyn.Resource(BindingGVR).List(ctx, metav1.ListOptions{Limit: 1})
+		return lastErr == nil, nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return "", fmt.Errorf("timed out after %s waiting until APIServiceBindings can be listed (last: %v); "+
+			"the konnector installs their CRD when it starts: is it running? (kubectl -n %s get pods; --skip-konnector if you run it elsewhere)",
+			bd.o.WaitTimeout, lastErr, Namespace)
+	}
+	if err != nil {
+		return "", err
+	}
+	return "yes", nil
+}
+
+func (bd *Binder) ensureBinding(ctx context.Context, name, secretName string) (string, error) {
+	want := binding(name, secretName)
+	if bd.o.DryRun {
+		if secretName == "" {
+			_ = unstructured.SetNestedField(want.Object, KubeconfigPrefix+"*", "spec", "kubeconfigSecretRef", "name")
+		}
+		bd.plan(want)
+		return "would create it", nil
+	}
+	bindings := bd.dyn.Resource(BindingGVR)
+	_, err := bindings.Create(ctx, want, metav1.CreateOptions{})
+	if err == nil {
+		return "created", nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return "", err
+	}
+	got, err := bindings.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	if n, _, _ := unstructured.NestedString(got.Object, "spec", "kubeconfigSecretRef", "name"); n != secretName {
+		return "", fmt.Errorf("APIServiceBinding %s appeared meanwhile with Secret %s; refusing to take it over", name, n)
+	}
+	return "exists", nil
+}
+
+// apply creates o or, when it exists, updates it to o (RBAC and
+// ServiceAccounts of ours).
+func (bd *Binder) apply(ctx context.Context, o runtime.Object) error {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+	if err != nil {
+		return err
+	}
+	obj := &unstructured.Unstructured{Object: u}
+	gvk := obj.GroupVersionKind()
+	gvr, ok := map[string]string{"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
+		"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings"}[gvk.Kind]
+	if !ok {
+		return fmt.Errorf("consumer: apply does not know %s", gvk.Kind)
+	}
+	var client dynamic.ResourceInterface = bd.dyn.Resource(gvk.GroupVersion().WithResource(gvr))
+	if obj.GetNamespace() != "" {
+		client = bd.dyn.Resource(gvk.GroupVersion().WithResource(gvr)).Namespace(obj.GetNamespace())
+	}
+	cur, err := client.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = client.Create(ctx, obj, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	changed := false
+	for _, field := range []string{"rules", "roleRef", "subjects"} {
+		if v, ok := obj.Object[field]; ok {
+			cur.Object[field] = v
+			changed = true
+		}
+	}
+	if !changed {
+		return nil // a ServiceAccount: nothing of ours to update
+	}
+	_, err = client.Update(ctx, cur, metav1.UpdateOptions{})
+	return err
+}
+
+// poll runs cond every half second until it holds, fails with an error
+// that is not transient, or WaitTimeout passes.
+func (bd *Binder) poll(ctx context.Context, cond func(context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, bd.o.WaitTimeout)
+	defer cancel()
+	var lastErr error
+	for {
+		ok, err := cond(ctx)
+		if ok {
+			return nil
+		}
+		if err != nil {
+			lastErr = err
+			if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			if lastErr != nil {
+				return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
+			}
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,222 @@
+// Package credentials rotates and revokes consumer credentials on the
+// provider cluster (docs/binding.md, "Credential lifecycle"): it replaces
+// each token before it expires by writing a new kubeconfig into the
+// provider-side kubeconfig Secret (the konnector copies it to the consumer
+// cluster and restarts with it), revokes a replaced token once the
+// konnector has shown it was alive long enough after the replacement to
+// switch, and reports on the ClusterBinding, as condition CredentialsValid,
+// whether the konnector can still hold a valid token.
+//
+// Decide is the whole policy, a pure function of the observed state and a
+// clock; Controller only observes, acts and requeues. It runs on the
+// leader only.
+package credentials
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kbprovider/backend/internal/binding"
+)
+
+// ConditionType is the ClusterBinding condition this package owns.
+const ConditionType = "CredentialsValid"
+
+// Reasons of the condition.
+const (
+	ReasonValid    = "CredentialsValid"
+	ReasonExpired  = "CredentialsExpired"
+	ReasonRevoked  = "CredentialsRevoked"
+	ReasonMigrated = "LegacyTokenMigrating"
+)
+
+// Token is one issued token as its Secrets describe it. Zero times are
+// unknown.
+type Token struct {
+	// Secret is the name of the Secret the token is bound to (or the
+	// legacy token Secret).
+	Secret string
+	// Legacy: a non-expiring token of a legacy token Secret.
+	Legacy bool
+	// IssuedBy is binding.IssuedByBind or binding.IssuedByRotation.
+	IssuedBy  string
+	IssuedAt  time.Time
+	ExpiresAt time.Time
+	// RetiredAt is when another token replaced it (zero: not marked yet).
+	RetiredAt time.Time
+}
+
+// State is what the controller observed in one provider namespace.
+type State struct {
+	// Current is the token in the kubeconfig Secret; nil when there is no
+	// kubeconfig Secret (nothing to manage yet).
+	Current *Token
+	// CurrentRevoked: the kubeconfig Secret names a token Secret that no
+	// longer exists (someone revoked it).
+	CurrentRevoked bool
+	// Retired are the other tokens whose Secrets still exist.
+	Retired []Token
+	// LastHeartbeat is the konnector's last heartbeat on the ClusterBinding.
+	LastHeartbeat time.Time
+	// RotationRequested is the time in the ClusterBinding's annotation
+	// AnnotationRotate: an operator (or a test) asks for a new token now.
+	RotationRequested time.Time
+}
+
+// AnnotationRotate on a ClusterBinding, with an RFC 3339 time, asks for
+// the token to be replaced if it was issued before that time:
+//
+//	kubectl -n <ns> annotate clusterbinding cluster --overwrite \
+//	  kube-bind.io/rotate-credentials=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+//
+// (consumers cannot set it: they may not patch their ClusterBinding.)
+const AnnotationRotate = "kube-bind.io/rotate-credentials"
+
+// Policy is the configuration of rotation (the --credential-* flags).
+type Policy struct {
+	Lifetime time.Duration
+	// RotationPoint is the fraction of a token's lifetime after which it
+	// is replaced.
+	RotationPoint float64
+	// Overlap: a replaced token is revoked once the konnector sent a
+	// heartbeat at least this long after the replacement.
+	Overlap time.Duration
+}
+
+// Condition is the CredentialsValid condition to report.
+type Condition struct {
+	Status  string // "True" or "False"
+	Reason  string
+	Message string
+}
+
+// Decision is what to do now.
+type Decision struct {
+	// Rotate: issue a new token (which retires the current one).
+	Rotate bool
+	// MarkRetired: token Secrets to annotate as retired now.
+	MarkRetired []string
+	// Revoke: token Secrets to delete, revoking their tokens.
+	Revoke []string
+	// Condition to report; nil when there is nothing to report on.
+	Condition *Condition
+	// RequeueAfter is when to look again without a new event (0: never).
+	RequeueAfter time.Duration
+}
+
+// maxRequeue bounds how long the controller sleeps on a namespace, so that
+// a missed event (or a clock jump) costs at most this much delay.
+const maxRequeue = time.Hour
+
+// Decide applies the policy to the state at now.
+func Decide(now time.Time, s State, p Policy) Decision {
+	var d Decision
+	if s.Current == nil {
+		return d
+	}
+	next := time.Time{}
+	wake := func(t time.Time) {
+		if t.After(now) && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+
+	cur := *s.Current
+	switch {
+	case s.CurrentRevoked:
+		// Revoked on purpose: do not hand out a new token; a bind does.
+	case cur.Legacy || cur.ExpiresAt.IsZero():
+		d.Rotate = true // migration of a non-expiring token
+	default:
+		rotateAt := rotationTime(cur, p)
+		requested := !s.RotationRequested.IsZero() && cur.IssuedAt.Before(s.RotationRequested) && !now.Before(s.RotationRequested)
+		if requested || !now.Before(rotateAt) {
+			d.Rotate = true
+		} else {
+			wake(rotateAt)
+		}
+	}
+
+	// Retired tokens: revoke once the konnector lived through the overlap
+	// after the replacement, or once they are dead anyway.
+	validRetired := false
+	for _, t := range s.Retired {
+		retiredAt := t.RetiredAt
+		if retiredAt.IsZero() {
+			d.MarkRetired = append(d.MarkRetired, t.Secret)
+			retiredAt = now
+		}
+		expires := effectiveExpiry(t, retiredAt, p)
+		switched := !s.LastHeartbeat.Before(retiredAt.Add(p.Overlap))
+		if switched || !now.Before(expires) {
+			d.Revoke = append(d.Revoke, t.Secret)
+			continue
+		}
+		validRetired = true
+		wake(expires)
+		wake(retiredAt.Add(p.Overlap)) // a heartbeat after this revokes
+	}
+
+	d.Condition = condition(now, s, validRetired)
+	if !next.IsZero() {
+		d.RequeueAfter = min(next.Sub(now), maxRequeue)
+	} else {
+		d.RequeueAfter = maxRequeue
+	}
+	if d.Rotate || len(d.MarkRetired) > 0 {
+		d.RequeueAfter = time.Second // look again at the new state
+	}
+	return d
+}
+
+// rotationTime is when a token is due for replacement.
+func rotationTime(t Token, p Policy) time.Time {
+	life := t.ExpiresAt.Sub(t.IssuedAt)
+	if t.IssuedAt.IsZero() || life <= 0 {
+		return t.ExpiresAt.Add(-time.Duration(float64(p.Lifetime) * (1 - p.RotationPoint)))
+	}
+	return t.IssuedAt.Add(time.Duration(float64(life) * p.RotationPoint))
+}
+
+// effectiveExpiry is when a retired token stops working: its expiry if
+// known, else its issue time plus the lifetime; a legacy token, which
+// never expires, is given one lifetime after its retirement.
+func effectiveExpiry(t Token, retiredAt time.Time, p Policy) time.Time {
+	switch {
+	case t.Legacy:
+		return retiredAt.Add(p.Lifetime)
+	case !t.ExpiresAt.IsZero():
+		return t.ExpiresAt
+	case !t.IssuedAt.IsZero():
+		return t.IssuedAt.Add(p.Lifetime)
+	}
+	return retiredAt.Add(p.Lifetime)
+}
+
+// condition says whether the konnector can still hold a valid token: the
+// current one reached it (delivered by the bind, or the konnector was seen
+// after it was issued and so could fetch it), or a retired one it may
+// still use is valid (it fetches the current one with it).
+func condition(now time.Time, s State, olderValid bool) *Condition {
+	cur := *s.Current
+	if s.CurrentRevoked {
+		return &Condition{Status: "False", Reason: ReasonRevoked,
+			Message: fmt.Sprintf("the token in the kubeconfig Secret was revoked (its Secret %s is gone); bind again to get a new one", cur.Secret)}
+	}
+	if cur.Legacy {
+		return &Condition{Status: "True", Reason: ReasonMigrated,
+			Message: "a non-expiring legacy token is being replaced by an expiring one"}
+	}
+	currentValid := now.Before(cur.ExpiresAt)
+	reached := cur.IssuedBy != binding.IssuedByRotation || !s.LastHeartbeat.Before(cur.IssuedAt)
+	if currentValid && reached || olderValid {
+		return &Condition{Status: "True", Reason: ReasonValid,
+			Message: fmt.Sprintf("the konnector holds a valid token; the current one expires at %s", cur.ExpiresAt.UTC().Format(time.RFC3339))}
+	}
+	last := "never"
+	if !s.LastHeartbeat.IsZero() {
+		last = s.LastHeartbeat.UTC().Format(time.RFC3339)
+	}
+	return &Condition{Status: "False", Reason: ReasonExpired,
+		Message: fmt.Sprintf("the konnector did not pick up a rotated token before its previous one expired (last heartbeat %s); bind again to get a new one", last)}
+}

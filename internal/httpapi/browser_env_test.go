@@ -1,0 +1,326 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/storetest"
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
+	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// The browser tests of this package run the real router with the real
+// browser handler, the real memory store and the real oidc.Authenticator
+// against a real identity provider (test/oidcprovider, Node.js). One
+// provider and one loopback server serve the whole package: the provider
+// knows exactly one redirect URL, so every browserEnv is put behind the
+// same server in turn (the tests of this package do not run in parallel).
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopShared()
+	os.Exit(code)
+}
+
+var shared struct {
+	once    sync.Once
+	err     error
+	idp     *oidcprovider.Provider
+	srv     *httptest.Server
+	handler atomic.Pointer[http.Handler]
+}
+
+var idpUser = oidcprovider.User{Name: "ada", Password: "ada-pw", Email: "ada@example.com", Groups: []string{"binders"}}
+
+func sharedServer(t *testing.T) (*httptest.Server, *oidcprovider.Provider) {
+	t.Helper()
+	shared.once.Do(func() {
+		shared.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			(*shared.handler.Load()).ServeHTTP(w, r)
+		}))
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		shared.idp, shared.err = oidcprovider.Run(ctx, oidcprovider.Options{
+			RedirectURIs: []string{shared.srv.URL + "/callback"},
+			Users:        []oidcprovider.User{idpUser},
+		})
+	})
+	if shared.err != nil {
+		t.Fatalf("starting the identity provider: %v", shared.err)
+	}
+	return shared.srv, shared.idp
+}
+
+// stopShared ends the package's identity provider and server.
+func stopShared() {
+	if shared.idp != nil {
+		shared.idp.Stop()
+	}
+	if shared.srv != nil {
+		shared.srv.Close()
+	}
+}
+
+// browserEnv is env with the browser part wired in.
+type browserEnv struct {
+	*env
+	idp   *oidcprovider.Provider
+	login *oidc.Authenticator
+	// tokenDiversion, when set, is the address the identity provider's token
+	// endpoint is reached at instead of the real one (a server that
+	// accepts and never answers, to play a hanging identity provider).
+	tokenDiversion atomic.Pointer[string]
+	// idpRequests counts requests to the identity provider by path.
+	idpMu       sync.Mutex
+	idpRequests map[string]int
+	catalog     *staticCatalog
+	// sessions is the store the router uses.
+	sessions sessions.Store
+}
+
+type browserOpts struct {
+	limits sessions.Limits
+	// store, if set, keeps the sessions instead of a memory store (env.store
+	// is then nil).
+	store sessions.Store
+	// oidc adjusts the Authenticator's configuration.
+	oidc func(*oidc.Config)
+}
+
+func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
+	t.Helper()
+	srv, idp := sharedServer(t)
+	ext, _ := url.Parse(srv.URL)
+	clock := storetest.NewClock(time.Now())
+	var mem *memory.Store
+	store := o.store
+	if store == nil {
+		mem = memory.New(o.limits, clock.Now)
+		t.Cleanup(mem.Close)
+		store = mem
+	}
+	logs := &procs.Buffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	be := &browserEnv{idp: idp, idpRequests: map[string]int{}, catalog: &staticCatalog{}, sessions: store}
+
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	idpURL, _ := url.Parse(idp.IssuerURL)
+	ocfg := oidc.Config{
+		IssuerURL:    idp.IssuerURL,
+		ClientID:     idp.ClientID,
+		ClientSecret: idp.ClientSecret,
+		RedirectURL:  srv.URL + "/callback",
+		SigningKey:   []byte("0123456789abcdef0123456789abcdef-browser-test"),
+		UseOnce: func(ctx context.Context, flowState []byte, key string) error {
+			return store.UseNonce(ctx, browser.FlowSessionID(flowState), "oidc-state:"+key)
+		},
+		HTTPClient: &http.Client{Timeout: 30 * time.Second, Transport: roundTripper(func(r *http.Request) (*http.Response, error) {
+			if r.URL.Host == idpURL.Host {
+				be.idpMu.Lock()
+				be.idpRequests[r.URL.Path]++
+				be.idpMu.Unlock()
+				if to := be.tokenDiversion.Load(); to != nil && strings.HasSuffix(r.URL.Path, "/token") {
+					r = r.Clone(r.Context())
+					r.URL.Host = *to
+				}
+			}
+			return transport.RoundTrip(r)
+		})},
+		Logger: logger.With("component", "oidc"),
+	}
+	if o.oidc != nil {
+		o.oidc(&ocfg)
+	}
+	login, err := oidc.New(ocfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be.login = login
+	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bh, err := browser.New(browser.Config{
+		ClusterKey:     key,
+		ExternalURL:    ext,
+		ProviderName:   "MangoDB Inc.",
+		Store:          store,
+		SessionTTL:     10 * time.Minute,
+		Login:          login,
+		Catalog:        be.catalog,
+		Provisioner:    refusingProvisioner{},
+		CookieHashKey:  []byte("0123456789abcdef0123456789abcdef-cookie-hash"),
+		CookieBlockKey: []byte("0123456789abcdef"),
+		Logger:         logger.With("component", "browser"),
+		Now:            clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	h, err := New(Config{
+		ClusterKey:   key,
+		ExternalURL:  ext,
+		PrettyName:   "MangoDB Inc.",
+		PollInterval: time.Second,
+		Store:        store,
+		Logger:       logger,
+		Metrics:      reg,
+		Readiness:    nil,
+		Browser:      bh,
+		Now:          clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared.handler.Store(&h)
+	be.env = &env{t: t, ext: ext, store: mem, clock: clock, reg: reg, handler: h, srv: srv, logs: logs}
+	return be
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// staticCatalog exports mangodbs.mangodb.com only.
+type staticCatalog struct{}
+
+func (*staticCatalog) List() []binding.ExportedAPI {
+	return []binding.ExportedAPI{{Name: "mangodbs.mangodb.com", Group: "mangodb.com", Resource: "mangodbs", Scope: "Namespaced", Versions: []string{"v1"}}}
+}
+
+func (c *staticCatalog) Lookup(group, resource string) (binding.ExportedAPI, bool) {
+	for _, a := range c.List() {
+		if a.Group == group && a.Resource == resource {
+			return a, true
+		}
+	}
+	return binding.ExportedAPI{}, false
+}
+
+// refusingProvisioner stands for the provider cluster in tests that must
+// never get as far as provisioning.
+type refusingProvisioner struct{}
+
+func (refusingProvisioner) Provision(context.Context, binding.Consumer, string, []binding.Resource) (*v1alpha1.BindingResponse, error) {
+	return nil, errors.New("test: nothing may be provisioned here")
+}
+
+func (refusingProvisioner) Existing(context.Context, binding.Consumer, string) (time.Time, bool, error) {
+	return time.Time{}, false, nil
+}
+
+// jar returns a client with a cookie jar that does not follow redirects,
+// like a browser whose every hop the test looks at.
+func (be *browserEnv) jar() *http.Client {
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		be.t.Fatal(err)
+	}
+	return &http.Client{Jar: jar, Timeout: 60 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// send sends method to u with client and returns the answer and its body.
+func (be *browserEnv) send(client *http.Client, method, u string) (*http.Response, string) {
+	be.t.Helper()
+	req, err := http.NewRequest(method, u, nil)
+	if err != nil {
+		be.t.Fatal(err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		be.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return resp, string(readAll(be.t, resp))
+}
+
+// authURL creates a poll session and signs its authentication URL.
+func (be *browserEnv) authURL() (v1alpha1.PollSession, string) {
+	be.t.Helper()
+	ps := be.createSession("")
+	return ps, be.signedURL(ps, be.ext.String()+"/authorize")
+}
+
+// loginCallback logs idpUser in through authURL and returns the client
+// (holding the backend's cookies) and the callback URL the identity
+// provider redirected to, not yet followed.
+func (be *browserEnv) loginCallback(authURL string) (*http.Client, *url.URL) {
+	be.t.Helper()
+	client := be.jar()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	back, err := be.idp.Login(ctx, client, authURL, idpUser.Name, idpUser.Password)
+	if err != nil {
+		be.t.Fatalf("login at the identity provider: %v", err)
+	}
+	return client, back
+}
+
+// sessionState returns the store's state of session id.
+func (be *browserEnv) sessionState(id string) sessions.Session {
+	be.t.Helper()
+	s, err := be.sessions.Get(context.Background(), id)
+	if err != nil {
+		be.t.Fatalf("session %s: %v", id, err)
+	}
+	return s
+}
+
+// hangingServer accepts connections and never answers; it closes them
+// when the test ends.
+func hangingServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}

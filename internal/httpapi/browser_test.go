@@ -1,0 +1,113 @@
+package httpapi
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// A callback-flow link whose port is not plain digits is refused before
+// anything happens: no session, no login, no binding whose response would
+// be lost on the way back (http://localhost:+41234/callback does not parse).
+func TestAuthorizeCallbackPortDigitsOnly(t *testing.T) {
+	be := newBrowserEnv(t, browserOpts{})
+	for _, p := range []string{"+41234", "-41234", " 41234", "41234 ", "041234", "0x1F90", "65536", "0", "4e4"} {
+		link := be.ext.String() + "/authorize?" + url.Values{"p": {p}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
+		resp, body := be.send(be.jar(), http.MethodGet, link)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "port number") {
+			t.Errorf("p=%q: %d, want 400 naming the port:\n%s", p, resp.StatusCode, body)
+		}
+		if n := be.store.Len(); n != 0 {
+			t.Fatalf("p=%q: the store holds %d sessions, want none", p, n)
+		}
+		if c := resp.Header.Get("Set-Cookie"); c != "" {
+			t.Errorf("p=%q: a refused link set a cookie: %s", p, c)
+		}
+	}
+	// A good port goes on to the identity provider.
+	link := be.ext.String() + "/authorize?" + url.Values{"p": {"41234"}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
+	if resp, body := be.send(be.jar(), http.MethodGet, link); resp.StatusCode != http.StatusSeeOther || be.store.Len() != 1 {
+		t.Fatalf("p=41234: %d (store %d sessions), want 303 and one session:\n%s", resp.StatusCode, be.store.Len(), body)
+	}
+}
+
+// HEAD changes nothing: link previews and scanners send it, and the user's
+// GET of the same link must still work. Every browser route and /poll.
+func TestHeadHasNoSideEffects(t *testing.T) {
+	be := newBrowserEnv(t, browserOpts{})
+
+	t.Run("signed link", func(t *testing.T) {
+		ps, link := be.authURL()
+		client := be.jar()
+		resp, _ := be.send(client, http.MethodHead, link)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Set-Cookie") != "" || resp.Header.Get("Location") != "" {
+			t.Fatalf("HEAD of a good link: %d, Set-Cookie %q, Location %q; want 200 and neither header",
+				resp.StatusCode, resp.Header.Get("Set-Cookie"), resp.Header.Get("Location"))
+		}
+		if s := be.sessionState(ps.SessionID); s.State != sessions.StatePending {
+			t.Fatalf("session after HEAD: %v", s.State)
+		}
+		// The GET that follows is the first use of the link.
+		resp, body := be.send(client, http.MethodGet, link)
+		if resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("GET after HEAD: %d, want 303 to the identity provider:\n%s", resp.StatusCode, body)
+		}
+		// HEAD of a link that is not good answers what its GET answers.
+		resp, _ = be.send(be.jar(), http.MethodHead, link[:len(link)-2]+"xx")
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("HEAD of a tampered link: %d, want 401", resp.StatusCode)
+		}
+	})
+
+	t.Run("callback-flow link", func(t *testing.T) {
+		before := be.store.Len()
+		link := be.ext.String() + "/authorize?" + url.Values{"p": {"41234"}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
+		resp, _ := be.send(be.jar(), http.MethodHead, link)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Set-Cookie") != "" {
+			t.Fatalf("HEAD: %d, Set-Cookie %q", resp.StatusCode, resp.Header.Get("Set-Cookie"))
+		}
+		if n := be.store.Len(); n != before {
+			t.Fatalf("HEAD created a session: %d -> %d", before, n)
+		}
+	})
+
+	t.Run("login callback and selection page", func(t *testing.T) {
+		ps, link := be.authURL()
+		client, back := be.loginCallback(link)
+		resp, _ := be.send(client, http.MethodHead, back.String())
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET" || resp.Header.Get("Set-Cookie") != "" {
+			t.Fatalf("HEAD of the callback: %d, Allow %q, Set-Cookie %q; want 405, GET, none",
+				resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("Set-Cookie"))
+		}
+		resp, body := be.send(client, http.MethodGet, back.String())
+		if resp.StatusCode != http.StatusSeeOther || !strings.Contains(resp.Header.Get("Location"), "/bind?s=") {
+			t.Fatalf("GET of the callback after HEAD: %d, want 303 to /bind:\n%s", resp.StatusCode, body)
+		}
+		sel := resp.Header.Get("Location")
+		if !strings.HasPrefix(sel, "http") {
+			sel = be.ext.String() + sel
+		}
+		head, _ := be.send(client, http.MethodHead, sel)
+		get, page := be.send(client, http.MethodGet, sel)
+		if head.StatusCode != http.StatusOK || get.StatusCode != http.StatusOK || !strings.Contains(page, "mangodbs.mangodb.com") {
+			t.Fatalf("selection page: HEAD %d, GET %d", head.StatusCode, get.StatusCode)
+		}
+		if s := be.sessionState(ps.SessionID); s.State != sessions.StatePending {
+			t.Fatalf("session after HEADs: %v", s.State)
+		}
+	})
+
+	t.Run("poll", func(t *testing.T) {
+		ps := be.createSession("")
+		signed := be.pollURL(ps)
+		resp, _ := be.send(be.jar(), http.MethodHead, signed)
+		if resp.StatusCode != http.StatusMethodNotAllowed {
+			t.Errorf("HEAD /poll: %d, want 405", resp.StatusCode)
+		}
+		wantError(t, be.do(http.MethodGet, signed, nil), http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)
+	})
+}

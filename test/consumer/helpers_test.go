@@ -1,0 +1,284 @@
+package consumer
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/testutil/browser"
+	"github.com/kbprovider/backend/internal/testutil/konnector"
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/pkg/bindproof"
+)
+
+// cli is a running kube-bind-poll (or another command) with its stderr
+// read line by line.
+type cli struct {
+	cmd    *exec.Cmd
+	stdout bytes.Buffer
+	stderr procs.Buffer
+	lines  chan string
+	done   chan struct{} // stderr fully read
+	exited chan struct{}
+	code   int
+	ended  time.Time
+}
+
+// runCLI starts bin with args and a HOME of its own (a "machine" with no
+// local state); env adds variables.
+func runCLI(t *testing.T, home string, bin string, args []string, env ...string) *cli {
+	t.Helper()
+	c := &cli{cmd: exec.Command(bin, args...), lines: make(chan string, 1000), done: make(chan struct{}), exited: make(chan struct{})}
+	c.cmd.Dir = home
+	c.cmd.Env = append(os.Environ(), append([]string{"HOME=" + home, "KUBECONFIG=", "PATH=" + cliDir + ":" + os.Getenv("PATH")}, env...)...)
+	c.cmd.Stdout = &c.stdout
+	pipe, err := c.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(c.done)
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			fmt.Fprintln(&c.stderr, sc.Text())
+			select {
+			case c.lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	go func() {
+		<-c.done
+		err := c.cmd.Wait()
+		c.ended = time.Now()
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			c.code = ee.ExitCode()
+		case err != nil:
+			c.code = -1
+		}
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-c.exited:
+		default:
+			_ = c.cmd.Process.Kill()
+			<-c.exited
+		}
+		if t.Failed() {
+			t.Logf("%s %v stderr:\n%s", bin, args, c.stderr.String())
+		}
+	})
+	return c
+}
+
+// url waits for the URL the command prints for the user.
+func (c *cli) url(t *testing.T) string {
+	t.Helper()
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case line := <-c.lines:
+			if s := strings.TrimSpace(line); strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") {
+				return s
+			}
+		case <-c.exited:
+			t.Fatalf("the command exited (%d) without printing a URL:\n%s", c.code, c.stderr.String())
+		case <-timeout:
+			t.Fatalf("no URL printed:\n%s", c.stderr.String())
+		}
+	}
+}
+
+// wait waits for the command to exit and returns its exit code.
+func (c *cli) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-c.exited:
+		return c.code
+	case <-time.After(timeout):
+		t.Fatalf("the command did not exit within %s:\n%s", timeout, c.stderr.String())
+		return -1
+	}
+}
+
+func (c *cli) running() bool {
+	select {
+	case <-c.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// bindInBrowser opens u, signs alice in and binds the given APIs; it
+// returns when the Bind button's page loaded, and the moment it was pressed.
+func bindInBrowser(t *testing.T, e *env, u string, apis ...string) time.Time {
+	t.Helper()
+	return bindInBrowserThen(t, e, u, nil, apis...)
+}
+
+// bindInBrowserThen is bindInBrowser calling beforeBind (if set) just
+// before it presses Bind.
+func bindInBrowserThen(t *testing.T, e *env, u string, beforeBind func(), apis ...string) time.Time {
+	t.Helper()
+	b := browser.New(t)
+	if status := b.Open(u); status != http.StatusOK {
+		t.Fatalf("the URL led to status %d at %s", status, b.URL())
+	}
+	signIn(t, b, alice)
+	if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
+		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
+	}
+	for _, a := range apis {
+		b.Click("input[value='" + a + "']")
+	}
+	// The poll flow's page shows the code the command printed next to the
+	// URL (derived from the session ID in it); the user confirms it.
+	if pu, err := url.Parse(u); err == nil && pu.Query().Get("h") != "" {
+		if code, want := b.Text("#confirmation-code"), bindproof.ConfirmationCode(pu.Query().Get("s")); code != want {
+			t.Errorf("the page shows confirmation code %q, want %q", code, want)
+		}
+	}
+	b.Click("#confirm")
+	if beforeBind != nil {
+		beforeBind()
+	}
+	pressed := time.Now()
+	b.ClickAndWait("button[value=bind]")
+	return pressed
+}
+
+func signIn(t *testing.T, b *browser.Browser, user oidcprovider.User) {
+	t.Helper()
+	b.Fill("#login", user.Name)
+	b.Fill("#password", user.Password)
+	b.Submit("button[type=submit]")
+	if b.Exists("form[action$='/confirm'] button") {
+		b.ClickAndWait("form[action$='/confirm'] button")
+	}
+}
+
+// startKonnectorWhenReady waits until the command deployed the konnector
+// in the consumer cluster (pods never run there: no nodes), then runs the released konnector
+// with a token of it: the RBAC the command wrote is all it gets.
+func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector {
+	t.Helper()
+	kube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for {
+		// The Deployment comes after the RBAC and the ServiceAccount.
+		_, err := kube.AppsV1().Deployments(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsNotFound(err) || !c.running() || ctx.Err() != nil {
+			t.Fatalf("no konnector Deployment (%v); command running: %v\n%s", err, c.running(), c.stderr.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	tr, err := kube.CoreV1().ServiceAccounts(consumer.Namespace).CreateToken(ctx, consumer.KonnectorName,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := e.consumer.WriteKubeconfig(t, e.consumer.ConfigForToken(tr.Status.Token))
+	return konnector.Start(t, konnector.Options{
+		Kubeconfig: kc,
+		Servers:    []string{e.provider.Host()},
+		// A lease of its own per test: a stopped konnector's lease would
+		// make the next one wait for it to expire.
+		Args: []string{"--lease-name", "konnector-" + strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))},
+	})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// eventually polls cond every 200ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if err != nil {
+			lastErr = err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+var (
+	bindingGVR = consumer.BindingGVR
+	requestGVR = consumer.RequestGVR
+	bindingNS  = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
+	clusterGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
+)
+
+// kubeconfigSecrets lists the Secrets in kube-bind that hold a kubeconfig.
+func kubeconfigSecrets(t *testing.T, kube kubernetes.Interface) []string {
+	t.Helper()
+	list, err := kube.CoreV1().Secrets(consumer.Namespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range list.Items {
+		if _, ok := s.Data[consumer.KubeconfigKey]; ok {
+			names = append(names, s.Name)
+		}
+	}
+	return names
+}
+
+func nested(u *unstructured.Unstructured, fields ...string) string {
+	s, _, _ := unstructured.NestedString(u.Object, fields...)
+	return s
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func writeFileT(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,188 @@
+// Package consumer shows kube-bind-poll binding for real: a provider
+// control plane with the backend as a separate process, the real OpenID
+// Connect provider and chromium, and a second control plane as the
+// consumer cluster, where the released konnector v0.4.8 runs as a process
+// with the token of the ServiceAccount the command created (so the RBAC
+// the command wrote is all it has).
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
+)
+
+var (
+	backendBinary string
+	cliBinary     string // kube-bind-poll, also installed as kubectl-bind_poll in cliDir
+	cliDir        string
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		bin, cleanup, err := procs.Build("./cmd/backend")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "building the backend:", err)
+			return 1
+		}
+		defer cleanup()
+		backendBinary = bin
+		cli, cleanupCLI, err := procs.Build("./cmd/kube-bind-poll")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "building kube-bind-poll:", err)
+			return 1
+		}
+		defer cleanupCLI()
+		cliBinary, cliDir = cli, filepath.Dir(cli)
+		if err := os.Link(cli, filepath.Join(cliDir, "kubectl-bind_poll")); err != nil {
+			fmt.Fprintln(os.Stderr, "installing the kubectl plugin:", err)
+			return 1
+		}
+		defer stopConsumer()
+		return controlplane.RunMain(m)
+	}()
+	os.Exit(code)
+}
+
+// Users of the test identity provider; only group "binders" may bind.
+var alice = oidcprovider.User{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"binders"}}
+
+const (
+	namespacePrefix = "kb-consumer-"
+	prettyName      = "MangoDB Inc."
+)
+
+// Example APIs: MangoDB and Redis for the main flow, the others each for
+// one test, so tests do not see each other's bindings.
+var (
+	queueAPI  = exampleapis.API{Group: "queue.example.com", Plural: "queues", Kind: "Queue", Exported: true}
+	bucketAPI = exampleapis.API{Group: "storage.example.com", Plural: "buckets", Kind: "Bucket", Exported: true}
+	widgetAPI = exampleapis.API{Group: "widgets.example.com", Plural: "widgets", Kind: "Widget", Exported: true}
+	gadgetAPI = exampleapis.API{Group: "gadgets.example.com", Plural: "gadgets", Kind: "Gadget", Exported: true}
+)
+
+// The consumer cluster: a second, independent control plane.
+var (
+	consumerOnce sync.Once
+	consumerCP   *controlplane.ControlPlane
+	consumerErr  error
+)
+
+func consumerCluster(t *testing.T) *controlplane.ControlPlane {
+	t.Helper()
+	consumerOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		consumerCP, consumerErr = controlplane.Start(ctx, controlplane.Options{})
+	})
+	if consumerErr != nil {
+		t.Fatalf("starting the consumer control plane: %v", consumerErr)
+	}
+	return consumerCP
+}
+
+func stopConsumer() {
+	if consumerCP != nil {
+		consumerCP.Stop()
+		_ = os.RemoveAll(consumerCP.LogDir())
+	}
+}
+
+// env is the provider side: control plane, identity provider, backend.
+type env struct {
+	provider  *controlplane.ControlPlane
+	consumer  *controlplane.ControlPlane
+	idp       *oidcprovider.Provider
+	baseURL   string
+	exportURL string
+}
+
+// startEnv prepares both clusters and starts an identity provider and a
+// backend that stop when t ends.
+func startEnv(t *testing.T) *env {
+	t.Helper()
+	provider := controlplane.Get(t)
+	consumer := consumerCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := exampleapis.Prepare(ctx, provider.AdminConfig(),
+		exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing, queueAPI, bucketAPI, widgetAPI, gadgetAPI); err != nil {
+		t.Fatalf("preparing the provider cluster: %v", err)
+	}
+	port := procs.FreePort(t)
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{base + "/callback"}, Users: []oidcprovider.User{alice}})
+	startBackend(t, base, []string{
+		"--listen-address", fmt.Sprintf("127.0.0.1:%d", port),
+		"--external-url", base,
+		"--oidc-issuer-url", idp.IssuerURL,
+		"--oidc-issuer-client-id", idp.ClientID,
+		"--oidc-issuer-client-secret", idp.ClientSecret,
+		"--oidc-allowed-groups", "binders",
+		"--cookie-signing-key", procs.RandomKey(t, 32),
+		"--cookie-encryption-key", procs.RandomKey(t, 32),
+		"--kubeconfig", provider.AdminKubeconfigPath(),
+		"--pretty-name", prettyName,
+		"--namespace-prefix", namespacePrefix,
+		"--consumer-scope", "Namespaced",
+		"--poll-interval", "1s",
+		"--log-format", "text",
+	})
+	return &env{provider: provider, consumer: consumer, idp: idp, baseURL: base, exportURL: base + "/export"}
+}
+
+// startBackend runs the backend until t ends and waits until it is ready.
+func startBackend(t *testing.T, base string, args []string) {
+	t.Helper()
+	cmd := exec.Command(backendBinary, args...)
+	logs := &procs.Buffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting the backend: %v", err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("backend logs:\n%s", logs.String())
+		}
+	})
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if resp, err := http.Get(base + "/readyz"); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("backend exited: %v\nlogs:\n%s", waitErr, logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend not ready after 90s\nlogs:\n%s", logs.String())
+		}
+	}
+}
