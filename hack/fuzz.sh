@@ -29,7 +29,13 @@ FUZZMINIMIZETIME="${FUZZMINIMIZETIME:-0}"
 cache="$(go env GOCACHE)/fuzz"
 work=$(mktemp -d)
 builder=
-trap '[ -n "$builder" ] && kill "$builder" 2>/dev/null; wait; rm -rf "$work"' EXIT
+cleanup() {
+	# Under set -e a failing command here would become the exit status.
+	if [ -n "$builder" ]; then kill "$builder" 2>/dev/null || true; fi
+	wait || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
