@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real parts: it installs what a fresh
 # machine lacks (the pinned Kubernetes binaries and helm, chromium, the test
-# OpenID Connect provider's npm packages), then runs go test with -race.
-# Extra arguments go to go test (default: ./...).
+# OpenID Connect provider's npm packages), then runs go test with -race,
+# then every fuzz target for a few seconds (hack/fuzz.sh).
+# Extra arguments go to go test (default: ./...); with them, only go test
+# runs (no fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +19,12 @@ echo "test dependencies: $((t1 - t0))s; test binaries: $((t2 - t1))s ($KUBE_BIND
 # Screenshots and other artefacts of the tests land here.
 export KUBE_BIND_TEST_ARTIFACTS="${KUBE_BIND_TEST_ARTIFACTS:-$PWD/_artifacts}"
 
-if [ $# -eq 0 ]; then set -- ./...; fi
 # -p 1: the machine has 2 cores and several packages start a control plane.
-exec go test -race -p 1 -timeout 40m -count=1 "$@"
+if [ $# -gt 0 ]; then
+	exec go test -race -p 1 -timeout 40m -count=1 "$@"
+fi
+go test -race -p 1 -timeout 40m -count=1 ./...
+t3=$SECONDS
+# Each fuzz target for FUZZTIME (default 5s); about two minutes in all.
+bash hack/fuzz.sh
+echo "go test: $((t3 - t2))s; fuzzing: $((SECONDS - t3))s"

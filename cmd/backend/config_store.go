@@ -192,7 +192,12 @@ func decodeBase64(s string) ([]byte, bool) {
 	return nil, false
 }
 
+// validPort: decimal digits only, 1 to 65535 (Atoi alone takes "+8091",
+// which makes a peer URL no replica can parse).
 func validPort(p string) bool {
+	if p == "" || len(p) > 5 || strings.Trim(p, "0123456789") != "" {
+		return false
+	}
 	n, err := strconv.Atoi(p)
 	return err == nil && n > 0 && n < 65536
 }

@@ -85,6 +85,7 @@ func TestInvalidStoreConfig(t *testing.T) {
 		{[]string{"--session-store=hashring", "--peer-key=" + key}, nil, "--peer-listen-address is required"},
 		{[]string{"--session-store=hashring", "--peer-listen-address=8091", "--peer-key=" + key}, nil, `--peer-listen-address "8091": want host:port`},
 		{[]string{"--session-store=hashring", "--peer-listen-address=:0", "--peer-key=" + key}, nil, "want a fixed port"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:+8091", "--peer-key=" + key}, nil, "want a fixed port"}, // found by FuzzParseConfig
 		{[]string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key=" + key}, nil, "--peer-self-url is required"},
 		{[]string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key=" + key}, map[string]string{"POD_IP": "pod"}, `POD_IP "pod" is not an IP address`},
 		{with("--peer-self-url=10.0.0.1:8091"), nil, "--peer-self-url"},

@@ -61,8 +61,10 @@ func SessionIDExpiry(id string) (time.Time, bool) {
 	if len(id) != ExpiringSessionIDLen {
 		return time.Time{}, false
 	}
+	// Strict: one spelling per ID (the last character's two spare bits
+	// must be zero), so that an ID re-encodes to itself.
 	var b [20]byte
-	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(id)); err != nil || n != len(b) {
+	if n, err := base64.RawURLEncoding.Strict().Decode(b[:], []byte(id)); err != nil || n != len(b) {
 		return time.Time{}, false
 	}
 	return time.Unix(int64(binary.BigEndian.Uint32(b[16:])), 0), true

@@ -77,7 +77,13 @@ func TestExpiringSessionID(t *testing.T) {
 	if !ok || !got.Equal(at) {
 		t.Errorf("expiry of %q = %v, %v; want %v", a, got, ok, at)
 	}
-	for _, other := range []string{NewSessionID(), "", a[:26], a[:26] + "!", a + "A"} {
+	// The last character of an expiring ID holds two spare bits, which must
+	// be zero (found by FuzzIDs: "…B" decoded like "…A").
+	spare := "Zr7Q2mWbX9kLp3VtZr7Q2mAAAAB"
+	if _, ok := SessionIDExpiry(spare[:26] + "A"); !ok {
+		t.Fatal("canonical ID refused")
+	}
+	for _, other := range []string{NewSessionID(), "", a[:26], a[:26] + "!", a + "A", spare} {
 		if _, ok := SessionIDExpiry(other); ok {
 			t.Errorf("SessionIDExpiry(%q) claims an expiry", other)
 		}

@@ -61,8 +61,10 @@ func parseState(key []byte, state string, now time.Time) (statePayload, error) {
 	if !ok {
 		return p, ErrInvalidState
 	}
+	// The decoder skips \r and \n; insisting on the canonical encoding
+	// keeps one state from having several accepted spellings.
 	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, stateMAC(key, enc)) {
+	if err != nil || base64.RawURLEncoding.EncodeToString(got) != sig || !hmac.Equal(got, stateMAC(key, enc)) {
 		return p, ErrInvalidState
 	}
 	body, err := base64.RawURLEncoding.DecodeString(enc)

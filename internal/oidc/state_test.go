@@ -28,6 +28,13 @@ func TestStateRoundTripAndRefusals(t *testing.T) {
 	if _, err := parseState(key, s+"A", now); !errors.Is(err, ErrInvalidState) {
 		t.Errorf("longer signature: %v", err)
 	}
+	// Found by FuzzFinishCallbackQuery: base64 decoding skips line breaks.
+	if _, err := parseState(key, s+"\n", now); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("signature with a line break: %v", err)
+	}
+	if _, err := parseState(key, s[:len(s)-2]+"\r\n"+s[len(s)-2:], now); !errors.Is(err, ErrInvalidState) {
+		t.Errorf("signature with a line break inside: %v", err)
+	}
 	if _, err := parseState(key, strings.Repeat("x", maxStateLen+1), now); !errors.Is(err, ErrInvalidState) {
 		t.Errorf("huge: %v", err)
 	}

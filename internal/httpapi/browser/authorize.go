@@ -167,11 +167,18 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 	if err != nil || !u.IsAbs() || u.User != nil || u.Fragment != "" || u.Opaque != "" {
 		return nil, "u is not a plain absolute URL"
 	}
+	// A port no browser can reach would lose the response after the
+	// binding was made, as p=+41234 did.
+	if port := u.Port(); port != "" {
+		if _, ok := parsePort(port); !ok {
+			return nil, "u's port must be a number from 1 to 65535, in digits only"
+		}
+	}
 	if u.Scheme == "http" && isLoopback(u.Hostname()) {
 		return u, ""
 	}
 	for _, allowed := range h.allowList {
-		if matchesPrefix(u, allowed) {
+		if matchesPrefix(u, allowed) && !hasDotSegment(u.EscapedPath()) {
 			return u, ""
 		}
 	}
@@ -194,6 +201,19 @@ func parsePort(p string) (int, bool) {
 		port = port*10 + int(p[i]-'0')
 	}
 	return port, port <= 65535
+}
+
+// hasDotSegment: a "." or ".." path segment, also percent-encoded or
+// after a backslash, which a browser resolves, leaving an allow-listed
+// path prefix behind.
+func hasDotSegment(escapedPath string) bool {
+	for _, seg := range strings.FieldsFunc(escapedPath, func(r rune) bool { return r == '/' || r == '\\' }) {
+		switch strings.ReplaceAll(strings.ToLower(seg), "%2e", ".") {
+		case ".", "..":
+			return true
+		}
+	}
+	return false
 }
 
 func isLoopback(host string) bool {

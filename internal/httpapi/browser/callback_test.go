@@ -47,6 +47,11 @@ func TestCallbackURL(t *testing.T) {
 		{url.Values{"p": {"0x1F90"}}, ""},
 		{url.Values{"p": {"65535"}}, "http://localhost:65535/callback"},
 		{url.Values{"p": {"1"}}, "http://localhost:1/callback"},
+		{url.Values{"u": {"http://localhost:99999/cb"}}, ""},
+		{url.Values{"u": {"http://localhost:+5000/cb"}}, ""},
+		{url.Values{"u": {"https://cli.example.com/kube-bind/../evil"}}, ""},
+		{url.Values{"u": {"https://cli.example.com/kube-bind/%2E%2e/evil"}}, ""},
+		{url.Values{"u": {"https://cli.example.com/kube-bind/./callback"}}, ""},
 		{url.Values{"p": {"8080"}, "u": {"http://localhost/cb"}}, ""},
 		{url.Values{}, ""},
 	}

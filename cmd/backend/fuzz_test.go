@@ -1,0 +1,262 @@
+package main
+
+import (
+	"encoding/base64"
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/testutil/certs"
+)
+
+// FuzzParseConfig: the backend's flags and environment. args are command
+// line arguments, one per line; env is NAME=value lines. Files named by
+// the *-file flags must be plain names: the target runs in a folder
+// holding files of every kind a flag reads (no other file is opened).
+//
+// Properties: an accepted configuration holds only what its owners
+// accept (the namespace prefix for binding, the allow-list for the
+// browser handler, peer URLs in the form the ring compares, a peer port
+// the peers can reach, keys of the right length); secret values never
+// appear in an error; and giving the command line's flags through the
+// environment instead changes nothing (both accepted, equally).
+func FuzzParseConfig(f *testing.F) {
+	dir := f.TempDir()
+	pair := certs.NewServingPair(f, "fuzz")
+	for name, content := range map[string]string{
+		"secret":    "s3cret\n",
+		"sign":      base64.StdEncoding.EncodeToString([]byte(strings.Repeat("s", 32))) + "\n",
+		"enc":       base64.RawURLEncoding.EncodeToString([]byte(strings.Repeat("e", 16))),
+		"peer":      base64.StdEncoding.EncodeToString([]byte(strings.Repeat("p", 48))),
+		"short":     base64.StdEncoding.EncodeToString([]byte("short")),
+		"empty":     "",
+		"ca.pem":    string(pair.CertPEM),
+		"tls.crt":   string(pair.CertPEM),
+		"tls.key":   string(pair.KeyPEM),
+		"notpem":    "hello",
+		"notbase64": "!!!",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Chdir(dir)
+
+	for _, s := range []struct{ args, env string }{
+		{"", ""},
+		{"--external-url=https://bind.example.com/kb/\n--oidc-issuer-url=https://idp.example.com\n--oidc-issuer-client-id=backend\n--oidc-issuer-client-secret-file=secret\n--cookie-signing-key-file=sign\n--cookie-encryption-key-file=enc", ""},
+		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:8091\n--peers=http://10.0.0.5:8091,http://10.0.0.6:8091\n--peer-key-file=peer", ""},
+		// The sign of p=+41234 (issue 13, defect 1) in the peer port:
+		// accepted by Atoi, it made the peer URL http://10.0.0.5:+8091,
+		// which no replica can parse.
+		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:+8091\n--peer-key-file=peer", ""},
+		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-service=kube-bind/peers\n--peer-port-name=peer", "KUBE_BIND_PEER_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))) + "\nPOD_IP=10.0.0.9"},
+		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-self-url=https://peer.example.com:443/", "KUBE_BIND_PEER_KEY_FILE=short"},
+		{"--callback-allowed-urls=https://cli.example.com/kube-bind, http://10.0.0.7:8000\n--namespace-prefix=tenant-", ""},
+		{"--callback-allowed-urls=https://u@cli.example.com/?q\n--namespace-prefix=Kube_", ""},
+		{"--tls-cert-file=tls.crt\n--tls-key-file=tls.key\n--external-ca-file=ca.pem\n--external-address=https://api.example.com:6443", ""},
+		{"--poll-interval=20m\n--session-ttl=10m\n--log-level=DEBUG\n--log-format=Text\n--consumer-scope=cluster", "KUBE_BIND_MAX_PENDING_SESSIONS=5"},
+		{"--cookie-signing-key=c2hvcnQ", "KUBE_BIND_COOKIE_ENCRYPTION_KEY=topsecretvalue"},
+		{"--leader-election-namespace=kube-bind\n--leader-election-lease-name=Bad_Name", "POD_NAME=backend-0"},
+		{"--version", ""},
+		{"--help", ""},
+		{"stray", "KUBE_BIND_SESSION_TTL=soon"},
+	} {
+		f.Add(s.args, s.env)
+	}
+	store := memory.New(sessions.DefaultLimits, nil)
+	f.Cleanup(store.Close)
+	key, err := clusterkey.New(make([]byte, 32))
+	if err != nil {
+		f.Fatal(err)
+	}
+
+	f.Fuzz(func(t *testing.T, args, env string) {
+		var argv []string
+		if args != "" {
+			argv = strings.Split(args, "\n")
+		}
+		envm := map[string]string{}
+		for _, line := range strings.Split(env, "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				envm[k] = v
+			}
+		}
+		getenv := func(k string) string { return envm[k] }
+
+		// What the command line sets, read the way parseConfig reads it.
+		var pre rawFlags
+		fs := newFlagSet(&pre, io.Discard)
+		preErr := fs.Parse(argv)
+		var fileFlags []string
+		fs.VisitAll(func(fl *flag.Flag) {
+			if strings.HasSuffix(fl.Name, "-file") {
+				fileFlags = append(fileFlags, fl.Value.String(), envm[envName(fl.Name)])
+			}
+		})
+		for _, p := range fileFlags {
+			if p != "" && (filepath.Base(p) != p || p == "." || p == "..") {
+				return // only the prepared files
+			}
+		}
+
+		c, err := parseConfig(argv, getenv, io.Discard)
+		if err != nil {
+			if c != nil && (errors.Is(err, flag.ErrHelp) || preErr != nil) {
+				t.Fatalf("a configuration and the error %v", err)
+			}
+			wantNoSecret(t, err, args+"\n"+env, []string{pre.cookieSigningKey, pre.cookieEncryptionKey, pre.oidcClientSecret, pre.store.peerKey, pre.clusterSecretKey,
+				envm[envName("cookie-signing-key")], envm[envName("cookie-encryption-key")], envm[envName("oidc-issuer-client-secret")], envm[envName("peer-key")],
+				envm[envName("cluster-secret-key")]})
+		} else if !c.ShowVersion {
+			wantValidConfig(t, c, store, key)
+		}
+
+		// The same flags through the environment.
+		if preErr != nil {
+			return
+		}
+		env2 := map[string]string{}
+		for k, v := range envm {
+			env2[k] = v
+		}
+		equivalent := true
+		fs.Visit(func(fl *flag.Flag) {
+			if noEnv[fl.Name] || fl.Value.String() == "" {
+				equivalent = false
+			}
+			env2[envName(fl.Name)] = fl.Value.String()
+		})
+		if !equivalent || fs.NArg() > 0 {
+			return
+		}
+		c2, err2 := parseConfig(nil, func(k string) string { return env2[k] }, io.Discard)
+		if (err == nil) != (err2 == nil) {
+			t.Fatalf("args %q: error %v; as environment %v: error %v", argv, err, env2, err2)
+		}
+		if err == nil {
+			for _, cc := range []*config{c, c2} {
+				if cc.ClusterSecretKeyGenerated {
+					cc.ClusterSecretKey = nil
+				}
+				for _, g := range cc.CookieKeysGenerated {
+					if g == "cookie-signing-key" {
+						cc.CookieSigningKey = nil
+					} else {
+						cc.CookieEncryptionKey = nil
+					}
+				}
+			}
+			if !reflect.DeepEqual(c, c2) {
+				t.Fatalf("args %q: %+v\nas environment: %+v", argv, c, c2)
+			}
+		}
+	})
+}
+
+func wantNoSecret(t *testing.T, err error, input string, secrets []string) {
+	t.Helper()
+	for _, s := range secrets {
+		if len(s) >= 6 && strings.Count(input, s) == 1 && strings.Contains(err.Error(), s) {
+			t.Fatalf("error %q shows the secret %q", err, s)
+		}
+	}
+}
+
+func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *clusterkey.Key) {
+	t.Helper()
+	if _, _, err := net.SplitHostPort(c.ListenAddress); err != nil {
+		t.Fatalf("listen address %q", c.ListenAddress)
+	}
+	if u := c.ExternalURL; u != nil {
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			t.Fatalf("external URL %s", u)
+		}
+		if back, err := url.Parse(u.String()); err != nil || back.String() != u.String() {
+			t.Fatalf("external URL %s does not parse again: %v", u, err)
+		}
+	}
+	if c.OIDCIssuerURL != "" && (c.OIDCClientID == "" || c.OIDCClientSecret == "") {
+		t.Fatal("an issuer without client ID or secret")
+	}
+	if n := len(c.CookieSigningKey); n != 32 && n != 64 {
+		t.Fatalf("signing key of %d bytes", n)
+	}
+	if n := len(c.CookieEncryptionKey); n != 16 && n != 24 && n != 32 {
+		t.Fatalf("encryption key of %d bytes", n)
+	}
+	if n := len(c.ClusterSecretKey); n != 32 && n != 48 && n != 64 {
+		t.Fatalf("cluster secret key of %d bytes", n)
+	}
+	if c.PrettyName == "" || strings.TrimSpace(c.PrettyName) != c.PrettyName {
+		t.Fatalf("pretty name %q", c.PrettyName)
+	}
+	if err := binding.ValidatePrefix(c.NamespacePrefix); err != nil {
+		t.Fatalf("accepted a prefix the provisioner refuses: %v", err)
+	}
+	if c.ConsumerScope != "Namespaced" && c.ConsumerScope != "Cluster" {
+		t.Fatalf("scope %q", c.ConsumerScope)
+	}
+	if c.SessionTTL <= 0 || c.PollInterval <= 0 || c.PollInterval >= c.SessionTTL || c.GracePeriod <= 0 || c.MaxPendingSessions <= 0 || c.ShutdownTimeout <= 0 {
+		t.Fatalf("durations and limits: %+v", c)
+	}
+	switch c.LogLevel {
+	case slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError:
+	default:
+		t.Fatalf("log level %v", c.LogLevel)
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		t.Fatalf("log format %q", c.LogFormat)
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		t.Fatal("one TLS file without the other")
+	}
+	// The browser handler parses the allow-list again: it must agree.
+	if _, err := browser.New(browser.Config{
+		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Store: store,
+		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil), ClusterKey: key,
+		CookieHashKey: make([]byte, 32), CookieBlockKey: make([]byte, 32), CallbackAllowList: c.CallbackAllowList,
+	}); err != nil {
+		t.Fatalf("accepted an allow-list the browser handler refuses: %v", err)
+	}
+	s := c.Store
+	switch s.Kind {
+	case storeMemory:
+		return
+	case storeHashring:
+	default:
+		t.Fatalf("store %q", s.Kind)
+	}
+	_, port, err := net.SplitHostPort(s.PeerListenAddress)
+	if err != nil || !validPort(port) || strings.Trim(port, "0123456789") != "" {
+		t.Fatalf("peer listen address %q: the peers cannot reach port %q", s.PeerListenAddress, port)
+	}
+	for _, p := range append([]string{s.PeerSelfURL}, s.Peers...) {
+		if back, err := parsePeerURL(p); err != nil || back != p {
+			t.Fatalf("peer URL %q is not in the form the ring compares (%q, %v)", p, back, err)
+		}
+	}
+	if len(s.Peers) > 0 && !containsString(s.Peers, s.PeerSelfURL) {
+		t.Fatalf("peers %v without self %s", s.Peers, s.PeerSelfURL)
+	}
+	if len(s.PeerKey) < minPeerKeyBytes {
+		t.Fatalf("peer key of %d bytes", len(s.PeerKey))
+	}
+	if (s.PeerServiceName == "") != (s.PeerServiceNamespace == "") || s.PeerServiceName != "" && (!dnsLabel(s.PeerServiceName) || !dnsLabel(s.PeerServiceNamespace)) {
+		t.Fatalf("peer service %q/%q", s.PeerServiceNamespace, s.PeerServiceName)
+	}
+}

@@ -1,0 +1,65 @@
+package binding
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/validation"
+	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// FuzzNamespaceName: the provider namespace of any identity (as an
+// identity provider and a client send it) under any accepted prefix is a
+// valid namespace name that starts with the prefix, is stable, never
+// shows the subject, and differs from the namespace of any other
+// identity; its hash is a valid label value. An identity that
+// validateIdentity accepts fits into the namespace's annotations.
+func FuzzNamespaceName(f *testing.F) {
+	f.Add("kube-bind-", "https://idp.example.com", "alice", "abc123", "https://idp.example.com", "Alice", "abc123")
+	f.Add("kube-bind-", "a/b", "c", "x", "a", "b/c", "x")
+	f.Add("kube-bind-", "a", "b", "\x00c", "a", "b\x00", "c")
+	f.Add("t-", "https://idp", "ünïcödé ../../ ; DROP TABLE", "x", "https://idp", "\xff\xfe", "")
+	f.Add(strings.Repeat("a", maxPrefixLength), "i", "s", "c", "i", "s", "c ")
+	f.Add("Kube_", "", "", "", "", "", "")
+	f.Fuzz(func(t *testing.T, prefix, iss, sub, cid, iss2, sub2, cid2 string) {
+		if err := ValidatePrefix(prefix); err != nil {
+			if len(validation.NameIsDNSLabel(prefix+strings.Repeat("a", nameHashLength), false)) == 0 && len(prefix) <= maxPrefixLength && prefix != "" {
+				t.Fatalf("prefix %q refused (%v), yet it makes valid names", prefix, err)
+			}
+			return
+		}
+		c := Consumer{Issuer: iss, Subject: sub}
+		name := namespaceName(prefix, c, cid)
+		if errs := validation.ValidateNamespaceName(name, false); len(errs) > 0 {
+			t.Fatalf("namespace %q of %+v %q: %v", name, c, cid, errs)
+		}
+		if !strings.HasPrefix(name, prefix) || len(name) != len(prefix)+nameHashLength {
+			t.Fatalf("namespace %q: want prefix %q and %d hash characters", name, prefix, nameHashLength)
+		}
+		if namespaceName(prefix, c, cid) != name {
+			t.Fatal("not stable")
+		}
+		if errs := utilvalidation.IsValidLabelValue(identityHash(c, cid)); len(errs) > 0 {
+			t.Fatalf("label value: %v", errs)
+		}
+		if len(sub) >= 8 && strings.Contains(name[len(prefix):], strings.ToLower(sub)) {
+			t.Fatalf("namespace %q shows the subject %q", name, sub)
+		}
+		c2 := Consumer{Issuer: iss2, Subject: sub2}
+		if (c2 != c || cid2 != cid) && namespaceName(prefix, c2, cid2) == name {
+			t.Fatalf("%+v %q and %+v %q share namespace %s", c, cid, c2, cid2, name)
+		}
+		if err := validateIdentity(c, cid); err != nil {
+			if !errors.Is(err, ErrInvalidIdentity) {
+				t.Fatalf("validateIdentity: %v", err)
+			}
+			return
+		}
+		annotations := map[string]string{AnnotationIssuer: iss, AnnotationSubject: sub, AnnotationCluster: cid}
+		if errs := validation.ValidateAnnotations(annotations, field.NewPath("metadata", "annotations")); len(errs) > 0 {
+			t.Fatalf("annotations of an accepted identity: %v", errs)
+		}
+	})
+}

@@ -1,0 +1,661 @@
+package browser
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/securecookie"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/web"
+)
+
+// The fuzz targets of the browser routes run the real handler with a real
+// memory store; only the identity provider, the catalog and the
+// provisioner are replaced, by fakes that record what they were asked.
+
+var (
+	fuzzHashKey  = bytes.Repeat([]byte("h"), 32)
+	fuzzBlockKey = bytes.Repeat([]byte("b"), 32)
+	// fuzzAllowList is the callback allow-list of the fuzzed handler.
+	fuzzAllowList = []string{"https://cli.example.com/kube-bind", "http://10.0.0.7:8000"}
+)
+
+// fakeLogin records the flow state Begin was given: the session the
+// browser is sent to log in for.
+type fakeLogin struct {
+	mu    sync.Mutex
+	began []string
+}
+
+func (l *fakeLogin) Begin(w http.ResponseWriter, r *http.Request, flowState []byte) (string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.began = append(l.began, string(flowState))
+	return "https://idp.example.com/auth?state=x", nil
+}
+
+func (l *fakeLogin) Finish(http.ResponseWriter, *http.Request) (oidc.Identity, []byte, error) {
+	return oidc.Identity{}, nil, oidc.ErrInvalidState
+}
+
+func (l *fakeLogin) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.began
+	l.began = nil
+	return b
+}
+
+type fakeCatalog struct{ apis []binding.ExportedAPI }
+
+func (c fakeCatalog) List() []binding.ExportedAPI { return c.apis }
+
+func (c fakeCatalog) Lookup(group, resource string) (binding.ExportedAPI, bool) {
+	for _, a := range c.apis {
+		if a.Group == group && a.Resource == resource {
+			return a, true
+		}
+	}
+	return binding.ExportedAPI{}, false
+}
+
+var fuzzCatalog = fakeCatalog{apis: []binding.ExportedAPI{
+	{Name: "widgets.example.com", Group: "example.com", Resource: "widgets", Kind: "Widget", Scope: "Namespaced", Versions: []string{"v1"}},
+	{Name: "mangodbs.mangodb.com", Group: "mangodb.com", Resource: "mangodbs", Kind: "MangoDB", Scope: "Namespaced", Versions: []string{"v1", "v1beta1"}},
+}}
+
+// provisionCall is what the recording provisioner was asked.
+type provisionCall struct {
+	consumer  binding.Consumer
+	clusterID string
+	resources []binding.Resource
+}
+
+type recordingProvisioner struct {
+	mu    sync.Mutex
+	calls []provisionCall
+}
+
+func (p *recordingProvisioner) Provision(_ context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*v1alpha1.BindingResponse, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls = append(p.calls, provisionCall{c, clusterID, slices.Clone(resources)})
+	return &v1alpha1.BindingResponse{
+		APIVersion: v1alpha1.GroupVersion, Kind: v1alpha1.KindBindingResponse,
+		Authentication: v1alpha1.BindingAuthentication{OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{}},
+		Kubeconfig:     []byte("apiVersion: v1\nkind: Config\n"),
+	}, nil
+}
+
+func (p *recordingProvisioner) Existing(context.Context, binding.Consumer, string) (time.Time, bool, error) {
+	return time.Time{}, false, nil
+}
+
+func (p *recordingProvisioner) take() []provisionCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.calls
+	p.calls = nil
+	return c
+}
+
+type fuzzEnv struct {
+	h     *Handler
+	store *memory.Store
+	login *fakeLogin
+	prov  *recordingProvisioner
+	key   *clusterkey.Key
+}
+
+func newFuzzEnv(f *testing.F) *fuzzEnv {
+	f.Helper()
+	store := memory.New(sessions.Limits{MaxSessions: 1 << 20}, nil)
+	f.Cleanup(store.Close)
+	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
+	if err != nil {
+		f.Fatal(err)
+	}
+	e := &fuzzEnv{store: store, login: &fakeLogin{}, prov: &recordingProvisioner{}, key: key}
+	h, err := New(Config{
+		ClusterKey:        key,
+		ExternalURL:       &url.URL{Scheme: "https", Host: "bind.example.com"},
+		ProviderName:      "Fuzz provider",
+		Store:             store,
+		SessionTTL:        time.Hour,
+		Login:             e.login,
+		Catalog:           fuzzCatalog,
+		Provisioner:       e.prov,
+		CookieHashKey:     fuzzHashKey,
+		CookieBlockKey:    fuzzBlockKey,
+		CallbackAllowList: fuzzAllowList,
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	e.h = h
+	return e
+}
+
+// browserTarget is where a browser really goes for u: the URL standard
+// treats a backslash as a slash in http(s) paths and removes "." and ".."
+// segments, also when percent-encoded.
+func browserTarget(u *url.URL) string {
+	p := strings.ReplaceAll(u.EscapedPath(), `\`, "/")
+	var out []string
+	for _, seg := range strings.Split(p, "/") {
+		switch strings.ToLower(seg) {
+		case ".", "%2e":
+			continue
+		case "..", ".%2e", "%2e.", "%2e%2e":
+			if len(out) > 1 {
+				out = out[:len(out)-1]
+			}
+			continue
+		}
+		out = append(out, seg)
+	}
+	return strings.Join(out, "/")
+}
+
+// wantSafeCallback is the property of every callback URL the handler
+// accepts: it parses again to itself (the bind redirects to it after
+// provisioning, when a parse error would lose the response), carries no
+// user or fragment, and leads a browser to this computer over http or
+// under an allow-listed prefix.
+func wantSafeCallback(t *testing.T, q url.Values, got *url.URL) {
+	t.Helper()
+	s := got.String()
+	back, err := url.Parse(s)
+	if err != nil {
+		t.Fatalf("%v: accepted callback %q does not parse again: %v", q, s, err)
+	}
+	if back.String() != s {
+		t.Fatalf("%v: accepted callback %q re-encodes to %q", q, s, back)
+	}
+	if back.User != nil || back.Fragment != "" || back.Opaque != "" || back.Host == "" {
+		t.Fatalf("%v: accepted callback %q has user, fragment, opaque part or no host", q, s)
+	}
+	if port := back.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strings.Trim(port, "0123456789") != "" {
+			t.Fatalf("%v: accepted callback %q has port %q, where no browser goes", q, s, port)
+		}
+	}
+	if q.Has("p") {
+		p := q.Get("p")
+		if strings.Trim(p, "0123456789") != "" {
+			t.Fatalf("%v: p %q accepted though not only digits", q, p)
+		}
+		if s != "http://localhost:"+p+"/callback" {
+			t.Fatalf("%v: p gave %q", q, s)
+		}
+		return
+	}
+	host := back.Hostname()
+	ip := net.ParseIP(host)
+	if back.Scheme == "http" && (host == "localhost" || ip != nil && ip.IsLoopback()) {
+		return
+	}
+	target := browserTarget(back)
+	for _, a := range fuzzAllowList {
+		au, _ := url.Parse(a)
+		base := strings.TrimSuffix(au.EscapedPath(), "/")
+		if strings.EqualFold(back.Scheme, au.Scheme) && strings.EqualFold(back.Host, au.Host) &&
+			(base == "" || target == base || strings.HasPrefix(target, base+"/")) {
+			return
+		}
+	}
+	t.Fatalf("%v: accepted callback %q (a browser goes to path %q) is neither loopback http nor under the allow-list", q, s, target)
+}
+
+// FuzzCallbackURL: the callback flow's p and u. Whatever the query, an
+// accepted callback is http on loopback or under an allow-listed prefix
+// (as a browser resolves it), and it parses again to itself.
+func FuzzCallbackURL(f *testing.F) {
+	for _, s := range []string{
+		"p=43210", "p=1", "p=65535", "p=0", "p=65536", "p=80x", "p=-1", "p=", "p=1&p=2",
+		// Defect 1 of issue 13 (p=%2B41234 is p=+41234; a raw + is a
+		// space): Atoi accepted a sign, and the bind then failed after
+		// provisioning ("http://localhost:+41234/callback: invalid port").
+		"p=+41234", "p=%2B41234", "p=%2B1", "p=0080",
+		"u=http%3A%2F%2F127.0.0.1%3A5000%2Fcallback%3Fx%3D1", "u=http://[::1]:5000/cb", "u=http://localhost/cb",
+		"u=https://cli.example.com/kube-bind/callback", "u=https://cli.example.com/kube-bind", "u=http://10.0.0.7:8000/x",
+		"u=https://cli.example.com/kube-bindevil", "u=https://127.0.0.1/cb", "u=http://127.0.0.1.evil.example.com/cb",
+		"u=http://user@127.0.0.1:5000/cb", "u=http://127.0.0.1:5000/cb%23frag", "u=//127.0.0.1/cb", "u=javascript:alert(1)",
+		// Found by this target: a dot segment leads a browser out of the
+		// allow-listed path; a port no browser can reach loses the
+		// response after provisioning, as p=+41234 did.
+		"u=https://cli.example.com/kube-bind/../evil", "u=https://cli.example.com/kube-bind/%2e%2e/evil",
+		"u=https://cli.example.com/kube-bind/..%5Cevil", "u=https://cli.example.com/kube-bind/x/%2E./../evil",
+		"u=http://localhost:99999/cb", "u=http://localhost:0/cb", "u=http://localhost:/cb",
+		"p=1&u=http://localhost/cb", "",
+	} {
+		f.Add(s)
+	}
+	allow, err := parseAllowList(fuzzAllowList)
+	if err != nil {
+		f.Fatal(err)
+	}
+	h := &Handler{allowList: allow}
+	f.Fuzz(func(t *testing.T, rawQuery string) {
+		q, err := url.ParseQuery(rawQuery)
+		if err != nil {
+			return
+		}
+		got, problem := h.callbackURL(q)
+		if got == nil {
+			if problem == "" {
+				t.Fatalf("%q refused without a reason", rawQuery)
+			}
+			return
+		}
+		wantSafeCallback(t, q, got)
+	})
+}
+
+// FuzzAuthorizeQuery: GET or HEAD /authorize with any query. Never a 5xx
+// but the 503 of a full store; a HEAD changes nothing and starts no
+// login; a poll-flow link starts one only with the session's own
+// signature over this URL and an unused nonce (each nonce once), for the
+// session's issued cluster ID, a presented one only with its proof, and
+// otherwise a new one; a callback-flow link creates exactly one session,
+// whose callback is safe and whose IDs are valid, for the CLI's cluster
+// ID.
+func FuzzAuthorizeQuery(f *testing.F) {
+	e := newFuzzEnv(f)
+	now := time.Now()
+	// Poll sessions whose signed links the seeds hold: one with the
+	// cluster ID the backend issued, one that presented its own.
+	issued := sessions.Session{ID: "Zr7Q2mWbX9kLp3VtZr7Q2m", Secret: "c2VjcmV0LWZvci1mdXp6aW5nLTAwMDAwMDAwMDAwMDAwMDA", CreatedAt: now, ExpiresAt: now.Add(24 * time.Hour)}
+	issued.ClusterID = e.key.NewClusterID(issued.ID)
+	presented := sessions.Session{ID: "Pr3s3ntedClusterSess10n", ClusterID: "abcdefghijklmnopqrstuvwxyz", Secret: "c2Vjb25kLXNlY3JldC1mb3ItZnV6emluZy0wMDAwMDAwMDA", CreatedAt: now, ExpiresAt: now.Add(24 * time.Hour)}
+	polls := map[string]sessions.Session{issued.ID: issued, presented.ID: presented}
+	for _, ps := range polls {
+		if err := e.store.Create(context.Background(), ps); err != nil {
+			f.Fatal(err)
+		}
+	}
+	sign := func(ps sessions.Session, query string) string {
+		u, _ := url.Parse("https://bind.example.com/authorize?" + query)
+		signed, err := hmac.SignURL(ps.Secret, ps.ID, http.MethodGet, u, nil)
+		if err != nil {
+			f.Fatal(err)
+		}
+		return signed.RawQuery
+	}
+	proof := bindproof.ProofParam + "=" + bindproof.ClusterProof(e.key.Secret(presented.ClusterID), presented.ID)
+	for _, head := range []bool{false, true} {
+		f.Add(sign(issued, ""), head)
+		f.Add(sign(presented, proof), head)
+		f.Add(sign(presented, ""), head)
+		f.Add(sign(presented, bindproof.ProofParam+"=AAAA"), head)
+		f.Add("p=43210&s=cli-session&c=aB3dE9", head)
+	}
+	for _, s := range []string{
+		"", "s=a&n=b&h=c", "s=" + issued.ID + "&n=x&h=AAAA", "p=%2B41234&s=cli&c=aB3dE9",
+		"u=http://127.0.0.1:5000/cb&s=cli&c=aB3dE9", "u=https://cli.example.com/kube-bind/cb&s=cli&c=" + ids.NewClusterID(),
+		"u=https://evil.example.com/&s=cli&c=aB3dE9", "p=1&s=a&s=b&c=aB3dE9", "p=1&s=a&c=short", "%zz", "p=1;s=a",
+	} {
+		f.Add(s, false)
+	}
+	var (
+		mu   sync.Mutex
+		used = map[string]bool{} // nonces that got a login started
+	)
+	f.Fuzz(func(t *testing.T, rawQuery string, head bool) {
+		before := e.store.Len()
+		method := http.MethodGet
+		if head {
+			method = http.MethodHead
+		}
+		r := httptest.NewRequest(method, "https://bind.example.com/authorize", nil)
+		r.URL.RawQuery = rawQuery
+		w := httptest.NewRecorder()
+		e.h.ServeHTTP(w, r)
+		began := e.login.take()
+		for _, state := range began {
+			if sid := FlowSessionID([]byte(state)); polls[sid].ID == "" {
+				defer e.store.Delete(context.Background(), sid)
+			}
+		}
+		switch w.Code {
+		case http.StatusSeeOther, http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound, http.StatusGone,
+			http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		case http.StatusOK:
+			if !head {
+				t.Fatalf("query %q: GET answered 200", rawQuery)
+			}
+		default:
+			t.Fatalf("query %q: %s answered %d", rawQuery, method, w.Code)
+		}
+		if (w.Code == http.StatusSeeOther) != (len(began) == 1) || len(began) > 1 {
+			t.Fatalf("query %q: status %d, logins started %d", rawQuery, w.Code, len(began))
+		}
+		q, perr := url.ParseQuery(rawQuery)
+		if w.Code != http.StatusSeeOther {
+			if e.store.Len() != before {
+				t.Fatalf("query %q: %s answered %d, but the store went from %d to %d sessions", rawQuery, method, w.Code, before, e.store.Len())
+			}
+			if head && w.Code == http.StatusOK && (q.Has("h") || q.Has("n")) {
+				// A link preview's HEAD spends nothing: the user's GET of
+				// the same link still works (defect 2 of issue 13).
+				mu.Lock()
+				spent := used[q.Get("n")]
+				used[q.Get("n")] = true
+				mu.Unlock()
+				r := httptest.NewRequest(http.MethodGet, "https://bind.example.com/authorize", nil)
+				r.URL.RawQuery = rawQuery
+				w := httptest.NewRecorder()
+				e.h.ServeHTTP(w, r)
+				if got := e.login.take(); !spent && (w.Code != http.StatusSeeOther || len(got) != 1) {
+					t.Fatalf("query %q: after a HEAD, the GET answered %d", rawQuery, w.Code)
+				}
+			}
+			return
+		}
+		if head {
+			t.Fatalf("query %q: HEAD started a login", rawQuery)
+		}
+		if perr != nil {
+			t.Fatalf("query %q does not parse but started a login", rawQuery)
+		}
+		sid, clusterID, kind, ok := parseFlowState([]byte(began[0]))
+		if !ok {
+			t.Fatalf("query %q: flow state %q", rawQuery, began[0])
+		}
+		if q.Has("h") || q.Has("n") {
+			// Poll flow: only the session's own signature over this very
+			// URL opens it, and each nonce once.
+			ps := polls[sid]
+			req := hmac.Request{Scheme: "https", Host: "bind.example.com", Method: http.MethodGet, Path: "/authorize", Query: q}
+			if ps.ID == "" || q.Get("s") != sid || !hmac.Verify(ps.Secret, req, q.Get("h")) {
+				t.Fatalf("query %q: login started without a valid signature", rawQuery)
+			}
+			switch kind {
+			case clusterNew:
+				if ps.ID != issued.ID || clusterID != issued.ClusterID {
+					t.Fatalf("query %q: cluster %q counted as issued", rawQuery, clusterID)
+				}
+			case clusterProven:
+				if ps.ID != presented.ID || clusterID != presented.ClusterID || !e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
+					t.Fatalf("query %q: cluster %q counted as proven", rawQuery, clusterID)
+				}
+			case clusterReplaced:
+				if clusterID == ps.ClusterID || !e.key.Issued(ps.ID, clusterID) {
+					t.Fatalf("query %q: replaced by %q", rawQuery, clusterID)
+				}
+			default:
+				t.Fatalf("query %q: poll flow of kind %q", rawQuery, kind)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			n := q.Get("n")
+			if used[n] {
+				t.Fatalf("query %q: nonce %q opened a login twice", rawQuery, n)
+			}
+			used[n] = true
+			return
+		}
+		created, err := e.store.Get(context.Background(), sid)
+		if err != nil {
+			t.Fatalf("query %q: login started for session %q that does not exist: %v", rawQuery, sid, err)
+		}
+		if kind != clusterCallback || clusterID != q.Get("c") || !ids.ValidClusterID(clusterID) ||
+			!ids.URLSafe(created.CallbackSessionID, 64) || created.State != sessions.StatePending {
+			t.Fatalf("query %q: made session %+v, flow state %q", rawQuery, created, began[0])
+		}
+		u, err := url.Parse(created.CallbackURL)
+		if err != nil {
+			t.Fatalf("query %q: stored callback %q does not parse: %v", rawQuery, created.CallbackURL, err)
+		}
+		wantSafeCallback(t, q, u)
+	})
+}
+
+// fuzzCookie encodes a login cookie with the fuzzed handler's keys.
+func (e *fuzzEnv) cookie(t testing.TB, lc loginCookie) *http.Cookie {
+	v, err := e.h.cookies.Encode(loginCookieName, lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Cookie{Name: loginCookieName, Value: v}
+}
+
+// FuzzBindForm: POST /bind with any form body, cookie and origin, for a
+// fresh pending session each time. Never a 5xx; the provisioner runs only
+// for a genuine login of this session with its CSRF token, the bind
+// action, the confirmation and APIs that are all in the catalog, and then
+// with exactly those APIs and the login's cluster ID; a refused form
+// leaves the session pending; a bind hands the response over (the
+// callback redirect carries it, decodable).
+func FuzzBindForm(f *testing.F) {
+	e := newFuzzEnv(f)
+	for _, c := range []struct {
+		body   string
+		cookie uint8
+		flow   bool
+		origin string
+	}{
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com&api=mangodbs.mangodb.com&api=widgets.example.com", 0, true, "https://bind.example.com"},
+		{"s={s}&csrf_token={csrf}&action=cancel", 0, false, "null"},
+		{"s={s}&csrf_token={csrf}&action=bind", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&api=widgets.example.com", 0, false, ""}, // not confirmed
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=no&api=widgets.example.com", 0, true, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=secrets.", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com.", 0, false, ""},
+		{"s={s}&csrf_token=wrong&action=bind&confirm=yes&api=widgets.example.com", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 1, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 2, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 3, false, ""},
+		{"s={s}&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 0, false, "https://evil.example.com"},
+		{"s={s};csrf_token={csrf}", 0, false, ""},
+		{"%zz", 0, false, ""},
+		{"s=other&csrf_token={csrf}&action=bind&confirm=yes&api=widgets.example.com", 0, false, ""},
+		{"s={s}&csrf_token={csrf}&csrf_token=x&action=bind&action=cancel&api=widgets.example.com", 0, true, ""},
+	} {
+		f.Add(c.body, c.cookie, c.flow, c.origin)
+	}
+	f.Fuzz(func(t *testing.T, body string, cookieMode uint8, callbackFlow bool, origin string) {
+		ctx := context.Background()
+		now := time.Now()
+		sess := sessions.Session{
+			ID: ids.NewExpiringSessionID(now.Add(time.Hour)), ClusterID: ids.NewClusterID(), Secret: ids.NewSessionSecret(),
+			CreatedAt: now, ExpiresAt: now.Add(time.Hour),
+		}
+		if callbackFlow {
+			sess.CallbackURL, sess.CallbackSessionID = "http://127.0.0.1:5000/callback?x=1", "cli-session"
+		}
+		if err := e.store.Create(ctx, sess); err != nil {
+			t.Fatal(err)
+		}
+		defer e.store.Delete(ctx, sess.ID)
+		csrf := newCSRFToken()
+		lc := loginCookie{SessionID: sess.ID, Issuer: "https://idp.example.com", Subject: "alice", CSRF: csrf,
+			ClusterID: e.key.NewClusterID(sess.ID), ClusterKind: clusterNew}
+		if callbackFlow {
+			lc.ClusterID, lc.ClusterKind = sess.ClusterID, clusterCallback
+		}
+		body = strings.NewReplacer("{s}", sess.ID, "{csrf}", csrf).Replace(body)
+
+		r := httptest.NewRequest(http.MethodPost, "https://bind.example.com/bind", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if origin != "" {
+			r.Header.Set("Origin", origin)
+		}
+		genuine := false
+		switch cookieMode % 4 {
+		case 0:
+			r.AddCookie(e.cookie(t, lc))
+			genuine = true
+		case 1: // none
+		case 2:
+			other := lc
+			other.SessionID = ids.NewSessionID()
+			r.AddCookie(e.cookie(t, other))
+		case 3:
+			r.AddCookie(&http.Cookie{Name: loginCookieName, Value: base64.URLEncoding.EncodeToString([]byte(body))})
+		}
+		w := httptest.NewRecorder()
+		e.h.ServeHTTP(w, r)
+		calls := e.prov.take()
+		if w.Code >= 500 {
+			t.Fatalf("body %q: status %d", body, w.Code)
+		}
+		after, err := e.store.Get(ctx, sess.ID)
+		if err != nil {
+			t.Fatalf("session gone: %v", err)
+		}
+
+		form, perr := url.ParseQuery(body)
+		sameSite := origin == "" || origin == "null" || strings.EqualFold(origin, "https://bind.example.com")
+		mayAct := perr == nil && genuine && sameSite && form.Get("s") == sess.ID && form.Get(web.FieldCSRF) == csrf
+		allOffered := len(form[web.FieldAPI]) > 0
+		for _, name := range form[web.FieldAPI] {
+			resource, group, _ := strings.Cut(name, ".")
+			_, ok := fuzzCatalog.Lookup(group, resource)
+			allOffered = allOffered && ok
+		}
+		complete := mayAct && form.Get(web.FieldAction) == web.ActionBind && form.Get(web.FieldConfirm) == web.ConfirmYes && allOffered
+		if len(calls) == 0 {
+			if complete && len(body) < maxFormBytes {
+				t.Fatalf("body %q: a complete, genuine form was not provisioned (status %d)", body, w.Code)
+			}
+			if w.Code == http.StatusOK && after.State == sessions.StateCompleted {
+				t.Fatalf("body %q: completed without provisioning", body)
+			}
+			switch after.State {
+			case sessions.StatePending:
+			case sessions.StateDenied:
+				if !mayAct || form.Get(web.FieldAction) != web.ActionCancel {
+					t.Fatalf("body %q: session denied without a genuine cancel", body)
+				}
+			default:
+				t.Fatalf("body %q: not provisioned, yet the session is %s", body, after.State)
+			}
+			return
+		}
+		if len(calls) > 1 || !mayAct || form.Get(web.FieldAction) != web.ActionBind || form.Get(web.FieldConfirm) != web.ConfirmYes {
+			t.Fatalf("body %q (cookie mode %d, origin %q): provisioned %d times", body, cookieMode%4, origin, len(calls))
+		}
+		var want []binding.Resource
+		for _, name := range form[web.FieldAPI] {
+			resource, group, _ := strings.Cut(name, ".")
+			if _, ok := fuzzCatalog.Lookup(group, resource); !ok {
+				t.Fatalf("body %q: provisioned although %q is not offered", body, name)
+			}
+			if r := (binding.Resource{Group: group, Resource: resource}); !slices.Contains(want, r) {
+				want = append(want, r)
+			}
+		}
+		c := calls[0]
+		if !slices.Equal(c.resources, want) || c.clusterID != lc.ClusterID || c.consumer != (binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}) {
+			t.Fatalf("body %q: provisioned %+v, want resources %v for cluster %s", body, c, want, lc.ClusterID)
+		}
+		if after.State != sessions.StateCompleted {
+			t.Fatalf("body %q: provisioned, but the session is %s", body, after.State)
+		}
+		var stored v1alpha1.BindingResponse
+		if err := json.Unmarshal(after.Response, &stored); err != nil || stored.Authentication.OAuth2CodeGrant == nil {
+			t.Fatalf("stored response %q: %v", after.Response, err)
+		}
+		if !callbackFlow {
+			if w.Code != http.StatusOK || stored.Authentication.OAuth2CodeGrant.SessionID != sess.ID {
+				t.Fatalf("poll flow: status %d, sid %q", w.Code, stored.Authentication.OAuth2CodeGrant.SessionID)
+			}
+			return
+		}
+		loc, err := url.Parse(w.Header().Get("Location"))
+		if w.Code != http.StatusFound || err != nil || loc.Host != "127.0.0.1:5000" || loc.Query().Get("x") != "1" {
+			t.Fatalf("callback flow: status %d, Location %q", w.Code, w.Header().Get("Location"))
+		}
+		raw, err := base64.StdEncoding.DecodeString(loc.Query().Get("response"))
+		var got v1alpha1.BindingResponse
+		if err != nil || json.Unmarshal(raw, &got) != nil || got.Authentication.OAuth2CodeGrant == nil ||
+			got.Authentication.OAuth2CodeGrant.SessionID != "cli-session" {
+			t.Fatalf("callback flow: response parameter %q does not decode to the CLI session's response", loc.Query().Get("response"))
+		}
+	})
+}
+
+// FuzzLoginCookie: the login cookie carries who logged in from the login
+// callback to the bind. Whatever value a browser sends, it decodes only
+// to content the backend encoded; what the backend encodes decodes to
+// itself, and not under other keys or with any character changed.
+func FuzzLoginCookie(f *testing.F) {
+	e := newFuzzEnv(f)
+	minted := []loginCookie{
+		{SessionID: "Zr7Q2mWbX9kLp3VtZr7Q2m", Issuer: "https://idp.example.com", Subject: "alice", Email: "alice@example.com", CSRF: "csrf-1"},
+		{SessionID: "sid", Issuer: "i", Subject: "s", CSRF: "c"},
+	}
+	for _, lc := range minted {
+		v, err := e.h.cookies.Encode(loginCookieName, lc)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(v, lc.SessionID, lc.Issuer, lc.Subject, lc.Email, uint16(0))
+		f.Add(v[:len(v)-1], "", "", "", "", uint16(7))
+	}
+	f.Add("", "s", "https://idp", "sub", "", uint16(1))
+	f.Add("not|a|cookie", "Zr7Q2m", "iss", "\x00\xff", "e@x", uint16(300))
+	other := securecookie.New(bytes.Repeat([]byte("o"), 32), fuzzBlockKey)
+	other.SetSerializer(securecookie.JSONEncoder{})
+	f.Fuzz(func(t *testing.T, value, sid, iss, sub, email string, flip uint16) {
+		var got loginCookie
+		if err := e.h.cookies.Decode(loginCookieName, value, &got); err == nil && !slices.Contains(minted, got) {
+			t.Fatalf("value %q decoded to %+v, which the backend never encoded", value, got)
+		}
+
+		lc := loginCookie{SessionID: sid, Issuer: iss, Subject: sub, Email: email, CSRF: newCSRFToken()}
+		v, err := e.h.cookies.Encode(loginCookieName, lc)
+		if err != nil {
+			return // too long for a cookie: refused when setting it
+		}
+		var back loginCookie
+		if err := e.h.cookies.Decode(loginCookieName, v, &back); err != nil {
+			t.Fatalf("own cookie for %+v does not decode: %v", lc, err)
+		}
+		// JSON replaces invalid UTF-8; compare with what JSON makes of it.
+		want := lc
+		for _, s := range []*string{&want.SessionID, &want.Issuer, &want.Subject, &want.Email} {
+			b, _ := json.Marshal(*s)
+			_ = json.Unmarshal(b, s)
+		}
+		if back != want {
+			t.Fatalf("round trip: %+v, want %+v", back, want)
+		}
+		if other.Decode(loginCookieName, v, &back) == nil {
+			t.Fatal("a cookie decodes under another signing key")
+		}
+		if e.h.cookies.Decode("other_name", v, &back) == nil {
+			t.Fatal("a cookie decodes under another name")
+		}
+		b := []byte(v)
+		i := int(flip) % len(b)
+		b[i] ^= 1 << (flip % 7)
+		back = loginCookie{}
+		if err := e.h.cookies.Decode(loginCookieName, string(b), &back); err == nil && back != want {
+			t.Fatalf("a changed cookie decoded to %+v", back)
+		}
+	})
+}
