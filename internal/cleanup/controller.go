@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/workloop"
 )
 
 var (
@@ -206,39 +207,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	} else {
 		c.log.Info("cleanup: caches synced; revocation on, garbage collection of unused bindings off")
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for r.next(ctx) {
-		}
-	}()
-	<-ctx.Done()
-	r.queue.ShutDown()
-	wg.Wait()
+	workloop.Run(ctx, r.queue, 1, r.reconcile, r.log, "cleanup")
 	return nil
-}
-
-func (r *run) next(ctx context.Context) bool {
-	ns, quit := r.queue.Get()
-	if quit {
-		return false
-	}
-	defer r.queue.Done(ns)
-	again, err := r.reconcile(ctx, ns)
-	switch {
-	case err != nil:
-		if ctx.Err() == nil {
-			r.log.Warn("cleanup: failed, retrying", "namespace", ns, "error", err, "retries", r.queue.NumRequeues(ns))
-		}
-		r.queue.AddRateLimited(ns)
-	case again > 0:
-		r.queue.Forget(ns)
-		r.queue.AddAfter(ns, again)
-	default:
-		r.queue.Forget(ns)
-	}
-	return true
 }
 
 // reconcile handles one consumer namespace and says when to look again
