@@ -261,18 +261,22 @@ func (d *demo) stop() {
 	// Both clusters at once, as they started.
 	var wg sync.WaitGroup
 	for _, cp := range []*controlplane.ControlPlane{d.cp, d.consumerCP} {
-		if cp == nil {
-			continue
+		if cp != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cp.Stop()
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cp.Stop()
-			// The logs stay; etcd's data (tens of MB) need not.
-			_ = os.RemoveAll(filepath.Join(cp.LogDir(), "etcd"))
-		}()
 	}
 	wg.Wait()
+	// The logs stay; etcd's data (tens of MB) need not, also of a start that
+	// was interrupted (which stopped its servers itself).
+	for _, dir := range []string{"controlplane", "consumer-controlplane"} {
+		if d.opts.stateDir != "" { // (unset when the start failed before making it)
+			_ = os.RemoveAll(filepath.Join(d.path(dir), "etcd"))
+		}
+	}
 }
 
 // exampleAPIs are the provider's APIs in the demo: two that consumers can

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/web"
@@ -47,8 +48,9 @@ type demoRun struct {
 	stopped          bool // the test stops it itself
 }
 
-// startDemo runs hack/demo.sh on free ports, as a user would.
-func startDemo(t *testing.T) *demoRun {
+// startDemo runs hack/demo.sh on free ports, as a user would; env adds
+// environment variables.
+func startDemo(t *testing.T, env ...string) *demoRun {
 	t.Helper()
 	root := procs.RepoRoot()
 	// The demo would build the Kubernetes binaries if they were missing:
@@ -63,6 +65,7 @@ func startDemo(t *testing.T) *demoRun {
 	d := &demoRun{state: filepath.Join(t.TempDir(), "state"), listen: freeAddr(t), oidcAddr: freeAddr(t), stderr: &procs.Buffer{}, exited: make(chan error, 1)}
 	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", d.listen, "--oidc-address", d.oidcAddr, "--state-dir", d.state)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
 	// If this test dies, the demo dies too, and with it what it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = d.stderr
@@ -132,8 +135,10 @@ func (d *demoRun) interrupt(t *testing.T, wantCode int) {
 			l.Close()
 		}
 	}
-	if _, err := os.Stat(filepath.Join(d.state, "controlplane", "etcd")); err == nil {
-		t.Error("etcd's data left in the state folder after the stop")
+	for _, cluster := range []string{"controlplane", "consumer-controlplane"} {
+		if _, err := os.Stat(filepath.Join(d.state, cluster, "etcd")); err == nil {
+			t.Errorf("etcd's data left in the state folder's %s after the stop", cluster)
+		}
 	}
 }
 
@@ -194,6 +199,50 @@ func TestDemo(t *testing.T) {
 			t.Errorf("log %s not kept: %v", f, err)
 		}
 	}
+}
+
+// TestDemoWithoutKonnector starts the demo where the released konnector
+// cannot be found: it says so, prints the bind command with
+// --skip-konnector, and that command binds (the APIServiceBinding exists)
+// with nothing that would sync.
+func TestDemoWithoutKonnector(t *testing.T) {
+	d := startDemo(t, konnector.PeersEnv+"="+filepath.Join(t.TempDir(), "no-such-release"))
+	ready := readReady(t, d.stdout, d.exited, 5*time.Minute)
+	if !slices.Contains(ready.poll, "--skip-konnector") {
+		t.Errorf("the printed bind command %v lacks --skip-konnector", ready.poll)
+	}
+	for _, want := range []string{"was not found", "bound (the APIServiceBindings", "not synced", konnector.PeersEnv} {
+		if !strings.Contains(ready.text, want) {
+			t.Errorf("the ready text does not say %q:\n%s", want, ready.text)
+		}
+	}
+	if !strings.Contains(d.stderr.String(), "no released konnector") {
+		t.Errorf("the demo's log does not say the konnector is missing:\n%s", d.stderr.String())
+	}
+
+	bindWithPollCommand(t, ready, "http://"+d.listen)
+	i := slices.Index(ready.poll, "--kubeconfig")
+	if i < 0 || i+1 >= len(ready.poll) {
+		t.Fatalf("the bind command %v names no --kubeconfig", ready.poll)
+	}
+	consumerCfg, err := clientcmd.BuildConfigFromFlags("", ready.poll[i+1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dyn := dynamic.NewForConfigOrDie(consumerCfg)
+	if _, err := dyn.Resource(bindingGVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
+		t.Errorf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
+	}
+	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+	if _, err := dyn.Resource(deployments).Namespace("kube-bind").Get(ctx, "konnector", metav1.GetOptions{}); err == nil {
+		t.Error("the bind command deployed a konnector despite --skip-konnector")
+	}
+	running := descendants(d.cmd.Process.Pid)
+	if slices.Contains(slices.Collect(maps.Values(running)), "konnector") {
+		t.Errorf("a konnector runs: %v", running)
+	}
+	d.interrupt(t, 0)
 }
 
 // TestDemoInterruptedWhileStarting presses Ctrl-C while the demo is still

@@ -1,12 +1,17 @@
 // Command demo runs the backend locally with real parts, for trying it out:
 // a control plane (etcd, kube-apiserver, kube-controller-manager) as the
-// provider cluster, the kube-bind CRDs and two example exported APIs, a real
-// OpenID Connect provider with a demo user, and the backend. It prints the
-// export URL, the user's credentials and the command that binds, then runs
+// provider cluster, the kube-bind CRDs and two example exported APIs, a
+// second control plane as the consumer cluster, a real OpenID Connect
+// provider with a demo user, and the backend. It prints the export URL, the
+// user's credentials and the one command that binds into the consumer
+// cluster. Its clusters have no nodes, so the konnector that command
+// deploys never starts there: the demo runs the released konnector as a
+// local process in its place, as the command's ServiceAccount. It runs
 // until Ctrl-C (SIGINT) or SIGTERM, and stops everything it started.
 //
 // Start it with hack/demo.sh, which installs what is missing and builds this
-// command next to the backend and kube-bind-poll, where it looks for them.
+// command next to the backend, kube-bind-poll and the konnector's network
+// bridge, where it looks for them.
 package main
 
 import (
