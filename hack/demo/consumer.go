@@ -29,6 +29,7 @@ const (
 // findKonnector looks for the released konnector where the tests find it;
 // without it the demo still binds, but nothing syncs.
 func (d *demo) findKonnector() {
+	t := time.Now()
 	bin, err := konnector.ReleasedPath("konnector")
 	if err != nil {
 		d.konnectorErr = err
@@ -36,6 +37,7 @@ func (d *demo) findKonnector() {
 		return
 	}
 	d.konnectorBinary = bin
+	d.step("found the released konnector %s: %s (%s)", konnector.ReleasedVersion, bin, since(t))
 }
 
 // installBindingsAPI serves APIServiceBindings in the consumer cluster when
