@@ -23,7 +23,7 @@ const (
 	konnectorTokenTTL = 24 * time.Hour
 	// konnectorRestartDelay is the pause before the konnector runs again
 	// after it exited, as a kubelet would restart its pod.
-	konnectorRestartDelay = 5 * time.Second
+	konnectorRestartDelay = 2 * time.Second
 )
 
 // findKonnector looks for the released konnector where the tests find it;

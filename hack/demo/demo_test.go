@@ -182,6 +182,27 @@ func TestDemo(t *testing.T) {
 	pressed, providerNS := bindWithPollCommand(t, ready, base)
 	useBoundAPI(t, d, ready, providerNS, pressed)
 
+	// Should the konnector die, the demo runs it again, as a kubelet would.
+	const runs = "running it here as ServiceAccount kube-bind/konnector"
+	killed := 0
+	for pid, name := range descendants(d.cmd.Process.Pid) {
+		if name == "konnector" {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killed = pid
+		}
+	}
+	if killed == 0 {
+		t.Error("no konnector process to kill")
+	} else {
+		eventually(t, time.Minute, "the demo to run the konnector again", func() (bool, string) {
+			again := false
+			for pid, name := range descendants(d.cmd.Process.Pid) {
+				again = again || (name == "konnector" && pid != killed)
+			}
+			return again && strings.Count(d.stderr.String(), runs) == 2, tail(d.stderr.String(), 3)
+		})
+	}
+
 	// Ctrl-C: the demo stops everything it started.
 	running := descendants(d.cmd.Process.Pid)
 	if len(running) < 9 {
