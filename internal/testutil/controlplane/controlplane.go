@@ -207,6 +207,12 @@ func (cp *ControlPlane) WriteKubeconfig(t testing.TB, cfg *rest.Config) string {
 	return path
 }
 
+// WriteKubeconfigFile is WriteKubeconfig outside of tests (the local demo):
+// it writes cfg as a kubeconfig file (mode 0600) at path.
+func (cp *ControlPlane) WriteKubeconfigFile(path string, cfg *rest.Config) error {
+	return writeKubeconfig(path, cfg)
+}
+
 // BinDir is the folder of etcd, kube-apiserver, kube-controller-manager,
 // kubectl (and helm, when built by hack/install-test-binaries.sh).
 func (cp *ControlPlane) BinDir() string { return cp.binDir }
