@@ -133,9 +133,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		ClientSecret: idp.ClientSecret,
 		RedirectURL:  srv.URL + "/callback",
 		SigningKey:   []byte("0123456789abcdef0123456789abcdef-browser-test"),
-		UseOnce: func(ctx context.Context, flowState []byte, key string) error {
-			return store.UseNonce(ctx, browser.FlowSessionID(flowState), "oidc-state:"+key)
-		},
+		UseOnce:      browser.StateOnce(store),
 		HTTPClient: &http.Client{Timeout: 30 * time.Second, Transport: roundTripper(func(r *http.Request) (*http.Response, error) {
 			if r.URL.Host == idpURL.Host {
 				be.idpMu.Lock()

@@ -43,7 +43,7 @@ const (
 // Defaults for zero Config fields.
 const (
 	DefaultPollInterval = 2 * time.Second
-	DefaultSessionTTL   = 10 * time.Minute
+	DefaultSessionTTL   = sessions.DefaultTTL
 )
 
 // Config configures the handler returned by New.

@@ -200,16 +200,21 @@ func isLoopback(host string) bool {
 	return host == "localhost" || host == "127.0.0.1" || host == "::1"
 }
 
-func parseAllowList(entries []string) ([]*url.URL, error) {
+// ParseCallbackAllowList reads the entries of Config.CallbackAllowList
+// (--callback-allowed-urls): scheme://host[:port][/path] prefixes. Every
+// entry that is not one is an error of its own.
+func ParseCallbackAllowList(entries []string) ([]*url.URL, []error) {
 	var out []*url.URL
+	var errs []error
 	for _, e := range entries {
 		u, err := url.Parse(e)
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			return nil, errors.New("browser: callback allow-list entry " + strconv.Quote(e) + " is not a scheme://host[:port][/path] prefix")
+			errs = append(errs, errors.New(strconv.Quote(e)+": want a URL prefix scheme://host[:port][/path], e.g. https://cli.example.com/callback"))
+			continue
 		}
 		out = append(out, u)
 	}
-	return out, nil
+	return out, errs
 }
 
 // matchesPrefix: same scheme and host (port included), and u's path is

@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -109,7 +110,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, errors.New("browser: the cookie encryption key must have 16, 24 or 32 bytes")
 	}
 	if cfg.SessionTTL <= 0 {
-		cfg.SessionTTL = 10 * time.Minute
+		cfg.SessionTTL = sessions.DefaultTTL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -117,9 +118,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	allow, err := parseAllowList(cfg.CallbackAllowList)
-	if err != nil {
-		return nil, err
+	allow, errs := ParseCallbackAllowList(cfg.CallbackAllowList)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("browser: callback allow-list: %w", errors.Join(errs...))
 	}
 	h := &Handler{
 		cfg:       cfg,
