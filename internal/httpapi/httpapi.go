@@ -1,8 +1,8 @@
 // Package httpapi is the backend's HTTP surface: discovery (GET /export),
 // poll sessions (POST /sessions, GET /poll) per docs/protocol.md §0, §1 and
 // §4, the probes /healthz and /readyz, and Prometheus metrics on /metrics.
-// The browser routes (/authorize, /callback, /bind, /static/) are served by
-// Config.Browser when it is set.
+// The browser routes (/authorize, /callback, /bind) are Config.Browser's,
+// mounted here beside the others: New mounts every route in one router.
 package httpapi
 
 import (
@@ -21,6 +21,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/sessions"
 )
 
@@ -37,7 +38,6 @@ const (
 	PathAuthorize = "/authorize"
 	PathCallback  = "/callback"
 	PathBind      = "/bind"
-	PathStatic    = "/static"
 )
 
 // Defaults for zero Config fields.
@@ -69,10 +69,10 @@ type Config struct {
 	Metrics *prometheus.Registry
 	// Readiness are the checks /readyz runs; it is ready when all pass.
 	Readiness []health.Check
-	// Browser, if set, serves the browser routes /authorize, /callback,
-	// /bind and /static/ (under the external URL's path prefix). While it
-	// is nil, /authorize answers 503.
-	Browser http.Handler
+	// Browser, if set, serves the browser routes /authorize, /callback
+	// and /bind (under the external URL's path prefix). While it is nil,
+	// /authorize answers 503.
+	Browser *browser.Handler
 	// ClusterKey derives new cluster IDs and their cluster secrets; the
 	// browser part must use the same one. Default: a random key (tests
 	// only: secrets then die with the process).
@@ -138,18 +138,20 @@ func New(cfg Config) (http.Handler, error) {
 
 	prefix := strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/")
 	s := &server{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		metrics:    m,
-		scheme:     strings.ToLower(cfg.ExternalURL.Scheme),
-		host:       cfg.ExternalURL.Host,
-		minPollGap: minPollGap(cfg.PollInterval),
-		pollPath:   prefix + PathPoll,
+		cfg:          cfg,
+		log:          cfg.Logger,
+		metrics:      m,
+		scheme:       strings.ToLower(cfg.ExternalURL.Scheme),
+		host:         cfg.ExternalURL.Host,
+		minPollGap:   minPollGap(cfg.PollInterval),
+		browserPaths: map[string]string{},
 	}
 	if s.export, err = exportDocument(cfg, prefix); err != nil {
 		return nil, err
 	}
 
+	// Every route, in one router. No middleware answers a request itself
+	// except to refuse a body over the limit or to report a panic.
 	r := chi.NewRouter()
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))
@@ -164,11 +166,10 @@ func New(cfg Config) (http.Handler, error) {
 		r.Post(PathSessions, named(PathSessions, s.createSession))
 		r.Get(PathPoll, named(PathPoll, s.poll))
 		if cfg.Browser != nil {
-			b := cfg.Browser.ServeHTTP
-			r.Handle(PathAuthorize, named(PathAuthorize, b))
-			r.Handle(PathCallback, named(PathCallback, b))
-			r.Handle(PathBind, named(PathBind, b))
-			r.Handle(PathStatic+"/*", named(PathStatic, b))
+			for _, rt := range cfg.Browser.Routes() {
+				r.Method(rt.Method, rt.Path, named(rt.Path, rt.Handler))
+				s.browserPaths[prefix+rt.Path] = rt.Path
+			}
 		} else {
 			r.Get(PathAuthorize, named(PathAuthorize, s.browserMissing))
 		}
@@ -208,8 +209,9 @@ type server struct {
 	export  []byte
 	// scheme and host of the external URL, which every signature covers.
 	scheme, host string
-	// pollPath is the poll route's full path, prefix included.
-	pollPath string
+	// browserPaths maps the full paths of the browser routes, prefix
+	// included, to their route labels: their 405 is the browser's page.
+	browserPaths map[string]string
 	// minPollGap is the poll interval less the jitter tolerance.
 	minPollGap time.Duration
 }

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"net/http"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
@@ -15,7 +13,7 @@ import (
 // browserPart is the browser login and the provider cluster side behind
 // it, as the public handler needs them.
 type browserPart struct {
-	handler     http.Handler
+	handler     *browser.Handler
 	checks      []health.Check
 	onDelivered func(response []byte)
 }

@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -87,7 +86,6 @@ type Config struct {
 type Handler struct {
 	cfg       Config
 	log       *slog.Logger
-	routes    map[string]methods
 	cookies   *securecookie.SecureCookie
 	allowList []*url.URL
 	prefix    string
@@ -132,37 +130,34 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h.cookies.MaxAge(int(cfg.SessionTTL / time.Second))
 	h.cookies.SetSerializer(securecookie.JSONEncoder{})
-	// Each path with the methods it takes. GET routes take HEAD too (see
-	// linkLooksGood for /authorize), except the callback, whose GET spends
-	// the login state and which has nothing to check without spending it.
-	h.routes = map[string]methods{
-		h.prefix + "/authorize": {http.MethodGet: h.authorize, http.MethodHead: h.authorize},
-		h.prefix + "/callback":  {http.MethodGet: h.callback},
-		h.prefix + "/bind":      {http.MethodGet: h.showSelection, http.MethodHead: h.showSelection, http.MethodPost: h.bind},
-	}
 	return h, nil
 }
 
-// methods maps the HTTP methods a path takes to their handlers.
-type methods map[string]http.HandlerFunc
+// Route is one browser route: a method and a path below the external
+// URL's path prefix. internal/httpapi mounts them in its router.
+type Route struct {
+	Method, Path string
+	Handler      http.HandlerFunc
+}
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// The prefix is kept escaped, as the external URL has it.
-	route, ok := h.routes[r.URL.EscapedPath()]
-	if !ok {
-		h.notFound(w, r)
-		return
+// Routes lists the browser routes. GET routes take HEAD too (see
+// linkLooksGood for /authorize), except the callback, whose GET spends
+// the login state and which has nothing to check without spending it.
+func (h *Handler) Routes() []Route {
+	return []Route{
+		{http.MethodGet, "/authorize", h.authorize},
+		{http.MethodHead, "/authorize", h.authorize},
+		{http.MethodGet, "/callback", h.callback},
+		{http.MethodGet, "/bind", h.showSelection},
+		{http.MethodHead, "/bind", h.showSelection},
+		{http.MethodPost, "/bind", h.bind},
 	}
-	if serve, ok := route[r.Method]; ok {
-		serve(w, r)
-		return
-	}
-	allowed := make([]string, 0, len(route))
-	for m := range route {
-		allowed = append(allowed, m)
-	}
-	slices.Sort(allowed)
-	w.Header().Set("Allow", strings.Join(allowed, ", "))
+}
+
+// MethodNotAllowed answers a browser route asked with a method it does
+// not take; allow is the Allow header (the methods it takes).
+func (h *Handler) MethodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
 	h.page(w, http.StatusMethodNotAllowed, pageMethodNotAllowed, r.Method+" is not taken here")
 }
 
