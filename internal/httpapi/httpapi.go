@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
@@ -135,10 +136,15 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	svc, err := bindservice.New(bindservice.Config{Store: cfg.Store, ClusterKey: cfg.ClusterKey, SessionTTL: cfg.SessionTTL, Now: cfg.Now})
+	if err != nil {
+		return nil, err
+	}
 
 	prefix := strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/")
 	s := &server{
 		cfg:          cfg,
+		bind:         svc,
 		log:          cfg.Logger,
 		metrics:      m,
 		scheme:       strings.ToLower(cfg.ExternalURL.Scheme),
@@ -204,6 +210,7 @@ func validateExternalURL(u *url.URL) error {
 // server holds what the handlers share.
 type server struct {
 	cfg     Config
+	bind    *bindservice.Service
 	log     *slog.Logger
 	metrics *metrics
 	export  []byte

@@ -6,9 +6,9 @@
 // session store for the poll flow, as a redirect to the CLI's localhost
 // callback for the callback flow.
 //
-// The handlers only sequence the packages that own the logic: hmac checks
-// links, sessions keeps state shared by all replicas, oidc logs users in,
-// binding provisions, web renders pages.
+// The handlers parse, call the packages that own the logic and render:
+// hmac checks links, bindservice creates, completes and denies sessions
+// (provisioning through binding), oidc logs users in, web renders pages.
 package browser
 
 import (
@@ -27,6 +27,7 @@ import (
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -85,6 +86,7 @@ type Config struct {
 // Handler serves the browser routes.
 type Handler struct {
 	cfg       Config
+	svc       *bindservice.Service
 	log       *slog.Logger
 	cookies   *securecookie.SecureCookie
 	allowList []*url.URL
@@ -120,7 +122,15 @@ func New(cfg Config) (*Handler, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("browser: callback allow-list: %w", errors.Join(errs...))
 	}
+	svc, err := bindservice.New(bindservice.Config{
+		Store: cfg.Store, ClusterKey: cfg.ClusterKey, SessionTTL: cfg.SessionTTL, Now: cfg.Now,
+		Catalog: cfg.Catalog, Provisioner: cfg.Provisioner,
+	})
+	if err != nil {
+		return nil, err
+	}
 	h := &Handler{
+		svc:       svc,
 		cfg:       cfg,
 		log:       cfg.Logger,
 		cookies:   securecookie.New(cfg.CookieHashKey, cfg.CookieBlockKey),

@@ -72,8 +72,9 @@ func (h *Handler) page(w http.ResponseWriter, status int, kind pageKind, detail 
 	web.RenderError(w, status, p)
 }
 
-// sessionLookupFailed renders the answer to a failed store operation.
-func (h *Handler) sessionLookupFailed(w http.ResponseWriter, err error) {
+// storeFailed renders the answer to a failed session store operation:
+// a lookup, a nonce, or the Complete or Deny of a bind.
+func (h *Handler) storeFailed(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, sessions.ErrNotFound):
 		h.page(w, http.StatusGone, pageExpired, "")
