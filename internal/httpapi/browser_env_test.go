@@ -160,23 +160,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bh, err := browser.New(browser.Config{
-		ClusterKey:     key,
-		ExternalURL:    ext,
-		ProviderName:   "MangoDB Inc.",
-		Store:          store,
-		SessionTTL:     10 * time.Minute,
-		Login:          login,
-		Catalog:        be.catalog,
-		Provisioner:    refusingProvisioner{},
-		CookieHashKey:  []byte("0123456789abcdef0123456789abcdef-cookie-hash"),
-		CookieBlockKey: []byte("0123456789abcdef"),
-		Logger:         logger.With("component", "browser"),
-		Now:            clock.Now,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bh := testBrowser(t, ext, store, key, login, be.catalog, logger, clock.Now)
 	reg := prometheus.NewRegistry()
 	h, err := New(Config{
 		ClusterKey:   key,

@@ -80,22 +80,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 	var bh *browser.Handler
 	if o.login != nil {
-		bh, err = browser.New(browser.Config{
-			ClusterKey:     key,
-			ExternalURL:    ext,
-			ProviderName:   "MangoDB Inc.",
-			Store:          store,
-			Login:          o.login,
-			Catalog:        &staticCatalog{},
-			Provisioner:    refusingProvisioner{},
-			CookieHashKey:  []byte("0123456789abcdef0123456789abcdef-cookie-hash"),
-			CookieBlockKey: []byte("0123456789abcdef"),
-			Logger:         logger.With("component", "browser"),
-			Now:            clock.Now,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		bh = testBrowser(t, ext, store, key, o.login, &staticCatalog{}, logger, clock.Now)
 	}
 	h, err := New(Config{
 		ClusterKey:   key,
@@ -232,4 +217,30 @@ func wantCommonHeaders(t testing.TB, resp *http.Response) {
 	if got := resp.Header.Get("Content-Type"); got != "application/json; charset=utf-8" {
 		t.Errorf("Content-Type %q, want application/json; charset=utf-8", got)
 	}
+}
+
+// testBrowser is the browser part of the handler tests: the real handler
+// with the given identity provider and catalog, and a provisioner that
+// refuses.
+func testBrowser(t testing.TB, ext *url.URL, store sessions.Store, key *clusterkey.Key, login browser.Login,
+	catalog browser.Catalog, logger *slog.Logger, now func() time.Time) *browser.Handler {
+	t.Helper()
+	bh, err := browser.New(browser.Config{
+		ClusterKey:     key,
+		ExternalURL:    ext,
+		ProviderName:   "MangoDB Inc.",
+		Store:          store,
+		SessionTTL:     10 * time.Minute,
+		Login:          login,
+		Catalog:        catalog,
+		Provisioner:    refusingProvisioner{},
+		CookieHashKey:  []byte("0123456789abcdef0123456789abcdef-cookie-hash"),
+		CookieBlockKey: []byte("0123456789abcdef"),
+		Logger:         logger.With("component", "browser"),
+		Now:            now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bh
 }

@@ -219,26 +219,6 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector 
 
 func ptr[T any](v T) *T { return &v }
 
-// eventually polls cond every 200ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if err != nil {
-			lastErr = err
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 var (
 	bindingGVR = consumer.BindingGVR
 	requestGVR = consumer.RequestGVR
