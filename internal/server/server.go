@@ -227,9 +227,11 @@ func (s *Server) Run(ctx context.Context) error {
 	// The servers: a failure of either ends Run.
 	failed := make(chan error, 2)
 	var servers sync.WaitGroup
+	// Read before serving: Serve changes the TLS configuration (HTTP/2).
+	withTLS := s.srv.TLSConfig != nil
 	servers.Go(func() {
 		var err error
-		if s.srv.TLSConfig != nil {
+		if withTLS {
 			err = s.srv.ServeTLS(s.ln, "", "")
 		} else {
 			err = s.srv.Serve(s.ln)
@@ -248,7 +250,7 @@ func (s *Server) Run(ctx context.Context) error {
 			"peers", s.store.(*hashring.Store).Peers(), "discovery", s.cfg.Store.PeerServiceName != "")
 	}
 	s.log.Info("serving", "version", version.Version, "address", s.ln.Addr().String(),
-		"external_url", s.ext.String(), "tls", s.srv.TLSConfig != nil)
+		"external_url", s.ext.String(), "tls", withTLS)
 
 	var errs []error
 	select {
