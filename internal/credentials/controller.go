@@ -63,8 +63,8 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	switch {
 	case cfg.Issuer == nil:
 		return nil, errors.New("credentials: an Issuer is required")
-	case p.Lifetime <= 0 || !(p.RotationPoint > 0 && p.RotationPoint < 1) || p.Overlap <= 0:
-		return nil, fmt.Errorf("credentials: invalid policy %+v", p)
+	case len(p.Validate()) > 0:
+		return nil, fmt.Errorf("credentials: invalid policy: %w", errors.Join(p.Validate()...))
 	case cfg.NamespacePrefix == "":
 		return nil, errors.New("credentials: a namespace prefix is required")
 	}

@@ -204,25 +204,7 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector 
 	})
 }
 
-// eventually polls cond every 200ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if err != nil {
-			lastErr = err
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
+func ptr[T any](v T) *T { return &v }
 
 var (
 	bindingGVR = consumer.BindingGVR
