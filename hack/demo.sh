@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The local demo: a real control plane as the provider cluster (with the
-# kube-bind CRDs and two example APIs), a real OpenID Connect provider with a
-# demo user, and the backend on http://127.0.0.1:8080. It prints the export
-# URL, the user's credentials and the command that binds; Ctrl-C stops it all.
+# kube-bind CRDs and two example APIs), a second one as the consumer cluster,
+# a real OpenID Connect provider with a demo user, and the backend on
+# http://127.0.0.1:8080. It prints the export URL, the user's credentials and
+# the one command that binds into the consumer cluster, and runs the
+# konnector that command deploys as a local process (the clusters have no
+# nodes); Ctrl-C stops it all.
 #
 #   hack/demo.sh [--listen-address 127.0.0.1:8080] [--oidc-address 127.0.0.1:5556]
 #                [--state-dir DIR] [--user demo] [--password demo-password]
@@ -28,8 +31,10 @@ cache_root="${KUBE_BIND_BACKEND_CACHE:-$HOME/.cache/kube-bind-backend}"
 bin="$cache_root/demo-bin/$(pwd -P | sha256sum | cut -c1-12)"
 mkdir -p "$bin"
 t=$SECONDS
-log "building the backend, kube-bind-poll and the demo into $bin"
-go build -o "$bin/" ./cmd/backend ./cmd/kube-bind-poll ./hack/demo
+log "building the backend, kube-bind-poll, the demo and the konnector's network bridge into $bin"
+go build -o "$bin/" ./cmd/backend ./cmd/kube-bind-poll ./hack/demo ./internal/testutil/konnector/netbridge
+# kubectl finds plugins on PATH by name: `kubectl bind-poll` runs this.
+ln -f "$bin/kube-bind-poll" "$bin/kubectl-bind_poll"
 log "built in $((SECONDS - t))s"
 
 # exec: the demo gets Ctrl-C and SIGTERM itself and stops everything it started.

@@ -6,7 +6,7 @@
 # go test runs every time).
 #
 #   hack/fuzz.sh                      # every target, FUZZTIME each (default 5s)
-#   FUZZTIME=10m hack/fuzz.sh         # the long run (docs/fuzzing.md)
+#   FUZZTIME=10m FUZZ_CORPUS=keep hack/fuzz.sh   # the long run (docs/fuzzing.md)
 #   FUZZ_MATCH='Peer|Seal' hack/fuzz.sh   # only targets whose name matches
 #   FUZZ_LOG_DIR=/tmp/fuzzlogs hack/fuzz.sh  # keep each target's output
 #
@@ -26,14 +26,25 @@ FUZZ_MATCH="${FUZZ_MATCH:-.}"
 # Minimizing every input that adds coverage (go's default: up to 60s each)
 # would eat a short run; long runs may set FUZZMINIMIZETIME=60s.
 FUZZMINIMIZETIME="${FUZZMINIMIZETIME:-0}"
-cache="$(go env GOCACHE)/fuzz"
+# The corpus a target grows is kept in go test's fuzz cache, and every run
+# first replays all of it ("gathering baseline coverage"): after a few long
+# runs that alone takes longer than a short run, which then fuzzes nothing.
+# So a short run (the default) starts from the seed corpus in a corpus of
+# its own; FUZZ_CORPUS=keep (for long runs) uses and grows go test's cache.
+fresh_cache=
+if [ "${FUZZ_CORPUS:-fresh}" = keep ]; then
+	cache="$(go env GOCACHE)/fuzz"
+else
+	cache=$(mktemp -d)
+	fresh_cache=$cache
+fi
 work=$(mktemp -d)
 builder=
 cleanup() {
 	# Under set -e a failing command here would become the exit status.
 	if [ -n "$builder" ]; then kill "$builder" 2>/dev/null || true; fi
 	wait || true
-	rm -rf "$work"
+	rm -rf "$work" ${fresh_cache:+"$fresh_cache"}
 }
 trap cleanup EXIT
 

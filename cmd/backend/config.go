@@ -13,6 +13,9 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/server"
 )
 
 // envPrefix: every flag --some-name can also be given as the environment
@@ -29,76 +32,19 @@ func envName(flagName string) string {
 // noEnv lists flags that have no environment variable.
 var noEnv = map[string]bool{"version": true, "help": true}
 
-// config is the backend's validated configuration.
+// config is the backend's validated configuration: what internal/server
+// is built from, and what only this command uses.
 type config struct {
-	ListenAddress string
-	// ExternalURL is nil when --external-url was not given: it is then
-	// derived from the address the backend listens on (see externalURLFor).
-	ExternalURL *url.URL
+	server.Config
 
-	OIDCIssuerURL       string
-	OIDCClientID        string
-	OIDCClientSecret    string
-	OIDCCallbackURL     string // "" = <external URL>/callback
-	OIDCAllowedUsers    []string
-	OIDCAllowedGroups   []string
-	CookieSigningKey    []byte
-	CookieEncryptionKey []byte
 	// CookieKeysGenerated says which keys were made up at random because
-	// none was configured (they differ per process and per restart).
-	CookieKeysGenerated []string
-	// ClusterSecretKey derives new cluster IDs and their cluster secrets
-	// (internal/clusterkey); ClusterSecretKeyGenerated: made up at random.
-	ClusterSecretKey          []byte
+	// none was configured (they differ per process and per restart);
+	// ClusterSecretKeyGenerated likewise.
+	CookieKeysGenerated       []string
 	ClusterSecretKeyGenerated bool
-
-	// Consumer credentials (internal/credentials).
-	Credentials credentialsConfig
-
-	ExternalAddress    string
-	ExternalCAFile     string
-	ExternalCA         []byte
-	ExternalServerName string
-
-	PrettyName      string
-	NamespacePrefix string
-	ConsumerScope   string // "Namespaced" or "Cluster"
-	Kubeconfig      string
-	Context         string
-
-	SessionTTL         time.Duration
-	PollInterval       time.Duration
-	GracePeriod        time.Duration
-	MaxPendingSessions int
-	// MaxConnections and MaxConnsPerClient cap the public listener's
-	// connections (0: no cap).
-	MaxConnections    int
-	MaxConnsPerClient int
-	ShutdownTimeout   time.Duration
 
 	LogLevel  slog.Level
 	LogFormat string // "json" or "text"
-
-	TLSCertFile string
-	TLSKeyFile  string
-
-	// Store says where sessions live (config_store.go).
-	Store storeConfig
-	// CallbackAllowList: URL prefixes a callback-flow u may start with.
-	CallbackAllowList []string
-
-	// Leader election of the provider-side controllers (internal/exports):
-	// on when LeaderElectionNamespace is set (see leaderElection in
-	// leader.go).
-	LeaderElection          bool
-	LeaderElectionNamespace string
-	LeaderElectionLeaseName string
-	PodName                 string
-
-	// Garbage collection of unused bindings (internal/cleanup, gc.go):
-	// off when GCUnusedBindingAfter is 0.
-	GCUnusedBindingAfter time.Duration
-	GCDryRun             bool
 
 	ShowVersion bool
 }
@@ -256,14 +202,13 @@ func want(f *flag.Flag, err error) string {
 }
 
 func (r *rawFlags) validate() (*config, error) {
-	c := &config{
+	c := &config{Config: server.Config{
 		ListenAddress:      r.listenAddress,
 		OIDCIssuerURL:      r.oidcIssuerURL,
 		OIDCClientID:       r.oidcClientID,
 		OIDCAllowedUsers:   splitList(r.oidcAllowedUsers),
 		OIDCAllowedGroups:  splitList(r.oidcAllowedGroups),
 		ExternalAddress:    r.externalAddress,
-		ExternalCAFile:     r.externalCAFile,
 		ExternalServerName: r.externalServerName,
 		PrettyName:         strings.TrimSpace(r.prettyName),
 		NamespacePrefix:    r.namespacePrefix,
@@ -278,7 +223,7 @@ func (r *rawFlags) validate() (*config, error) {
 		ShutdownTimeout:    r.shutdownTimout,
 		TLSCertFile:        r.tlsCertFile,
 		TLSKeyFile:         r.tlsKeyFile,
-	}
+	}}
 	var errs []error
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
@@ -346,12 +291,12 @@ func (r *rawFlags) validate() (*config, error) {
 
 	if r.externalCAFile != "" {
 		b, err := os.ReadFile(r.externalCAFile)
-		switch {
-		case err != nil:
-			fail("--external-ca-file: %v", err)
-		case !strings.Contains(string(b), "-----BEGIN CERTIFICATE-----"):
-			fail("--external-ca-file %s: no PEM certificate in it", r.externalCAFile)
-		default:
+		if err == nil {
+			err = binding.CheckCABundle(b)
+		}
+		if err != nil {
+			fail("--external-ca-file %s: %v", r.externalCAFile, err)
+		} else {
 			c.ExternalCA = b
 		}
 	}
@@ -364,16 +309,11 @@ func (r *rawFlags) validate() (*config, error) {
 	if c.PrettyName == "" {
 		fail("--pretty-name must not be empty")
 	}
-	if !validNamespacePrefix(r.namespacePrefix) {
-		fail("--namespace-prefix %q: want 1 to 40 characters of a-z, 0-9 and '-', starting with a letter", r.namespacePrefix)
+	if err := binding.ValidatePrefix(r.namespacePrefix); err != nil {
+		fail("--namespace-prefix: %v", err)
 	}
-	switch strings.ToLower(r.consumerScope) {
-	case "namespaced":
-		c.ConsumerScope = "Namespaced"
-	case "cluster":
-		c.ConsumerScope = "Cluster"
-	default:
-		fail("--consumer-scope %q: want Namespaced or Cluster", r.consumerScope)
+	if c.ConsumerScope, err = binding.ParseScope(r.consumerScope); err != nil {
+		fail("--consumer-scope: %v", err)
 	}
 
 	if r.sessionTTL <= 0 {
@@ -426,34 +366,6 @@ func (r *rawFlags) validate() (*config, error) {
 	errs = append(errs, r.validateLeaderElection(c)...)
 	errs = append(errs, r.validateGC(c)...)
 	return c, errors.Join(errs...)
-}
-
-// externalURL returns the configured external URL, or one derived from the
-// address the backend listens on (and whether it was derived).
-func (c *config) externalURLFor(listen net.Addr) (u *url.URL, derived bool) {
-	if c.ExternalURL != nil {
-		return c.ExternalURL, false
-	}
-	host, port, err := net.SplitHostPort(listen.String())
-	if err != nil {
-		host, port = "localhost", "8080"
-	}
-	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
-		host = "localhost"
-	}
-	scheme := "http"
-	if c.TLSCertFile != "" {
-		scheme = "https"
-	}
-	return &url.URL{Scheme: scheme, Host: net.JoinHostPort(host, port)}, true
-}
-
-// callbackURL returns the OIDC redirect URL for the external URL ext.
-func (c *config) callbackURL(ext *url.URL) string {
-	if c.OIDCCallbackURL != "" {
-		return c.OIDCCallbackURL
-	}
-	return strings.TrimSuffix(ext.String(), "/") + "/callback"
 }
 
 func parseHTTPURL(raw string) (*url.URL, error) {
@@ -518,19 +430,6 @@ func randomKey(n int) []byte {
 	b := make([]byte, n)
 	rand.Read(b)
 	return b
-}
-
-func validNamespacePrefix(p string) bool {
-	if len(p) == 0 || len(p) > 40 || p[0] < 'a' || p[0] > 'z' {
-		return false
-	}
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 func splitList(s string) []string {

@@ -8,37 +8,11 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/server"
+	"github.com/kbprovider/backend/internal/sessions/hashring"
 )
-
-// Session store settings: one process (memory) or a hashring of replicas
-// (docs/sessions-hashring.md).
-const (
-	storeMemory   = "memory"
-	storeHashring = "hashring"
-)
-
-// minPeerKeyBytes is the least a peer key may hold: the peer API derives an
-// AES-256 key from it.
-const minPeerKeyBytes = 32
-
-// storeConfig is the validated session store configuration.
-type storeConfig struct {
-	Kind string // storeMemory or storeHashring
-
-	// The rest is for the hashring only.
-	PeerListenAddress string
-	// PeerSelfURL is this replica's peer base URL as the others reach it.
-	PeerSelfURL string
-	// Peers is the static list of every replica's peer base URL (self
-	// included); empty when discovery is used.
-	Peers []string
-	// PeerServiceNamespace/PeerServiceName: the headless Service whose
-	// EndpointSlices list the replicas; empty without discovery.
-	PeerServiceNamespace, PeerServiceName string
-	PeerPortName                          string
-	// PeerKey authenticates and encrypts peer traffic. Never logged.
-	PeerKey []byte
-}
 
 // storeFlags are the session store flags as given.
 type storeFlags struct {
@@ -51,7 +25,7 @@ type storeFlags struct {
 
 func (r *storeFlags) register(fs *flag.FlagSet) {
 	s := fs.StringVar
-	s(&r.kind, "session-store", storeMemory, "where sessions live: memory (one replica) or hashring (several replicas share sessions over the peer API; see docs/sessions-hashring.md)")
+	s(&r.kind, "session-store", server.StoreMemory, "where sessions live: memory (one replica) or hashring (several replicas share sessions over the peer API; see docs/sessions-hashring.md)")
 	s(&r.peerListenAddress, "peer-listen-address", "", "hashring: address (host:port, fixed port) to serve the peer API on, never the public one, e.g. :8091")
 	s(&r.peerSelfURL, "peer-self-url", "", "hashring: this replica's peer URL as the other replicas reach it (default: http://$POD_IP:<peer port> when POD_IP is set, else http://<peer-listen-address host>:<port>)")
 	s(&r.peers, "peers", "", "hashring: comma-separated peer URLs of every replica, this one included (a static ring; or use --peer-service)")
@@ -62,14 +36,14 @@ func (r *storeFlags) register(fs *flag.FlagSet) {
 }
 
 // validate checks the store flags; errors name the flag.
-func (r *storeFlags) validate() (storeConfig, []error) {
-	var c storeConfig
+func (r *storeFlags) validate() (server.StoreConfig, []error) {
+	var c server.StoreConfig
 	var errs []error
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
 	c.Kind = strings.ToLower(strings.TrimSpace(r.kind))
 	switch c.Kind {
-	case storeMemory:
+	case server.StoreMemory:
 		for _, f := range [][2]string{
 			{"peer-listen-address", r.peerListenAddress}, {"peer-self-url", r.peerSelfURL}, {"peers", r.peers},
 			{"peer-service", r.peerService}, {"peer-port-name", r.peerPort}, {"peer-key", r.peerKey}, {"peer-key-file", r.peerKeyFile},
@@ -79,7 +53,7 @@ func (r *storeFlags) validate() (storeConfig, []error) {
 			}
 		}
 		return c, errs
-	case storeHashring:
+	case server.StoreHashring:
 	default:
 		fail("--session-store %q: want memory or hashring", r.kind)
 		return c, errs
@@ -158,8 +132,8 @@ func (r *storeFlags) validate() (storeConfig, []error) {
 		switch {
 		case !ok:
 			fail("--peer-key: not base64; make one with: openssl rand -base64 32")
-		case len(b) < minPeerKeyBytes:
-			fail("--peer-key: decodes to %d bytes, want at least %d", len(b), minPeerKeyBytes)
+		case len(b) < hashring.MinKeyBytes:
+			fail("--peer-key: decodes to %d bytes, want at least %d", len(b), hashring.MinKeyBytes)
 		default:
 			c.PeerKey = b
 		}
@@ -230,18 +204,13 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
-// validateCallbackAllowList checks --callback-allowed-urls entries the way
-// the browser handler will read them: scheme://host[:port][/path] prefixes.
+// validateCallbackAllowList checks --callback-allowed-urls the way the
+// browser handler reads it (browser.ParseCallbackAllowList).
 func validateCallbackAllowList(raw string) ([]string, []error) {
-	var out []string
-	var errs []error
-	for _, e := range splitList(raw) {
-		u, err := url.Parse(e)
-		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			errs = append(errs, fmt.Errorf("--callback-allowed-urls: %q: want a URL prefix scheme://host[:port][/path], e.g. https://cli.example.com/callback", e))
-			continue
-		}
-		out = append(out, e)
+	entries := splitList(raw)
+	_, errs := browser.ParseCallbackAllowList(entries)
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("--callback-allowed-urls: %w", err)
 	}
-	return out, errs
+	return entries, errs
 }

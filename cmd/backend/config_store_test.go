@@ -9,11 +9,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kbprovider/backend/internal/server"
 )
 
 func TestStoreDefaultsToMemory(t *testing.T) {
 	c := mustParse(t, nil, nil)
-	if c.Store.Kind != storeMemory || c.Store.PeerKey != nil || len(c.CallbackAllowList) != 0 {
+	if c.Store.Kind != server.StoreMemory || c.Store.PeerKey != nil || len(c.CallbackAllowList) != 0 {
 		t.Errorf("store defaults: %+v, allow list %v", c.Store, c.CallbackAllowList)
 	}
 }
@@ -32,7 +34,7 @@ func TestHashringConfig(t *testing.T) {
 		"--peer-key-file", keyFile,
 	}, nil)
 	s := c.Store
-	if s.Kind != storeHashring || s.PeerListenAddress != "127.0.0.1:8091" || s.PeerSelfURL != "http://127.0.0.1:8091" ||
+	if s.Kind != server.StoreHashring || s.PeerListenAddress != "127.0.0.1:8091" || s.PeerSelfURL != "http://127.0.0.1:8091" ||
 		!slices.Equal(s.Peers, []string{"http://127.0.0.1:8091", "http://127.0.0.1:8092"}) || !bytes.Equal(s.PeerKey, key) {
 		t.Errorf("static hashring: %+v", s)
 	}

@@ -7,12 +7,13 @@ import (
 	"flag"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kbprovider/backend/internal/credentials"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -49,7 +50,7 @@ func TestClusterKeyAndCredentials(t *testing.T) {
 	if len(c.ClusterSecretKey) != 32 || !c.ClusterSecretKeyGenerated {
 		t.Errorf("cluster secret key not generated: %d bytes, generated %v", len(c.ClusterSecretKey), c.ClusterSecretKeyGenerated)
 	}
-	if c.Credentials != (credentialsConfig{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute}) {
+	if c.Credentials != (credentials.Policy{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute}) {
 		t.Errorf("credential defaults %+v", c.Credentials)
 	}
 	key := bytes.Repeat([]byte{9}, 48)
@@ -58,7 +59,7 @@ func TestClusterKeyAndCredentials(t *testing.T) {
 	if !bytes.Equal(c.ClusterSecretKey, key) || c.ClusterSecretKeyGenerated {
 		t.Errorf("cluster secret key %x (generated %v)", c.ClusterSecretKey, c.ClusterSecretKeyGenerated)
 	}
-	if c.Credentials != (credentialsConfig{Lifetime: 10 * time.Minute, RotationPoint: 0.05, Overlap: 20 * time.Second}) {
+	if c.Credentials != (credentials.Policy{Lifetime: 10 * time.Minute, RotationPoint: 0.05, Overlap: 20 * time.Second}) {
 		t.Errorf("credentials %+v", c.Credentials)
 	}
 }
@@ -173,31 +174,5 @@ func TestInvalidConfig(t *testing.T) {
 	}
 	if _, err := parseConfig([]string{"--help"}, env(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("--help: %v", err)
-	}
-}
-
-func TestExternalURLDerived(t *testing.T) {
-	c := mustParse(t, nil, nil)
-	for addr, want := range map[string]string{
-		"0.0.0.0:8080":   "http://localhost:8080",
-		"[::]:9000":      "http://localhost:9000",
-		"127.0.0.1:4321": "http://127.0.0.1:4321",
-	} {
-		a, _ := net.ResolveTCPAddr("tcp", addr)
-		u, derived := c.externalURLFor(a)
-		if !derived || u.String() != want {
-			t.Errorf("externalURLFor(%s) = %s, %v; want %s", addr, u, derived, want)
-		}
-		if cb := c.callbackURL(u); cb != want+"/callback" {
-			t.Errorf("callback %s", cb)
-		}
-	}
-	c = mustParse(t, []string{"--external-url=https://bind.example.com/kb/"}, nil)
-	a, _ := net.ResolveTCPAddr("tcp", "0.0.0.0:1")
-	if u, derived := c.externalURLFor(a); derived || u.String() != "https://bind.example.com/kb/" {
-		t.Errorf("configured external URL: %s %v", u, derived)
-	}
-	if cb := c.callbackURL(c.ExternalURL); cb != "https://bind.example.com/kb/callback" {
-		t.Errorf("callback %s", cb)
 	}
 }

@@ -18,7 +18,9 @@ import (
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/server"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/testutil/certs"
 )
@@ -235,9 +237,9 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *cluster
 	}
 	s := c.Store
 	switch s.Kind {
-	case storeMemory:
+	case server.StoreMemory:
 		return
-	case storeHashring:
+	case server.StoreHashring:
 	default:
 		t.Fatalf("store %q", s.Kind)
 	}
@@ -253,7 +255,7 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *cluster
 	if len(s.Peers) > 0 && !containsString(s.Peers, s.PeerSelfURL) {
 		t.Fatalf("peers %v without self %s", s.Peers, s.PeerSelfURL)
 	}
-	if len(s.PeerKey) < minPeerKeyBytes {
+	if len(s.PeerKey) < hashring.MinKeyBytes {
 		t.Fatalf("peer key of %d bytes", len(s.PeerKey))
 	}
 	if (s.PeerServiceName == "") != (s.PeerServiceNamespace == "") || s.PeerServiceName != "" && (!dnsLabel(s.PeerServiceName) || !dnsLabel(s.PeerServiceNamespace)) {

@@ -3,7 +3,9 @@
 // login, and provisions consumers on the provider cluster.
 //
 // Configuration is by flags or KUBE_BIND_* environment variables; see
-// docs/configuration.md.
+// docs/configuration.md. This command only turns them into a
+// server.Config (each component checks its own part) and runs
+// internal/server.
 package main
 
 import (
@@ -13,19 +15,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/klog/v2"
 
-	"github.com/kbprovider/backend/internal/connlimit"
-	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/server"
 	"github.com/kbprovider/backend/internal/version"
 )
 
@@ -62,22 +58,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// A second signal, once shutdown began, kills the process the default way.
+	context.AfterFunc(ctx, stop)
 
-	ln, err := net.Listen("tcp", cfg.ListenAddress)
+	warnDefaults(cfg, logger)
+	cfg.Logger = logger
+	srv, err := server.New(ctx, cfg.Config)
 	if err != nil {
-		logger.Error("cannot listen", "address", cfg.ListenAddress, "error", err)
+		logger.Error("cannot start", "error", err)
 		return exitFailed
 	}
-	// One client must not hold every connection (or file descriptor).
-	ln = connlimit.New(ln, cfg.MaxConnections, cfg.MaxConnsPerClient)
+	if err := srv.Run(ctx); err != nil {
+		return exitFailed
+	}
+	return exitOK
+}
+
+// warnDefaults warns of settings that work but are for local use only.
+func warnDefaults(cfg *config, logger *slog.Logger) {
 	if limit, ok := openFileLimit(); ok && cfg.MaxConnections > 0 && uint64(cfg.MaxConnections)+256 > limit {
 		logger.Warn("--max-connections is close to or above the open-file limit: at the limit, new connections fail instead of waiting; "+
 			"lower --max-connections or raise the limit (ulimit -n)", "max_connections", cfg.MaxConnections, "open_file_limit", limit)
-	}
-	ext, derived := cfg.externalURLFor(ln.Addr())
-	if derived {
-		logger.Warn("--external-url not set: advertising "+ext.String()+", which only works for clients on this machine; "+
-			"set --external-url to the public URL clients use", "external_url", ext.String())
 	}
 	for _, k := range cfg.CookieKeysGenerated {
 		logger.Warn("--"+k+" not set: using a random key; browser logins break on restart, and replicas must share one key", "flag", k)
@@ -86,86 +87,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logger.Warn("--cluster-secret-key not set: using a random key; the cluster secrets issued now stop proving their cluster IDs on restart "+
 			"(those clients then bind into new provider namespaces), and replicas must share one key; for local use only", "flag", "cluster-secret-key")
 	}
-
-	store, err := newSessionStore(cfg, logger)
-	if err != nil {
-		logger.Error("cannot set up the session store", "store", cfg.Store.Kind, "error", err)
-		return exitFailed
-	}
-	defer store.Close()
-	// Background parts that serve requests (certificate reload) live as
-	// long as the servers, through the graceful shutdown.
-	srvCtx, cancelSrv := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelSrv()
-	tlsConfig, err := servingTLS(srvCtx, cfg, logger)
-	if err != nil {
-		logger.Error("cannot load the TLS serving certificate", "error", err)
-		return exitFailed
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	// Readiness fails as soon as shutdown begins, so load balancers stop
-	// sending new requests while in-flight ones finish.
-	shuttingDown := health.NewStatus("shutdown", nil)
-	handler, err := newHandler(ctx, cfg, wiring{
-		logger:    logger,
-		ext:       ext,
-		store:     store,
-		metrics:   reg,
-		readiness: append([]health.Check{shuttingDown}, store.checks...),
-	})
-	if err != nil {
-		logger.Error("cannot build the HTTP handler", "error", err)
-		return exitFailed
-	}
-
-	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		TLSConfig:         tlsConfig,
-	}
-	errc := make(chan error, 2)
-	go func() {
-		if tlsConfig != nil {
-			errc <- srv.ServeTLS(ln, "", "")
-		} else {
-			errc <- srv.Serve(ln)
-		}
-	}()
-	store.start(ctx, errc)
-	logger.Info("serving", "version", version.Version, "address", ln.Addr().String(),
-		"external_url", ext.String(), "tls", cfg.TLSCertFile != "")
-
-	select {
-	case err := <-errc:
-		logger.Error("server failed", "error", err)
-		return exitFailed
-	case <-ctx.Done():
-	}
-	stop() // a second signal now kills the process the default way
-	shuttingDown.Set(errors.New("shutting down"))
-	logger.Info("shutting down: finishing in-flight requests", "timeout", cfg.ShutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		logger.Error("in-flight requests did not finish in time", "error", err)
-		srv.Close()
-		return exitFailed
-	}
-	if err := store.shutdown(sctx); err != nil {
-		logger.Error("in-flight peer requests did not finish in time", "error", err)
-		return exitFailed
-	}
-	logger.Info("stopped")
-	return exitOK
 }
 
 func newLogger(cfg *config, w io.Writer) *slog.Logger {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,13 +32,20 @@ type demo struct {
 	log  io.Writer
 
 	baseURL       string
-	cp            *controlplane.ControlPlane
+	cp            *controlplane.ControlPlane // the provider cluster
+	consumerCP    *controlplane.ControlPlane // the consumer cluster
 	idp           *oidcprovider.Provider
 	idpLog        *os.File
 	backend       *exec.Cmd
 	backendLog    *os.File
 	backendExited chan error // receives the backend's exit, once
 	backendDone   chan struct{}
+
+	konnectorBinary string // the released konnector; "" when not found
+	konnectorErr    error  // why it was not found
+	konnectorLog    *os.File
+	watchCancel     context.CancelFunc // ends the konnector watcher
+	watchDone       chan struct{}      // closed when it has ended
 }
 
 func (d *demo) path(name string) string { return filepath.Join(d.opts.stateDir, name) }
@@ -64,21 +72,25 @@ func (d *demo) start(ctx context.Context) error {
 		}
 		o.stateDir = dir
 	}
-	if err := os.MkdirAll(d.path("consumer"), 0o700); err != nil {
+	if err := os.MkdirAll(o.stateDir, 0o700); err != nil {
+		return err
+	}
+
+	// Meanwhile: the konnector's binary is checked against its sums
+	// (64 MB, a third of a second).
+	found := make(chan struct{})
+	go func() {
+		defer close(found)
+		d.findKonnector()
+	}()
+	err := d.startClusters(ctx)
+	<-found
+	if err != nil {
 		return err
 	}
 
 	t := time.Now()
-	d.step("starting etcd, kube-apiserver and kube-controller-manager (logs: %s)", d.path("controlplane"))
-	cp, err := controlplane.Start(ctx, controlplane.Options{BinDir: o.binDir, Dir: d.path("controlplane")})
-	if err != nil {
-		return fmt.Errorf("control plane: %w", err)
-	}
-	d.cp = cp
-	d.step("control plane up at %s (%s)", cp.Host(), since(t))
-
-	t = time.Now()
-	if err := exampleapis.Prepare(ctx, cp.AdminConfig(), exampleAPIs...); err != nil {
+	if err := exampleapis.Prepare(ctx, d.cp.AdminConfig(), exampleAPIs...); err != nil {
 		return fmt.Errorf("installing the kube-bind CRDs and the example APIs: %w", err)
 	}
 	d.step("installed the kube-bind CRDs, the consumer ClusterRoles and the example APIs %s (%s)", describeAPIs(), since(t))
@@ -109,7 +121,51 @@ func (d *demo) start(ctx context.Context) error {
 		return fmt.Errorf("backend (log: %s): %w", d.path("backend.log"), err)
 	}
 	d.step("backend ready at %s (%s)", d.baseURL, since(t))
+
+	if d.konnectorBinary != "" {
+		if err := d.startKonnectorWatcher(); err != nil {
+			return fmt.Errorf("konnector: %w", err)
+		}
+	} else if err := d.installBindingsAPI(ctx); err != nil {
+		return fmt.Errorf("installing the APIServiceBinding CRD into the consumer cluster: %w", err)
+	}
+	if err := writeExampleObject(d.path("my-db.yaml")); err != nil {
+		return err
+	}
 	return ctx.Err()
+}
+
+// startClusters starts the provider and the consumer cluster, each
+// etcd, kube-apiserver and kube-controller-manager, at once: a start mostly
+// waits (for etcd, for the API server's readiness), so two take little
+// longer than one.
+func (d *demo) startClusters(ctx context.Context) error {
+	o := d.opts
+	t := time.Now()
+	d.step("starting etcd, kube-apiserver and kube-controller-manager twice, the provider and the consumer cluster (logs: %s, %s)",
+		d.path("controlplane"), d.path("consumer-controlplane"))
+	var consumerErr error
+	consumerDone := make(chan struct{})
+	go func() {
+		defer close(consumerDone)
+		cp, err := controlplane.Start(ctx, controlplane.Options{BinDir: o.binDir, Dir: d.path("consumer-controlplane")})
+		if err != nil {
+			consumerErr = fmt.Errorf("consumer control plane: %w", err)
+			return
+		}
+		d.step("consumer control plane up at %s (%s)", cp.Host(), since(t))
+		d.consumerCP = cp
+	}()
+	cp, err := controlplane.Start(ctx, controlplane.Options{BinDir: o.binDir, Dir: d.path("controlplane")})
+	if err == nil {
+		d.cp = cp
+		d.step("provider control plane up at %s (%s)", cp.Host(), since(t))
+	}
+	<-consumerDone
+	if err != nil {
+		return fmt.Errorf("provider control plane: %w", err)
+	}
+	return consumerErr
 }
 
 func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
@@ -186,6 +242,7 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 
 // stop ends what start started, in reverse order; safe after a partial start.
 func (d *demo) stop() {
+	d.stopKonnectorWatcher()
 	if d.backend != nil {
 		select {
 		case <-d.backendDone:
@@ -208,10 +265,24 @@ func (d *demo) stop() {
 	if d.idpLog != nil {
 		d.idpLog.Close()
 	}
-	if d.cp != nil {
-		d.cp.Stop()
-		// The logs stay; etcd's data (tens of MB) need not.
-		_ = os.RemoveAll(filepath.Join(d.cp.LogDir(), "etcd"))
+	// Both clusters at once, as they started.
+	var wg sync.WaitGroup
+	for _, cp := range []*controlplane.ControlPlane{d.cp, d.consumerCP} {
+		if cp != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cp.Stop()
+			}()
+		}
+	}
+	wg.Wait()
+	// The logs stay; etcd's data (tens of MB) need not, also of a start that
+	// was interrupted (which stopped its servers itself).
+	for _, dir := range []string{"controlplane", "consumer-controlplane"} {
+		if d.opts.stateDir != "" { // (unset when the start failed before making it)
+			_ = os.RemoveAll(filepath.Join(d.path(dir), "etcd"))
+		}
 	}
 }
 

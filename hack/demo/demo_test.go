@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"maps"
@@ -31,9 +31,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
-	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -48,8 +48,9 @@ type demoRun struct {
 	stopped          bool // the test stops it itself
 }
 
-// startDemo runs hack/demo.sh on free ports, as a user would.
-func startDemo(t *testing.T) *demoRun {
+// startDemo runs hack/demo.sh on free ports, as a user would; env adds
+// environment variables.
+func startDemo(t *testing.T, env ...string) *demoRun {
 	t.Helper()
 	root := procs.RepoRoot()
 	// The demo would build the Kubernetes binaries if they were missing:
@@ -64,6 +65,7 @@ func startDemo(t *testing.T) *demoRun {
 	d := &demoRun{state: filepath.Join(t.TempDir(), "state"), listen: freeAddr(t), oidcAddr: freeAddr(t), stderr: &procs.Buffer{}, exited: make(chan error, 1)}
 	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", d.listen, "--oidc-address", d.oidcAddr, "--state-dir", d.state)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
 	// If this test dies, the demo dies too, and with it what it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = d.stderr
@@ -133,15 +135,18 @@ func (d *demoRun) interrupt(t *testing.T, wantCode int) {
 			l.Close()
 		}
 	}
-	if _, err := os.Stat(filepath.Join(d.state, "controlplane", "etcd")); err == nil {
-		t.Error("etcd's data left in the state folder after the stop")
+	for _, cluster := range []string{"controlplane", "consumer-controlplane"} {
+		if _, err := os.Stat(filepath.Join(d.state, cluster, "etcd")); err == nil {
+			t.Errorf("etcd's data left in the state folder's %s after the stop", cluster)
+		}
 	}
 }
 
 // TestDemo runs the README's first command, hack/demo.sh, as a user would
-// (on free ports), binds an API with the printed poll command and the
-// printed credentials, uses the issued kubeconfig, and stops the demo with
-// SIGINT: every process it started must be gone.
+// (on free ports), binds an API into the demo's consumer cluster with the
+// one printed command and the printed credentials, uses the API there as
+// printed (the konnector the demo runs syncs an object to the provider),
+// and stops the demo with SIGINT: every process it started must be gone.
 func TestDemo(t *testing.T) {
 	d := startDemo(t)
 	listen, oidcAddr := d.listen, d.oidcAddr
@@ -161,27 +166,104 @@ func TestDemo(t *testing.T) {
 	}
 
 	// The printed kubectl command works against the provider cluster.
-	out, err := exec.Command(ready.kubectl[0], ready.kubectl[1:]...).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "kube-system") {
-		t.Errorf("%s: %v\n%s", strings.Join(ready.kubectl, " "), err, out)
+	if out, err := ready.run("get namespaces"); err != nil || !strings.Contains(out, "kube-system") {
+		t.Errorf("the provider cluster's get namespaces: %v\n%s", err, out)
+	}
+	// The kubectl plugin form's PATH holds kubectl and the plugin.
+	for _, f := range []string{"kubectl", "kubectl-bind_poll"} {
+		if !slices.ContainsFunc(ready.pluginPath, func(dir string) bool {
+			st, err := os.Stat(filepath.Join(dir, f))
+			return err == nil && st.Mode()&0o111 != 0
+		}) {
+			t.Errorf("%s is not on the printed PATH %v", f, ready.pluginPath)
+		}
 	}
 
-	kubeconfig := bindWithPollCommand(t, ready, base)
-	useConsumerKubeconfig(t, kubeconfig)
+	pressed, providerNS := bindWithPollCommand(t, ready, base)
+	useBoundAPI(t, d, ready, providerNS, pressed)
+
+	// Should the konnector die, the demo runs it again, as a kubelet would.
+	const runs = "running it here as ServiceAccount kube-bind/konnector"
+	killed := 0
+	for pid, name := range descendants(d.cmd.Process.Pid) {
+		if name == "konnector" {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killed = pid
+		}
+	}
+	if killed == 0 {
+		t.Error("no konnector process to kill")
+	} else {
+		eventually(t, time.Minute, "the demo to run the konnector again", func() (bool, string) {
+			again := false
+			for pid, name := range descendants(d.cmd.Process.Pid) {
+				again = again || (name == "konnector" && pid != killed)
+			}
+			return again && strings.Count(d.stderr.String(), runs) == 2, tail(d.stderr.String(), 3)
+		})
+	}
 
 	// Ctrl-C: the demo stops everything it started.
-	if procs := descendants(d.cmd.Process.Pid); len(procs) < 5 {
-		t.Errorf("the demo runs %d processes, want at least etcd, kube-apiserver, kube-controller-manager, node and the backend: %v", len(procs), procs)
+	running := descendants(d.cmd.Process.Pid)
+	if len(running) < 9 {
+		t.Errorf("the demo runs %d processes, want at least etcd, kube-apiserver and kube-controller-manager twice, node, the backend, netbridge and the konnector: %v", len(running), running)
+	}
+	if !slices.Contains(slices.Collect(maps.Values(running)), "konnector") {
+		t.Errorf("no konnector among the demo's processes: %v", running)
 	}
 	d.interrupt(t, 0)
 	if !strings.Contains(d.stderr.String(), "demo: stopped in") {
 		t.Errorf("the demo did not report its stop:\n%s", tail(d.stderr.String(), 5))
 	}
-	for _, f := range []string{"backend.log", "oidc-provider.log", "controlplane/kube-apiserver.log"} {
+	for _, f := range []string{"backend.log", "oidc-provider.log", "konnector.log", "controlplane/kube-apiserver.log", "consumer-controlplane/kube-apiserver.log"} {
 		if _, err := os.Stat(filepath.Join(d.state, f)); err != nil {
 			t.Errorf("log %s not kept: %v", f, err)
 		}
 	}
+}
+
+// TestDemoWithoutKonnector starts the demo where the released konnector
+// cannot be found: it says so, prints the bind command with
+// --skip-konnector, and that command binds (the APIServiceBinding exists)
+// with nothing that would sync.
+func TestDemoWithoutKonnector(t *testing.T) {
+	d := startDemo(t, konnector.PeersEnv+"="+filepath.Join(t.TempDir(), "no-such-release"))
+	ready := readReady(t, d.stdout, d.exited, 5*time.Minute)
+	if !slices.Contains(ready.poll, "--skip-konnector") {
+		t.Errorf("the printed bind command %v lacks --skip-konnector", ready.poll)
+	}
+	for _, want := range []string{"was not found", "bound (the APIServiceBindings", "not synced", konnector.PeersEnv} {
+		if !strings.Contains(ready.text, want) {
+			t.Errorf("the ready text does not say %q:\n%s", want, ready.text)
+		}
+	}
+	if !strings.Contains(d.stderr.String(), "no released konnector") {
+		t.Errorf("the demo's log does not say the konnector is missing:\n%s", d.stderr.String())
+	}
+
+	bindWithPollCommand(t, ready, "http://"+d.listen)
+	i := slices.Index(ready.poll, "--kubeconfig")
+	if i < 0 || i+1 >= len(ready.poll) {
+		t.Fatalf("the bind command %v names no --kubeconfig", ready.poll)
+	}
+	consumerCfg, err := clientcmd.BuildConfigFromFlags("", ready.poll[i+1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dyn := dynamic.NewForConfigOrDie(consumerCfg)
+	if _, err := dyn.Resource(bindingGVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
+		t.Errorf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
+	}
+	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+	if _, err := dyn.Resource(deployments).Namespace("kube-bind").Get(ctx, "konnector", metav1.GetOptions{}); err == nil {
+		t.Error("the bind command deployed a konnector despite --skip-konnector")
+	}
+	running := descendants(d.cmd.Process.Pid)
+	if slices.Contains(slices.Collect(maps.Values(running)), "konnector") {
+		t.Errorf("a konnector runs: %v", running)
+	}
+	d.interrupt(t, 0)
 }
 
 // TestDemoInterruptedWhileStarting presses Ctrl-C while the demo is still
@@ -213,7 +295,34 @@ type readyText struct {
 	text              string
 	exportURL, issuer string
 	user, password    string
-	poll, kubectl     []string // commands as printed
+	poll              []string   // the bind command as printed
+	kubectl           [][]string // the kubectl commands as printed
+	pluginPath        []string   // the PATH printed for the kubectl plugin form
+}
+
+// run runs the printed kubectl command that ends with args (e.g. "get
+// namespaces"), with the kubeconfig as printed.
+func (r readyText) run(args string) (string, error) {
+	for _, c := range r.kubectl {
+		if strings.HasSuffix(strings.Join(c, " "), " "+args) {
+			out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
+			return string(out), err
+		}
+	}
+	return "", fmt.Errorf("no printed kubectl command ends with %q", args)
+}
+
+// kubeconfigOf is the kubeconfig of the printed kubectl command that ends
+// with args.
+func (r readyText) kubeconfigOf(t *testing.T, args string) string {
+	t.Helper()
+	for _, c := range r.kubectl {
+		if i := slices.Index(c, "--kubeconfig"); i > 0 && i+1 < len(c) && strings.HasSuffix(strings.Join(c, " "), " "+args) {
+			return c[i+1]
+		}
+	}
+	t.Fatalf("no printed kubectl command with --kubeconfig ends with %q:\n%s", args, r.text)
+	return ""
 }
 
 func readReady(t *testing.T, stdout io.Reader, exited <-chan error, timeout time.Duration) readyText {
@@ -256,12 +365,15 @@ func readReady(t *testing.T, stdout io.Reader, exited <-chan error, timeout time
 				r.poll = f
 			}
 			if f := strings.Fields(line); len(f) > 0 && strings.HasSuffix(f[0], "/kubectl") {
-				r.kubectl = f
+				r.kubectl = append(r.kubectl, f)
+			}
+			if v, ok := field(line, "export PATH="); ok {
+				r.pluginPath = strings.Split(strings.TrimSuffix(v, ":$PATH"), ":")
 			}
 			if strings.Contains(line, "Press Ctrl-C to stop everything") {
 				r.text = all.String()
-				if r.exportURL == "" || r.user == "" || r.password == "" || r.issuer == "" || r.poll == nil || r.kubectl == nil {
-					t.Fatalf("the ready text lacks the export URL, user, password, identity provider, poll command or kubectl command:\n%s", r.text)
+				if r.exportURL == "" || r.user == "" || r.password == "" || r.issuer == "" || r.poll == nil || r.kubectl == nil || r.pluginPath == nil {
+					t.Fatalf("the ready text lacks the export URL, user, password, identity provider, bind command, kubectl commands or the plugin's PATH:\n%s", r.text)
 				}
 				go func() { // keep draining
 					for range lines {
@@ -277,14 +389,18 @@ func readReady(t *testing.T, stdout io.Reader, exited <-chan error, timeout time
 	}
 }
 
-// bindWithPollCommand runs the printed poll command, logs the demo user in
+// bindWithPollCommand runs the printed bind command, logs the demo user in
 // at the printed URL the way a browser would, picks one API on the
-// selection page and binds; it returns the kubeconfig the command wrote.
-func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
+// selection page, confirms and binds; it waits for the command to exit 0
+// and returns when Bind was pressed and the provider namespace the command
+// named.
+func bindWithPollCommand(t *testing.T, ready readyText, base string) (time.Time, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	poll := exec.CommandContext(ctx, ready.poll[0], ready.poll[1:]...)
+	// A user's machine: no kubeconfig but the one the command names.
+	poll.Env = append(os.Environ(), "HOME="+t.TempDir(), "KUBECONFIG=")
 	pollErr := &procs.Buffer{}
 	poll.Stderr = pollErr
 	if err := poll.Start(); err != nil {
@@ -292,6 +408,11 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 	}
 	pollDone := make(chan error, 1)
 	go func() { pollDone <- poll.Wait() }()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s stderr:\n%s", strings.Join(ready.poll, " "), pollErr.String())
+		}
+	})
 
 	var authURL string
 	for authURL == "" {
@@ -305,7 +426,9 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 		}
 		select {
 		case err := <-pollDone:
-			t.Fatalf("the poll command exited (%v) before printing the URL:\n%s", err, pollErr.String())
+			t.Fatalf("the bind command exited (%v) before printing the URL:\n%s", err, pollErr.String())
+		case <-ctx.Done():
+			t.Fatalf("the bind command printed no URL:\n%s", pollErr.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -342,6 +465,7 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 	values := form.values
 	values.Set(web.FieldAPI, exampleapis.MangoDB.Name())
 	values.Set(web.FieldAction, web.ActionBind)
+	// The box by which the user confirms the code the command printed.
 	values.Set(web.FieldConfirm, web.ConfirmYes)
 	action, err := resp.Request.URL.Parse(form.action)
 	if err != nil {
@@ -350,6 +474,7 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, action.String(), strings.NewReader(values.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", base) // as a browser sends it
+	pressed := time.Now()
 	resp, err = client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -363,48 +488,133 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) []byte {
 	select {
 	case err := <-pollDone:
 		if err != nil {
-			t.Fatalf("the poll command failed (%v):\n%s", err, pollErr.String())
+			t.Fatalf("the bind command failed (%v):\n%s", err, pollErr.String())
 		}
 	case <-ctx.Done():
-		t.Fatalf("the poll command did not finish:\n%s", pollErr.String())
+		t.Fatalf("the bind command did not finish:\n%s", pollErr.String())
 	}
-	outDir := ready.poll[slices.Index(ready.poll, "--output-dir")+1]
-	raw, err := os.ReadFile(filepath.Join(outDir, "binding-response.json"))
-	if err != nil {
-		t.Fatal(err)
+	t.Logf("from pressing Bind to the bind command exiting with the API bound: %s", time.Since(pressed).Round(time.Millisecond))
+	t.Logf("bind command output:\n%s", pollErr.String())
+	m := regexp.MustCompile(`in namespace (\S+) on `).FindStringSubmatch(pollErr.String())
+	if m == nil {
+		t.Fatalf("the bind command did not name the provider namespace:\n%s", pollErr.String())
 	}
-	var br v1alpha1.BindingResponse
-	if err := json.Unmarshal(raw, &br); err != nil {
-		t.Fatalf("binding-response.json: %v", err)
-	}
-	if br.Authentication.OAuth2CodeGrant == nil || br.Authentication.OAuth2CodeGrant.ID != ready.issuer+"/"+ready.user {
-		t.Errorf("authentication %+v, want id %s/%s", br.Authentication.OAuth2CodeGrant, ready.issuer, ready.user)
-	}
-	if len(br.Requests) != 1 || !bytes.Contains(br.Requests[0], []byte(`"mangodbs.mangodb.com"`)) {
-		t.Errorf("requests %s, want one for mangodbs.mangodb.com", raw)
-	}
-	kubeconfig, err := os.ReadFile(filepath.Join(outDir, "kubeconfig"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(kubeconfig, br.Kubeconfig) {
-		t.Error("the kubeconfig file differs from the one in the BindingResponse")
-	}
-	return kubeconfig
+	return pressed, m[1]
 }
 
-// useConsumerKubeconfig shows the issued kubeconfig working as the
-// consumer: an APIServiceExportRequest in its namespace is allowed, the
-// secrets of kube-system are not.
-func useConsumerKubeconfig(t *testing.T, kubeconfig []byte) {
+// useBoundAPI checks what the bind left in the consumer cluster and uses
+// the API as the demo printed: the APIServiceBinding names the kubeconfig
+// Secret, whose kubeconfig works as the consumer on the provider (its own
+// namespace only); a MangoDB created there with the printed command
+// appears in the consumer's provider namespace, synced by the konnector
+// the demo runs as the command's ServiceAccount.
+func useBoundAPI(t *testing.T, d *demoRun, ready readyText, providerNS string, pressed time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	consumerCfg, err := clientcmd.BuildConfigFromFlags("", ready.kubeconfigOf(t, "get apiservicebindings"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	providerCfg, err := clientcmd.BuildConfigFromFlags("", ready.kubeconfigOf(t, "get namespaces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumerDyn := dynamic.NewForConfigOrDie(consumerCfg)
+	providerDyn := dynamic.NewForConfigOrDie(providerCfg)
+
+	if out, err := ready.run("get apiservicebindings"); err != nil || !strings.Contains(out, exampleapis.MangoDB.Name()) {
+		t.Errorf("the printed get apiservicebindings: %v\n%s", err, out)
+	}
+	b, err := consumerDyn.Resource(bindingGVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
+	}
+	ref, _, _ := unstructured.NestedStringMap(b.Object, "spec", "kubeconfigSecretRef")
+	if ref["namespace"] != "kube-bind" || ref["key"] != "kubeconfig" {
+		t.Fatalf("APIServiceBinding %s refers to %v", b.GetName(), ref)
+	}
+	secret, err := dynamic.NewForConfigOrDie(consumerCfg).Resource(schema.GroupVersionResource{Version: "v1", Resource: "secrets"}).
+		Namespace(ref["namespace"]).Get(ctx, ref["name"], metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the binding's kubeconfig Secret: %v", err)
+	}
+	encoded, _, _ := unstructured.NestedString(secret.Object, "data", ref["key"])
+	kubeconfig, err := base64.StdEncoding.DecodeString(encoded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	useIssuedKubeconfig(t, kubeconfig, providerNS)
+
+	// The printed create works once the konnector made the CRD.
+	eventually(t, 2*time.Minute, "the printed kubectl create of my-db to work in the consumer cluster", func() (bool, string) {
+		out, err := ready.run("create -f " + filepath.Join(d.state, "my-db.yaml"))
+		return err == nil || strings.Contains(out, "AlreadyExists"), fmt.Sprintf("%v: %s", err, out)
+	})
+	mango := schema.GroupVersionResource{Group: exampleapis.MangoDB.Group, Version: "v1alpha1", Resource: exampleapis.MangoDB.Plural}
+	var upstream *unstructured.Unstructured
+	eventually(t, 2*time.Minute, "my-db to appear on the provider", func() (bool, string) {
+		list, err := providerDyn.Resource(mango).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for i := range list.Items {
+			if list.Items[i].GetName() == "my-db" {
+				upstream = &list.Items[i]
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d MangoDBs on the provider, none named my-db", len(list.Items))
+	})
+	t.Logf("from pressing Bind to my-db on the provider: %s", time.Since(pressed).Round(time.Millisecond))
+	if tier, _, _ := unstructured.NestedString(upstream.Object, "spec", "tier"); tier != "gold" {
+		t.Errorf("my-db upstream has spec %v, want tier gold", upstream.Object["spec"])
+	}
+	// In the consumer's provider namespace, or one the provider made for it.
+	nsList, err := providerDyn.Resource(schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}).
+		Namespace(providerNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inOurs := upstream.GetNamespace() == providerNS
+	for _, n := range nsList.Items {
+		ns, _, _ := unstructured.NestedString(n.Object, "status", "namespace")
+		inOurs = inOurs || ns == upstream.GetNamespace()
+	}
+	if !inOurs {
+		t.Errorf("my-db is in provider namespace %s, not one of the consumer's (%s and its APIServiceNamespaces)", upstream.GetNamespace(), providerNS)
+	}
+	if out, err := ready.run("get mangodbs -A"); err != nil || !strings.Contains(out, "my-db") {
+		t.Errorf("the printed get mangodbs -A: %v\n%s", err, out)
+	}
+
+	if !strings.Contains(d.stderr.String(), "running it here as ServiceAccount kube-bind/konnector") {
+		t.Errorf("the demo did not report running the konnector:\n%s", d.stderr.String())
+	}
+	log, err := os.ReadFile(filepath.Join(d.state, "konnector.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.ToLower(string(log)), "forbidden") {
+		t.Errorf("the konnector was refused something with the RBAC the bind command wrote:\n%s", tail(string(log), 30))
+	}
+}
+
+var bindingGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicebindings"}
+
+// useIssuedKubeconfig shows the kubeconfig the provider issued working as
+// the consumer: it names the provider namespace the command reported, may
+// read the APIServiceExportRequest there, which Succeeded, and may not read
+// the secrets of kube-system.
+func useIssuedKubeconfig(t *testing.T, kubeconfig []byte, providerNS string) {
 	t.Helper()
 	cc, err := clientcmd.NewClientConfigFromBytes(kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ns, _, err := cc.Namespace()
-	if err != nil || !strings.HasPrefix(ns, "kube-bind-") {
-		t.Fatalf("kubeconfig namespace %q (%v), want a provider namespace", ns, err)
+	if err != nil || ns != providerNS {
+		t.Fatalf("issued kubeconfig's namespace %q (%v), want %s", ns, err, providerNS)
 	}
 	rc, err := cc.ClientConfig()
 	if err != nil {
@@ -413,17 +623,33 @@ func useConsumerKubeconfig(t *testing.T, kubeconfig []byte) {
 	dyn := dynamic.NewForConfigOrDie(rc)
 	ctx := context.Background()
 	gvr := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-	req := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceExportRequest",
-		"metadata": map[string]any{"name": "mangodbs.mangodb.com"},
-		"spec":     map[string]any{"resources": []any{map[string]any{"group": "mangodb.com", "resource": "mangodbs"}}},
-	}}
-	if _, err := dyn.Resource(gvr).Namespace(ns).Create(ctx, req, metav1.CreateOptions{}); err != nil {
-		t.Errorf("the consumer cannot create an APIServiceExportRequest in %s: %v", ns, err)
+	req, err := dyn.Resource(gvr).Namespace(ns).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the consumer cannot read its APIServiceExportRequest in %s: %v", ns, err)
+	}
+	if phase, _, _ := unstructured.NestedString(req.Object, "status", "phase"); phase != "Succeeded" {
+		t.Errorf("APIServiceExportRequest %s is %q, want Succeeded", req.GetName(), phase)
 	}
 	secrets := schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
 	if _, err := dyn.Resource(secrets).Namespace("kube-system").List(ctx, metav1.ListOptions{}); err == nil {
 		t.Error("the consumer can read secrets in kube-system")
+	}
+}
+
+// eventually checks cond every 250ms until it holds, failing the test
+// after timeout with cond's last word on why not.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (last: %s)", timeout, what, why)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 

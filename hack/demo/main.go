@@ -1,12 +1,17 @@
 // Command demo runs the backend locally with real parts, for trying it out:
 // a control plane (etcd, kube-apiserver, kube-controller-manager) as the
-// provider cluster, the kube-bind CRDs and two example exported APIs, a real
-// OpenID Connect provider with a demo user, and the backend. It prints the
-// export URL, the user's credentials and the command that binds, then runs
+// provider cluster, the kube-bind CRDs and two example exported APIs, a
+// second control plane as the consumer cluster, a real OpenID Connect
+// provider with a demo user, and the backend. It prints the export URL, the
+// user's credentials and the one command that binds into the consumer
+// cluster. Its clusters have no nodes, so the konnector that command
+// deploys never starts there: the demo runs the released konnector as a
+// local process in its place, as the command's ServiceAccount. It runs
 // until Ctrl-C (SIGINT) or SIGTERM, and stops everything it started.
 //
 // Start it with hack/demo.sh, which installs what is missing and builds this
-// command next to the backend and kube-bind-poll, where it looks for them.
+// command next to the backend, kube-bind-poll and the konnector's network
+// bridge, where it looks for them.
 package main
 
 import (
@@ -23,6 +28,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/konnector"
 )
 
 // T0Env holds the start time (Unix nanoseconds) of hack/demo.sh, so the
@@ -30,15 +37,16 @@ import (
 const T0Env = "KUBE_BIND_DEMO_T0"
 
 type options struct {
-	stateDir      string
-	listenAddress string
-	oidcAddress   string
-	binDir        string // kube-apiserver & co.; "" = found like the tests do
-	backendBinary string
-	pollBinary    string
-	user          string
-	password      string
-	prettyName    string
+	stateDir        string
+	listenAddress   string
+	oidcAddress     string
+	binDir          string // kube-apiserver & co.; "" = found like the tests do
+	backendBinary   string
+	pollBinary      string
+	netbridgeBinary string
+	user            string
+	password        string
+	prettyName      string
 }
 
 func main() {
@@ -60,6 +68,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.binDir, "bin-dir", "", "folder of etcd, kube-apiserver, kube-controller-manager and kubectl (default: $KUBE_BIND_TEST_BINARIES, else the cache of hack/install-test-binaries.sh)")
 	fs.StringVar(&o.backendBinary, "backend-binary", filepath.Join(filepath.Dir(self), "backend"), "the backend (cmd/backend), built")
 	fs.StringVar(&o.pollBinary, "poll-binary", filepath.Join(filepath.Dir(self), "kube-bind-poll"), "the poll client (cmd/kube-bind-poll), built")
+	fs.StringVar(&o.netbridgeBinary, "netbridge-binary", filepath.Join(filepath.Dir(self), "netbridge"), "the konnector's network bridge (internal/testutil/konnector/netbridge), built")
 	fs.StringVar(&o.user, "user", "demo", "name of the demo user at the OpenID Connect provider")
 	fs.StringVar(&o.password, "password", "demo-password", "password of the demo user")
 	fs.StringVar(&o.prettyName, "pretty-name", "kube-bind demo provider", "provider name shown to consumers")
@@ -69,7 +78,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	for _, b := range []struct{ flag, path string }{{"--backend-binary", o.backendBinary}, {"--poll-binary", o.pollBinary}} {
+	for _, b := range []struct{ flag, path string }{{"--backend-binary", o.backendBinary}, {"--poll-binary", o.pollBinary}, {"--netbridge-binary", o.netbridgeBinary}} {
 		if st, err := os.Stat(b.path); err != nil || st.IsDir() {
 			return nil, fmt.Errorf("%s %s: not found; start the demo with hack/demo.sh, which builds it", b.flag, b.path)
 		}
@@ -135,7 +144,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 func (d *demo) printReady(w io.Writer, took time.Duration) {
 	o := d.opts
 	export := d.baseURL + "/export"
-	kubectl := filepath.Join(d.cp.BinDir(), "kubectl")
+	kubectl := shellQuote(filepath.Join(d.cp.BinDir(), "kubectl"))
+	provider := shellQuote(d.cp.AdminKubeconfigPath())
+	consumer := shellQuote(d.consumerCP.AdminKubeconfigPath())
+	poll := shellQuote(o.pollBinary)
+	skip := ""
+	if d.konnectorBinary == "" {
+		skip = " --skip-konnector"
+	}
 	fmt.Fprintf(w, `
 kube-bind demo is ready (came up in %s).
 
@@ -144,27 +160,64 @@ kube-bind demo is ready (came up in %s).
   Password:     %s
   (identity provider at %s)
 
-Bind APIs with the poll client, in another terminal (it prints a URL to open
-in a browser; log in there, pick APIs, press Bind):
+Bind APIs into the consumer cluster, a second local cluster, with one command
+in another terminal. It prints a URL to open in a browser: log in there, tick
+APIs, press Bind.
 
-  %s --output-dir %s %s
+  %s%s --kubeconfig %s %s
 
-(or: go run ./cmd/kube-bind-poll --output-dir %s %s)
+(the same as a kubectl plugin, with the demo's kubectl and kubectl-bind_poll
+on your PATH:
+  export PATH=%s:%s:$PATH
+  kubectl bind-poll%s --kubeconfig %s %s)
 
-The provider cluster:
+`,
+		took.Round(100*time.Millisecond),
+		export, o.user, o.password, d.idp.IssuerURL,
+		poll, skip, consumer, export,
+		shellQuote(filepath.Dir(o.pollBinary)), shellQuote(d.cp.BinDir()),
+		skip, consumer, export)
+	if d.konnectorBinary != "" {
+		fmt.Fprintf(w, `The command deploys the konnector into the consumer cluster, where its pods
+cannot run (the demo's clusters have no nodes); so the demo runs it here as a
+process, as the command's ServiceAccount kube-bind/konnector (log:
+%s). Once the command says "Bound", the API is there:
+
+  %s --kubeconfig %s get apiservicebindings
+  %s --kubeconfig %s create -f %s
+  %s --kubeconfig %s get mangodbs -A
+
+and the konnector syncs the object to the provider cluster:
+
+  %s --kubeconfig %s get mangodbs -A
+
+`,
+			d.path("konnector.log"),
+			kubectl, consumer,
+			kubectl, consumer, shellQuote(d.path("my-db.yaml")),
+			kubectl, consumer,
+			kubectl, provider)
+	} else {
+		fmt.Fprintf(w, `The released konnector %s was not found (%v),
+so nothing runs the konnector for the consumer cluster: the command above
+skips it (--skip-konnector). The APIs are then bound (the APIServiceBindings
+exist) but not synced: the consumer cluster gets no CRDs of them, and nothing
+reaches the provider. To have the demo run the konnector, set %s to the
+folder of the release (konnector.gz, SHA256SUMS) and start it again.
+
+`, konnector.ReleasedVersion, d.konnectorErr, konnector.PeersEnv)
+	}
+	fmt.Fprintf(w, `The provider cluster:
 
   %s --kubeconfig %s get namespaces
 
 State and logs: %s
-  backend.log, oidc-provider.log, controlplane/{etcd,kube-apiserver,kube-controller-manager}.log
+  backend.log, oidc-provider.log, konnector.log,
+  controlplane/ (provider) and consumer-controlplane/: {etcd,kube-apiserver,kube-controller-manager}.log
 
 Press Ctrl-C to stop everything.
 `,
-		took.Round(100*time.Millisecond),
-		export, o.user, o.password, d.idp.IssuerURL,
-		shellQuote(o.pollBinary), shellQuote(d.path("consumer")), export,
-		shellQuote(d.path("consumer")), export,
-		shellQuote(kubectl), shellQuote(d.cp.AdminKubeconfigPath()),
+		kubectl, provider,
 		o.stateDir)
 }
 

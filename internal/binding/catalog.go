@@ -105,6 +105,14 @@ func (c *Catalog) Start(ctx context.Context) {
 	}()
 }
 
+// Run fills and follows the cache until ctx ends, and returns when its
+// informer stopped.
+func (c *Catalog) Run(ctx context.Context) {
+	c.factory.Start(ctx.Done())
+	<-ctx.Done()
+	c.factory.Shutdown()
+}
+
 // WaitForSync blocks until the cache holds the cluster's state or ctx ends.
 func (c *Catalog) WaitForSync(ctx context.Context) bool {
 	return cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced)

@@ -14,6 +14,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kbprovider/backend/internal/testutil/await"
 )
 
 // lockedBuffer collects log lines written from the informer's goroutine.
@@ -68,19 +70,19 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 	crds := e.crds.ApiextensionsV1().CustomResourceDefinitions()
 	t.Cleanup(func() { crds.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 
-	eventually(t, "the CRD is offered", func() bool { _, ok := cat.Lookup(r.Group, r.Resource); return ok })
+	await.True(t, "the CRD is offered", func() bool { _, ok := cat.Lookup(r.Group, r.Resource); return ok })
 	api, _ := cat.Lookup(r.Group, r.Resource)
 	if !slices.Equal(api.NoStatusSubresource, []string{"v1"}) {
 		t.Errorf("NoStatusSubresource %v, want [v1] (v2 is not served)", api.NoStatusSubresource)
 	}
-	eventually(t, "a WARN names the CRD", func() bool { return logs.warnings(name) == 1 })
+	await.True(t, "a WARN names the CRD", func() bool { return logs.warnings(name) == 1 })
 
 	// A label change is an update event with the same generation: no
 	// second warning.
 	if _, err := crds.Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the catalog sees the label", func() bool {
+	await.True(t, "the catalog sees the label", func() bool {
 		o, ok, _ := cat.informer.GetStore().GetByKey(name)
 		return ok && o.(*apiextensionsv1.CustomResourceDefinition).Labels["team"] == "a"
 	})
@@ -114,11 +116,11 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 		}
 	}
 	setStatus(true)
-	eventually(t, "the flag goes", func() bool {
+	await.True(t, "the flag goes", func() bool {
 		api, ok := cat.Lookup(r.Group, r.Resource)
 		return ok && len(api.NoStatusSubresource) == 0
 	})
 	// ... and taken away again: a new change, a new warning.
 	setStatus(false)
-	eventually(t, "a second WARN", func() bool { return logs.warnings(name) == 2 })
+	await.True(t, "a second WARN", func() bool { return logs.warnings(name) == 2 })
 }

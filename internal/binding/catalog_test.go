@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+
+	"github.com/kbprovider/backend/internal/testutil/await"
 )
 
 func names(apis []ExportedAPI) []string {
@@ -71,7 +73,7 @@ func TestCatalogFollowsCRDs(t *testing.T) {
 	label(zebras, `"true"`)
 	label(apples, `"true"`)
 	label(tanks, `"true"`)
-	eventually(t, "labelled CRDs are offered", func() bool {
+	await.True(t, "labelled CRDs are offered", func() bool {
 		return has(nsCat, zebras) && has(nsCat, apples) && has(clCat, zebras) && has(clCat, tanks)
 	})
 	if has(nsCat, tanks) {
@@ -101,17 +103,17 @@ func TestCatalogFollowsCRDs(t *testing.T) {
 
 	// A label with another value, then no label: gone.
 	label(zebras, `"false"`)
-	eventually(t, "CRD labelled false is withdrawn", func() bool { return !has(nsCat, zebras) })
+	await.True(t, "CRD labelled false is withdrawn", func() bool { return !has(nsCat, zebras) })
 	label(zebras, `"true"`)
-	eventually(t, "CRD labelled again is offered", func() bool { return has(nsCat, zebras) })
+	await.True(t, "CRD labelled again is offered", func() bool { return has(nsCat, zebras) })
 	label(zebras, `null`)
-	eventually(t, "CRD without label is withdrawn", func() bool { return !has(nsCat, zebras) && !has(clCat, zebras) })
+	await.True(t, "CRD without label is withdrawn", func() bool { return !has(nsCat, zebras) && !has(clCat, zebras) })
 
 	// Deleted: gone.
 	if err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(ctx, "apples.catalog.test", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "deleted CRD is withdrawn", func() bool { return !has(nsCat, apples) })
+	await.True(t, "deleted CRD is withdrawn", func() bool { return !has(nsCat, apples) })
 	if err := nsCat.Check(ctx); err != nil {
 		t.Errorf("readiness check of a healthy catalog: %v", err)
 	}
@@ -154,8 +156,8 @@ func TestCatalogStartsWhileClusterDown(t *testing.T) {
 
 	p := startProxy(t, addr, upstream.Host)
 	defer p.close()
-	eventually(t, "catalog syncs once the cluster is reachable", c.HasSynced)
-	eventually(t, "catalog offers widgets", func() bool { _, ok := c.Lookup(widgets.Group, widgets.Resource); return ok })
+	await.True(t, "catalog syncs once the cluster is reachable", c.HasSynced)
+	await.True(t, "catalog offers widgets", func() bool { _, ok := c.Lookup(widgets.Group, widgets.Resource); return ok })
 	if err := c.Check(ctx); err != nil {
 		t.Fatalf("readiness once up: %v", err)
 	}

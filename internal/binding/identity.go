@@ -48,21 +48,26 @@ const (
 // reach; a deliberate one is still caught by comparing the annotations.
 const nameHashLength = 16
 
-// maxPrefixLength leaves room for the hash in a 63-character namespace name.
-const maxPrefixLength = 63 - nameHashLength
+// maxPrefixLength is the documented limit of --namespace-prefix (the
+// chart's schema says the same); it leaves room for the hash in a
+// 63-character namespace name.
+const maxPrefixLength = 40
+
+var _ [63 - nameHashLength - maxPrefixLength]struct{} // fails to compile if the hash does not fit
 
 var (
-	prefixPattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*)?$`)
+	prefixPattern = regexp.MustCompile(`^[a-z][-a-z0-9]*$`)
 	// lower-case base32 without padding: only a-z and 2-7, valid in names
 	// and label values.
 	hashEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 )
 
 // ValidatePrefix checks a --namespace-prefix: it must start a valid
-// namespace name and leave room for the hash.
+// namespace name and leave room for the hash. It is the one rule: the
+// backend's flags, the provisioner and the controllers all use it.
 func ValidatePrefix(prefix string) error {
 	if len(prefix) > maxPrefixLength || !prefixPattern.MatchString(prefix) {
-		return fmt.Errorf("namespace prefix %q: must be at most %d characters of a-z, 0-9 and '-', starting with a letter or digit", prefix, maxPrefixLength)
+		return fmt.Errorf("%q: want 1 to %d characters of a-z, 0-9 and '-', starting with a letter", prefix, maxPrefixLength)
 	}
 	return nil
 }

@@ -39,15 +39,11 @@ func resolveEndpoint(cfg Config, rc *rest.Config) (endpoint, error) {
 		ep.server = "https://" + ep.server
 	}
 	switch {
-	case cfg.ExternalCAFile != "":
-		b, err := os.ReadFile(cfg.ExternalCAFile)
-		if err != nil {
-			return endpoint{}, fmt.Errorf("reading external CA file: %w", err)
+	case len(cfg.ExternalCA) > 0:
+		if err := CheckCABundle(cfg.ExternalCA); err != nil {
+			return endpoint{}, err
 		}
-		if !x509.NewCertPool().AppendCertsFromPEM(b) {
-			return endpoint{}, fmt.Errorf("external CA file %s holds no PEM certificate", cfg.ExternalCAFile)
-		}
-		ep.caData = b
+		ep.caData = cfg.ExternalCA
 	case len(rc.CAData) > 0:
 		ep.caData = rc.CAData
 	case rc.CAFile != "":
@@ -58,6 +54,15 @@ func resolveEndpoint(cfg Config, rc *rest.Config) (endpoint, error) {
 		ep.caData = b
 	}
 	return ep, nil
+}
+
+// CheckCABundle checks an external CA bundle (--external-ca-file): it
+// must hold at least one PEM certificate.
+func CheckCABundle(pem []byte) error {
+	if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+		return errors.New("no PEM certificate in it")
+	}
+	return nil
 }
 
 // Names inside an issued kubeconfig.

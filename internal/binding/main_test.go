@@ -8,16 +8,15 @@ import (
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/deploy/crds"
+	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
@@ -74,12 +73,7 @@ func doSetup(cp *controlplane.ControlPlane) error {
 	if err := InstallClusterRoles(ctx, admin); err != nil {
 		return err
 	}
-	_, err := e.kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "kube-bind-backend-test"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: BackendClusterRole},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: backendUserName}},
-	}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := cp.UserWithClusterRole(ctx, backendUserName, BackendClusterRole); err != nil {
 		return err
 	}
 	for _, c := range []struct {
@@ -156,20 +150,10 @@ func startCatalog(t testing.TB, cfg *rest.Config, scope Scope) *Catalog {
 func newProvisioner(t testing.TB, e env, rc *rest.Config, scope Scope) *Provisioner {
 	t.Helper()
 	cat := startCatalog(t, e.backend, scope)
-	eventually(t, "catalog offers widgets", func() bool { _, ok := cat.Lookup(widgets.Group, widgets.Resource); return ok })
+	await.True(t, "catalog offers widgets", func() bool { _, ok := cat.Lookup(widgets.Group, widgets.Resource); return ok })
 	p, err := NewProvisioner(rc, cat, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// eventually polls cond for up to 20s.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 20*time.Second, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("timed out waiting until %s", what)
-	}
 }

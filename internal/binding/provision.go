@@ -33,9 +33,10 @@ type Config struct {
 	// ExternalAddress is the provider API server URL consumers use
 	// (--external-address); empty means the backend's own.
 	ExternalAddress string
-	// ExternalCAFile is that server's CA bundle (--external-ca-file), read
-	// once by NewProvisioner; empty means the backend's own CA.
-	ExternalCAFile string
+	// ExternalCA is that server's PEM CA bundle (the content of
+	// --external-ca-file, checked with CheckCABundle); empty means the
+	// backend's own CA.
+	ExternalCA []byte
 	// ExternalServerName is an optional TLS server name for the issued
 	// kubeconfig (--external-server-name).
 	ExternalServerName string

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -513,7 +514,7 @@ func TestUnbind(t *testing.T) {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
-	eventually(t, "the issued token stops working", func() bool {
+	await.True(t, "the issued token stops working", func() bool {
 		_, err := kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		return apierrors.IsUnauthorized(err)
 	})

@@ -24,7 +24,7 @@ func ParseScope(s string) (Scope, error) {
 	case "cluster":
 		return ScopeCluster, nil
 	}
-	return "", fmt.Errorf("consumer scope %q: must be Namespaced or Cluster", s)
+	return "", fmt.Errorf("consumer scope %q: want Namespaced or Cluster", s)
 }
 
 // allows says whether a CRD of the given scope is offered to consumers.

@@ -68,12 +68,12 @@ func TestNamespaceName(t *testing.T) {
 }
 
 func TestValidatePrefix(t *testing.T) {
-	for _, ok := range []string{"kube-bind-", "c", "tenant1-", "0a"} {
+	for _, ok := range []string{"kube-bind-", "c", "tenant1-"} {
 		if err := ValidatePrefix(ok); err != nil {
 			t.Errorf("%q refused: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"", "-x", "Kube", "a_b", "a.b", strings.Repeat("a", maxPrefixLength+1)} {
+	for _, bad := range []string{"", "-x", "0a", "Kube", "a_b", "a.b", strings.Repeat("a", maxPrefixLength+1)} {
 		if err := ValidatePrefix(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -126,15 +126,10 @@ func TestParseScope(t *testing.T) {
 // The issued kubeconfig uses the external address, CA and server name when
 // set, else the backend's own connection; its context names the namespace.
 func TestKubeconfig(t *testing.T) {
-	dir := t.TempDir()
-	caFile := filepath.Join(dir, "ca.pem")
 	testCA := selfSignedPEM(t)
-	if err := os.WriteFile(caFile, []byte(testCA), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	rc := &rest.Config{Host: "https://10.0.0.1:443", TLSClientConfig: rest.TLSClientConfig{CAData: []byte("internal-ca"), ServerName: "kubernetes"}}
 
-	ep, err := resolveEndpoint(Config{ExternalAddress: "https://api.example.com:6443", ExternalCAFile: caFile, ExternalServerName: "api.internal"}, rc)
+	ep, err := resolveEndpoint(Config{ExternalAddress: "https://api.example.com:6443", ExternalCA: []byte(testCA), ExternalServerName: "api.internal"}, rc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,13 +160,8 @@ func TestKubeconfig(t *testing.T) {
 	if ep.server != rc.Host || string(ep.caData) != "internal-ca" || ep.serverName != "kubernetes" {
 		t.Fatalf("fallback endpoint %+v", ep)
 	}
-	if _, err := resolveEndpoint(Config{ExternalCAFile: filepath.Join(dir, "missing")}, rc); err == nil {
-		t.Fatal("missing CA file accepted")
-	}
-	junk := filepath.Join(dir, "junk")
-	os.WriteFile(junk, []byte("not a certificate"), 0o600)
-	if _, err := resolveEndpoint(Config{ExternalCAFile: junk}, rc); err == nil {
-		t.Fatal("CA file without PEM accepted")
+	if _, err := resolveEndpoint(Config{ExternalCA: []byte("not a certificate")}, rc); err == nil {
+		t.Fatal("CA bundle without PEM accepted")
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/workloop"
 )
 
 var (
@@ -129,39 +129,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.current.CompareAndSwap(r, nil)
 	c.log.Info("binding health: caches synced, watching heartbeats", "slack", c.cfg.Slack.String())
 
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for r.next(ctx) {
-		}
-	}()
-	<-ctx.Done()
-	r.queue.ShutDown()
-	wg.Wait()
+	workloop.Run(ctx, r.queue, 1, r.reconcile, r.log, "binding health")
 	return nil
-}
-
-func (r *run) next(ctx context.Context) bool {
-	key, quit := r.queue.Get()
-	if quit {
-		return false
-	}
-	defer r.queue.Done(key)
-	recheck, err := r.reconcile(ctx, key)
-	switch {
-	case err != nil:
-		if ctx.Err() == nil {
-			r.log.Warn("binding health: updating the condition failed, retrying", "clusterbinding", key, "error", err)
-		}
-		r.queue.AddRateLimited(key)
-	case recheck > 0:
-		r.queue.Forget(key)
-		r.queue.AddAfter(key, recheck)
-	default:
-		r.queue.Forget(key)
-	}
-	return true
 }
 
 // reconcile sets the condition of one ClusterBinding and says when to look

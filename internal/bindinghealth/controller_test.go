@@ -10,20 +10,18 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindinghealth"
+	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/issued"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -47,15 +45,10 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	if err := exampleapis.Prepare(ctx, admin, exampleapis.MangoDB); err != nil {
 		t.Fatal(err)
 	}
-	_, err := kubernetes.NewForConfigOrDie(admin).RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: backendUser},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: binding.BackendClusterRole},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: backendUser}},
-	}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	backend, err := cp.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
+	if err != nil {
 		t.Fatal(err)
 	}
-	backend := cp.ConfigForUser(backendUser)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cat, err := binding.NewCatalog(backend, binding.ScopeNamespaced)
@@ -70,21 +63,13 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup("mangodb.com", "mangodbs"); return ok })
+	await.True(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup("mangodb.com", "mangodbs"); return ok })
 	r, err := prov.Provision(ctx, binding.Consumer{Issuer: "https://idp.example.com", Subject: fmt.Sprint("hb-", time.Now().UnixNano())},
 		"cluster1", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := clientcmd.NewClientConfigFromBytes(r.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, _, _ := cc.Namespace()
-	consumerRC, err := cc.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	consumerRC, ns := issued.Config(t, r.Kubeconfig)
 	// The konnector's view: the issued kubeconfig.
 	konnector := dynamic.NewForConfigOrDie(consumerRC).Resource(clusterBindingsGVR).Namespace(ns)
 
@@ -117,7 +102,7 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 		return nil
 	}
 	var c map[string]any
-	eventually(t, "a Healthy condition appears", func() bool { c = cond(); return c != nil })
+	await.True(t, "a Healthy condition appears", func() bool { c = cond(); return c != nil })
 	if c["status"] != "False" || c["reason"] != bindinghealth.ReasonNoHeartbeat || c["severity"] != bindinghealth.SeverityInfo ||
 		c["lastTransitionTime"] == "" || c["message"] == "" {
 		t.Fatalf("before any heartbeat: %v, want False/NoHeartbeat/Info with a time and message", c)
@@ -159,7 +144,7 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 		return at
 	}
 	at := heartbeat()
-	eventually(t, "Healthy turns True", func() bool { c = cond(); return c != nil && c["status"] == "True" })
+	await.True(t, "Healthy turns True", func() bool { c = cond(); return c != nil && c["status"] == "True" })
 	if c["reason"] != bindinghealth.ReasonHeartbeatRecent {
 		t.Errorf("healthy: %v", c)
 	}
@@ -213,7 +198,7 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	if _, err := dynamic.NewForConfigOrDie(consumerRC).Resource(requestsGVR).Namespace(ns).Create(ctx, req, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the request is counted as Pending", func() bool {
+	await.True(t, "the request is counted as Pending", func() bool {
 		return gauge(t, reg, "kube_bind_backend_export_requests", "phase", "Pending") == 1
 	})
 	if n := gauge(t, reg, "kube_bind_backend_export_requests", "phase", "Succeeded"); n != 0 {
@@ -222,7 +207,7 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 
 	// A heartbeat again: healthy again.
 	heartbeat()
-	eventually(t, "Healthy turns True again", func() bool { c = cond(); return c != nil && c["status"] == "True" })
+	await.True(t, "Healthy turns True again", func() bool { c = cond(); return c != nil && c["status"] == "True" })
 }
 
 // gauge reads one gauge from reg; label "" reads an unlabelled one. A
@@ -253,13 +238,4 @@ func hasLabel(m *dto.Metric, name, value string) bool {
 		}
 	}
 	return false
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("timed out waiting until %s", what)
-	}
 }

@@ -15,23 +15,22 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/cleanup"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/issued"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -69,14 +68,7 @@ func setup(t *testing.T) *env {
 		if prepareErr = exampleapis.Prepare(ctx, cp.AdminConfig(), exampleapis.MangoDB); prepareErr != nil {
 			return
 		}
-		_, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: backendUser},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: binding.BackendClusterRole},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: backendUser}},
-		}, metav1.CreateOptions{})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			prepareErr = err
-		}
+		_, prepareErr = cp.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
 	})
 	if prepareErr != nil {
 		t.Fatalf("preparing the control plane: %v", prepareErr)
@@ -92,7 +84,7 @@ func setup(t *testing.T) *env {
 	if !cat.WaitForSync(ctx) {
 		t.Fatal("catalog never synced")
 	}
-	eventually(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup(mangodb.Group, mangodb.Resource); return ok })
+	await.True(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup(mangodb.Group, mangodb.Resource); return ok })
 	e.catalog = cat
 	e.provisioner = e.newProvisioner(t, e.backend)
 	return e
@@ -146,15 +138,7 @@ func (e *env) bind(t *testing.T, name string) *consumer {
 		t.Fatal(err)
 	}
 	body, _ := json.Marshal(resp)
-	cc, err := clientcmd.NewClientConfigFromBytes(resp.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, _, _ := cc.Namespace()
-	rc, err := cc.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, ns := issued.Config(t, resp.Kubeconfig)
 	return &consumer{namespace: ns, response: body, kube: kubernetes.NewForConfigOrDie(rc), dyn: dynamic.NewForConfigOrDie(rc)}
 }
 
@@ -236,7 +220,7 @@ func TestRevocationByLabel(t *testing.T) {
 		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceNamespace", "metadata": map[string]any{"name": "team-a"},
 	}}
 	var child string
-	eventually(t, "the APIServiceNamespace gets its namespace", func() bool {
+	await.True(t, "the APIServiceNamespace gets its namespace", func() bool {
 		if child == "" {
 			_, _ = c.dyn.Resource(apiNSGVR).Namespace(c.namespace).Create(ctx, apiNS, metav1.CreateOptions{})
 		}
@@ -257,7 +241,7 @@ func TestRevocationByLabel(t *testing.T) {
 		t.Fatal(err)
 	}
 	labelled := time.Now()
-	eventually(t, "the consumer's token is refused", func() bool {
+	await.True(t, "the consumer's token is refused", func() bool {
 		_, err := c.kube.CoreV1().Secrets(c.namespace).List(ctx, metav1.ListOptions{})
 		return apierrors.IsUnauthorized(err)
 	})
@@ -270,7 +254,7 @@ func TestRevocationByLabel(t *testing.T) {
 			t.Errorf("%s after revocation: %v, want NotFound", what, err)
 		}
 	}
-	eventually(t, "the consumer namespace and its APIServiceNamespace's namespace are deleted", func() bool {
+	await.True(t, "the consumer namespace and its APIServiceNamespace's namespace are deleted", func() bool {
 		return e.deleting(c.namespace) && e.deleting(child)
 	})
 	if n := value(t, reg, "kube_bind_backend_revoked_bindings_total"); n != 1 {
@@ -339,7 +323,7 @@ func TestGarbageCollection(t *testing.T) {
 	if _, err := used.dyn.Resource(requestsGVR).Namespace(used.namespace).Create(ctx, req, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the delivery is recorded on the ClusterBinding", func() bool {
+	await.True(t, "the delivery is recorded on the ClusterBinding", func() bool {
 		cb, err := e.provisioner.ResponseNamespace(delivered.response)
 		if err != nil || cb != delivered.namespace {
 			t.Fatalf("ResponseNamespace: %q %v, want %s", cb, err, delivered.namespace)
@@ -360,7 +344,7 @@ func TestGarbageCollection(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopDry := start(t, dry.Run)
-	eventually(t, "the dry run reports both unused bindings", func() bool {
+	await.True(t, "the dry run reports both unused bindings", func() bool {
 		return logs.count("would delete", undelivered.namespace) == 1 && logs.count("would delete", half) == 1
 	})
 	// No report before GCAfter from the first bind (less a second: the
@@ -396,7 +380,7 @@ func TestGarbageCollection(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, collector.Run)
-	eventually(t, "both unused bindings are deleted", func() bool { return e.deleting(undelivered.namespace) && e.deleting(half) })
+	await.True(t, "both unused bindings are deleted", func() bool { return e.deleting(undelivered.namespace) && e.deleting(half) })
 	// The collection went through Unbind: the token is revoked.
 	if _, err := e.admin.CoreV1().Secrets(undelivered.namespace).Get(ctx, binding.TokenSecretName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("token Secret of a collected binding: %v, want NotFound", err)
@@ -466,13 +450,4 @@ func (b *lockedBuffer) count(what, ns string) int {
 		}
 	}
 	return n
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("timed out waiting until %s", what)
-	}
 }

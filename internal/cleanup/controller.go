@@ -15,6 +15,7 @@ package cleanup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/workloop"
 )
 
 var (
@@ -49,8 +51,34 @@ type Unbinder interface {
 	UnbindNamespace(ctx context.Context, name string, uid types.UID) error
 }
 
-// Config configures the controller. The backend's flags
-// --gc-unused-binding-after and --gc-dry-run are validated by cmd/backend.
+// MinGCAfter keeps the garbage collection away from binds in progress and
+// from responses still waiting for their poll.
+const MinGCAfter = time.Hour
+
+// ValidateGC checks the operator's garbage collection options (the flags
+// --gc-unused-binding-after and --gc-dry-run, which the errors name): off
+// (0), or at least MinGCAfter and longer than the session TTL, since a
+// complete binding's response can be handed out as long as its session
+// lives. New takes shorter times, for tests.
+func ValidateGC(after time.Duration, dryRun bool, sessionTTL time.Duration) []error {
+	switch {
+	case after < 0:
+		return []error{fmt.Errorf("--gc-unused-binding-after %s: must be 0 (off) or positive", after)}
+	case after == 0 && dryRun:
+		return []error{errors.New("--gc-dry-run: the garbage collection is off (--gc-unused-binding-after=0); nothing to try")}
+	case after == 0:
+		return nil
+	case after < MinGCAfter:
+		return []error{fmt.Errorf("--gc-unused-binding-after %s: must be at least %s (or 0 for off)", after, MinGCAfter)}
+	case after <= sessionTTL:
+		return []error{fmt.Errorf("--gc-unused-binding-after %s: must be longer than --session-ttl %s (a response can be handed out until its session ends)",
+			after, sessionTTL)}
+	}
+	return nil
+}
+
+// Config configures the controller; ValidateGC checks the operator's
+// GCAfter and DryRun.
 type Config struct {
 	Unbinder Unbinder
 	// GCAfter is how long an unused binding (half-made, or complete but
@@ -206,39 +234,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	} else {
 		c.log.Info("cleanup: caches synced; revocation on, garbage collection of unused bindings off")
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for r.next(ctx) {
-		}
-	}()
-	<-ctx.Done()
-	r.queue.ShutDown()
-	wg.Wait()
+	workloop.Run(ctx, r.queue, 1, r.reconcile, r.log, "cleanup")
 	return nil
-}
-
-func (r *run) next(ctx context.Context) bool {
-	ns, quit := r.queue.Get()
-	if quit {
-		return false
-	}
-	defer r.queue.Done(ns)
-	again, err := r.reconcile(ctx, ns)
-	switch {
-	case err != nil:
-		if ctx.Err() == nil {
-			r.log.Warn("cleanup: failed, retrying", "namespace", ns, "error", err, "retries", r.queue.NumRequeues(ns))
-		}
-		r.queue.AddRateLimited(ns)
-	case again > 0:
-		r.queue.Forget(ns)
-		r.queue.AddAfter(ns, again)
-	default:
-		r.queue.Forget(ns)
-	}
-	return true
 }
 
 // reconcile handles one consumer namespace and says when to look again

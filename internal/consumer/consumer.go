@@ -80,6 +80,7 @@ func New(o Options) (*Binder, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	o.Config = unthrottled(o.Config)
 	b := &Binder{o: o, newProviderClient: providerClient}
 	var err error
 	if b.kube, err = kubernetes.NewForConfig(o.Config); err != nil {
@@ -99,7 +100,19 @@ func providerClient(kubeconfig []byte) (dynamic.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the provider's kubeconfig: %w", err)
 	}
-	return dynamic.NewForConfig(cfg)
+	return dynamic.NewForConfig(unthrottled(cfg))
+}
+
+// unthrottled returns a copy of cfg whose requests do not queue behind
+// client-go's default 5 a second: a bind makes a few dozen (RBAC, the
+// konnector, one binding per API, and the polls that wait for each). A QPS
+// set by the caller stays.
+func unthrottled(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 100
+	}
+	return cfg
 }
 
 // Check makes sure the consumer cluster answers and lets us read

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/workloop"
 )
 
 // Issuer issues a new token into a provider namespace (implemented by
@@ -62,8 +63,8 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	switch {
 	case cfg.Issuer == nil:
 		return nil, errors.New("credentials: an Issuer is required")
-	case p.Lifetime <= 0 || !(p.RotationPoint > 0 && p.RotationPoint < 1) || p.Overlap <= 0:
-		return nil, fmt.Errorf("credentials: invalid policy %+v", p)
+	case len(p.Validate()) > 0:
+		return nil, fmt.Errorf("credentials: invalid policy: %w", errors.Join(p.Validate()...))
 	case cfg.NamespacePrefix == "":
 		return nil, errors.New("credentials: a namespace prefix is required")
 	}
@@ -114,29 +115,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	c.log.Info("credentials controller: running", "lifetime", c.cfg.Policy.Lifetime, "rotationPoint", c.cfg.Policy.RotationPoint, "overlap", c.cfg.Policy.Overlap)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			ns, shutdown := queue.Get()
-			if shutdown {
-				return
-			}
-			after, err := c.reconcile(ctx, ns, informer.GetStore())
-			switch {
-			case err != nil && ctx.Err() == nil:
-				c.log.Warn("credentials: reconcile failed; retrying", "namespace", ns, "error", err)
-				queue.AddRateLimited(ns)
-			case err == nil:
-				queue.Forget(ns)
-				if after > 0 {
-					queue.AddAfter(ns, after)
-				}
-			}
-			queue.Done(ns)
-		}
-	}()
-	<-ctx.Done()
+	store := informer.GetStore()
+	workloop.Run(ctx, queue, 1, func(ctx context.Context, ns string) (time.Duration, error) {
+		return c.reconcile(ctx, ns, store)
+	}, c.log, "credentials")
 	c.log.Info("credentials controller: stopped")
 	return nil
 }

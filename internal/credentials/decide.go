@@ -83,6 +83,29 @@ type Policy struct {
 	Overlap time.Duration
 }
 
+// Validate checks the policy; the errors name the flags that set it. The
+// backend's command reports them with the others, and New refuses a
+// policy that does not pass.
+func (p Policy) Validate() []error {
+	var errs []error
+	if p.Lifetime < binding.MinTokenLifetime {
+		errs = append(errs, fmt.Errorf("--credential-lifetime %s: must be at least %s (the API server's minimum)", p.Lifetime, binding.MinTokenLifetime))
+	}
+	if !(p.RotationPoint > 0 && p.RotationPoint < 1) {
+		errs = append(errs, fmt.Errorf("--credential-rotation-point %g: want a fraction between 0 and 1, e.g. 0.8", p.RotationPoint))
+	}
+	if p.Overlap <= 0 {
+		errs = append(errs, fmt.Errorf("--credential-overlap %s: must be positive", p.Overlap))
+	}
+	if len(errs) == 0 {
+		if rest := (p.Lifetime - time.Duration(float64(p.Lifetime)*p.RotationPoint)).Round(time.Second); p.Overlap >= rest {
+			errs = append(errs, fmt.Errorf("--credential-overlap %s: must be shorter than what remains of a token after its rotation (%s with --credential-lifetime %s and --credential-rotation-point %g), or the konnector has no time to switch",
+				p.Overlap, rest, p.Lifetime, p.RotationPoint))
+		}
+	}
+	return errs
+}
+
 // Condition is the CredentialsValid condition to report.
 type Condition struct {
 	Status  string // "True" or "False"

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -303,14 +302,10 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err := exampleapis.Prepare(prepCtx, admin, exampleapis.MangoDB); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kubernetes.NewForConfigOrDie(admin).RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: backendUser},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: binding.BackendClusterRole},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: backendUser}},
-	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	backend, err := provider.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
+	if err != nil {
 		t.Fatal(err)
 	}
-	backend := provider.ConfigForUser(backendUser)
 	catalog, err := binding.NewCatalog(backend, binding.ScopeNamespaced)
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/workloop"
 )
 
 var (
@@ -204,18 +205,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		"workers", c.cfg.Workers)
 	r.enqueueAll()
 
-	var wg sync.WaitGroup
-	for i := 0; i < c.cfg.Workers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for r.next(ctx) {
-			}
-		}()
-	}
-	<-ctx.Done()
-	r.queue.ShutDown()
-	wg.Wait()
+	workloop.Run(ctx, r.queue, c.cfg.Workers, r.reconcileAgain, r.log, "exports controllers")
 	c.log.Info("exports controllers: stopped")
 	return nil
 }
@@ -233,28 +223,14 @@ func (r *run) enqueueAll() {
 	}
 }
 
-func (r *run) next(ctx context.Context) bool {
-	ns, quit := r.queue.Get()
-	if quit {
-		return false
-	}
-	defer r.queue.Done(ns)
+// reconcileAgain is reconcile for workloop: a requeueAfter is another
+// look later, not a failure.
+func (r *run) reconcileAgain(ctx context.Context, ns string) (time.Duration, error) {
 	err := r.reconcile(ctx, ns)
-	var again *requeueAfter
-	switch {
-	case err == nil:
-		r.queue.Forget(ns)
-	case errors.As(err, &again):
-		r.queue.Forget(ns)
-		r.queue.AddAfter(ns, again.d)
-	default:
-		if ctx.Err() == nil {
-			r.log.Warn("exports controllers: reconcile failed, retrying", "namespace", ns, "error", err,
-				"retries", r.queue.NumRequeues(ns))
-		}
-		r.queue.AddRateLimited(ns)
+	if again := (*requeueAfter)(nil); errors.As(err, &again) {
+		return again.d, nil
 	}
-	return true
+	return 0, err
 }
 
 // requeueAfter asks for another pass later without counting as a failure

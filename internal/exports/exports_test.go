@@ -16,6 +16,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/testutil/await"
 )
 
 func wantForbidden(t *testing.T, what string, err error) {
@@ -156,7 +157,7 @@ func TestRequestFailsForWhatIsNotExported(t *testing.T) {
 	// Exported now: a new request succeeds; the failed one stays failed
 	// (both are looked at in the same pass over the namespace).
 	setExported(t, e, late.Name, true)
-	eventually(t, "the catalog offers latecomers", func() bool { _, ok := e.catalog.Lookup(late.Spec.Group, "latecomers"); return ok })
+	await.True(t, "the catalog offers latecomers", func() bool { _, ok := e.catalog.Lookup(late.Spec.Group, "latecomers"); return ok })
 	if err := c.create(t, requestsGVR, c.namespace, request("again", late.Spec.Group, "latecomers")); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func TestExportFollowsCRD(t *testing.T) {
 	ctx := context.Background()
 	crd := testCRD("schemachanges", "SchemaChange", true)
 	createCRD(t, e, crd)
-	eventually(t, "the catalog offers schemachanges", func() bool { _, ok := e.catalog.Lookup(crd.Spec.Group, "schemachanges"); return ok })
+	await.True(t, "the catalog offers schemachanges", func() bool { _, ok := e.catalog.Lookup(crd.Spec.Group, "schemachanges"); return ok })
 	c := e.bind(t, "carol", binding.Resource{Group: crd.Spec.Group, Resource: "schemachanges"})
 	if err := c.create(t, requestsGVR, c.namespace, request(crd.Name, crd.Spec.Group, "schemachanges")); err != nil {
 		t.Fatal(err)
@@ -194,7 +195,7 @@ func TestExportFollowsCRD(t *testing.T) {
 	if _, err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Patch(ctx, crd.Name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the new field reaches the export", func() bool {
+	await.True(t, "the new field reaches the export", func() bool {
 		exp, err := c.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		if err != nil {
 			return false
@@ -214,12 +215,12 @@ func TestExportFollowsCRD(t *testing.T) {
 	// Unexported: the export goes, and so do the consumer's rights.
 	start = time.Now()
 	setExported(t, e, crd.Name, false)
-	eventually(t, "the export is deleted", func() bool {
+	await.True(t, "the export is deleted", func() bool {
 		_, err := e.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
 	t.Logf("unexport -> export deleted: %v", time.Since(start).Round(time.Millisecond))
-	eventually(t, "the consumer loses the unexported resource", func() bool {
+	await.True(t, "the consumer loses the unexported resource", func() bool {
 		_, err := c.dyn.Resource(gvr).Namespace(c.namespace).List(ctx, metav1.ListOptions{})
 		return apierrors.IsForbidden(err)
 	})
@@ -230,14 +231,14 @@ func TestExportFollowsCRD(t *testing.T) {
 	// Exported again: the succeeded request brings the export back; a
 	// deleted CRD takes it away.
 	setExported(t, e, crd.Name, true)
-	eventually(t, "the export is back", func() bool {
+	await.True(t, "the export is back", func() bool {
 		_, err := e.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		return err == nil
 	})
 	if err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(ctx, crd.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the export of a deleted CRD is deleted", func() bool {
+	await.True(t, "the export of a deleted CRD is deleted", func() bool {
 		_, err := e.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
@@ -267,7 +268,7 @@ func TestAPIServiceNamespace(t *testing.T) {
 	statusNS := func(x *consumer, name string) string {
 		var got string
 		start := time.Now()
-		eventually(t, "status.namespace of "+name, func() bool {
+		await.True(t, "status.namespace of "+name, func() bool {
 			u, err := x.dyn.Resource(apiNSGVR).Namespace(x.namespace).Get(ctx, name, metav1.GetOptions{})
 			if err == nil {
 				got, _, _ = unstructured.NestedString(u.Object, "status", "namespace")
@@ -317,7 +318,7 @@ func TestAPIServiceNamespace(t *testing.T) {
 	if err := c.dyn.Resource(apiNSGVR).Namespace(c.namespace).Delete(ctx, "team-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the namespace of a deleted APIServiceNamespace goes", func() bool { return gone(e, teamA) })
+	await.True(t, "the namespace of a deleted APIServiceNamespace goes", func() bool { return gone(e, teamA) })
 
 	// Unbind removes the consumer namespace and its APIServiceNamespace
 	// namespaces at once (not waiting for the controllers).
@@ -380,14 +381,14 @@ func createCRD(t *testing.T, e *env, crd *apiextensionsv1.CustomResourceDefiniti
 	t.Helper()
 	ctx := context.Background()
 	_ = e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(ctx, crd.Name, metav1.DeleteOptions{})
-	eventually(t, "an old "+crd.Name+" is gone", func() bool {
+	await.True(t, "an old "+crd.Name+" is gone", func() bool {
 		_, err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
 	if _, err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, crd.Name+" established", func() bool {
+	await.True(t, crd.Name+" established", func() bool {
 		got, err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
 		if err != nil {
 			return false

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,12 +17,13 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/issued"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -74,14 +74,7 @@ func setup(t *testing.T) *env {
 		if prepareErr != nil {
 			return
 		}
-		_, err := kubernetes.NewForConfigOrDie(admin).RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: backendUser},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: binding.BackendClusterRole},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: backendUser}},
-		}, metav1.CreateOptions{})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			prepareErr = err
-		}
+		_, prepareErr = cp.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
 	})
 	if prepareErr != nil {
 		t.Fatalf("preparing the control plane: %v", prepareErr)
@@ -126,7 +119,7 @@ func setup(t *testing.T) *env {
 			t.Error("the controllers did not stop within 10s")
 		}
 	})
-	eventually(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup("mangodb.com", "mangodbs"); return ok })
+	await.True(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup("mangodb.com", "mangodbs"); return ok })
 	return e
 }
 
@@ -146,18 +139,7 @@ func (e *env) bind(t *testing.T, subject string, resources ...binding.Resource) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := clientcmd.NewClientConfigFromBytes(resp.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, _, err := cc.Namespace()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := cc.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, ns := issued.Config(t, resp.Kubeconfig)
 	return &consumer{id: c, clusterID: "cluster1", namespace: ns, dyn: dynamic.NewForConfigOrDie(rc)}
 }
 
@@ -216,14 +198,4 @@ func (c *consumer) waitPhase(t *testing.T, name string) (phase, message string, 
 		t.Fatalf("request %s/%s never left phase %q", c.namespace, name, phase)
 	}
 	return phase, message, time.Since(start)
-}
-
-// eventually polls cond for up to 30s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("timed out waiting until %s", what)
-	}
 }

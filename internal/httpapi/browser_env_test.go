@@ -133,9 +133,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		ClientSecret: idp.ClientSecret,
 		RedirectURL:  srv.URL + "/callback",
 		SigningKey:   []byte("0123456789abcdef0123456789abcdef-browser-test"),
-		UseOnce: func(ctx context.Context, flowState []byte, key string) error {
-			return store.UseNonce(ctx, browser.FlowSessionID(flowState), "oidc-state:"+key)
-		},
+		UseOnce:      browser.StateOnce(store),
 		HTTPClient: &http.Client{Timeout: 30 * time.Second, Transport: roundTripper(func(r *http.Request) (*http.Response, error) {
 			if r.URL.Host == idpURL.Host {
 				be.idpMu.Lock()
@@ -162,23 +160,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bh, err := browser.New(browser.Config{
-		ClusterKey:     key,
-		ExternalURL:    ext,
-		ProviderName:   "MangoDB Inc.",
-		Store:          store,
-		SessionTTL:     10 * time.Minute,
-		Login:          login,
-		Catalog:        be.catalog,
-		Provisioner:    refusingProvisioner{},
-		CookieHashKey:  []byte("0123456789abcdef0123456789abcdef-cookie-hash"),
-		CookieBlockKey: []byte("0123456789abcdef"),
-		Logger:         logger.With("component", "browser"),
-		Now:            clock.Now,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bh := testBrowser(t, ext, store, key, login, be.catalog, logger, clock.Now)
 	reg := prometheus.NewRegistry()
 	h, err := New(Config{
 		ClusterKey:   key,

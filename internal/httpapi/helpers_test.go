@@ -17,6 +17,7 @@ import (
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/storetest"
@@ -41,11 +42,14 @@ type env struct {
 }
 
 type envOpts struct {
-	external  string
-	limits    sessions.Limits
-	ttl       time.Duration
-	interval  time.Duration
-	browser   http.Handler
+	external string
+	limits   sessions.Limits
+	ttl      time.Duration
+	interval time.Duration
+	// login, if set, is the identity provider of a real browser part
+	// (browser.Handler with the test catalog and a provisioner that
+	// refuses); without it the backend has none.
+	login     browser.Login
 	readiness []health.Check
 	// logLevel of the handler's logger (default debug: tests see all).
 	logLevel *slog.Level
@@ -73,6 +77,11 @@ func newEnv(t testing.TB, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
+	var bh *browser.Handler
+	if o.login != nil {
+		bh = testBrowser(t, ext, store, key, o.login, &staticCatalog{}, logger, clock.Now)
+	}
 	h, err := New(Config{
 		ClusterKey:   key,
 		ExternalURL:  ext,
@@ -80,10 +89,10 @@ func newEnv(t testing.TB, o envOpts) *env {
 		PollInterval: o.interval,
 		SessionTTL:   o.ttl,
 		Store:        store,
-		Logger:       slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level})),
+		Logger:       logger,
 		Metrics:      reg,
 		Readiness:    o.readiness,
-		Browser:      o.browser,
+		Browser:      bh,
 		Now:          clock.Now,
 	})
 	if err != nil {
@@ -208,4 +217,30 @@ func wantCommonHeaders(t testing.TB, resp *http.Response) {
 	if got := resp.Header.Get("Content-Type"); got != "application/json; charset=utf-8" {
 		t.Errorf("Content-Type %q, want application/json; charset=utf-8", got)
 	}
+}
+
+// testBrowser is the browser part of the handler tests: the real handler
+// with the given identity provider and catalog, and a provisioner that
+// refuses.
+func testBrowser(t testing.TB, ext *url.URL, store sessions.Store, key *clusterkey.Key, login browser.Login,
+	catalog browser.Catalog, logger *slog.Logger, now func() time.Time) *browser.Handler {
+	t.Helper()
+	bh, err := browser.New(browser.Config{
+		ClusterKey:     key,
+		ExternalURL:    ext,
+		ProviderName:   "MangoDB Inc.",
+		Store:          store,
+		SessionTTL:     10 * time.Minute,
+		Login:          login,
+		Catalog:        catalog,
+		Provisioner:    refusingProvisioner{},
+		CookieHashKey:  []byte("0123456789abcdef0123456789abcdef-cookie-hash"),
+		CookieBlockKey: []byte("0123456789abcdef"),
+		Logger:         logger.With("component", "browser"),
+		Now:            now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bh
 }

@@ -1,8 +1,8 @@
 // Package httpapi is the backend's HTTP surface: discovery (GET /export),
 // poll sessions (POST /sessions, GET /poll) per docs/protocol.md §0, §1 and
 // §4, the probes /healthz and /readyz, and Prometheus metrics on /metrics.
-// The browser routes (/authorize, /callback, /bind, /static/) are served by
-// Config.Browser when it is set.
+// The browser routes (/authorize, /callback, /bind) are Config.Browser's,
+// mounted here beside the others: New mounts every route in one router.
 package httpapi
 
 import (
@@ -19,8 +19,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/sessions"
 )
 
@@ -37,13 +39,12 @@ const (
 	PathAuthorize = "/authorize"
 	PathCallback  = "/callback"
 	PathBind      = "/bind"
-	PathStatic    = "/static"
 )
 
 // Defaults for zero Config fields.
 const (
 	DefaultPollInterval = 2 * time.Second
-	DefaultSessionTTL   = 10 * time.Minute
+	DefaultSessionTTL   = sessions.DefaultTTL
 )
 
 // Config configures the handler returned by New.
@@ -69,10 +70,10 @@ type Config struct {
 	Metrics *prometheus.Registry
 	// Readiness are the checks /readyz runs; it is ready when all pass.
 	Readiness []health.Check
-	// Browser, if set, serves the browser routes /authorize, /callback,
-	// /bind and /static/ (under the external URL's path prefix). While it
-	// is nil, /authorize answers 503.
-	Browser http.Handler
+	// Browser, if set, serves the browser routes /authorize, /callback
+	// and /bind (under the external URL's path prefix). While it is nil,
+	// /authorize answers 503.
+	Browser *browser.Handler
 	// ClusterKey derives new cluster IDs and their cluster secrets; the
 	// browser part must use the same one. Default: a random key (tests
 	// only: secrets then die with the process).
@@ -135,21 +136,28 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	svc, err := bindservice.New(bindservice.Config{Store: cfg.Store, ClusterKey: cfg.ClusterKey, SessionTTL: cfg.SessionTTL, Now: cfg.Now})
+	if err != nil {
+		return nil, err
+	}
 
 	prefix := strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/")
 	s := &server{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		metrics:    m,
-		scheme:     strings.ToLower(cfg.ExternalURL.Scheme),
-		host:       cfg.ExternalURL.Host,
-		minPollGap: minPollGap(cfg.PollInterval),
-		pollPath:   prefix + PathPoll,
+		cfg:          cfg,
+		bind:         svc,
+		log:          cfg.Logger,
+		metrics:      m,
+		scheme:       strings.ToLower(cfg.ExternalURL.Scheme),
+		host:         cfg.ExternalURL.Host,
+		minPollGap:   minPollGap(cfg.PollInterval),
+		browserPaths: map[string]string{},
 	}
 	if s.export, err = exportDocument(cfg, prefix); err != nil {
 		return nil, err
 	}
 
+	// Every route, in one router. No middleware answers a request itself
+	// except to refuse a body over the limit or to report a panic.
 	r := chi.NewRouter()
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))
@@ -164,11 +172,10 @@ func New(cfg Config) (http.Handler, error) {
 		r.Post(PathSessions, named(PathSessions, s.createSession))
 		r.Get(PathPoll, named(PathPoll, s.poll))
 		if cfg.Browser != nil {
-			b := cfg.Browser.ServeHTTP
-			r.Handle(PathAuthorize, named(PathAuthorize, b))
-			r.Handle(PathCallback, named(PathCallback, b))
-			r.Handle(PathBind, named(PathBind, b))
-			r.Handle(PathStatic+"/*", named(PathStatic, b))
+			for _, rt := range cfg.Browser.Routes() {
+				r.Method(rt.Method, rt.Path, named(rt.Path, rt.Handler))
+				s.browserPaths[prefix+rt.Path] = rt.Path
+			}
 		} else {
 			r.Get(PathAuthorize, named(PathAuthorize, s.browserMissing))
 		}
@@ -203,13 +210,15 @@ func validateExternalURL(u *url.URL) error {
 // server holds what the handlers share.
 type server struct {
 	cfg     Config
+	bind    *bindservice.Service
 	log     *slog.Logger
 	metrics *metrics
 	export  []byte
 	// scheme and host of the external URL, which every signature covers.
 	scheme, host string
-	// pollPath is the poll route's full path, prefix included.
-	pollPath string
+	// browserPaths maps the full paths of the browser routes, prefix
+	// included, to their route labels: their 405 is the browser's page.
+	browserPaths map[string]string
 	// minPollGap is the poll interval less the jitter tolerance.
 	minPollGap time.Duration
 }

@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
@@ -265,31 +267,67 @@ func TestBrowserRoutes(t *testing.T) {
 		t.Fatalf("authorize without browser: %d %q", resp.StatusCode, b)
 	}
 
-	var seen []string
-	browser := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/kb/bind" && r.Method == "PUT" {
-			panic("boom")
-		}
-		seen = append(seen, r.Method+" "+r.URL.Path)
-		w.Write([]byte("browser"))
-	})
-	e = newEnv(t, envOpts{external: "https://bind.example.com/kb", browser: browser})
-	for _, p := range []string{"GET /kb/authorize", "GET /kb/callback", "POST /kb/bind", "GET /kb/static/app.css"} {
-		m, path, _ := strings.Cut(p, " ")
-		resp := e.do(m, path, nil)
-		if b := string(readAll(t, resp)); resp.StatusCode != 200 || b != "browser" {
-			t.Errorf("%s: %d %q", p, resp.StatusCode, b)
+	// The real browser part under a path prefix: each route reaches its
+	// handler through the one router (the pages say which handler it
+	// was), and everything else gets the router's own answers.
+	login := &panickyLogin{}
+	e = newEnv(t, envOpts{external: "https://bind.example.com/kb", login: login})
+	for _, c := range []struct {
+		method, path string
+		status       int
+		says         string
+	}{
+		{"GET", "/kb/authorize", 400, "neither a signature nor a callback"},
+		{"HEAD", "/kb/authorize?p=41234&s=aB3dE9&c=Zx81Qp", 200, ""},
+		{"GET", "/kb/callback", 400, "cannot be finished"},
+		{"GET", "/kb/bind?s=x", 401, "not signed in"},
+		{"POST", "/kb/bind", 401, "not signed in"},
+		{"PUT", "/kb/bind", 405, "not allowed"},
+		{"HEAD", "/kb/callback", 405, ""},
+		{"GET", "/kb/static/app.css", 404, "not_found"},
+		{"GET", "/authorize", 404, "not_found"},
+	} {
+		resp := e.do(c.method, c.path, nil)
+		b := string(readAll(t, resp))
+		if resp.StatusCode != c.status || !strings.Contains(b, c.says) {
+			t.Errorf("%s %s: %d, want %d saying %q:\n%s", c.method, c.path, resp.StatusCode, c.status, c.says, b)
 		}
 		if resp.Header.Get("Cache-Control") != "no-store" {
-			t.Errorf("%s: no Cache-Control: no-store", p)
+			t.Errorf("%s %s: no Cache-Control: no-store", c.method, c.path)
 		}
 	}
-	if len(seen) != 4 {
-		t.Errorf("browser saw %v", seen)
+	if e.store.Len() != 0 || login.begun.Load() != 0 {
+		t.Fatalf("refused requests made %d sessions and %d logins", e.store.Len(), login.begun.Load())
+	}
+	metrics := string(readAll(t, e.do("GET", "/metrics", nil)))
+	for _, want := range []string{`code="400",route="/authorize"`, `code="405",route="/bind"`, `code="404",route="unmatched"`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 	// A panic is a logged 500, not a dropped connection.
-	wantError(t, e.do("PUT", "/kb/bind", nil), 500, "internal_error")
+	login.panics.Store(true)
+	wantError(t, e.do("GET", "/kb/authorize?p=41234&s=aB3dE9&c=Zx81Qp", nil), 500, "internal_error")
 	if !strings.Contains(e.logs.String(), "panic while serving a request") {
 		t.Error("panic not logged")
 	}
+}
+
+// panickyLogin is an identity provider that is never reached in
+// TestBrowserRoutes, unless it is told to panic.
+type panickyLogin struct {
+	panics atomic.Bool
+	begun  atomic.Int32
+}
+
+func (l *panickyLogin) Begin(http.ResponseWriter, *http.Request, []byte) (string, error) {
+	if l.panics.Load() {
+		panic("boom")
+	}
+	l.begun.Add(1)
+	return "https://idp.example.com/auth", nil
+}
+
+func (l *panickyLogin) Finish(http.ResponseWriter, *http.Request) (oidc.Identity, []byte, error) {
+	return oidc.Identity{}, nil, errors.New("test: no login")
 }

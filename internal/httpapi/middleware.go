@@ -102,13 +102,6 @@ func (s *server) middleware(next http.Handler) http.Handler {
 			}
 			s.finish(rec, r, start)
 		}()
-		// The poll is the hottest route: served without the router's
-		// per-request context (two allocations fewer).
-		if r.URL.Path == s.pollPath && r.Method == http.MethodGet {
-			rec.route = PathPoll
-			s.poll(rec, r)
-			return
-		}
 		next.ServeHTTP(rec, r)
 	})
 }

@@ -55,7 +55,8 @@ func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
 }
 
 // methodNotAllowed answers 405 with the Allow header, found by asking the
-// router which methods match the path.
+// router which methods match the path: a browser route with the browser's
+// page, every other route with a JSON error.
 func (s *server) methodNotAllowed(routes chi.Routes) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var allowed []string
@@ -66,6 +67,13 @@ func (s *server) methodNotAllowed(routes chi.Routes) http.HandlerFunc {
 			}
 		}
 		allow := strings.Join(allowed, ", ")
+		if route, ok := s.browserPaths[r.URL.Path]; ok {
+			if rec, ok := w.(*recorder); ok {
+				rec.route = route
+			}
+			s.cfg.Browser.MethodNotAllowed(w, r, allow)
+			return
+		}
 		w.Header().Set("Allow", allow)
 		writeError(w, http.StatusMethodNotAllowed, errMethodNotAllowed,
 			r.Method+" is not allowed on "+r.URL.Path+"; allowed: "+allow)

@@ -9,17 +9,15 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/kbprovider/backend/internal/ids"
-	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
 // createSession is POST /sessions (§1). The body is empty or
-// {"clusterID": "..."}. A clusterID that is empty or not of a format this
-// backend accepts (ids.ValidClusterID) is replaced by a new one, derived
-// from the session ID (clusterkey), and the answer carries its cluster
-// secret. A presented clusterID is echoed without a secret: it is used only
-// if the authentication URL proves it (browser.authorizePoll); malformed JSON, a value that is not a string, an unknown field or
+// {"clusterID": "..."}; bindservice.CreatePollSession settles the cluster
+// ID (a new one with its cluster secret, or the presented one, used only
+// if the authentication URL proves it). Malformed JSON, a value that is
+// not a string, an unknown field or
 // trailing data is a 400, so that a typo such as "cluster" does not
 // silently cost the client its identity. (Field names match
 // case-insensitively, as encoding/json does: "clusterId" is accepted.)
@@ -39,33 +37,16 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 			`the body must be empty or {"clusterID": "<id>"}: `+err.Error())
 		return
 	}
-	now := s.cfg.Now()
-	expires := now.Add(s.cfg.SessionTTL)
-	id := ids.NewExpiringSessionID(expires)
-	clusterID, clusterSecret := req.ClusterID, ""
-	if !ids.ValidClusterID(clusterID) {
-		clusterID = s.cfg.ClusterKey.NewClusterID(id)
-		clusterSecret = s.cfg.ClusterKey.Secret(clusterID)
-	}
-	sess := sessions.Session{
-		ID:        id,
-		ClusterID: clusterID,
-		Secret:    ids.NewSessionSecret(),
-		CreatedAt: now,
-		ExpiresAt: expires,
-		State:     sessions.StatePending,
-	}
-	switch err := s.cfg.Store.Create(r.Context(), sess); {
+	sess, clusterSecret, err := s.bind.CreatePollSession(r.Context(), req.ClusterID)
+	switch {
 	case err == nil:
-	case errors.Is(err, sessions.ErrFull):
+	case errors.Is(err, bindservice.ErrBusy):
 		s.metrics.sessionsRefused.WithLabelValues("full").Inc()
 		w.Header()[retryAfterKy] = hdrRetry30
 		writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
 			"the backend holds as many pending sessions as it is configured for; try again later")
 		return
 	default:
-		// ErrExists would need a collision of 128 random bits; treat it,
-		// like a store failure, as a temporary condition.
 		s.log.Error("creating a session failed", "error", err)
 		w.Header()[retryAfterKy] = hdrRetry5
 		writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,

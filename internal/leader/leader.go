@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -32,6 +33,7 @@ type Config struct {
 
 // Run calls fn while this replica holds the Lease, with a context that
 // ends when leadership is lost; then it campaigns again, until ctx ends.
+// Run returns when ctx ended, fn returned and the Lease was released.
 // On shutdown it releases the Lease, so another replica takes over at
 // once rather than after the lease duration.
 func Run(ctx context.Context, rc *rest.Config, cfg Config, fn func(ctx context.Context)) error {
@@ -59,6 +61,19 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, fn func(ctx context.C
 		return err
 	}
 	log := cfg.Logger.With("lease", cfg.Namespace+"/"+cfg.Name, "identity", id)
+	// client-go calls OnStartedLeading in a goroutine of its own and does
+	// not wait for it: Run does, so that nothing fn started outlives it.
+	var (
+		mu      sync.Mutex
+		running sync.WaitGroup
+		done    bool
+	)
+	defer func() {
+		mu.Lock()
+		done = true
+		mu.Unlock()
+		running.Wait()
+	}()
 	for ctx.Err() == nil {
 		log.Info("leader election: campaigning")
 		leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
@@ -70,6 +85,14 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, fn func(ctx context.C
 			Name:            cfg.Name,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
+					mu.Lock()
+					if done {
+						mu.Unlock()
+						return
+					}
+					running.Add(1)
+					mu.Unlock()
+					defer running.Done()
 					log.Info("leader election: became leader")
 					fn(ctx)
 				},

@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,25 +17,9 @@ import (
 	gooidc "github.com/coreos/go-oidc/v3/oidc"
 	"golang.org/x/oauth2"
 
+	"github.com/kbprovider/backend/internal/testutil/fakeclock"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 )
-
-type fakeClock struct {
-	mu     sync.Mutex
-	offset time.Duration
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.offset)
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.offset += d
-	c.mu.Unlock()
-}
 
 type result struct {
 	id   Identity
@@ -51,7 +34,7 @@ type env struct {
 	srv     *httptest.Server
 	op      *oidcprovider.Provider
 	auth    atomic.Pointer[Authenticator]
-	clock   *fakeClock
+	clock   *fakeclock.Clock
 	results chan result
 }
 
@@ -94,7 +77,7 @@ func newEnv(t *testing.T) *env {
 
 // use installs a fresh Authenticator configured by mod.
 func (e *env) use(mod func(*Config)) *Authenticator {
-	e.clock = &fakeClock{}
+	e.clock = fakeclock.Real()
 	cfg := Config{
 		IssuerURL:    e.op.IssuerURL,
 		ClientID:     e.op.ClientID,

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/certs"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 )
@@ -110,17 +111,6 @@ func handshakeSerial(t *testing.T, addr string, pool *x509.CertPool) string {
 	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func startRun(t *testing.T, r *Reloader) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -147,7 +137,7 @@ func TestSymlinkSwapServesNewCertificateAndKeepsConnections(t *testing.T) {
 
 	vol.Publish(b)
 
-	eventually(t, "a new connection to present certificate b", func() bool {
+	await.True(t, "a new connection to present certificate b", func() bool {
 		return handshakeSerial(t, url, pool) == b.Cert.SerialNumber.String()
 	})
 	// The existing connection carries on: same connection, old handshake.
@@ -187,7 +177,7 @@ func TestInPlaceRewriteIsPickedUp(t *testing.T) {
 	// pair is mismatched and must not be served.
 	writeFile(t, certFile, b.CertPEM)
 	writeFile(t, keyFile, b.KeyPEM)
-	eventually(t, "certificate b to be served", func() bool {
+	await.True(t, "certificate b to be served", func() bool {
 		return handshakeSerial(t, url, trusting(a, b)) == b.Cert.SerialNumber.String()
 	})
 }
@@ -215,7 +205,7 @@ func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
 	for _, tc := range broken {
 		t.Run(tc.name, func(t *testing.T) {
 			vol.PublishPEM(tc.cert, tc.key)
-			eventually(t, "the failure to be logged", func() bool { return strings.Contains(logs.String(), tc.wantLog) })
+			await.True(t, "the failure to be logged", func() bool { return strings.Contains(logs.String(), tc.wantLog) })
 			time.Sleep(150 * time.Millisecond) // several periodic checks
 			if got := handshakeSerial(t, url, pool); got != aSerial {
 				t.Fatalf("after publishing a %s the server presents serial %s, want a's %s", tc.name, got, aSerial)
@@ -232,7 +222,7 @@ func TestBrokenPairKeepsServingThePreviousOne(t *testing.T) {
 
 	// And a good pair afterwards is taken.
 	vol.Publish(b)
-	eventually(t, "certificate b to be served after the broken ones", func() bool {
+	await.True(t, "certificate b to be served after the broken ones", func() bool {
 		return handshakeSerial(t, url, pool) == b.Cert.SerialNumber.String()
 	})
 }
@@ -246,7 +236,7 @@ func TestPeriodicCheckWithoutFileEvents(t *testing.T) {
 	startRun(t, r)
 
 	vol.Publish(b)
-	eventually(t, "the periodic check to load b", func() bool {
+	await.True(t, "the periodic check to load b", func() bool {
 		return r.Certificate().Leaf.SerialNumber.Cmp(b.Cert.SerialNumber) == 0
 	})
 }

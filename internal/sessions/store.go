@@ -153,6 +153,11 @@ type Limits struct {
 	Grace time.Duration
 }
 
+// DefaultTTL is how long a session lives after creation where nothing else
+// is configured (the backend's --session-ttl default); the browser login
+// gets as long.
+const DefaultTTL = 10 * time.Minute
+
 // DefaultLimits are the limits used where none are configured.
 var DefaultLimits = Limits{
 	MaxSessions:         10000,

@@ -62,6 +62,10 @@ func errorBody(b []byte) v1alpha1.Error {
 	return e
 }
 
+// maxRetryAfter caps what a provider can make a client wait, in either
+// form of Retry-After (a date far ahead is as absurd as a huge number).
+const maxRetryAfter = 24 * time.Hour
+
 // retryAfter parses a Retry-After header: delay seconds or an HTTP date.
 // ok is false when the header is absent or unreadable.
 func retryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
@@ -73,11 +77,10 @@ func retryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
 		if secs < 0 {
 			return 0, false
 		}
-		const maxSecs = int64(24 * time.Hour / time.Second)
-		return time.Duration(min(secs, maxSecs)) * time.Second, true
+		return time.Duration(min(secs, int64(maxRetryAfter/time.Second))) * time.Second, true
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
+		return min(max(t.Sub(now), 0), maxRetryAfter), true
 	}
 	return 0, false
 }

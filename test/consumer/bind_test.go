@@ -20,6 +20,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/pkg/bindproof"
@@ -128,7 +129,7 @@ func testPollFlow(t *testing.T, e *env) *bound {
 
 	// The konnector creates the bound CRDs, owned by their bindings.
 	crds := apiextensionsclient.NewForConfigOrDie(e.consumer.AdminConfig()).ApiextensionsV1().CustomResourceDefinitions()
-	eventually(t, 2*time.Minute, "the konnector to create the bound CRDs", func() (bool, error) {
+	await.Within(t, 2*time.Minute, 200*time.Millisecond, "the konnector to create the bound CRDs", func() (bool, error) {
 		for _, a := range []exampleapis.API{exampleapis.MangoDB, exampleapis.Redis} {
 			crd, err := crds.Get(ctx, a.Name(), metav1.GetOptions{})
 			if err != nil {
@@ -148,12 +149,12 @@ func testPollFlow(t *testing.T, e *env) *bound {
 		"metadata": map[string]any{"name": "db1", "namespace": "default"},
 		"spec":     map[string]any{"tier": "gold"},
 	}}
-	eventually(t, time.Minute, "the MangoDB API to be served in the consumer cluster", func() (bool, error) {
+	await.Within(t, time.Minute, 200*time.Millisecond, "the MangoDB API to be served in the consumer cluster", func() (bool, error) {
 		_, err := consumerDyn.Resource(mango).Namespace("default").Create(ctx, obj, metav1.CreateOptions{})
 		return err == nil || apierrors.IsAlreadyExists(err), err
 	})
 	var upstream *unstructured.Unstructured
-	eventually(t, 2*time.Minute, "db1 to appear on the provider", func() (bool, error) {
+	await.Within(t, 2*time.Minute, 200*time.Millisecond, "db1 to appear on the provider", func() (bool, error) {
 		list, err := providerDyn.Resource(mango).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -183,7 +184,7 @@ func testPollFlow(t *testing.T, e *env) *bound {
 	}
 
 	// A status set on the provider comes back.
-	eventually(t, time.Minute, "the status to be written upstream", func() (bool, error) {
+	await.Within(t, time.Minute, 200*time.Millisecond, "the status to be written upstream", func() (bool, error) {
 		cur, err := providerDyn.Resource(mango).Namespace(upstream.GetNamespace()).Get(ctx, "db1", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -192,7 +193,7 @@ func testPollFlow(t *testing.T, e *env) *bound {
 		_, err = providerDyn.Resource(mango).Namespace(upstream.GetNamespace()).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return err == nil, err
 	})
-	eventually(t, 2*time.Minute, "the provider's status to reach the consumer", func() (bool, error) {
+	await.Within(t, 2*time.Minute, 200*time.Millisecond, "the provider's status to reach the consumer", func() (bool, error) {
 		cur, err := consumerDyn.Resource(mango).Namespace("default").Get(ctx, "db1", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -204,13 +205,13 @@ func testPollFlow(t *testing.T, e *env) *bound {
 	if err := consumerDyn.Resource(mango).Namespace("default").Delete(ctx, "db1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Minute, "db1 to be deleted upstream", func() (bool, error) {
+	await.Within(t, 2*time.Minute, 200*time.Millisecond, "db1 to be deleted upstream", func() (bool, error) {
 		_, err := providerDyn.Resource(mango).Namespace(upstream.GetNamespace()).Get(ctx, "db1", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 
 	// The ClusterBinding gets heartbeats.
-	eventually(t, time.Minute, "a heartbeat on the ClusterBinding", func() (bool, error) {
+	await.Within(t, time.Minute, 200*time.Millisecond, "a heartbeat on the ClusterBinding", func() (bool, error) {
 		cb, err := providerDyn.Resource(clusterGVR).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
 		if err != nil {
 			return false, err

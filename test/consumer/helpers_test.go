@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -184,30 +182,19 @@ func signIn(t *testing.T, b *browser.Browser, user oidcprovider.User) {
 }
 
 // startKonnectorWhenReady waits until the command deployed the konnector
-// in the consumer cluster (pods never run there: no nodes), then runs the released konnector
-// with a token of it: the RBAC the command wrote is all it gets.
+// in the consumer cluster (pods never run there: no nodes), then runs the
+// released konnector with a token of it: the RBAC the command wrote is all
+// it gets.
 func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector {
 	t.Helper()
 	kube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	for {
-		// The Deployment comes after the RBAC and the ServiceAccount.
-		_, err := kube.AppsV1().Deployments(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
-		if err == nil {
-			break
-		}
-		if !apierrors.IsNotFound(err) || !c.running() || ctx.Err() != nil {
-			t.Fatalf("no konnector Deployment (%v); command running: %v\n%s", err, c.running(), c.stderr.String())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	tr, err := kube.CoreV1().ServiceAccounts(consumer.Namespace).CreateToken(ctx, consumer.KonnectorName,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(3600))}}, metav1.CreateOptions{})
+	token, err := konnector.TokenWhenDeployed(ctx, kube, time.Hour, c.exited)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v; command running: %v\n%s", err, c.running(), c.stderr.String())
 	}
-	kc := e.consumer.WriteKubeconfig(t, e.consumer.ConfigForToken(tr.Status.Token))
+	kc := e.consumer.WriteKubeconfig(t, e.consumer.ConfigForToken(token))
 	return konnector.Start(t, konnector.Options{
 		Kubeconfig: kc,
 		Servers:    []string{e.provider.Host()},
@@ -218,26 +205,6 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector 
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// eventually polls cond every 200ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if err != nil {
-			lastErr = err
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
 
 var (
 	bindingGVR = consumer.BindingGVR

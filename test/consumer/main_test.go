@@ -9,15 +9,13 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil/backendproc"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
@@ -25,20 +23,12 @@ import (
 )
 
 var (
-	backendBinary string
-	cliBinary     string // kube-bind-poll, also installed as kubectl-bind_poll in cliDir
-	cliDir        string
+	cliBinary string // kube-bind-poll, also installed as kubectl-bind_poll in cliDir
+	cliDir    string
 )
 
 func TestMain(m *testing.M) {
 	code := func() int {
-		bin, cleanup, err := procs.Build("./cmd/backend")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "building the backend:", err)
-			return 1
-		}
-		defer cleanup()
-		backendBinary = bin
 		cli, cleanupCLI, err := procs.Build("./cmd/kube-bind-poll")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "building kube-bind-poll:", err)
@@ -51,7 +41,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer stopConsumer()
-		return controlplane.RunMain(m)
+		return backendproc.Main(func() int { return controlplane.RunMain(m) })
 	}()
 	os.Exit(code)
 }
@@ -124,7 +114,7 @@ func startEnv(t *testing.T) *env {
 	port := procs.FreePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{base + "/callback"}, Users: []oidcprovider.User{alice}})
-	startBackend(t, base, []string{
+	backendproc.Start(t, base, []string{
 		"--listen-address", fmt.Sprintf("127.0.0.1:%d", port),
 		"--external-url", base,
 		"--oidc-issuer-url", idp.IssuerURL,
@@ -139,50 +129,6 @@ func startEnv(t *testing.T) *env {
 		"--consumer-scope", "Namespaced",
 		"--poll-interval", "1s",
 		"--log-format", "text",
-	})
+	}, 90*time.Second)
 	return &env{provider: provider, consumer: consumer, idp: idp, baseURL: base, exportURL: base + "/export"}
-}
-
-// startBackend runs the backend until t ends and waits until it is ready.
-func startBackend(t *testing.T, base string, args []string) {
-	t.Helper()
-	cmd := exec.Command(backendBinary, args...)
-	logs := &procs.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the backend: %v", err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("backend logs:\n%s", logs.String())
-		}
-	})
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		if resp, err := http.Get(base + "/readyz"); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		select {
-		case <-exited:
-			t.Fatalf("backend exited: %v\nlogs:\n%s", waitErr, logs.String())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend not ready after 90s\nlogs:\n%s", logs.String())
-		}
-	}
 }

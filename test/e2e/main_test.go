@@ -7,10 +7,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -20,24 +17,15 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/testutil/backendproc"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
-var backendBinary string
-
 func TestMain(m *testing.M) {
-	bin, cleanup, err := procs.Build("./cmd/backend")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building the backend:", err)
-		os.Exit(1)
-	}
-	backendBinary = bin
-	code := controlplane.RunMain(m)
-	cleanup()
-	os.Exit(code)
+	os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) }))
 }
 
 // Users of the test identity provider. Only members of group "binders"
@@ -115,58 +103,8 @@ func startEnv(t *testing.T, opts backendOptions) *env {
 		"--poll-interval", "1s",
 		"--log-format", "text",
 	}
-	startBackend(t, append(args, opts.extraArgs...), base)
+	backendproc.Start(t, base, append(args, opts.extraArgs...), 60*time.Second)
 	return &env{cp: cp, idp: idp, baseURL: base, kube: kubernetes.NewForConfigOrDie(cp.AdminConfig())}
-}
-
-// startBackend runs the backend binary until the test ends and waits until
-// /readyz says every dependency is there.
-func startBackend(t *testing.T, args []string, base string) {
-	t.Helper()
-	cmd := exec.Command(backendBinary, args...)
-	logs := &procs.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting the backend: %v", err)
-	}
-	// exited is closed when the process is gone; waitErr says how it ended.
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("backend logs:\n%s", logs.String())
-		}
-	})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("backend not ready after 60s: %d %s\nlogs:\n%s", resp.StatusCode, body, logs.String())
-			}
-		}
-		select {
-		case <-exited:
-			t.Fatalf("backend exited: %v\nlogs:\n%s", waitErr, logs.String())
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend not answering after 60s: %v\nlogs:\n%s", err, logs.String())
-		}
-	}
 }
 
 // consumerNamespaces lists the provider namespaces made for a user.

@@ -14,11 +14,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/testutil/browser"
+	"github.com/kbprovider/backend/internal/testutil/issued"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
@@ -136,15 +136,8 @@ func bindInBrowser(t *testing.T, e *env, link, wantCode, wantKind string) string
 
 func kubeconfigNamespace(t *testing.T, kubeconfig []byte) (kubernetes.Interface, string) {
 	t.Helper()
-	cfg, err := clientcmd.Load(kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kubernetes.NewForConfigOrDie(rc), cfg.Contexts[cfg.CurrentContext].Namespace
+	rc, ns := issued.Config(t, kubeconfig)
+	return kubernetes.NewForConfigOrDie(rc), ns
 }
 
 // works says whether a consumer credential can still read its namespace.

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/sessions/hashring"
+	"github.com/kbprovider/backend/internal/testutil/backendproc"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -50,7 +51,7 @@ type replica struct {
 // start runs the replica until the test ends (or kill).
 func (r *replica) start(t *testing.T) {
 	t.Helper()
-	r.cmd = exec.Command(backendBinary, r.args...)
+	r.cmd = exec.Command(backendproc.Binary, r.args...)
 	r.logs = &procs.Buffer{}
 	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
 	if err := r.cmd.Start(); err != nil {

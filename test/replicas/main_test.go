@@ -8,30 +8,18 @@ package replicas
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil/backendproc"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
-// backendBinary is cmd/backend, built once for all tests.
-var backendBinary string
-
 func TestMain(m *testing.M) {
-	bin, cleanup, err := procs.Build("./cmd/backend")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "building the backend:", err)
-		os.Exit(1)
-	}
-	backendBinary = bin
-	code := controlplane.RunMain(m)
-	cleanup()
-	os.Exit(code)
+	os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) }))
 }
 
 const (

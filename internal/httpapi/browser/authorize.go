@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/oidc"
@@ -49,7 +50,7 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 		return
 	}
 	if err != nil {
-		h.sessionLookupFailed(w, err)
+		h.storeFailed(w, err)
 		return
 	}
 	signed := hmac.Request{
@@ -74,7 +75,7 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 		h.page(w, http.StatusUnauthorized, pageLinkUsed, "")
 		return
 	case err != nil:
-		h.sessionLookupFailed(w, err)
+		h.storeFailed(w, err)
 		return
 	}
 	if !h.stillPending(w, sess) {
@@ -104,19 +105,9 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		linkLooksGood(w)
 		return
 	}
-	now := h.cfg.Now()
-	expires := now.Add(h.cfg.SessionTTL)
-	sess := sessions.Session{
-		ID:                ids.NewExpiringSessionID(expires),
-		ClusterID:         clusterID,
-		Secret:            ids.NewSessionSecret(),
-		CreatedAt:         now,
-		ExpiresAt:         expires,
-		CallbackURL:       callback.String(),
-		CallbackSessionID: cliSession,
-	}
-	switch err := h.cfg.Store.Create(r.Context(), sess); {
-	case errors.Is(err, sessions.ErrFull):
+	sess, err := h.svc.CreateCallbackSession(r.Context(), clusterID, callback.String(), cliSession)
+	switch {
+	case errors.Is(err, bindservice.ErrBusy):
 		w.Header().Set("Retry-After", "30")
 		h.page(w, http.StatusServiceUnavailable, pageBusy, "")
 		return
@@ -220,16 +211,21 @@ func isLoopback(host string) bool {
 	return host == "localhost" || host == "127.0.0.1" || host == "::1"
 }
 
-func parseAllowList(entries []string) ([]*url.URL, error) {
+// ParseCallbackAllowList reads the entries of Config.CallbackAllowList
+// (--callback-allowed-urls): scheme://host[:port][/path] prefixes. Every
+// entry that is not one is an error of its own.
+func ParseCallbackAllowList(entries []string) ([]*url.URL, []error) {
 	var out []*url.URL
+	var errs []error
 	for _, e := range entries {
 		u, err := url.Parse(e)
 		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			return nil, errors.New("browser: callback allow-list entry " + strconv.Quote(e) + " is not a scheme://host[:port][/path] prefix")
+			errs = append(errs, errors.New(strconv.Quote(e)+": want a URL prefix scheme://host[:port][/path], e.g. https://cli.example.com/callback"))
+			continue
 		}
 		out = append(out, u)
 	}
-	return out, nil
+	return out, errs
 }
 
 // matchesPrefix: same scheme and host (port included), and u's path is

@@ -3,16 +3,15 @@ package browser
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"net/url"
 	"strings"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
-	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
 )
@@ -46,7 +45,7 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		// The state was genuine, so the session cannot go on (its link
 		// was used): end it, so that the CLI stops waiting and says why.
 		reason, status, kind := loginRefusal(err)
-		if derr := h.cfg.Store.Deny(ctx, sid, reason); derr != nil && !errors.Is(derr, sessions.ErrNotPending) && !errors.Is(derr, sessions.ErrNotFound) {
+		if derr := h.svc.Deny(ctx, sid, reason); derr != nil && !errors.Is(derr, sessions.ErrNotFound) {
 			h.log.Error("denying a session after a failed login", "session", sid, "error", derr)
 		}
 		h.log.Info("login refused", "session", sid, "reason", reason, "error", err)
@@ -55,7 +54,7 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	}
 	sess, err := h.cfg.Store.Get(ctx, sid)
 	if err != nil {
-		h.sessionLookupFailed(w, err)
+		h.storeFailed(w, err)
 		return
 	}
 	if !h.stillPending(w, sess) {
@@ -195,8 +194,8 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	switch r.PostForm.Get(web.FieldAction) {
 	case web.ActionCancel:
-		if err := h.cfg.Store.Deny(ctx, sess.ID, "the user cancelled the binding"); err != nil && !errors.Is(err, sessions.ErrNotPending) {
-			h.sessionLookupFailed(w, err)
+		if err := h.svc.Deny(ctx, sess.ID, "the user cancelled the binding"); err != nil {
+			h.storeFailed(w, err)
 			return
 		}
 		h.clearLoginCookie(w)
@@ -208,57 +207,39 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	resources, names, problem := h.selected(r.PostForm[web.FieldAPI])
-	if problem != "" {
-		ticked := map[string]bool{}
-		for _, n := range r.PostForm[web.FieldAPI] {
-			ticked[n] = true
-		}
-		// The page again, saying what to fix; 422: the form was well
-		// formed, but what it asks for cannot be done.
-		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, ticked, problem)
+	resources, names, err := h.svc.Select(r.PostForm[web.FieldAPI])
+	var problem *bindservice.SelectionError
+	if errors.As(err, &problem) {
+		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, tickedSet(r.PostForm[web.FieldAPI]), problem.Problem)
 		return
 	}
 	// The user must say the page belongs to what they started (the code
 	// matches their terminal); the checkbox is required in HTML too, so
 	// only a hand-made POST gets here without it.
 	if r.PostForm.Get(web.FieldConfirm) != web.ConfirmYes {
-		ticked := map[string]bool{}
-		for _, n := range names {
-			ticked[n] = true
-		}
-		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, ticked, "Confirm that you started this binding yourself and that the code matches your terminal.")
+		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, tickedSet(names), "Confirm that you started this binding yourself and that the code matches your terminal.")
 		return
 	}
 
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
-	resp, err := h.cfg.Provisioner.Provision(ctx, consumer, lc.ClusterID, resources)
-	if errors.Is(err, binding.ErrNotExported) {
-		h.page(w, http.StatusBadRequest, pageBadForm, err.Error())
+	body, err := h.svc.Bind(ctx, sess, consumer, lc.ClusterID, resources)
+	switch {
+	case err == nil:
+	case errors.As(err, &problem):
+		// 422: the form was well formed, but what it asks for cannot be
+		// done; the page again, saying what to fix.
+		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, tickedSet(names), problem.Problem)
 		return
-	}
-	if err != nil {
+	case errors.Is(err, bindservice.ErrProvisioning):
 		h.log.Error("provisioning failed", "session", sess.ID, "consumer", consumer.ID(), "error", err)
 		h.page(w, http.StatusBadGateway, pageProvisionFailed, "")
 		return
-	}
-	sid := sess.ID
-	if sess.CallbackURL != "" {
-		sid = sess.CallbackSessionID
-	}
-	resp.Authentication.OAuth2CodeGrant = &v1alpha1.CodeGrantAuthentication{SessionID: sid, ID: consumer.ID()}
-	body, err := json.Marshal(resp)
-	if err != nil {
-		h.internalError(w, "encoding the binding response", err)
-		return
-	}
-	switch err := h.cfg.Store.Complete(ctx, sess.ID, body); {
-	case errors.Is(err, sessions.ErrNotPending):
+	case errors.Is(err, bindservice.ErrAlreadyDone):
 		// A second submit of the same form: the first one delivered.
 		h.page(w, http.StatusConflict, pageAlreadyDone, "")
 		return
-	case err != nil:
-		h.sessionLookupFailed(w, err)
+	default:
+		h.storeFailed(w, err)
 		return
 	}
 	h.clearLoginCookie(w)
@@ -273,29 +254,12 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	web.RenderDone(w, web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names})
 }
 
-// selected turns the ticked API IDs (<resource>.<group>) into resources,
-// each checked against the catalog. Nothing is provisioned unless every
-// one is exported.
-func (h *Handler) selected(ticked []string) ([]binding.Resource, []string, string) {
-	if len(ticked) == 0 {
-		return nil, nil, "Pick at least one API."
+func tickedSet(names []string) map[string]bool {
+	ticked := make(map[string]bool, len(names))
+	for _, n := range names {
+		ticked[n] = true
 	}
-	seen := map[string]bool{}
-	var resources []binding.Resource
-	var names []string
-	for _, name := range ticked {
-		if seen[name] {
-			continue
-		}
-		seen[name] = true
-		resource, group, _ := strings.Cut(name, ".")
-		if _, ok := h.cfg.Catalog.Lookup(group, resource); !ok {
-			return nil, nil, "The API " + name + " is not offered by this provider. Pick from the list."
-		}
-		resources = append(resources, binding.Resource{Group: group, Resource: resource})
-		names = append(names, name)
-	}
-	return resources, names, ""
+	return ticked
 }
 
 // redirectToCLI hands the response to a released CLI's callback: standard,

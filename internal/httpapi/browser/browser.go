@@ -6,19 +6,19 @@
 // session store for the poll flow, as a redirect to the CLI's localhost
 // callback for the callback flow.
 //
-// The handlers only sequence the packages that own the logic: hmac checks
-// links, sessions keeps state shared by all replicas, oidc logs users in,
-// binding provisions, web renders pages.
+// The handlers parse, call the packages that own the logic and render:
+// hmac checks links, bindservice creates, completes and denies sessions
+// (provisioning through binding), oidc logs users in, web renders pages.
 package browser
 
 import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +27,7 @@ import (
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -85,8 +86,8 @@ type Config struct {
 // Handler serves the browser routes.
 type Handler struct {
 	cfg       Config
+	svc       *bindservice.Service
 	log       *slog.Logger
-	routes    map[string]methods
 	cookies   *securecookie.SecureCookie
 	allowList []*url.URL
 	prefix    string
@@ -109,7 +110,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, errors.New("browser: the cookie encryption key must have 16, 24 or 32 bytes")
 	}
 	if cfg.SessionTTL <= 0 {
-		cfg.SessionTTL = 10 * time.Minute
+		cfg.SessionTTL = sessions.DefaultTTL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -117,11 +118,19 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	allow, err := parseAllowList(cfg.CallbackAllowList)
+	allow, errs := ParseCallbackAllowList(cfg.CallbackAllowList)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("browser: callback allow-list: %w", errors.Join(errs...))
+	}
+	svc, err := bindservice.New(bindservice.Config{
+		Store: cfg.Store, ClusterKey: cfg.ClusterKey, SessionTTL: cfg.SessionTTL, Now: cfg.Now,
+		Catalog: cfg.Catalog, Provisioner: cfg.Provisioner,
+	})
 	if err != nil {
 		return nil, err
 	}
 	h := &Handler{
+		svc:       svc,
 		cfg:       cfg,
 		log:       cfg.Logger,
 		cookies:   securecookie.New(cfg.CookieHashKey, cfg.CookieBlockKey),
@@ -131,37 +140,34 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h.cookies.MaxAge(int(cfg.SessionTTL / time.Second))
 	h.cookies.SetSerializer(securecookie.JSONEncoder{})
-	// Each path with the methods it takes. GET routes take HEAD too (see
-	// linkLooksGood for /authorize), except the callback, whose GET spends
-	// the login state and which has nothing to check without spending it.
-	h.routes = map[string]methods{
-		h.prefix + "/authorize": {http.MethodGet: h.authorize, http.MethodHead: h.authorize},
-		h.prefix + "/callback":  {http.MethodGet: h.callback},
-		h.prefix + "/bind":      {http.MethodGet: h.showSelection, http.MethodHead: h.showSelection, http.MethodPost: h.bind},
-	}
 	return h, nil
 }
 
-// methods maps the HTTP methods a path takes to their handlers.
-type methods map[string]http.HandlerFunc
+// Route is one browser route: a method and a path below the external
+// URL's path prefix. internal/httpapi mounts them in its router.
+type Route struct {
+	Method, Path string
+	Handler      http.HandlerFunc
+}
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	// The prefix is kept escaped, as the external URL has it.
-	route, ok := h.routes[r.URL.EscapedPath()]
-	if !ok {
-		h.notFound(w, r)
-		return
+// Routes lists the browser routes. GET routes take HEAD too (see
+// linkLooksGood for /authorize), except the callback, whose GET spends
+// the login state and which has nothing to check without spending it.
+func (h *Handler) Routes() []Route {
+	return []Route{
+		{http.MethodGet, "/authorize", h.authorize},
+		{http.MethodHead, "/authorize", h.authorize},
+		{http.MethodGet, "/callback", h.callback},
+		{http.MethodGet, "/bind", h.showSelection},
+		{http.MethodHead, "/bind", h.showSelection},
+		{http.MethodPost, "/bind", h.bind},
 	}
-	if serve, ok := route[r.Method]; ok {
-		serve(w, r)
-		return
-	}
-	allowed := make([]string, 0, len(route))
-	for m := range route {
-		allowed = append(allowed, m)
-	}
-	slices.Sort(allowed)
-	w.Header().Set("Allow", strings.Join(allowed, ", "))
+}
+
+// MethodNotAllowed answers a browser route asked with a method it does
+// not take; allow is the Allow header (the methods it takes).
+func (h *Handler) MethodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
 	h.page(w, http.StatusMethodNotAllowed, pageMethodNotAllowed, r.Method+" is not taken here")
 }
 

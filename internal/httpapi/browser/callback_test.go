@@ -8,9 +8,12 @@ import (
 // The callback flow's u decides where a kubeconfig goes: only loopback
 // http URLs and the allow-list may pass.
 func TestCallbackURL(t *testing.T) {
-	allow, err := parseAllowList([]string{"https://cli.example.com/kube-bind", "http://10.0.0.7:8000"})
-	if err != nil {
-		t.Fatal(err)
+	allow, errs := ParseCallbackAllowList([]string{"https://cli.example.com/kube-bind", "http://10.0.0.7:8000"})
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if _, errs := ParseCallbackAllowList([]string{"cli.example.com", "https://x/cb?y=1", "https://ok.example.com"}); len(errs) != 2 {
+		t.Errorf("two bad entries: %v", errs)
 	}
 	h := &Handler{allowList: allow}
 	cases := []struct {
@@ -70,7 +73,7 @@ func TestCallbackURL(t *testing.T) {
 
 func TestAllowListRefusesNonPrefixes(t *testing.T) {
 	for _, bad := range []string{"ftp://x.example.com", "https://", "https://x.example.com/?q=1", "https://u@x.example.com", "not a url"} {
-		if _, err := parseAllowList([]string{bad}); err == nil {
+		if _, errs := ParseCallbackAllowList([]string{bad}); len(errs) != 1 {
 			t.Errorf("allow-list entry %q accepted", bad)
 		}
 	}

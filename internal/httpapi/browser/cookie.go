@@ -67,7 +67,7 @@ func (h *Handler) loggedIn(w http.ResponseWriter, r *http.Request, sid string) (
 	}
 	sess, err := h.cfg.Store.Get(r.Context(), sid)
 	if err != nil {
-		h.sessionLookupFailed(w, err)
+		h.storeFailed(w, err)
 		return lc, sessions.Session{}, false
 	}
 	if !h.stillPending(w, sess) {

@@ -1,6 +1,7 @@
 package browser
 
 import (
+	"context"
 	"net/url"
 	"strings"
 
@@ -39,6 +40,15 @@ func flowState(sid, clusterID string, kind clusterKind) []byte {
 func FlowSessionID(state []byte) string {
 	sid, _, _ := strings.Cut(string(state), " ")
 	return sid
+}
+
+// StateOnce is the oidc.Config.UseOnce of the browser login: a login state
+// is single-use across replicas because the session store remembers it
+// like a nonce of the session its flow state belongs to.
+func StateOnce(store sessions.Store) func(ctx context.Context, flowState []byte, key string) error {
+	return func(ctx context.Context, flowState []byte, key string) error {
+		return store.UseNonce(ctx, FlowSessionID(flowState), "oidc-state:"+key)
+	}
 }
 
 func parseFlowState(state []byte) (sid, clusterID string, kind clusterKind, ok bool) {

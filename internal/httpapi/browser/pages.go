@@ -32,7 +32,6 @@ const (
 	pageBadForm
 	pageProvisionFailed
 	pageAlreadyDone
-	pageNotFound
 	pageMethodNotAllowed
 	pageInternal
 )
@@ -58,7 +57,6 @@ var errorPages = map[pageKind]web.ErrorPage{
 	pageBadForm:          {Title: "The form could not be read", Message: "The submitted form is not valid.", Hint: "Go back, pick the APIs again and submit."},
 	pageProvisionFailed:  {Title: "The binding could not be set up", Message: "The provider could not prepare your access. Nothing you did caused this.", Hint: "Go back and press Bind again in a moment. If it keeps failing, contact the provider."},
 	pageAlreadyDone:      {Title: "Already bound", Message: "This binding session is already complete.", Hint: "Go back to your terminal. To bind more APIs, run the bind command again."},
-	pageNotFound:         {Title: "Page not found", Message: "There is nothing here.", Hint: "Start from the link your terminal printed."},
 	pageMethodNotAllowed: {Title: "Request not allowed here", Message: "This page does not take this kind of request.", Hint: "Start from the link your terminal printed."},
 	pageInternal:         {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
 }
@@ -74,8 +72,9 @@ func (h *Handler) page(w http.ResponseWriter, status int, kind pageKind, detail 
 	web.RenderError(w, status, p)
 }
 
-// sessionLookupFailed renders the answer to a failed store operation.
-func (h *Handler) sessionLookupFailed(w http.ResponseWriter, err error) {
+// storeFailed renders the answer to a failed session store operation:
+// a lookup, a nonce, or the Complete or Deny of a bind.
+func (h *Handler) storeFailed(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, sessions.ErrNotFound):
 		h.page(w, http.StatusGone, pageExpired, "")
@@ -108,10 +107,6 @@ func (h *Handler) loginStateFailed(w http.ResponseWriter, err error) {
 func (h *Handler) internalError(w http.ResponseWriter, doing string, err error) {
 	h.log.Error("internal error", "doing", doing, "error", err)
 	h.page(w, http.StatusInternalServerError, pageInternal, "")
-}
-
-func (h *Handler) notFound(w http.ResponseWriter, r *http.Request) {
-	h.page(w, http.StatusNotFound, pageNotFound, "")
 }
 
 func lowerFirst(s string) string {

@@ -1,30 +1,14 @@
 package storetest
 
 import (
-	"sync"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/fakeclock"
 )
 
 // Clock is a fake clock for stores under test: time moves only when the
-// test advances it. Safe for concurrent use.
-type Clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// test advances it (fakeclock.Clock). Safe for concurrent use.
+type Clock = fakeclock.Clock
 
 // NewClock returns a clock reading start.
-func NewClock(start time.Time) *Clock { return &Clock{now: start} }
-
-// Now returns the clock's current time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+func NewClock(start time.Time) *Clock { return fakeclock.At(start) }

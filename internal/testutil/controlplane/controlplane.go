@@ -37,6 +37,7 @@ import (
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -181,6 +182,27 @@ func (cp *ControlPlane) ConfigForUser(name string, groups ...string) *rest.Confi
 	return cfg
 }
 
+// UserWithClusterRole binds clusterRole to the user name (a
+// ClusterRoleBinding of the same name; one that exists already is kept)
+// and returns that user's config, as ConfigForUser. The backend's tests
+// run the backend as such a user holding only binding.BackendClusterRole,
+// so that they also prove the documented RBAC is enough.
+func (cp *ControlPlane) UserWithClusterRole(ctx context.Context, name, clusterRole string) (*rest.Config, error) {
+	kube, err := kubernetes.NewForConfig(cp.AdminConfig())
+	if err != nil {
+		return nil, err
+	}
+	_, err = kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: name}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("granting %s to %s: %w", clusterRole, name, err)
+	}
+	return cp.ConfigForUser(name), nil
+}
+
 // AnonymousConfig returns a config that presents no credentials.
 func (cp *ControlPlane) anonymousConfig() *rest.Config {
 	return &rest.Config{
@@ -205,6 +227,12 @@ func (cp *ControlPlane) WriteKubeconfig(t testing.TB, cfg *rest.Config) string {
 		t.Fatalf("controlplane: %v", err)
 	}
 	return path
+}
+
+// WriteKubeconfigFile is WriteKubeconfig outside of tests (the local demo):
+// it writes cfg as a kubeconfig file (mode 0600) at path.
+func (cp *ControlPlane) WriteKubeconfigFile(path string, cfg *rest.Config) error {
+	return writeKubeconfig(path, cfg)
 }
 
 // BinDir is the folder of etcd, kube-apiserver, kube-controller-manager,

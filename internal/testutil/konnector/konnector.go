@@ -22,6 +22,7 @@
 package konnector
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -44,7 +45,7 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
-// Options configure Start.
+// Options configure Start and Run.
 type Options struct {
 	// Kubeconfig of the consumer cluster (required). The server of its
 	// current context is bridged into the konnector's namespace.
@@ -57,6 +58,16 @@ type Options struct {
 	LeaseNamespace string
 	// Args are further konnector flags.
 	Args []string
+	// Binary is the konnector to run; "" = the released v0.4.8
+	// (ReleasedPath).
+	Binary string
+	// Netbridge is the built ./netbridge; "" = build it once into the
+	// cache (needs this checkout and the go command).
+	Netbridge string
+	// Output, when set, receives the konnector's output instead of the
+	// in-memory log (Log then stays empty): a file, for a konnector that
+	// runs for hours (the demo).
+	Output io.Writer
 }
 
 // Konnector is a running konnector.
@@ -68,6 +79,7 @@ type Konnector struct {
 
 	stopOnce sync.Once
 	bridges  []*bridge
+	sockDir  string
 }
 
 const stopGrace = 10 * time.Second
@@ -76,20 +88,43 @@ const stopGrace = 10 * time.Second
 // When the test failed, its log is shown.
 func Start(t testing.TB, o Options) *Konnector {
 	t.Helper()
+	k, err := Run(o)
+	if err != nil {
+		t.Fatalf("konnector: %v", err)
+	}
+	t.Cleanup(func() {
+		k.Stop()
+		if t.Failed() {
+			t.Logf("konnector log:\n%s", k.Log())
+		}
+	})
+	return k
+}
+
+// Run starts the konnector outside of tests (the local demo); the caller
+// must call Stop. Tests use Start.
+func Run(o Options) (_ *Konnector, err error) {
 	if o.Kubeconfig == "" {
-		t.Fatal("konnector.Start: Options.Kubeconfig is required")
+		return nil, errors.New("Options.Kubeconfig is required")
 	}
 	if o.LeaseNamespace == "" {
 		o.LeaseNamespace = "kube-bind"
 	}
-	bin := ReleasedBinary(t, "konnector")
-	bridgeBin, err := netbridgeBinary()
-	if err != nil {
-		t.Fatalf("konnector: building the network bridge: %v", err)
+	bin := o.Binary
+	if bin == "" {
+		if bin, err = ReleasedPath("konnector"); err != nil {
+			return nil, fmt.Errorf("released kube-bind %s konnector: %w", ReleasedVersion, err)
+		}
+	}
+	bridgeBin := o.Netbridge
+	if bridgeBin == "" {
+		if bridgeBin, err = netbridgeBinary(); err != nil {
+			return nil, fmt.Errorf("building the network bridge: %w", err)
+		}
 	}
 	cfg, err := clientcmd.LoadFromFile(o.Kubeconfig)
 	if err != nil {
-		t.Fatalf("konnector: %v", err)
+		return nil, err
 	}
 	servers := append([]string(nil), o.Servers...)
 	if ctx, ok := cfg.Contexts[cfg.CurrentContext]; ok {
@@ -98,32 +133,35 @@ func Start(t testing.TB, o Options) *Konnector {
 		}
 	}
 	if len(servers) == len(o.Servers) {
-		t.Fatalf("konnector: %s has no server in its current context", o.Kubeconfig)
+		return nil, fmt.Errorf("%s has no server in its current context", o.Kubeconfig)
 	}
 
 	k := &Konnector{done: make(chan struct{})}
-	sockDir, err := os.MkdirTemp("", "konnector-") // short: a socket path has at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
+	// Short: a socket path has at most 107 bytes.
+	if k.sockDir, err = os.MkdirTemp("", "konnector-"); err != nil {
+		return nil, err
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
+	defer func() {
+		if err != nil {
+			k.closeBridges()
+		}
+	}()
 	args := []string{}
 	seen := map[string]bool{}
 	for _, s := range servers {
 		addr, err := loopbackAddress(s)
 		if err != nil {
-			t.Fatalf("konnector: %v", err)
+			return nil, err
 		}
 		if seen[addr] {
 			continue
 		}
 		seen[addr] = true
 		_, port, _ := net.SplitHostPort(addr)
-		sock := filepath.Join(sockDir, port+".sock")
+		sock := filepath.Join(k.sockDir, port+".sock")
 		b, err := newBridge(sock, addr)
 		if err != nil {
-			k.closeBridges()
-			t.Fatalf("konnector: %v", err)
+			return nil, err
 		}
 		k.bridges = append(k.bridges, b)
 		args = append(args, "-forward", "127.0.0.1:"+port+"="+sock)
@@ -135,27 +173,26 @@ func Start(t testing.TB, o Options) *Konnector {
 
 	k.cmd = exec.Command(bridgeBin, args...)
 	k.cmd.Stdout, k.cmd.Stderr = &k.log, &k.log
+	if o.Output != nil {
+		k.cmd.Stdout, k.cmd.Stderr = o.Output, o.Output
+	}
+	podName := make([]byte, 3)
+	_, _ = rand.Read(podName)
 	k.cmd.Env = append(os.Environ(),
-		"POD_NAME=konnector-test-"+strings.ToLower(procs.RandomKey(t, 6)[:6]),
+		"POD_NAME=konnector-"+hex.EncodeToString(podName),
 		"POD_NAMESPACE="+o.LeaseNamespace)
 	if err := startInNetns(k.cmd); err != nil {
-		k.closeBridges()
-		t.Fatalf("konnector: starting %s in a network namespace of its own: %v", bin, err)
+		return nil, fmt.Errorf("starting %s in a network namespace of its own: %w", bin, err)
 	}
 	go func() {
 		k.waitErr = k.cmd.Wait()
 		close(k.done)
 	}()
-	t.Cleanup(func() {
-		k.Stop()
-		if t.Failed() {
-			t.Logf("konnector log:\n%s", k.Log())
-		}
-	})
-	return k
+	return k, nil
 }
 
-// Log returns everything the konnector (and its forwarder) wrote so far.
+// Log returns everything the konnector (and its forwarder) wrote so far
+// (nothing when Options.Output took it).
 func (k *Konnector) Log() string { return k.log.String() }
 
 // Pid is the process id of the forwarder whose child the konnector is.
@@ -189,10 +226,12 @@ func (k *Konnector) Stop() {
 	})
 }
 
+// closeBridges closes the bridges and removes their sockets' folder.
 func (k *Konnector) closeBridges() {
 	for _, b := range k.bridges {
 		b.close()
 	}
+	_ = os.RemoveAll(k.sockDir)
 }
 
 // loopbackAddress turns an API server URL (or host:port) into the

@@ -37,14 +37,16 @@ var (
 // test when the release folder cannot be found or a sum does not match.
 func ReleasedBinary(t testing.TB, name string) string {
 	t.Helper()
-	p, err := releasedBinary(name)
+	p, err := ReleasedPath(name)
 	if err != nil {
 		t.Fatalf("released kube-bind %s: %v", ReleasedVersion, err)
 	}
 	return p
 }
 
-func releasedBinary(name string) (string, error) {
+// ReleasedPath is ReleasedBinary outside of tests (the local demo): the
+// path, or why the release folder or a binary is not usable.
+func ReleasedPath(name string) (string, error) {
 	releasedMu.Lock()
 	defer releasedMu.Unlock()
 	if p, ok := releasedPaths[name]; ok {

@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/testutil/fakeclock"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -52,7 +52,7 @@ func Start(t testing.TB, o Options) *Backend {
 	if o.PollInterval == 0 {
 		o.PollInterval = 200 * time.Millisecond
 	}
-	clock := &Clock{}
+	clock := fakeclock.Real()
 	store := memory.New(o.Limits, clock.Now)
 	t.Cleanup(store.Close)
 	srv := httptest.NewUnstartedServer(nil)
@@ -77,26 +77,8 @@ func Start(t testing.TB, o Options) *Backend {
 	return &Backend{URL: ext.String(), ExportURL: ext.String() + httpapi.PathExport, Store: store, Clock: clock, Server: srv}
 }
 
-// Clock is real time plus an offset that only grows. Safe for concurrent
-// use.
-type Clock struct {
-	mu     sync.Mutex
-	offset time.Duration
-}
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.offset)
-}
-
-// Advance moves the clock forward by d.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.offset += d
-}
+// Clock is real time plus an offset that only grows (fakeclock.Real).
+type Clock = fakeclock.Clock
 
 // Kubeconfig returns a kubeconfig YAML for server whose current context's
 // namespace is namespace, as a provider issues it.

@@ -7,9 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
+	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -37,8 +39,41 @@ type Options struct {
 // returns once the first list was delivered, or with an error if the
 // informer cannot sync.
 func Watch(ctx context.Context, client kubernetes.Interface, opts Options, set func(peers []string)) error {
+	synced := make(chan error, 1)
+	go func() { _ = watch(ctx, client, opts, set, synced) }()
+	return <-synced
+}
+
+// Run keeps calling set like Watch, until ctx ends, and returns only
+// then: a failed sync is logged and tried again after retry (the API
+// server may be away at start-up).
+func Run(ctx context.Context, client kubernetes.Interface, opts Options, set func(peers []string), retry time.Duration, log *slog.Logger) {
+	for ctx.Err() == nil {
+		err := watch(ctx, client, opts, set, nil)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		log.Warn("peer discovery failed; retrying", "error", err, "retryIn", retry)
+		select {
+		case <-ctx.Done():
+		case <-time.After(retry):
+		}
+	}
+}
+
+// watch follows the EndpointSlices until ctx ends (nil) or the informer
+// cannot sync (the error). synced, if not nil, is told either way once
+// the first list was delivered or the sync failed.
+func watch(ctx context.Context, client kubernetes.Interface, opts Options, set func(peers []string), synced chan<- error) error {
+	tell := func(err error) error {
+		if synced != nil {
+			synced <- err
+			synced = nil
+		}
+		return err
+	}
 	if opts.Namespace == "" || opts.Service == "" {
-		return errors.New("peerdiscovery: namespace and service are required")
+		return tell(errors.New("peerdiscovery: namespace and service are required"))
 	}
 	if opts.Scheme == "" {
 		opts.Scheme = "http"
@@ -65,12 +100,12 @@ func Watch(ctx context.Context, client kubernetes.Interface, opts Options, set f
 		UpdateFunc: func(_, o any) { notify(o) },
 		DeleteFunc: notify,
 	}); err != nil {
-		return err
+		return tell(err)
 	}
 	factory.Start(ctx.Done())
+	defer factory.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
-		factory.Shutdown()
-		return fmt.Errorf("peerdiscovery: EndpointSlices of %s/%s did not sync", opts.Namespace, opts.Service)
+		return tell(fmt.Errorf("peerdiscovery: EndpointSlices of %s/%s did not sync", opts.Namespace, opts.Service))
 	}
 	var last []string
 	publish := func() {
@@ -85,18 +120,15 @@ func Watch(ctx context.Context, client kubernetes.Interface, opts Options, set f
 		}
 	}
 	publish()
-	go func() {
-		defer factory.Shutdown()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changed:
-				publish()
-			}
+	tell(nil)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			publish()
 		}
-	}()
-	return nil
+	}
 }
 
 func equal(a, b []string) bool { return slices.Equal(a, b) }

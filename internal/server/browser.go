@@ -1,0 +1,98 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/oidc"
+)
+
+// browserPart is the browser login and the provider cluster side behind
+// it, as the public handler needs them.
+type browserPart struct {
+	handler     *browser.Handler
+	checks      []health.Check
+	onDelivered func(response []byte)
+}
+
+// newBrowser builds the browser part: the login at the identity provider,
+// the catalog and provisioner on the provider cluster, the browser
+// handler, the delivery marker and the provider-side controllers. Without
+// an identity provider configured it builds none of them: discovery,
+// sessions and polls still work, and /authorize answers 503.
+func (s *Server) newBrowser(reg *prometheus.Registry, key *clusterkey.Key) (browserPart, error) {
+	cfg := s.cfg
+	if cfg.OIDCIssuerURL == "" || cfg.OIDCClientID == "" {
+		s.log.Warn("browser login disabled: --oidc-issuer-url and --oidc-issuer-client-id are not set; /authorize answers 503 until it is configured",
+			"reason", "--oidc-issuer-url and --oidc-issuer-client-id are not set")
+		return browserPart{}, nil
+	}
+	rc, err := s.provider()
+	if err != nil {
+		return browserPart{}, err
+	}
+	catalog, err := binding.NewCatalog(rc, cfg.ConsumerScope, binding.WithLogger(s.log.With("component", "catalog")))
+	if err != nil {
+		return browserPart{}, err
+	}
+	provisioner, err := binding.NewProvisioner(rc, catalog, binding.Config{
+		NamespacePrefix:    cfg.NamespacePrefix,
+		ProviderPrettyName: cfg.PrettyName,
+		ExternalAddress:    cfg.ExternalAddress,
+		ExternalCA:         cfg.ExternalCA,
+		ExternalServerName: cfg.ExternalServerName,
+		TokenLifetime:      cfg.Credentials.Lifetime,
+	})
+	if err != nil {
+		return browserPart{}, err
+	}
+	login, err := oidc.New(oidc.Config{
+		IssuerURL:     cfg.OIDCIssuerURL,
+		ClientID:      cfg.OIDCClientID,
+		ClientSecret:  cfg.OIDCClientSecret,
+		RedirectURL:   cfg.callbackURL(s.ext),
+		SigningKey:    cfg.CookieSigningKey,
+		SecureCookies: s.ext.Scheme == "https",
+		AllowedUsers:  cfg.OIDCAllowedUsers,
+		AllowedGroups: cfg.OIDCAllowedGroups,
+		// The login may take as long as the session it belongs to.
+		StateTTL: cfg.SessionTTL,
+		UseOnce:  browser.StateOnce(s.store),
+		Logger:   s.log.With("component", "oidc"),
+	})
+	if err != nil {
+		return browserPart{}, err
+	}
+	// Records on the ClusterBinding that a response was handed out, for
+	// the garbage collection of never-delivered bindings.
+	marker := binding.NewDeliveryMarker(provisioner, s.log.With("component", "delivery"))
+	handler, err := browser.New(browser.Config{
+		ExternalURL:       s.ext,
+		ProviderName:      cfg.PrettyName,
+		Store:             s.store,
+		SessionTTL:        cfg.SessionTTL,
+		Login:             login,
+		Catalog:           catalog,
+		Provisioner:       provisioner,
+		ClusterKey:        key,
+		CookieHashKey:     cfg.CookieSigningKey,
+		CookieBlockKey:    cfg.CookieEncryptionKey,
+		CallbackAllowList: cfg.CallbackAllowList,
+		Logger:            s.log.With("component", "browser"),
+		OnDelivered:       marker.Delivered,
+	})
+	if err != nil {
+		return browserPart{}, err
+	}
+	if s.controllers, err = s.newControllers(rc, catalog, provisioner, reg); err != nil {
+		return browserPart{}, err
+	}
+	s.loops = append(s.loops,
+		loop{"catalog", catalog.Run},
+		loop{"oidc discovery", login.Run},
+		loop{"delivery marker", marker.Run})
+	return browserPart{handler: handler, checks: []health.Check{login, catalog}, onDelivered: marker.Delivered}, nil
+}

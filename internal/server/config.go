@@ -1,0 +1,142 @@
+package server
+
+import (
+	"log/slog"
+	"net"
+	"net/url"
+	"time"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/credentials"
+)
+
+// Config is everything the backend is built from: plain, already
+// validated values (cmd/backend turns flags and the environment into it,
+// asking each component to validate its part). The comments name the
+// flags; docs/configuration.md says what they do.
+type Config struct {
+	// ListenAddress is where the public API is served (host:port).
+	ListenAddress string
+	// ExternalURL is nil when --external-url was not given: it is then
+	// derived from the address the backend listens on (ExternalURLFor).
+	ExternalURL *url.URL
+	// Logger receives every log of the backend (default: discard).
+	Logger *slog.Logger
+
+	// The browser login: off unless OIDCIssuerURL and OIDCClientID are
+	// set (then discovery, sessions and polls still work, /authorize
+	// answers 503, and nothing runs against the provider cluster).
+	OIDCIssuerURL       string
+	OIDCClientID        string
+	OIDCClientSecret    string
+	OIDCCallbackURL     string // "" = <external URL>/callback
+	OIDCAllowedUsers    []string
+	OIDCAllowedGroups   []string
+	CookieSigningKey    []byte
+	CookieEncryptionKey []byte
+	// CallbackAllowList: URL prefixes a callback-flow u may start with
+	// (checked with browser.ParseCallbackAllowList).
+	CallbackAllowList []string
+
+	// ClusterSecretKey derives new cluster IDs and their cluster secrets
+	// (internal/clusterkey).
+	ClusterSecretKey []byte
+
+	// Consumer credentials (internal/credentials; checked with
+	// Policy.Validate).
+	Credentials credentials.Policy
+
+	// The provider cluster (internal/binding).
+	Kubeconfig         string
+	Context            string
+	ExternalAddress    string
+	ExternalCA         []byte // the content of --external-ca-file
+	ExternalServerName string
+	PrettyName         string
+	NamespacePrefix    string        // checked with binding.ValidatePrefix
+	ConsumerScope      binding.Scope // from binding.ParseScope
+
+	SessionTTL         time.Duration
+	PollInterval       time.Duration
+	GracePeriod        time.Duration
+	MaxPendingSessions int
+	// MaxConnections and MaxConnsPerClient cap the public listener's
+	// connections (0: no cap).
+	MaxConnections    int
+	MaxConnsPerClient int
+	// ShutdownTimeout bounds the drain of in-flight requests (Run).
+	ShutdownTimeout time.Duration
+
+	TLSCertFile string
+	TLSKeyFile  string
+
+	// Store says where sessions live.
+	Store StoreConfig
+
+	// Leader election of the provider-side controllers: on when
+	// LeaderElection is set (with a namespace).
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	LeaderElectionLeaseName string
+	PodName                 string
+
+	// Garbage collection of unused bindings (internal/cleanup): off when
+	// GCUnusedBindingAfter is 0.
+	GCUnusedBindingAfter time.Duration
+	GCDryRun             bool
+}
+
+// Session stores: one process (memory) or a hashring of replicas
+// (docs/sessions-hashring.md).
+const (
+	StoreMemory   = "memory"
+	StoreHashring = "hashring"
+)
+
+// StoreConfig is the session store configuration.
+type StoreConfig struct {
+	Kind string // StoreMemory or StoreHashring
+
+	// The rest is for the hashring only.
+	PeerListenAddress string
+	// PeerSelfURL is this replica's peer base URL as the others reach it.
+	PeerSelfURL string
+	// Peers is the static list of every replica's peer base URL (self
+	// included); empty when discovery is used.
+	Peers []string
+	// PeerServiceNamespace/PeerServiceName: the headless Service whose
+	// EndpointSlices list the replicas; empty without discovery.
+	PeerServiceNamespace, PeerServiceName string
+	PeerPortName                          string
+	// PeerKey authenticates and encrypts peer traffic (at least
+	// hashring.MinKeyBytes). Never logged.
+	PeerKey []byte
+}
+
+// ExternalURLFor returns the configured external URL, or one derived from
+// the address the backend listens on (and whether it was derived).
+func (c *Config) ExternalURLFor(listen net.Addr) (u *url.URL, derived bool) {
+	if c.ExternalURL != nil {
+		return c.ExternalURL, false
+	}
+	host, port, err := net.SplitHostPort(listen.String())
+	if err != nil {
+		host, port = "localhost", "8080"
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "localhost"
+	}
+	scheme := "http"
+	if c.TLSCertFile != "" {
+		scheme = "https"
+	}
+	return &url.URL{Scheme: scheme, Host: net.JoinHostPort(host, port)}, true
+}
+
+// callbackURL is the OIDC redirect URL for the external URL ext.
+func (c *Config) callbackURL(ext *url.URL) string {
+	if c.OIDCCallbackURL != "" {
+		return c.OIDCCallbackURL
+	}
+	return ext.JoinPath("callback").String()
+}

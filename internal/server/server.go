@@ -1,0 +1,306 @@
+// Package server builds the whole backend from a Config and runs it: New
+// builds every part once (one provider cluster client configuration, the
+// session store with, for the hashring, its peer API server and peer
+// discovery, the OIDC login, the catalog and provisioner, the browser
+// handler, the provider-side controllers under leader election, the
+// delivery marker, TLS reload, connection limits), and Run runs every
+// loop until its context ends, then shuts down in a fixed order and waits
+// for all of them (see Run).
+//
+// cmd/backend only turns flags and the environment into a Config.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/rest"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/connlimit"
+	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/servingcert"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/hashring"
+	"github.com/kbprovider/backend/internal/version"
+)
+
+// Server is the built backend; Run runs it once.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	ext *url.URL
+
+	ln  net.Listener
+	srv *http.Server
+
+	store sessions.Store
+	// closeStore releases the store (the hashring's or memory's janitor).
+	closeStore func()
+	// peers serves the hashring's peer API; nil for the memory store.
+	peers *hashring.PeerServer
+
+	// loops run until the servers stopped (Run's step 4): TLS reload,
+	// peer discovery, the login's discovery, the catalog, the delivery
+	// marker.
+	loops []loop
+	// controllers run the provider-side controllers (under leader
+	// election) until Run's step 3; nil without the browser part.
+	controllers func(ctx context.Context)
+
+	// shuttingDown fails readiness as soon as shutdown begins.
+	shuttingDown *health.Status
+
+	restConfig *rest.Config
+}
+
+// loop is a background part that runs until its context ends.
+type loop struct {
+	name string
+	run  func(ctx context.Context)
+}
+
+// New builds the backend from cfg. Nothing runs until Run; what New opened
+// (listeners, stores) is released again when it fails. Components that
+// talk to dependencies (identity provider, provider cluster) start in the
+// background in Run, retrying, and report through readiness checks: the
+// backend serves discovery and polls while they are down, and never exits
+// because of them.
+func New(ctx context.Context, cfg Config) (_ *Server, err error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, closeStore: func() {}}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.ListenAddress)
+	if err != nil {
+		return nil, fmt.Errorf("cannot listen on %s: %w", cfg.ListenAddress, err)
+	}
+	// One client must not hold every connection (or file descriptor).
+	s.ln = connlimit.New(ln, cfg.MaxConnections, cfg.MaxConnsPerClient)
+	ext, derived := cfg.ExternalURLFor(s.ln.Addr())
+	if derived {
+		s.log.Warn("--external-url not set: advertising "+ext.String()+", which only works for clients on this machine; "+
+			"set --external-url to the public URL clients use", "external_url", ext.String())
+	}
+	s.ext = ext
+
+	storeChecks, err := s.newSessionStore()
+	if err != nil {
+		return nil, fmt.Errorf("cannot set up the session store %q: %w", cfg.Store.Kind, err)
+	}
+	tlsConfig, err := s.servingTLS()
+	if err != nil {
+		return nil, fmt.Errorf("cannot load the TLS serving certificate: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	key, err := clusterkey.New(cfg.ClusterSecretKey)
+	if err != nil {
+		return nil, err
+	}
+	// Readiness fails as soon as shutdown begins, so load balancers stop
+	// sending new requests while in-flight ones finish.
+	s.shuttingDown = health.NewStatus("shutdown", nil)
+	readiness := append([]health.Check{s.shuttingDown}, storeChecks...)
+
+	b, err := s.newBrowser(reg, key)
+	if err != nil {
+		return nil, err
+	}
+	readiness = append(readiness, b.checks...)
+	handler, err := httpapi.New(httpapi.Config{
+		ExternalURL:  ext,
+		PrettyName:   cfg.PrettyName,
+		PollInterval: cfg.PollInterval,
+		SessionTTL:   cfg.SessionTTL,
+		Store:        s.store,
+		Logger:       s.log,
+		Metrics:      reg,
+		Readiness:    readiness,
+		Browser:      b.handler,
+		OnDelivered:  b.onDelivered,
+		ClusterKey:   key,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the HTTP handler: %w", err)
+	}
+	s.srv = &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Requests keep their context through the shutdown: they are
+		// drained, not cancelled.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		TLSConfig:   tlsConfig,
+	}
+	return s, nil
+}
+
+// Addr is the address the public API listens on.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// ExternalURL is the URL the backend advertises.
+func (s *Server) ExternalURL() *url.URL { return s.ext }
+
+// provider returns the provider cluster's client configuration, built
+// once for every part that needs it.
+func (s *Server) provider() (*rest.Config, error) {
+	if s.restConfig == nil {
+		rc, err := binding.RESTConfig(s.cfg.Kubeconfig, s.cfg.Context)
+		if err != nil {
+			return nil, fmt.Errorf("provider cluster: %w", err)
+		}
+		s.restConfig = rc
+	}
+	return s.restConfig, nil
+}
+
+// servingTLS returns the TLS configuration of the public listener, nil
+// without a certificate. The certificate is re-read when the files change
+// (cert-manager and the kubelet rotate mounted Secrets) while the servers
+// run: new handshakes get the new pair, open connections stay.
+func (s *Server) servingTLS() (*tls.Config, error) {
+	if s.cfg.TLSCertFile == "" {
+		return nil, nil
+	}
+	r, err := servingcert.New(s.cfg.TLSCertFile, s.cfg.TLSKeyFile, s.log.With("component", "servingcert"))
+	if err != nil {
+		return nil, err
+	}
+	s.loops = append(s.loops, loop{"TLS reload", r.Run})
+	return r.TLSConfig(), nil
+}
+
+// Run serves until ctx ends or a server fails, then shuts down in this
+// order, each step after the one before finished:
+//
+//  1. stop accepting: readiness fails and the public listener closes;
+//  2. drain: in-flight requests finish, for up to ShutdownTimeout;
+//  3. stop the peer API (after its in-flight requests, within the same
+//     deadline): until the public server stopped, other replicas may still
+//     forward requests for the sessions this one owns;
+//  4. stop the provider-side controllers and release the leader Lease, so
+//     another replica takes over at once;
+//  5. stop the background loops (TLS reload, discovery, the delivery
+//     marker, which records what the drained requests handed out);
+//  6. close the session store.
+//
+// Every goroutine Run starts has ended when it returns. The error says
+// why a server failed or the drain did not finish in time.
+func (s *Server) Run(ctx context.Context) error {
+	var loops, controllers sync.WaitGroup
+	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLoops()
+	ctrlCtx, stopControllers := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopControllers()
+	for _, l := range s.loops {
+		loops.Go(func() { l.run(loopCtx) })
+	}
+	if s.controllers != nil {
+		controllers.Go(func() { s.controllers(ctrlCtx) })
+	}
+
+	// The servers: a failure of either ends Run.
+	failed := make(chan error, 2)
+	var servers sync.WaitGroup
+	// Read before serving: Serve changes the TLS configuration (HTTP/2).
+	withTLS := s.srv.TLSConfig != nil
+	servers.Go(func() {
+		var err error
+		if withTLS {
+			err = s.srv.ServeTLS(s.ln, "", "")
+		} else {
+			err = s.srv.Serve(s.ln)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			failed <- err
+		}
+	})
+	if s.peers != nil {
+		servers.Go(func() {
+			if err := s.peers.Serve(); err != nil {
+				failed <- err
+			}
+		})
+		s.log.Info("serving the peer API", "component", "hashring", "address", s.peers.Addr().String(), "self", s.cfg.Store.PeerSelfURL,
+			"peers", s.store.(*hashring.Store).Peers(), "discovery", s.cfg.Store.PeerServiceName != "")
+	}
+	s.log.Info("serving", "version", version.Version, "address", s.ln.Addr().String(),
+		"external_url", s.ext.String(), "tls", withTLS)
+
+	var errs []error
+	select {
+	case err := <-failed:
+		s.log.Error("server failed", "error", err)
+		errs = append(errs, err)
+	case <-ctx.Done():
+	}
+
+	// 1 and 2.
+	s.shuttingDown.Set(errors.New("shutting down"))
+	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.cfg.ShutdownTimeout.String())
+	drain, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := s.srv.Shutdown(drain); err != nil {
+		s.log.Error("in-flight requests did not finish in time", "error", err)
+		s.srv.Close()
+		errs = append(errs, fmt.Errorf("draining requests: %w", err))
+	}
+	// 3.
+	if s.peers != nil {
+		if err := s.peers.Shutdown(drain); err != nil {
+			s.log.Error("in-flight peer requests did not finish in time", "error", err)
+			s.peers.Close()
+			errs = append(errs, fmt.Errorf("draining peer requests: %w", err))
+		}
+	}
+	servers.Wait()
+	// 4.
+	stopControllers()
+	controllers.Wait()
+	// 5.
+	stopLoops()
+	loops.Wait()
+	// 6.
+	s.closeStore()
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	s.log.Info("stopped")
+	return nil
+}
+
+// close releases what New opened, when New fails.
+func (s *Server) close() {
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	if s.peers != nil {
+		s.peers.Close()
+	}
+	s.closeStore()
+}

@@ -1,0 +1,37 @@
+// Package fakeclock is the one fake clock of the tests: time moves when
+// the test advances it, either from a fixed start or on top of real time.
+package fakeclock
+
+import (
+	"sync"
+	"time"
+)
+
+// Clock reads a base time plus an offset that only Advance changes. Safe
+// for concurrent use.
+type Clock struct {
+	base   func() time.Time
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+// At returns a clock that reads start until it is advanced.
+func At(start time.Time) *Clock { return &Clock{base: func() time.Time { return start }} }
+
+// Real returns a clock that runs with real time, plus what it was
+// advanced by (for parts that also see real timers, e.g. an HTTP client).
+func Real() *Clock { return &Clock{base: time.Now} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.base().Add(c.offset)
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset += d
+}

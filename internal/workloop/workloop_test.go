@@ -1,0 +1,83 @@
+package workloop
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kbprovider/backend/internal/testutil/procs"
+)
+
+// The three outcomes of a reconcile: done (forgotten), again later (not a
+// failure, so no back-off is counted), failed (retried with back-off and
+// logged); and Run returns only after the worker finished.
+func TestOutcomes(t *testing.T) {
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Millisecond, 10*time.Millisecond))
+	logs := &procs.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+
+	var mu sync.Mutex
+	calls := map[string]int{}
+	requeues := map[string]int{}
+	done := make(chan struct{})
+	reconcile := func(ctx context.Context, key string) (time.Duration, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls[key]++
+		requeues[key] = q.NumRequeues(key)
+		if calls["fail"] == 3 && calls["later"] == 2 && calls["ok"] == 1 {
+			select {
+			case <-done:
+			default:
+				close(done)
+			}
+		}
+		switch {
+		case key == "fail" && calls[key] < 3:
+			return 0, errors.New("boom")
+		case key == "later" && calls[key] == 1:
+			return 5 * time.Millisecond, nil
+		}
+		return 0, nil
+	}
+	q.Add("ok")
+	q.Add("later")
+	q.Add("fail")
+	ctx, cancel := context.WithCancel(context.Background())
+	finished := make(chan struct{})
+	go func() { Run(ctx, q, 2, reconcile, log, "test"); close(finished) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("not every outcome happened: %v", calls)
+	}
+	cancel()
+	select {
+	case <-finished:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after ctx ended")
+	}
+	if !q.ShuttingDown() {
+		t.Error("the queue was not shut down")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["ok"] != 1 || calls["later"] != 2 || calls["fail"] != 3 {
+		t.Errorf("calls %v, want ok 1, later 2, fail 3", calls)
+	}
+	if requeues["later"] != 0 {
+		t.Errorf("a later look counted as %d failures", requeues["later"])
+	}
+	if requeues["fail"] != 2 {
+		t.Errorf("the third try of a failing key saw %d failures, want 2", requeues["fail"])
+	}
+	if n := strings.Count(logs.String(), "test: reconcile failed, retrying"); n != 2 {
+		t.Errorf("%d failure lines logged, want 2:\n%s", n, logs.String())
+	}
+}
