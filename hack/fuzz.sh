@@ -40,7 +40,13 @@ else
 fi
 work=$(mktemp -d)
 builder=
-trap '[ -n "$builder" ] && kill "$builder" 2>/dev/null; wait; rm -rf "$work" ${fresh_cache:+"$fresh_cache"}' EXIT
+cleanup() {
+	# Under set -e a failing command here would become the exit status.
+	if [ -n "$builder" ]; then kill "$builder" 2>/dev/null || true; fi
+	wait || true
+	rm -rf "$work" ${fresh_cache:+"$fresh_cache"}
+}
+trap cleanup EXIT
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }

@@ -42,8 +42,10 @@ func VerifyClusterProof(clusterSecret, sessionID, proof string) bool {
 	if clusterSecret == "" {
 		return false
 	}
+	// Strict still skips \r and \n; insisting that the proof re-encodes to
+	// itself keeps one spelling per proof.
 	got, err := base64.RawURLEncoding.Strict().DecodeString(proof)
-	if err != nil {
+	if err != nil || base64.RawURLEncoding.EncodeToString(got) != proof {
 		return false
 	}
 	return hmac.Equal(got, proofMAC(clusterSecret, sessionID))

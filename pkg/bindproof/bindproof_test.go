@@ -22,6 +22,8 @@ func TestVectors(t *testing.T) {
 		"truncated":     {secret, sid, proof[:42]},
 		"not base64":    {secret, sid, "!!" + proof[2:]},
 		"empty":         {secret, sid, ""},
+		// Found by FuzzVerifyClusterProof: base64 decoding skips line breaks.
+		"line break": {secret, sid, proof[:42] + "\r" + proof[42:]},
 	} {
 		if VerifyClusterProof(tc[0], tc[1], tc[2]) {
 			t.Errorf("%s: verified", name)
