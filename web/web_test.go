@@ -15,10 +15,10 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/kbprovider/backend/internal/testutil/browser"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 )
 
-func eval[T any](t *testing.T, b *browser.Browser, expr string) T {
+func eval[T any](t *testing.T, b *chromium.Browser, expr string) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.Context(), 20*time.Second)
 	defer cancel()
@@ -147,7 +147,7 @@ func TestPagesInChromium(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	b := browser.New(t)
+	b := chromium.New(t)
 	for _, size := range []struct {
 		name          string
 		width, height int

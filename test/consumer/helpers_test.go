@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/consumer"
-	"github.com/kbprovider/backend/internal/testutil/browser"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
@@ -144,7 +144,7 @@ func bindInBrowser(t *testing.T, e *env, u string, apis ...string) time.Time {
 // before it presses Bind.
 func bindInBrowserThen(t *testing.T, e *env, u string, beforeBind func(), apis ...string) time.Time {
 	t.Helper()
-	b := browser.New(t)
+	b := chromium.New(t)
 	if status := b.Open(u); status != http.StatusOK {
 		t.Fatalf("the URL led to status %d at %s", status, b.URL())
 	}
@@ -171,7 +171,7 @@ func bindInBrowserThen(t *testing.T, e *env, u string, beforeBind func(), apis .
 	return pressed
 }
 
-func signIn(t *testing.T, b *browser.Browser, user oidcprovider.User) {
+func signIn(t *testing.T, b *chromium.Browser, user oidcprovider.User) {
 	t.Helper()
 	b.Fill("#login", user.Name)
 	b.Fill("#password", user.Password)

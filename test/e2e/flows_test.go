@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/testutil/browser"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/bindproof"
@@ -26,7 +26,7 @@ import (
 )
 
 // signIn fills the identity provider's login form and confirms consent.
-func signIn(t *testing.T, b *browser.Browser, user oidcprovider.User) {
+func signIn(t *testing.T, b *chromium.Browser, user oidcprovider.User) {
 	t.Helper()
 	b.Fill("#login", user.Name)
 	b.Fill("#password", user.Password)
@@ -67,7 +67,7 @@ func TestPollFlowInBrowser(t *testing.T) {
 		waited <- result{res, err}
 	}()
 
-	b := browser.New(t)
+	b := chromium.New(t)
 	if status := b.Open(authURL); status != http.StatusOK {
 		t.Fatalf("authentication URL led to status %d at %s", status, b.URL())
 	}
@@ -256,7 +256,7 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 
 	// The URL the released CLI prints: existing query kept, keys sorted.
 	authURL := e.baseURL + "/authorize?" + url.Values{"c": {cliCluster}, "p": {itoa(cb.port)}, "s": {cliSession}}.Encode()
-	b := browser.New(t)
+	b := chromium.New(t)
 	b.Open(authURL)
 	signIn(t, b, bob)
 	b.Click("input[value='mangodbs.mangodb.com']")

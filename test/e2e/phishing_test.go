@@ -17,7 +17,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/testutil/browser"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/issued"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/bindproof"
@@ -107,7 +107,7 @@ func (s *rawSession) poll(t *testing.T) v1alpha1.BindingResponse {
 // binds mangodbs. It returns the text of the check box on the page.
 func bindInBrowser(t *testing.T, e *env, link, wantCode, wantKind string) string {
 	t.Helper()
-	b := browser.New(t)
+	b := chromium.New(t)
 	if status := b.Open(link); status != http.StatusOK {
 		t.Fatalf("link led to %d at %s: %s", status, b.URL(), b.Text("body"))
 	}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/browser"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
@@ -171,7 +171,7 @@ func TestRefusals(t *testing.T) {
 
 	t.Run("cross-site form in a real browser", func(t *testing.T) {
 		s, authURL := e.newSession(t)
-		b := browser.New(t)
+		b := chromium.New(t)
 		b.Open(authURL)
 		signIn(t, b, dave)
 		if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {

@@ -1,10 +1,10 @@
-// Package browser drives Debian's chromium (headless) from tests with
+// Package chromium drives Debian's chromium (headless) from tests with
 // chromedp: open a page, fill and submit forms, click, read the page, and
 // save a full-page PNG screenshot of every page as a test artefact.
 //
 // Every method fails the test on error (t.Fatalf), like a user who cannot go
 // on; Run gives raw chromedp access for anything else.
-package browser
+package chromium
 
 import (
 	"context"

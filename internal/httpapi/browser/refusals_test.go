@@ -1,0 +1,584 @@
+package browser
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/testutil/fakeclock"
+	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/web"
+)
+
+// The refusals of test/e2e/refusals_test.go (and the cluster ID rule of
+// phishing_test.go), in process: the real handler and memory store, a
+// scripted identity provider instead of the test IdP, so that a broken
+// refusal points at its handler in milliseconds. The e2e suite stays; it
+// is what shows the real parts refuse the same way.
+
+// scriptedIdP is a Login whose callback query says how the login at the
+// identity provider went: state (single use, as oidc.Authenticator's),
+// user (the one who logged in; "mallory" is outside the allow-list) or
+// error (the provider's refusal, e.g. access_denied).
+type scriptedIdP struct {
+	mu      sync.Mutex
+	pending map[string][]byte // state → flow state, until its callback
+	n       int
+}
+
+const scriptedIssuer = "https://idp.example.com"
+
+func (l *scriptedIdP) Begin(_ http.ResponseWriter, _ *http.Request, flowState []byte) (string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	state := "state" + strconv.Itoa(l.n)
+	l.pending[state] = append([]byte(nil), flowState...)
+	return scriptedIssuer + "/auth?state=" + state, nil
+}
+
+func (l *scriptedIdP) Finish(_ http.ResponseWriter, r *http.Request) (oidc.Identity, []byte, error) {
+	q := r.URL.Query()
+	l.mu.Lock()
+	flow, ok := l.pending[q.Get("state")]
+	delete(l.pending, q.Get("state"))
+	l.mu.Unlock()
+	switch {
+	case !ok:
+		return oidc.Identity{}, nil, oidc.ErrInvalidState
+	case q.Get("error") != "":
+		return oidc.Identity{}, flow, &oidc.ProviderError{Code: q.Get("error")}
+	case q.Get("user") == "mallory":
+		return oidc.Identity{}, flow, fmt.Errorf("%w: mallory is not in the allow-list", oidc.ErrAccessDenied)
+	}
+	user := q.Get("user")
+	return oidc.Identity{Issuer: scriptedIssuer, Subject: "sub-" + user, Email: user + "@example.com"}, flow, nil
+}
+
+// refusalEnv is one handler with its store, clock, IdP and provisioner.
+type refusalEnv struct {
+	t     *testing.T
+	h     *Handler
+	store *memory.Store
+	clock *fakeclock.Clock
+	prov  *recordingProvisioner
+	key   *clusterkey.Key
+}
+
+const refusalTTL = 10 * time.Minute
+
+func newRefusalEnv(t *testing.T) *refusalEnv {
+	t.Helper()
+	clock := fakeclock.At(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	store := memory.New(sessions.Limits{}, clock.Now)
+	t.Cleanup(store.Close)
+	key, err := clusterkey.New([]byte(strings.Repeat("k", 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &refusalEnv{t: t, store: store, clock: clock, prov: &recordingProvisioner{}, key: key}
+	e.h, err = New(Config{
+		ClusterKey:     key,
+		ExternalURL:    &url.URL{Scheme: "https", Host: "bind.example.com"},
+		ProviderName:   "Refusal provider",
+		Store:          store,
+		SessionTTL:     refusalTTL,
+		Login:          &scriptedIdP{pending: map[string][]byte{}},
+		Catalog:        fuzzCatalog,
+		Provisioner:    e.prov,
+		CookieHashKey:  fuzzHashKey,
+		CookieBlockKey: fuzzBlockKey,
+		Now:            clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// do sends one request to the route for its method and path, as the
+// router that mounts Routes does.
+func (e *refusalEnv) do(method, target string, form url.Values, header http.Header, cookies ...*http.Cookie) *httptest.ResponseRecorder {
+	e.t.Helper()
+	var req *http.Request
+	if form != nil {
+		req = httptest.NewRequest(method, target, strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	} else {
+		req = httptest.NewRequest(method, target, nil)
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	for _, c := range cookies {
+		req.AddCookie(c)
+	}
+	w := httptest.NewRecorder()
+	for _, rt := range e.h.Routes() {
+		if rt.Method == method && rt.Path == req.URL.Path {
+			rt.Handler(w, req)
+			return w
+		}
+	}
+	e.t.Fatalf("no route for %s %s", method, req.URL.Path)
+	return nil
+}
+
+// pollLink creates a poll-flow session (presenting clusterID, "" for a new
+// one) and returns it with its signed /authorize link carrying extra.
+func (e *refusalEnv) pollLink(clusterID string, extra url.Values) (sessions.Session, string) {
+	e.t.Helper()
+	sess, _, err := e.h.svc.CreatePollSession(context.Background(), clusterID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	u := &url.URL{Scheme: "https", Host: "bind.example.com", Path: "/authorize", RawQuery: extra.Encode()}
+	signed, err := hmac.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return sess, signed.String()
+}
+
+// loginState opens link and returns the state it sends the browser to
+// the identity provider with.
+func (e *refusalEnv) loginState(link string) string {
+	e.t.Helper()
+	w := e.do(http.MethodGet, link, nil, nil)
+	loc, err := url.Parse(w.Header().Get("Location"))
+	if w.Code != http.StatusSeeOther || err != nil || !strings.HasPrefix(loc.String(), scriptedIssuer) {
+		e.t.Fatalf("GET %s: %d to %q, want 303 to the identity provider:\n%s", link, w.Code, w.Header().Get("Location"), w.Body)
+	}
+	return loc.Query().Get("state")
+}
+
+// login goes from link through the identity provider as user to the
+// selection page and returns the login cookie and the form the page
+// posts when Bind is pressed with mangodbs ticked and confirmed.
+func (e *refusalEnv) login(link, user string) (*http.Cookie, url.Values) {
+	e.t.Helper()
+	state := e.loginState(link)
+	w := e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "user": {user}}.Encode(), nil, nil)
+	if w.Code != http.StatusSeeOther || !strings.HasPrefix(w.Header().Get("Location"), "/bind?s=") {
+		e.t.Fatalf("callback: %d to %q, want 303 to /bind:\n%s", w.Code, w.Header().Get("Location"), w.Body)
+	}
+	var cookie *http.Cookie
+	for _, c := range w.Result().Cookies() {
+		if c.Name == loginCookieName {
+			cookie = c
+		}
+	}
+	var lc loginCookie
+	if cookie == nil || e.h.cookies.Decode(loginCookieName, cookie.Value, &lc) != nil {
+		e.t.Fatalf("callback set no login cookie: %v", w.Result().Cookies())
+	}
+	if page := e.do(http.MethodGet, w.Header().Get("Location"), nil, nil, cookie); page.Code != http.StatusOK || !strings.Contains(page.Body.String(), lc.CSRF) {
+		e.t.Fatalf("selection page: %d, want 200 with the CSRF token:\n%s", page.Code, page.Body)
+	}
+	return cookie, url.Values{
+		"s":              {lc.SessionID},
+		web.FieldCSRF:    {lc.CSRF},
+		web.FieldAPI:     {"mangodbs.mangodb.com"},
+		web.FieldAction:  {web.ActionBind},
+		web.FieldConfirm: {web.ConfirmYes},
+	}
+}
+
+func (e *refusalEnv) post(form url.Values, header http.Header, cookie *http.Cookie) *httptest.ResponseRecorder {
+	e.t.Helper()
+	if cookie == nil {
+		return e.do(http.MethodPost, "/bind", form, header)
+	}
+	return e.do(http.MethodPost, "/bind", form, header, cookie)
+}
+
+func TestRefusalsInProcess(t *testing.T) {
+	const (
+		pending = "pending"
+		denied  = "denied"
+		gone    = "gone"
+		done    = "completed"
+	)
+	cases := []struct {
+		name string
+		// run sends the refused request (after whatever leads up to it)
+		// and returns its answer and the session it is about.
+		run        func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session)
+		wantStatus int
+		wantText   string
+		wantState  string // pending, denied, gone or completed
+		wantReason string // in the deny reason, when denied
+		// wantProvisions is 1 only for the control cases that bind.
+		wantProvisions int
+	}{
+		{
+			name: "control: a good bind provisions once",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusOK, wantText: "mangodbs.mangodb.com", wantState: done, wantProvisions: 1,
+		},
+		{
+			name: "tampered signature",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				i := strings.Index(link, "&h=") + 3
+				b := []byte(link)
+				b[i] ^= 1
+				return e.do(http.MethodGet, string(b), nil, nil), s
+			},
+			wantStatus: http.StatusUnauthorized, wantText: "not valid", wantState: pending,
+		},
+		{
+			name: "reused nonce",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				e.loginState(link)
+				return e.do(http.MethodGet, link, nil, nil), s
+			},
+			wantStatus: http.StatusUnauthorized, wantText: "already used", wantState: pending,
+		},
+		{
+			name: "unknown session",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				u, _ := url.Parse(link)
+				q := u.Query()
+				q.Set("s", "AAAAAAAAAAAAAAAAAAAAAA")
+				u.RawQuery = q.Encode()
+				return e.do(http.MethodGet, u.String(), nil, nil), s
+			},
+			wantStatus: http.StatusNotFound, wantText: "not known", wantState: pending,
+		},
+		{
+			name: "expired session",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				e.clock.Advance(refusalTTL + time.Second)
+				return e.do(http.MethodGet, link, nil, nil), s
+			},
+			wantStatus: http.StatusGone, wantText: "expired", wantState: gone,
+		},
+		{
+			name: "forged login state",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				state := e.loginState(link)
+				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state + "x"}, "user": {"carol"}}.Encode(), nil, nil), s
+			},
+			wantStatus: http.StatusBadRequest, wantText: "cannot be finished", wantState: pending,
+		},
+		{
+			name: "replayed login state",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				state := e.loginState(link)
+				callback := "/callback?" + url.Values{"state": {state}, "user": {"carol"}}.Encode()
+				if w := e.do(http.MethodGet, callback, nil, nil); w.Code != http.StatusSeeOther {
+					e.t.Fatalf("genuine callback: %d:\n%s", w.Code, w.Body)
+				}
+				return e.do(http.MethodGet, callback, nil, nil), s
+			},
+			wantStatus: http.StatusBadRequest, wantText: "cannot be finished", wantState: pending,
+		},
+		{
+			name: "bind without the CSRF token",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				form.Del(web.FieldCSRF)
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
+		},
+		{
+			name: "bind with a guessed CSRF token",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				form.Set(web.FieldCSRF, "guessed")
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
+		},
+		{
+			name: "bind marked cross-site",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				return e.post(form, http.Header{"Sec-Fetch-Site": {"cross-site"}}, c), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
+		},
+		{
+			name: "bind from a foreign origin",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				return e.post(form, http.Header{"Origin": {"http://evil.example.com"}}, c), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
+		},
+		{
+			name: "bind without the login cookie",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				_, form := e.login(link, "dave")
+				return e.post(form, nil, nil), s
+			},
+			wantStatus: http.StatusUnauthorized, wantText: "not signed in", wantState: pending,
+		},
+		{
+			name: "bind of another session than the login's",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				_, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				other, _ := e.pollLink("", nil)
+				form.Set("s", other.ID)
+				return e.post(form, nil, c), other
+			},
+			wantStatus: http.StatusBadRequest, wantText: "Another binding", wantState: pending,
+		},
+		{
+			name: "API that is not exported",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				form[web.FieldAPI] = []string{"mangodbs.mangodb.com", "secretthings.internal.example.com"}
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusUnprocessableEntity, wantText: "not offered", wantState: pending,
+		},
+		{
+			name: "bind without the confirmation",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				form.Del(web.FieldConfirm)
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusUnprocessableEntity, wantText: "Confirm that you started this binding yourself", wantState: pending,
+		},
+		{
+			name: "bind with a confirmation of another value",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				form.Set(web.FieldConfirm, "on")
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusUnprocessableEntity, wantText: "Confirm that you started", wantState: pending,
+		},
+		{
+			name: "cancel",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				form.Set(web.FieldAction, web.ActionCancel)
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusOK, wantText: "cancelled", wantState: denied, wantReason: "cancelled",
+		},
+		{
+			name: "bind after cancel",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				cancel := url.Values{}
+				for k, v := range form {
+					cancel[k] = v
+				}
+				cancel.Set(web.FieldAction, web.ActionCancel)
+				if w := e.post(cancel, nil, c); w.Code != http.StatusOK {
+					e.t.Fatalf("cancel: %d:\n%s", w.Code, w.Body)
+				}
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "Access denied", wantState: denied, wantReason: "cancelled",
+		},
+		{
+			name: "user outside the allow-list",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				state := e.loginState(link)
+				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "user": {"mallory"}}.Encode(), nil, nil), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "Access denied", wantState: denied, wantReason: "may not bind",
+		},
+		{
+			name: "user declines at the identity provider",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				state := e.loginState(link)
+				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "error": {"access_denied"}}.Encode(), nil, nil), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "Access denied", wantState: denied, wantReason: "refused the login",
+		},
+		{
+			name: "HEAD of a signed link spends nothing",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				w := e.do(http.MethodHead, link, nil, nil)
+				if w.Header().Get("Location") != "" || w.Header().Get("Set-Cookie") != "" || w.Body.Len() != 0 {
+					e.t.Errorf("HEAD: Location %q, Set-Cookie %q, %d body bytes; want none", w.Header().Get("Location"), w.Header().Get("Set-Cookie"), w.Body.Len())
+				}
+				if w.Code != http.StatusOK {
+					return w, s
+				}
+				// The GET after it is the link's first use.
+				e.loginState(link)
+				return w, s
+			},
+			wantStatus: http.StatusOK, wantState: pending,
+		},
+		{
+			name: "HEAD of a tampered link answers as its GET",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				return e.do(http.MethodHead, link[:len(link)-2]+"xx", nil, nil), s
+			},
+			wantStatus: http.StatusUnauthorized, wantState: pending,
+		},
+		{
+			name: "HEAD of the selection page",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+				s, link := e.pollLink("", nil)
+				c, _ := e.login(link, "dave")
+				return e.do(http.MethodHead, "/bind?s="+url.QueryEscape(s.ID), nil, nil, c), s
+			},
+			wantStatus: http.StatusOK, wantState: pending,
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			w, s := c.run(e)
+			body := w.Body.String()
+			if w.Code != c.wantStatus || !strings.Contains(body, c.wantText) {
+				t.Errorf("got %d, want %d with %q in the page:\n%s", w.Code, c.wantStatus, c.wantText, body)
+			}
+			if w.Code >= 500 {
+				t.Errorf("a client's mistake answered %d", w.Code)
+			}
+			if calls := e.prov.take(); len(calls) != c.wantProvisions {
+				t.Errorf("provisioned %d times, want %d: %+v", len(calls), c.wantProvisions, calls)
+			}
+			got, err := e.store.Get(context.Background(), s.ID)
+			switch {
+			case c.wantState == gone:
+				if !errors.Is(err, sessions.ErrNotFound) {
+					t.Errorf("session: %v (%v), want it gone", got.State, err)
+				}
+			case err != nil:
+				t.Errorf("session: %v, want it %s", err, c.wantState)
+			case got.State.String() != c.wantState:
+				t.Errorf("session is %v (%q), want %s", got.State, got.DenyReason, c.wantState)
+			case !strings.Contains(got.DenyReason, c.wantReason):
+				t.Errorf("deny reason %q, want it to say %q", got.DenyReason, c.wantReason)
+			}
+		})
+	}
+}
+
+// A callback-flow link off this computer creates no session, and neither
+// does the HEAD of a good one.
+func TestCallbackFlowRefusalsInProcess(t *testing.T) {
+	e := newRefusalEnv(t)
+	for _, u := range []string{"https://evil.example.com/callback", "http://evil.example.com/callback", "http://127.0.0.1.evil.example.com/callback", "javascript:alert(1)", "//evil.example.com/x"} {
+		link := "/authorize?" + url.Values{"u": {u}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
+		for _, method := range []string{http.MethodGet, http.MethodHead} {
+			w := e.do(method, link, nil, nil)
+			if w.Code != http.StatusBadRequest || (method == http.MethodGet && !strings.Contains(w.Body.String(), "cannot be used")) {
+				t.Errorf("%s u=%s: %d, want 400 saying it cannot be used:\n%s", method, u, w.Code, w.Body)
+			}
+		}
+	}
+	good := "/authorize?" + url.Values{"p": {"41234"}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
+	if w := e.do(http.MethodHead, good, nil, nil); w.Code != http.StatusOK || w.Header().Get("Location") != "" {
+		t.Errorf("HEAD of a good callback link: %d, Location %q; want 200 and none", w.Code, w.Header().Get("Location"))
+	}
+	if n := e.store.Len(); n != 0 {
+		t.Errorf("%d sessions created, want none", n)
+	}
+	// The control: its GET creates the one session.
+	e.loginState(e.h.path(good))
+	if n := e.store.Len(); n != 1 {
+		t.Errorf("GET of a good callback link: %d sessions, want 1", n)
+	}
+}
+
+// The attack of phishing_test.go, in process: a link presenting a cluster
+// ID without its proof (or with a forged one, or one of another session)
+// binds under a new cluster ID, and the page says so; with the proof the
+// presented ID is kept.
+func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
+	const victim = "victimclusteridabcdefghijk"
+	proofFor := func(e *refusalEnv, sid string) string {
+		return bindproof.ClusterProof(e.key.Secret(victim), sid)
+	}
+	cases := []struct {
+		name  string
+		extra func(e *refusalEnv) url.Values
+	}{
+		{"no proof", func(*refusalEnv) url.Values { return nil }},
+		{"forged proof", func(*refusalEnv) url.Values {
+			return url.Values{bindproof.ProofParam: {bindproof.ClusterProof("guessed-cluster-secret", "x")}}
+		}},
+		{"proof of another session", func(e *refusalEnv) url.Values {
+			return url.Values{bindproof.ProofParam: {proofFor(e, "AnotherSessionIDabcdef")}}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newRefusalEnv(t)
+			_, link := e.pollLink(victim, c.extra(e))
+			cookie, form := e.login(link, "alice")
+			page := e.do(http.MethodGet, "/bind?s="+url.QueryEscape(form.Get("s")), nil, nil, cookie)
+			if !strings.Contains(page.Body.String(), "could not prove") {
+				t.Errorf("the selection page does not say the cluster was not proven:\n%s", page.Body)
+			}
+			if w := e.post(form, nil, cookie); w.Code != http.StatusOK {
+				t.Fatalf("bind: %d:\n%s", w.Code, w.Body)
+			}
+			calls := e.prov.take()
+			if len(calls) != 1 || calls[0].clusterID == victim {
+				t.Fatalf("provisioned %+v, want once under a new cluster ID", calls)
+			}
+		})
+	}
+	t.Run("control: with the proof", func(t *testing.T) {
+		e := newRefusalEnv(t)
+		s, _, err := e.h.svc.CreatePollSession(context.Background(), victim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &url.URL{Scheme: "https", Host: "bind.example.com", Path: "/authorize",
+			RawQuery: url.Values{bindproof.ProofParam: {proofFor(e, s.ID)}}.Encode()}
+		signed, err := hmac.SignURL(s.Secret, s.ID, http.MethodGet, u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cookie, form := e.login(signed.String(), "alice")
+		if w := e.post(form, nil, cookie); w.Code != http.StatusOK {
+			t.Fatalf("bind: %d:\n%s", w.Code, w.Body)
+		}
+		if calls := e.prov.take(); len(calls) != 1 || calls[0].clusterID != victim {
+			t.Fatalf("provisioned %+v, want once under the proven cluster ID", calls)
+		}
+	})
+}
