@@ -46,16 +46,35 @@ func Build(pkg string, extraArgs ...string) (string, func(), error) {
 	return bin, cleanup, nil
 }
 
-// FreePort returns a loopback TCP port nothing listens on right now.
+// FreePort returns a loopback TCP port nothing listens on right now, and
+// never one it returned before in this process: the kernel may hand the
+// same ephemeral port to two listens in a row once the first is closed,
+// and two parts of a test given one port clash (a replica's public and
+// peer listeners did, in CI).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	givenMu.Lock()
+	defer givenMu.Unlock()
+	for range 1000 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !given[port] {
+			given[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("procs.FreePort: no port that was not handed out before")
+	return 0
 }
+
+var (
+	givenMu sync.Mutex
+	given   = map[int]bool{}
+)
 
 // Alive reports whether process pid runs, as /proc shows it (Linux only:
 // elsewhere it reports false); a zombie, dead but not yet reaped, counts as

@@ -41,3 +41,16 @@ func TestAliveSeesRunningAndZombieProcesses(t *testing.T) {
 		t.Fatalf("pid %d alive after it was reaped", pid)
 	}
 }
+
+// Ports handed out in one process are all different, even though the
+// kernel may give a just-closed ephemeral port again.
+func TestFreePortNeverRepeats(t *testing.T) {
+	seen := map[int]bool{}
+	for range 2000 {
+		p := FreePort(t)
+		if seen[p] {
+			t.Fatalf("port %d handed out twice", p)
+		}
+		seen[p] = true
+	}
+}
