@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -74,7 +75,7 @@ func (p *Provisioner) MarkDelivered(ctx context.Context, response []byte) (strin
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	cb := p.dynamic.Resource(clusterBindingsGVR).Namespace(ns)
+	cb := p.dynamic.Resource(kbresources.ClusterBindings).Namespace(ns)
 	have, err := cb.Get(ctx, ClusterBindingName, metav1.GetOptions{})
 	if err != nil {
 		return ns, fmt.Errorf("reading ClusterBinding %s/%s: %w", ns, ClusterBindingName, err)

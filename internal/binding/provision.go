@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -70,8 +70,6 @@ const (
 	defaultTimeout         = 60 * time.Second
 	rbacPropagationTimeout = 10 * time.Second
 )
-
-var clusterBindingsGVR = schema.GroupVersionResource{Group: kubeBindGroup, Version: "v1alpha1", Resource: "clusterbindings"}
 
 // Provisioner sets consumers up on the provider cluster.
 type Provisioner struct {
@@ -362,7 +360,7 @@ func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error 
 			"providerPrettyName":  p.cfg.ProviderPrettyName,
 		},
 	}}
-	_, err := p.dynamic.Resource(clusterBindingsGVR).Namespace(ns).Apply(ctx, ClusterBindingName, obj, applyOptions)
+	_, err := p.dynamic.Resource(kbresources.ClusterBindings).Namespace(ns).Apply(ctx, ClusterBindingName, obj, applyOptions)
 	return err
 }
 

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
@@ -150,7 +151,7 @@ func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
 	if err != nil || string(sec.Data[KubeconfigSecretKey]) != string(resp.Kubeconfig) {
 		t.Errorf("consumer reading its kubeconfig Secret: %v", err)
 	}
-	cb, err := dyn.Resource(clusterBindingsGVR).Namespace(ns1).Get(ctx, ClusterBindingName, metav1.GetOptions{})
+	cb, err := dyn.Resource(kbresources.ClusterBindings).Namespace(ns1).Get(ctx, ClusterBindingName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("consumer reading its ClusterBinding: %v", err)
 	}
@@ -161,7 +162,7 @@ func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
 	}
 	// The konnector writes heartbeats to the ClusterBinding's status.
 	unstructured.SetNestedField(cb.Object, "v0.4.8", "status", "konnectorVersion")
-	if _, err := dyn.Resource(clusterBindingsGVR).Namespace(ns1).UpdateStatus(ctx, cb, metav1.UpdateOptions{}); err != nil {
+	if _, err := dyn.Resource(kbresources.ClusterBindings).Namespace(ns1).UpdateStatus(ctx, cb, metav1.UpdateOptions{}); err != nil {
 		t.Errorf("consumer writing ClusterBinding status: %v", err)
 	}
 

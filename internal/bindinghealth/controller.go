@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
@@ -21,13 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/workloop"
 )
 
-var (
-	clusterBindingsGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
-	requestsGVR        = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-)
+var ()
 
 const fieldManager = "kube-bind-backend"
 
@@ -106,8 +103,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	managed := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dynamic, c.cfg.Resync, metav1.NamespaceAll,
 		func(o *metav1.ListOptions) { o.LabelSelector = binding.LabelManagedBy + "=" + binding.ManagedByValue })
 	all := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
-	r.bindings = managed.ForResource(clusterBindingsGVR).Informer()
-	r.requests = all.ForResource(requestsGVR).Informer()
+	r.bindings = managed.ForResource(kbresources.ClusterBindings).Informer()
+	r.requests = all.ForResource(kbresources.APIServiceExportRequests).Informer()
 	enqueue := func(obj any) {
 		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
 			r.queue.Add(key)
@@ -176,12 +173,12 @@ func (r *run) reconcile(ctx context.Context, key string) (time.Duration, error) 
 	// Server-side apply of just this condition: conditions are a map list
 	// keyed by type, so the konnector's own conditions are left alone.
 	apply := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": clusterBindingsGVR.GroupVersion().String(),
+		"apiVersion": kbresources.ClusterBindings.GroupVersion().String(),
 		"kind":       "ClusterBinding",
 		"metadata":   map[string]any{"name": cb.GetName(), "namespace": cb.GetNamespace()},
 		"status":     map[string]any{"conditions": []any{cond}},
 	}}
-	_, err := r.dynamic.Resource(clusterBindingsGVR).Namespace(cb.GetNamespace()).
+	_, err := r.dynamic.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).
 		Apply(ctx, cb.GetName(), apply, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}, "status")
 	if apierrors.IsNotFound(err) {
 		return 0, nil

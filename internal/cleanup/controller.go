@@ -22,7 +22,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -36,14 +35,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/workloop"
 )
 
-var (
-	clusterBindingsGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
-	requestsGVR        = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-	apiNamespacesGVR   = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
-)
+var ()
 
 // Unbinder removes a consumer namespace (implemented by
 // *binding.Provisioner).
@@ -174,10 +170,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	nsFactory := informers.NewSharedInformerFactoryWithOptions(c.kube, c.cfg.Resync, informers.WithTweakListOptions(managed))
 	r.namespaces = nsFactory.Core().V1().Namespaces().Informer()
 	cbFactory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dynamic, 0, metav1.NamespaceAll, managed)
-	r.bindings = cbFactory.ForResource(clusterBindingsGVR).Informer()
+	r.bindings = cbFactory.ForResource(kbresources.ClusterBindings).Informer()
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
-	r.requests = dynFactory.ForResource(requestsGVR).Informer()
-	r.apiNS = dynFactory.ForResource(apiNamespacesGVR).Informer()
+	r.requests = dynFactory.ForResource(kbresources.APIServiceExportRequests).Informer()
+	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespaces).Informer()
 
 	onNamespace := func(obj any) {
 		if ns, ok := obj.(*corev1.Namespace); ok && binding.IsConsumerNamespace(ns) {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 )
 
 // Why an unused binding is collected (the reason label of the metric).
@@ -138,7 +139,7 @@ func (r *run) cachedUsage(ns *corev1.Namespace) usage {
 // backend may list these cluster-wide; it may not have its namespace role
 // yet in a half-made namespace).
 func (r *run) liveUsage(ctx context.Context, ns *corev1.Namespace) (usage, error) {
-	cbs, err := r.dynamic.Resource(clusterBindingsGVR).Namespace(ns.Name).List(ctx, metav1.ListOptions{
+	cbs, err := r.dynamic.Resource(kbresources.ClusterBindings).Namespace(ns.Name).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", binding.ClusterBindingName).String(),
 	})
 	if err != nil {
@@ -149,7 +150,7 @@ func (r *run) liveUsage(ctx context.Context, ns *corev1.Namespace) (usage, error
 		cb = &cbs.Items[0]
 	}
 	used := false
-	for _, gvr := range []schema.GroupVersionResource{requestsGVR, apiNamespacesGVR} {
+	for _, gvr := range []schema.GroupVersionResource{kbresources.APIServiceExportRequests, kbresources.APIServiceNamespaces} {
 		list, err := r.dynamic.Resource(gvr).Namespace(ns.Name).List(ctx, metav1.ListOptions{Limit: 1})
 		if err != nil {
 			return usage{}, fmt.Errorf("reading the %s of %s: %w", gvr.Resource, ns.Name, err)

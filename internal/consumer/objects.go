@@ -6,8 +6,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kbprovider/backend/internal/kbresources"
 )
 
 // Names of what a bind creates in the consumer cluster. The namespace, the
@@ -31,8 +32,8 @@ const (
 // Kube-bind resources in the consumer (bindings) and provider (requests)
 // clusters.
 var (
-	BindingGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicebindings"}
-	RequestGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	BindingGVR = kbresources.APIServiceBindings
+	RequestGVR = kbresources.APIServiceExportRequests
 )
 
 func managedLabels() map[string]string { return map[string]string{LabelManagedBy: managedBy} }

@@ -20,7 +20,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -30,14 +29,11 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/workloop"
 )
 
-var (
-	requestsGVR   = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-	exportsGVR    = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexports"}
-	namespacesGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
-)
+var ()
 
 // Config configures the controllers.
 type Config struct {
@@ -144,9 +140,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
-	r.requests = dynFactory.ForResource(requestsGVR).Informer()
-	r.exports = dynFactory.ForResource(exportsGVR).Informer()
-	r.apiNS = dynFactory.ForResource(namespacesGVR).Informer()
+	r.requests = dynFactory.ForResource(kbresources.APIServiceExportRequests).Informer()
+	r.exports = dynFactory.ForResource(kbresources.APIServiceExports).Informer()
+	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespaces).Informer()
 
 	// Any change in a namespace's kube-bind objects re-checks that namespace.
 	byNamespace := func(obj any) {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 )
 
 // LabelAPIServiceNamespace is, on a namespace made for an
@@ -80,7 +81,7 @@ func (r *run) syncAPIServiceNamespaces(ctx context.Context, consumerNS string, r
 		}
 		if have, _, _ := unstructured.NestedString(a.Object, "status", "namespace"); have != child {
 			patch, _ := json.Marshal(map[string]any{"status": map[string]any{"namespace": child}})
-			_, err := r.dynamic.Resource(namespacesGVR).Namespace(consumerNS).
+			_, err := r.dynamic.Resource(kbresources.APIServiceNamespaces).Namespace(consumerNS).
 				Patch(ctx, a.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
 			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("setting the status of APIServiceNamespace %s/%s: %w", consumerNS, a.GetName(), err)

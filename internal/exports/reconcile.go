@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 )
 
 const fieldManager = "kube-bind-backend"
@@ -205,7 +206,7 @@ func (r *run) setPhase(ctx context.Context, req *unstructured.Unstructured, phas
 		"metadata": map[string]any{"resourceVersion": req.GetResourceVersion()},
 		"status":   status,
 	})
-	_, err := r.dynamic.Resource(requestsGVR).Namespace(req.GetNamespace()).
+	_, err := r.dynamic.Resource(kbresources.APIServiceExportRequests).Namespace(req.GetNamespace()).
 		Patch(ctx, req.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
 	if apierrors.IsNotFound(err) {
 		return nil
@@ -239,7 +240,7 @@ func (r *run) syncExports(ctx context.Context, ns string, wanted map[string]bool
 		if !ok {
 			if have != nil && have.GetDeletionTimestamp() == nil {
 				uid := have.GetUID()
-				err := r.dynamic.Resource(exportsGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+				err := r.dynamic.Resource(kbresources.APIServiceExports).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 				if err != nil && !apierrors.IsNotFound(err) {
 					return nil, fmt.Errorf("deleting APIServiceExport %s/%s: %w", ns, name, err)
 				}
@@ -268,7 +269,7 @@ func (r *run) applyExport(ctx context.Context, ns string, crd *apiextensionsv1.C
 		}
 	}
 	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": exportsGVR.GroupVersion().String(),
+		"apiVersion": kbresources.APIServiceExports.GroupVersion().String(),
 		"kind":       "APIServiceExport",
 		"metadata": map[string]any{
 			"name":      crd.Name,
@@ -277,7 +278,7 @@ func (r *run) applyExport(ctx context.Context, ns string, crd *apiextensionsv1.C
 		},
 		"spec": spec,
 	}}
-	_, err = r.dynamic.Resource(exportsGVR).Namespace(ns).Apply(ctx, crd.Name, obj, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
+	_, err = r.dynamic.Resource(kbresources.APIServiceExports).Namespace(ns).Apply(ctx, crd.Name, obj, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	if err != nil {
 		return fmt.Errorf("applying APIServiceExport %s/%s: %w", ns, crd.Name, err)
 	}
