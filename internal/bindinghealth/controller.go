@@ -24,8 +24,6 @@ import (
 	"github.com/kbprovider/backend/internal/workloop"
 )
 
-var ()
-
 const fieldManager = "kube-bind-backend"
 
 // Config configures the controller.

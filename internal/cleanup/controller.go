@@ -39,8 +39,6 @@ import (
 	"github.com/kbprovider/backend/internal/workloop"
 )
 
-var ()
-
 // Unbinder removes a consumer namespace (implemented by
 // *binding.Provisioner).
 type Unbinder interface {

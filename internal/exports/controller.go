@@ -33,8 +33,6 @@ import (
 	"github.com/kbprovider/backend/internal/workloop"
 )
 
-var ()
-
 // Config configures the controllers.
 type Config struct {
 	// Catalog says which CRDs are exported; the caller starts it.
