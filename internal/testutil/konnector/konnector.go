@@ -42,6 +42,7 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/testutil/konnector/bridgepipe"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
@@ -303,7 +304,7 @@ func (b *bridge) serve() {
 				return
 			}
 			defer b.untrack(c, u)
-			pipe(c, u)
+			bridgepipe.Pipe(c, u)
 		}()
 	}
 }
@@ -343,24 +344,6 @@ func (b *bridge) close() {
 	b.wg.Wait()
 }
 
-func pipe(a, b net.Conn) {
-	done := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(b, a)
-		closeWrite(b)
-		close(done)
-	}()
-	_, _ = io.Copy(a, b)
-	closeWrite(a)
-	<-done
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-}
-
 var (
 	bridgeOnce sync.Once
 	bridgePath string
@@ -368,7 +351,7 @@ var (
 )
 
 // netbridgeBinary builds ./netbridge once into a cache folder named by a
-// hash of its source, go.mod, go.sum and the Go version, so it is built
+// hash of its source (bridgepipe's too), go.mod, go.sum and the Go version, so it is built
 // again only when one of them changes and no temporary build is left
 // behind.
 func netbridgeBinary() (string, error) {
@@ -380,7 +363,7 @@ func buildNetbridge() (string, error) {
 	root := procs.RepoRoot()
 	h := sha256.New()
 	fmt.Fprintln(h, runtime.Version())
-	for _, f := range []string{"internal/testutil/konnector/netbridge/main.go", "go.mod", "go.sum"} {
+	for _, f := range []string{"internal/testutil/konnector/netbridge/main.go", "internal/testutil/konnector/bridgepipe/bridgepipe.go", "go.mod", "go.sum"} {
 		data, err := os.ReadFile(filepath.Join(root, f))
 		if err != nil {
 			return "", err

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -31,6 +30,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kbprovider/backend/internal/testutil/konnector/bridgepipe"
 )
 
 type forwards []string
@@ -101,28 +102,8 @@ func serve(l net.Listener, sock string) {
 				return
 			}
 			defer u.Close()
-			pipe(c, u)
+			bridgepipe.Pipe(c, u)
 		}()
-	}
-}
-
-// pipe copies both ways until both directions are done, passing on
-// half-closes so request/response protocols end cleanly.
-func pipe(a, b net.Conn) {
-	done := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(b, a)
-		closeWrite(b)
-		close(done)
-	}()
-	_, _ = io.Copy(a, b)
-	closeWrite(a)
-	<-done
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
 	}
 }
 
