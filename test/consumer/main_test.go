@@ -114,21 +114,6 @@ func startEnv(t *testing.T) *env {
 	port := procs.FreePort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{base + "/callback"}, Users: []oidcprovider.User{alice}})
-	backendproc.Start(t, base, []string{
-		"--listen-address", fmt.Sprintf("127.0.0.1:%d", port),
-		"--external-url", base,
-		"--oidc-issuer-url", idp.IssuerURL,
-		"--oidc-issuer-client-id", idp.ClientID,
-		"--oidc-issuer-client-secret", idp.ClientSecret,
-		"--oidc-allowed-groups", "binders",
-		"--cookie-signing-key", procs.RandomKey(t, 32),
-		"--cookie-encryption-key", procs.RandomKey(t, 32),
-		"--kubeconfig", provider.AdminKubeconfigPath(),
-		"--pretty-name", prettyName,
-		"--namespace-prefix", namespacePrefix,
-		"--consumer-scope", "Namespaced",
-		"--poll-interval", "1s",
-		"--log-format", "text",
-	}, 90*time.Second)
+	backendproc.Start(t, base, backendproc.BrowserArgs(t, port, base, idp, provider.AdminKubeconfigPath(), prettyName, namespacePrefix), 90*time.Second)
 	return &env{provider: provider, consumer: consumer, idp: idp, baseURL: base, exportURL: base + "/export"}
 }

@@ -87,22 +87,7 @@ func startEnv(t *testing.T, opts backendOptions) *env {
 		RedirectURIs: []string{base + "/callback"},
 		Users:        []oidcprovider.User{alice, bob, carol, dave, mallory},
 	})
-	args := []string{
-		"--listen-address", fmt.Sprintf("127.0.0.1:%d", port),
-		"--external-url", base,
-		"--oidc-issuer-url", idp.IssuerURL,
-		"--oidc-issuer-client-id", idp.ClientID,
-		"--oidc-issuer-client-secret", idp.ClientSecret,
-		"--oidc-allowed-groups", "binders",
-		"--cookie-signing-key", procs.RandomKey(t, 32),
-		"--cookie-encryption-key", procs.RandomKey(t, 32),
-		"--kubeconfig", cp.AdminKubeconfigPath(),
-		"--pretty-name", prettyName,
-		"--namespace-prefix", namespacePrefix,
-		"--consumer-scope", "Namespaced",
-		"--poll-interval", "1s",
-		"--log-format", "text",
-	}
+	args := backendproc.BrowserArgs(t, port, base, idp, cp.AdminKubeconfigPath(), prettyName, namespacePrefix)
 	backendproc.Start(t, base, append(args, opts.extraArgs...), 60*time.Second)
 	return &env{cp: cp, idp: idp, baseURL: base, kube: kubernetes.NewForConfigOrDie(cp.AdminConfig())}
 }

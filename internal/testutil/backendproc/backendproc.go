@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
@@ -84,5 +85,30 @@ func Start(t testing.TB, base string, args []string, readyWithin time.Duration) 
 		if time.Now().After(deadline) {
 			t.Fatalf("backend not ready after %s: %s\nlogs:\n%s", readyWithin, last, logs.String())
 		}
+	}
+}
+
+// BrowserArgs are the flags of a backend at 127.0.0.1:port (base is its
+// URL) that logs users in at idp (members of group "binders" may bind),
+// provisions into the cluster of kubeconfig with namespacePrefix and
+// offers namespaced APIs, polled every second, logging text: what the
+// end-to-end suites that drive the browser part share. Append more.
+func BrowserArgs(t testing.TB, port int, base string, idp *oidcprovider.Provider, kubeconfig, prettyName, namespacePrefix string) []string {
+	t.Helper()
+	return []string{
+		"--listen-address", fmt.Sprintf("127.0.0.1:%d", port),
+		"--external-url", base,
+		"--oidc-issuer-url", idp.IssuerURL,
+		"--oidc-issuer-client-id", idp.ClientID,
+		"--oidc-issuer-client-secret", idp.ClientSecret,
+		"--oidc-allowed-groups", "binders",
+		"--cookie-signing-key", procs.RandomKey(t, 32),
+		"--cookie-encryption-key", procs.RandomKey(t, 32),
+		"--kubeconfig", kubeconfig,
+		"--pretty-name", prettyName,
+		"--namespace-prefix", namespacePrefix,
+		"--consumer-scope", "Namespaced",
+		"--poll-interval", "1s",
+		"--log-format", "text",
 	}
 }
