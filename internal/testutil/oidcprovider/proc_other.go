@@ -1,7 +1,0 @@
-//go:build !linux
-
-package oidcprovider
-
-import "os/exec"
-
-func setProcAttr(*exec.Cmd) {}
