@@ -157,13 +157,12 @@ func Run(ctx context.Context, opts Options) (_ *Provider, err error) {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "OIDC_PROVIDER_CONFIG="+string(cfg))
 	cmd.Stderr = logs
+	setProcAttr(cmd)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
-	// Own process group (a Ctrl-C reaches the program that started it,
-	// which stops it in its own order); killed with the test binary or demo.
-	if err := procs.StartTied(cmd); err != nil {
+	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting node: %v", err)
 	}
 	p.cmd = cmd
