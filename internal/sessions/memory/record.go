@@ -260,3 +260,26 @@ func mergeNonces(set *nonceSet, hs []uint64, limit int) {
 		set.add(h, limit)
 	}
 }
+
+// Holds reports whether session id is held, and whether as owner.
+func (s *Store) Holds(id string) (owned, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held(id, s.now())
+	if e == nil {
+		return false, false
+	}
+	return !e.copy, true
+}
+
+// Peek returns session id whether owned or a backup copy (its fixed part
+// is the same on every holder).
+func (s *Store) Peek(id string) (sessions.Session, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held(id, s.now())
+	if e == nil {
+		return sessions.Session{}, false
+	}
+	return e.s, true
+}
