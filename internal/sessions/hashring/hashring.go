@@ -179,7 +179,7 @@ func New(opts Options) (*Store, error) {
 		name:    "kube-bind-sessions-" + hex.EncodeToString(suffix[:]),
 		inc:     binary.BigEndian.Uint64(inc[:]) | 1,
 		dialer:  &net.Dialer{Timeout: opts.PeerTimeout / 2},
-		m:       membership{members: map[string]uint64{}, down: map[string]uint64{}},
+		m:       membership{members: map[string]uint64{}, down: map[string]uint64{}, left: map[string]uint64{}},
 
 		ringChanged: make(chan struct{}, 1),
 	}
@@ -190,6 +190,7 @@ func New(opts Options) (*Store, error) {
 	s.mu.Unlock()
 	<-s.ringChanged // the first ring needs no resync
 	s.bg.Go(s.resyncLoop)
+	s.bg.Go(s.heartbeat)
 	storesMu.Lock()
 	stores[s.name] = s
 	storesMu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/golang/groupcache/consistenthash"
 )
@@ -75,6 +76,11 @@ type membership struct {
 	candidates []string
 	members    map[string]uint64 // peer URL → incarnation
 	down       map[string]uint64 // marked down → incarnation then
+	// left holds the incarnations that said they are not members any more
+	// (leaving): a message of theirs sent earlier and arriving late must
+	// not add them back. A process never joins again after it left; a new
+	// process at the same URL has a new incarnation.
+	left map[string]uint64
 	joined     bool
 	leaving    bool
 	rings      []*ringView // newest first; never empty
@@ -150,11 +156,14 @@ func (s *Store) noteSender(from string, inc uint64, member bool) {
 	defer s.mu.Unlock()
 	cur, known := s.m.members[from]
 	switch {
+	case member && s.m.left[from] == inc:
+		return // sent before it left, arriving late
 	case member && (!known || cur != inc):
 		s.m.members[from] = inc
 		delete(s.m.down, from)
-	case !member && known:
+	case !member && known && cur == inc:
 		delete(s.m.members, from)
+		s.m.left[from] = inc
 	default:
 		return
 	}
@@ -199,16 +208,7 @@ func (s *Store) peerDown(peer string, err error) bool {
 		!errors.Is(ou.Err, syscall.EPIPE) {
 		return false
 	}
-	u, perr := url.Parse(peer)
-	if perr != nil {
-		return false
-	}
-	c, derr := s.dialer.DialContext(context.Background(), "tcp", u.Host)
-	if derr != nil {
-		return refused(derr)
-	}
-	c.Close()
-	return false
+	return s.refusesConnections(peer)
 }
 
 // send is call with this replica's identity filled in; it learns the
@@ -309,6 +309,9 @@ func (s *Store) announce(ctx context.Context, peers []string, member bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, a := range got {
+		if s.m.left[a.peer] == a.inc {
+			continue
+		}
 		s.m.members[a.peer] = a.inc
 		delete(s.m.down, a.peer)
 	}
@@ -377,6 +380,62 @@ func (s *Store) Leave(ctx context.Context) error {
 		}
 		s.sleep(ctx, resyncRetry)
 	}
+}
+
+// heartbeatEvery is how often a replica checks its members and
+// candidates (heartbeat).
+const heartbeatEvery = 2 * time.Second
+
+// heartbeat finds members that died before any request did (a fresh TCP
+// connection refused: down, so their sessions' backups take them and get
+// a backup again) and heals missed joins (a candidate that is not a
+// member is greeted; it answers whether it is one, and adds this replica
+// if it is one). It costs a connect per member and a hello per missing
+// candidate every heartbeatEvery; nothing when all is well.
+func (s *Store) heartbeat() {
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.bgCtx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.RLock()
+		var members, missing []string
+		for p := range s.m.members {
+			members = append(members, p)
+		}
+		for _, p := range s.m.candidates {
+			if _, ok := s.m.members[p]; !ok {
+				missing = append(missing, p)
+			}
+		}
+		joined := s.m.joined && !s.m.leaving
+		s.mu.RUnlock()
+		for _, p := range members {
+			if s.refusesConnections(p) {
+				s.markDown(p)
+			}
+		}
+		if joined && len(missing) > 0 {
+			s.announce(s.bgCtx, missing, true)
+		}
+	}
+}
+
+// refusesConnections says whether a fresh connection to peer is refused.
+func (s *Store) refusesConnections(peer string) bool {
+	u, err := url.Parse(peer)
+	if err != nil {
+		return false
+	}
+	c, err := s.dialer.DialContext(s.bgCtx, "tcp", u.Host)
+	if err != nil {
+		return refused(err)
+	}
+	c.Close()
+	return false
 }
 
 // OwnerOf returns the owner of session id in a ring of these members, as

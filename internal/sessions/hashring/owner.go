@@ -25,8 +25,10 @@ import (
 // owner dies.
 
 // maxHops bounds forwarding: a request is forwarded at most this many
-// times (rings that briefly disagree), then answered ErrUnavailable.
-const maxHops = 2
+// times (rings that briefly disagree while replicas join or leave: each
+// hop goes to a replica that heard of a newer change), then answered
+// ErrUnavailable.
+const maxHops = 3
 
 // resyncRetry is the pause before pushing again what a resync could not.
 const resyncRetry = time.Second
@@ -395,6 +397,19 @@ func (s *Store) resync(ctx context.Context) (left int) {
 		}
 	}
 	s.synced = v
+	// Copies this replica now owns by the ring (their owner died or left
+	// without handing over): take them now, not at their next request, so
+	// that they get a backup again.
+	for _, id := range s.local.Copies() {
+		if ctx.Err() != nil {
+			break
+		}
+		if v.owner(id) == s.self {
+			if err := s.take(ctx, id); err != nil && !errors.Is(err, sessions.ErrNotFound) {
+				left++
+			}
+		}
+	}
 	for peer, ids := range handover {
 		for len(ids) > 0 && ctx.Err() == nil {
 			n := min(len(ids), resyncBatch)

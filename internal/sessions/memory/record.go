@@ -99,13 +99,18 @@ func (s *Store) Remove(id string) {
 }
 
 // Owned returns the IDs of the live sessions the store owns.
-func (s *Store) Owned() []string {
+func (s *Store) Owned() []string { return s.ids(false) }
+
+// Copies returns the IDs of the live backup copies the store holds.
+func (s *Store) Copies() []string { return s.ids(true) }
+
+func (s *Store) ids(copies bool) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	ids := make([]string, 0, len(s.sessions)-s.copies)
+	var ids []string
 	for id, e := range s.sessions {
-		if !e.copy && now.Before(e.s.ExpiresAt) {
+		if e.copy == copies && now.Before(e.s.ExpiresAt) {
 			ids = append(ids, id)
 		}
 	}
