@@ -80,10 +80,10 @@ type membership struct {
 	// (leaving): a message of theirs sent earlier and arriving late must
 	// not add them back. A process never joins again after it left; a new
 	// process at the same URL has a new incarnation.
-	left map[string]uint64
-	joined     bool
-	leaving    bool
-	rings      []*ringView // newest first; never empty
+	left    map[string]uint64
+	joined  bool
+	leaving bool
+	rings   []*ringView // newest first; never empty
 }
 
 // rebuildLocked recomputes the ring from the members and, if it changed,
@@ -147,8 +147,10 @@ func (s *Store) Ready() error {
 }
 
 // noteSender updates the membership from what a peer says of itself in a
-// request or an answer: a member is (re)added, a non-member removed.
-func (s *Store) noteSender(from string, inc uint64, member bool) {
+// request or an answer: a member is (re)added, one that left is taken out
+// for good (that incarnation). A message of a replica that has not joined
+// yet changes nothing: it may be a late one, sent before it joined.
+func (s *Store) noteSender(from string, inc uint64, member, left bool) {
 	if from == "" || from == s.self {
 		return
 	}
@@ -156,18 +158,36 @@ func (s *Store) noteSender(from string, inc uint64, member bool) {
 	defer s.mu.Unlock()
 	cur, known := s.m.members[from]
 	switch {
+	case left:
+		if s.m.left[from] == inc && !known {
+			return
+		}
+		s.m.left[from] = inc
+		if !known || cur != inc {
+			return
+		}
+		delete(s.m.members, from)
 	case member && s.m.left[from] == inc:
 		return // sent before it left, arriving late
 	case member && (!known || cur != inc):
 		s.m.members[from] = inc
 		delete(s.m.down, from)
-	case !member && known && cur == inc:
+	case known && cur != inc:
+		// Another process at the member's URL, not joined yet: the one
+		// that was the member is gone (its backups serve its sessions).
 		delete(s.m.members, from)
-		s.m.left[from] = inc
+		s.m.down[from] = cur
 	default:
 		return
 	}
 	s.rebuildLocked()
+}
+
+// status says what this replica tells peers of itself.
+func (s *Store) status() (member, left bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.m.joined && !s.m.leaving, s.m.leaving
 }
 
 // markDown takes a member that refused a connection out of the ring.
@@ -215,12 +235,14 @@ func (s *Store) peerDown(peer string, err error) bool {
 // answering replica's membership from the answer.
 func (s *Store) send(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
 	req.From, req.Inc = s.self, s.inc
+	member, left := s.status()
 	if req.Op != opJoin {
-		req.Member = s.isMember()
+		req.Member = member
 	}
+	req.Left = left
 	resp, err := s.call(ctx, peer, req)
 	if err == nil && req.Op != opJoin {
-		s.noteSender(peer, resp.Inc, resp.Member)
+		s.noteSender(peer, resp.Inc, resp.Member, resp.Left)
 	}
 	return resp, err
 }

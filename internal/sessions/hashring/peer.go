@@ -130,7 +130,7 @@ var errBadOp = errors.New("malformed peer request")
 // names it owner, else forwarded (at most maxHops times, so requests
 // never bounce between replicas whose rings briefly disagree).
 func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, error) {
-	s.noteSender(req.From, req.Inc, req.Member)
+	s.noteSender(req.From, req.Inc, req.Member, req.Left)
 	var (
 		resp *peerResponse
 		err  error
@@ -170,7 +170,8 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 	if resp == nil {
 		resp = &peerResponse{}
 	}
-	resp.Member, resp.Inc = s.isMember(), s.inc
+	resp.Member, resp.Left = s.status()
+	resp.Inc = s.inc
 	if err != nil {
 		resp.Err = errorCode(err)
 		var soon *sessions.TooSoonError

@@ -259,7 +259,7 @@ func TestOwnerHangs(t *testing.T) {
 	hung := hungPeer(t)
 	r := startReplica(t, sessions.DefaultLimits, time.Now, Options{PeerTimeout: 200 * time.Millisecond})
 	r.SetPeers([]string{hung})
-	r.noteSender(hung, 1, true) // as if it had joined, then hung
+	r.noteSender(hung, 1, true, false) // as if it had joined, then hung
 	id := ""
 	for i := 0; ; i++ {
 		if id = fmt.Sprintf("h%d", i); r.Owner(id) == hung {
@@ -467,6 +467,21 @@ func TestNonceOnceAcrossJoinAndLeave(t *testing.T) {
 		// moment each refuse what the other already holds).
 		t.Logf("round %d: %d of %d nonces accepted once while the ring changed, none twice", round, once, len(ids))
 	}
+	// Once the ring settled, each session has one owner.
+	await.True(t, "every session is owned by exactly one replica", func() bool {
+		for _, id := range ids {
+			n := 0
+			for _, r := range all {
+				if o, _ := r.Local().Holds(id); o {
+					n++
+				}
+			}
+			if n != 1 {
+				return false
+			}
+		}
+		return true
+	})
 	// Nothing was lost: every session still answers, and both nonces are
 	// used (whoever accepted them).
 	for _, id := range ids {
@@ -598,7 +613,7 @@ func TestPeerAPIRefuses(t *testing.T) {
 	// A replica with another key cannot reach this one's sessions.
 	intruder := startReplica(t, sessions.DefaultLimits, time.Now, Options{Key: bytes.Repeat([]byte("x"), 32)})
 	intruder.SetPeers([]string{r.url})
-	intruder.noteSender(r.url, 1, true)
+	intruder.noteSender(r.url, 1, true, false)
 	planted := ownedBy(t, []*replica{intruder}, r, "planted")
 	if err := intruder.Create(ctx, testSession(planted, time.Now())); err == nil {
 		t.Fatal("a replica with another key planted a session")

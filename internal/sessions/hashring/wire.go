@@ -43,12 +43,14 @@ type peerRequest struct {
 	Response []byte       `json:"b,omitempty"`
 	Session  *wireSession `json:"s,omitempty"`
 
-	// From, Inc and Member say who sends: its peer URL, its incarnation
-	// (random per process, so a restarted replica at the same URL is told
-	// apart) and whether it is a member of the ring (joined, not leaving).
+	// From, Inc, Member and Left say who sends: its peer URL, its
+	// incarnation (random per process, so a restarted replica at the same
+	// URL is told apart), whether it is a member of the ring (joined, not
+	// leaving) and whether it left (neither: not joined yet).
 	From   string `json:"f,omitempty"`
 	Inc    uint64 `json:"inc,omitempty"`
 	Member bool   `json:"m,omitempty"`
+	Left   bool   `json:"l,omitempty"`
 	// Hop counts how often the request was forwarded: a replica forwards
 	// at most maxHops times, so rings that briefly disagree never make a
 	// request bounce.
@@ -81,8 +83,10 @@ type peerResponse struct {
 	Session    *wireSession `json:"s,omitempty"`
 	Static     []byte       `json:"st,omitempty"`
 
-	// Member and Inc: the answering replica's membership, as in requests.
+	// Member, Left and Inc: the answering replica's membership, as in
+	// requests.
 	Member bool   `json:"m,omitempty"`
+	Left   bool   `json:"l,omitempty"`
 	Inc    uint64 `json:"inc,omitempty"`
 	// Record and Owned answer a transfer: what the replica held, and
 	// whether it held it as owner (then it holds it as a copy now).
