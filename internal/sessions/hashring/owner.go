@@ -33,8 +33,18 @@ const maxHops = 3
 // resyncRetry is the pause before pushing again what a resync could not.
 const resyncRetry = time.Second
 
-// resyncBatch is how many records go in one handover or replicate call.
+// resyncBatch is how many records go in one handover or replicate call at
+// most; a batch is also cut before it could exceed half the largest peer
+// message (wireSize), as responses may be large.
 const resyncBatch = 64
+
+// wireSize estimates a record's size in a peer message: the response in
+// base64, each nonce hash in decimal, and the rest of the session.
+func wireSize(rec memory.Record) int {
+	s := rec.Session
+	return len(s.Response)*4/3 + len(rec.Nonces)*21 + len(s.ID) + len(s.ClusterID) + len(s.Secret) +
+		len(s.CallbackURL) + len(s.CallbackSessionID) + len(s.DenyReason) + 256
+}
 
 // route runs a session operation where the session's token is: here if
 // held, else at the owner the ring names (taking it first when that is
@@ -412,20 +422,26 @@ func (s *Store) resync(ctx context.Context) (left int) {
 	}
 	for peer, ids := range handover {
 		for len(ids) > 0 && ctx.Err() == nil {
-			n := min(len(ids), resyncBatch)
-			left += s.handover(ctx, peer, ids[:n])
+			n, kept := s.handover(ctx, peer, ids)
+			left += kept
 			ids = ids[n:]
 		}
 		left += len(ids)
 	}
 	for peer, ids := range copies {
 		for len(ids) > 0 && ctx.Err() == nil {
-			n := min(len(ids), resyncBatch)
 			var recs []wireRecord
-			for _, id := range ids[:n] {
-				if rec, owned, ok := s.local.Export(id); ok && owned {
-					recs = append(recs, toWireRecord(rec))
+			budget := int(s.maxPeerMessage() / 2)
+			n := 0
+			for ; n < len(ids) && len(recs) < resyncBatch; n++ {
+				rec, owned, ok := s.local.Export(ids[n])
+				if !ok || !owned {
+					continue
 				}
+				if budget -= wireSize(rec); budget < 0 && len(recs) > 0 {
+					break
+				}
+				recs = append(recs, toWireRecord(rec))
 			}
 			ids = ids[n:]
 			if len(recs) == 0 {
@@ -442,21 +458,29 @@ func (s *Store) resync(ctx context.Context) (left int) {
 	return left
 }
 
-// handover moves the tokens of ids to peer; those it does not take stay
-// owned here, and their count is returned.
-func (s *Store) handover(ctx context.Context, peer string, ids []string) int {
+// handover moves the tokens of the first of ids that fit in one message
+// to peer. It returns how many of ids it went through, and how many of
+// those it could not hand over (they stay owned here).
+func (s *Store) handover(ctx context.Context, peer string, ids []string) (n, kept int) {
 	var (
 		recs  []wireRecord
 		moved []string
 	)
-	for _, id := range ids {
-		if rec, wasOwned, ok := s.local.Demote(id); ok && wasOwned {
+	budget := int(s.maxPeerMessage() / 2)
+	for ; n < len(ids) && len(recs) < resyncBatch; n++ {
+		// Size from a look first: a demoted record must go in this batch.
+		if rec, owned, ok := s.local.Export(ids[n]); ok && owned {
+			if budget -= wireSize(rec); budget < 0 && len(recs) > 0 {
+				break
+			}
+		}
+		if rec, wasOwned, ok := s.local.Demote(ids[n]); ok && wasOwned {
 			recs = append(recs, toWireRecord(rec))
-			moved = append(moved, id)
+			moved = append(moved, ids[n])
 		}
 	}
 	if len(recs) == 0 {
-		return 0
+		return n, 0
 	}
 	resp, err := s.send(ctx, peer, &peerRequest{Op: opHandover, Records: recs})
 	if err != nil || len(resp.Errs) != len(recs) {
@@ -467,15 +491,14 @@ func (s *Store) handover(ctx context.Context, peer string, ids []string) int {
 		for _, id := range moved {
 			s.local.Promote(id)
 		}
-		return len(moved)
+		return n, len(moved)
 	}
-	left := 0
 	for i, code := range resp.Errs {
 		if code != "" {
 			s.log.Warn("session not handed over; kept", "peer", peer, "error", code)
 			s.local.Promote(moved[i])
-			left++
+			kept++
 		}
 	}
-	return left
+	return n, kept
 }

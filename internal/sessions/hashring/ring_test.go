@@ -678,3 +678,35 @@ func TestRecoversBackupAfterCrash(t *testing.T) {
 		t.Fatalf("after two crashes one after the other: %v", err)
 	}
 }
+
+// TestLeaveHandsOverLargeResponses: completed sessions with responses near
+// the size limit are handed over too: batches are cut to fit a peer
+// message.
+func TestLeaveHandsOverLargeResponses(t *testing.T) {
+	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
+	big := bytes.Repeat([]byte("x"), sessions.DefaultLimits.MaxResponseBytes-10)
+	var ids []string
+	for i := 0; len(ids) < 6; i++ {
+		id := fmt.Sprint("big-", i)
+		if rs[0].Owner(id) != rs[0].url {
+			continue
+		}
+		if err := rs[1].Create(ctx, testSession(id, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if err := rs[1].Complete(ctx, id, big); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rs[0].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs[0].stop()
+	for _, id := range ids {
+		got, err := rs[1].RecordPoll(ctx, id, "n", 0)
+		if err != nil || !bytes.Equal(got.Response, big) {
+			t.Fatalf("large response after the handover: %v, %d bytes", err, len(got.Response))
+		}
+	}
+}
