@@ -134,6 +134,12 @@ func FuzzServePeer(f *testing.F) {
 		`{"op":"create","s":{"id":"fresh","c":"c","k":"k","ca":1,"ea":4102444800000000000,"st":7}}`,
 		`{"op":"create","s":{"id":"","ea":-1}}`, `{"op":"create"}`, `{"op":"explode"}`, `{"op":"get","id":"known-session","t":"x"}`,
 		`[]`, `null`, ``, `{"op":"get","id":"known-session","s":{"id":1}}`,
+		`{"op":"join","f":"http://127.0.0.1:1","inc":5,"m":true}`, `{"op":"join","f":"http://127.0.0.1:1","inc":5}`,
+		`{"op":"leave","f":"http://127.0.0.1:1","inc":5,"l":true}`, `{"op":"transfer","id":"known-session"}`,
+		`{"op":"transfer","id":"nobody"}`, `{"op":"dropcopy","id":"known-session"}`,
+		`{"op":"replicate","rs":[{"s":{"id":"known-session","c":"x"},"n":[1,2]},{"s":null},{"p":true,"s":{"id":"nobody","ea":4102444800000000000}}]}`,
+		`{"op":"handover","rs":[{"s":{"id":"moved","c":"c","k":"k","ca":1,"ea":4102444800000000000,"st":1,"r":"e30="},"n":[18446744073709551615,0]}]}`,
+		`{"op":"get","id":"known-session","h":99}`, `{"op":"poll","id":"known-session","n":"n4","h":-1}`,
 	} {
 		f.Add([]byte(s), true)
 	}
@@ -147,8 +153,13 @@ func FuzzServePeer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, plain []byte, fresh bool) {
 		// A long-lived session for the operations to find, made again
 		// when an earlier input completed, denied or deleted it.
+		// Fuzzed joins and leaves must not carry over: alone again.
+		r.mu.Lock()
+		r.m.members, r.m.down, r.m.left = map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
+		r.rebuildLocked()
+		r.mu.Unlock()
 		if s, err := r.local.Get(ctx, peerSessionID); err != nil || s.State != sessions.StatePending {
-			r.local.Delete(ctx, peerSessionID)
+			r.local.Remove(peerSessionID) // a transfer may have left a copy
 			if err := r.local.Create(ctx, testSession(peerSessionID, time.Now().Add(time.Hour))); err != nil {
 				t.Fatal(err)
 			}
@@ -160,7 +171,7 @@ func FuzzServePeer(f *testing.F) {
 		}
 		var req peerRequest
 		if json.Unmarshal(plain, &req) == nil && req.Op == opCreate && req.Session != nil && req.Session.ID != peerSessionID {
-			defer r.local.Delete(ctx, req.Session.ID)
+			defer r.local.Remove(req.Session.ID)
 		}
 		body := r.sealer.seal(plain, aadRequest)
 		post := func() *httptest.ResponseRecorder {
@@ -185,6 +196,14 @@ func FuzzServePeer(f *testing.F) {
 			}
 			if _, known := wireErrors[resp.Err]; resp.Err != "" && !known {
 				t.Fatalf("plaintext %q: owner error %q", plain, resp.Err)
+			}
+			for _, code := range resp.Errs {
+				if _, known := wireErrors[code]; code != "" && !known {
+					t.Fatalf("plaintext %q: record error %q", plain, code)
+				}
+			}
+			if (req.Op == opReplicate || req.Op == opHandover) && len(resp.Errs) != len(req.Records) {
+				t.Fatalf("plaintext %q: %d record answers for %d records", plain, len(resp.Errs), len(req.Records))
 			}
 			if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll) && resp.Session == nil {
 				t.Fatalf("plaintext %q: %s answered without a session", plain, req.Op)

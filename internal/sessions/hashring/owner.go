@@ -349,7 +349,7 @@ func (s *Store) serveRecords(req *peerRequest, owned bool) *peerResponse {
 	for i, w := range req.Records {
 		rec, ok := fromWireRecord(w)
 		if !ok {
-			resp.Errs[i] = "internal"
+			resp.Errs[i] = errorCode(errBadOp)
 			continue
 		}
 		if err := s.local.Import(rec, owned); err != nil {

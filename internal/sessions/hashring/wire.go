@@ -195,6 +195,7 @@ var wireErrors = map[string]error{
 	"too_large":       sessions.ErrTooLarge,
 	"unavailable":     sessions.ErrUnavailable,
 	"mismatch":        memory.ErrStaticMismatch,
+	"malformed":       errBadOp,
 }
 
 func errorCode(err error) string {
