@@ -297,9 +297,13 @@ func FuzzPeerResponse(f *testing.F) {
 			return // net/http refuses to write such a status line
 		}
 		peer.set(plain, status, wrongNonce)
-		// The scripted owner is a member (an answer with "l" takes it out
-		// of the ring, as a leaving replica's would).
-		st.noteSender("http://owner:1", 1, true, false)
+		// The scripted owner is a member, whatever earlier answers said
+		// of it ("l" takes it out of the ring, as a leaving replica's
+		// answer would).
+		st.mu.Lock()
+		st.m.members, st.m.down, st.m.left = map[string]uint64{"http://owner:1": 1}, map[string]uint64{}, map[string]uint64{}
+		st.rebuildLocked()
+		st.mu.Unlock()
 		// A new ID each time, owned by the other replica: groupcache
 		// keeps static parts it fetched.
 		var id string

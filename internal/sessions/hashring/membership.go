@@ -151,8 +151,8 @@ func (s *Store) Ready() error {
 // for good (that incarnation). A message of a replica that has not joined
 // yet changes nothing: it may be a late one, sent before it joined.
 func (s *Store) noteSender(from string, inc uint64, member, left bool) {
-	if from == "" || from == s.self {
-		return
+	if from == "" || from == s.self || inc == 0 {
+		return // says nothing of who it is
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
