@@ -30,9 +30,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/web"
 )

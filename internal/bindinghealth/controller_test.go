@@ -18,9 +18,9 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindinghealth"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/issued"
 )
 

@@ -27,9 +27,9 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/cleanup"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/issued"
 )
 
@@ -73,7 +73,7 @@ func setup(t *testing.T) *env {
 	if prepareErr != nil {
 		t.Fatalf("preparing the control plane: %v", prepareErr)
 	}
-	e := &env{admin: admin, backend: cp.ConfigForUser(backendUser)}
+	e := &env{admin: admin, backend: controlplane.ConfigForUser(t, cp, backendUser)}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	cat, err := binding.NewCatalog(e.backend, binding.ScopeNamespaced)

@@ -25,8 +25,8 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/credentials"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 )
 

@@ -20,9 +20,9 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/issued"
 )
 
@@ -84,7 +84,7 @@ func setup(t *testing.T) *env {
 		kube:    kubernetes.NewForConfigOrDie(admin),
 		dyn:     dynamic.NewForConfigOrDie(admin),
 		crds:    apiextensionsclient.NewForConfigOrDie(admin),
-		backend: cp.ConfigForUser(backendUser),
+		backend: controlplane.ConfigForUser(t, cp, backendUser),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cat, err := binding.NewCatalog(e.backend, binding.ScopeNamespaced)

@@ -20,8 +20,9 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
@@ -350,7 +351,7 @@ func testRequestFailed(t *testing.T, e *env) {
 // An unreachable consumer cluster is reported before any browser step.
 func testUnreachable(t *testing.T, e *env) {
 	dir := t.TempDir()
-	kc := e.consumer.WriteKubeconfig(t, e.consumer.ConfigForToken("x"))
+	kc := controlplane.WriteKubeconfig(t, e.consumer.ConfigForToken("x"))
 	data := strings.Replace(readFile(t, kc), e.consumer.Host(), "https://127.0.0.1:1", 1)
 	writeFileT(t, kc, data)
 	c := runCLI(t, dir, cliBinary, []string{"--kubeconfig", kc, e.exportURL})

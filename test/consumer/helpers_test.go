@@ -21,6 +21,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/consumer"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
@@ -194,7 +195,7 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector 
 	if err != nil {
 		t.Fatalf("%v; command running: %v\n%s", err, c.running(), c.stderr.String())
 	}
-	kc := e.consumer.WriteKubeconfig(t, e.consumer.ConfigForToken(token))
+	kc := controlplane.WriteKubeconfig(t, e.consumer.ConfigForToken(token))
 	return konnector.Start(t, konnector.Options{
 		Kubeconfig: kc,
 		Servers:    []string{e.provider.Host()},
