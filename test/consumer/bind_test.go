@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -144,7 +143,7 @@ func testPollFlow(t *testing.T, e *env) *bound {
 	})
 
 	// A MangoDB made in the consumer cluster appears on the provider.
-	mango := schema.GroupVersionResource{Group: exampleapis.MangoDB.Group, Version: "v1alpha1", Resource: exampleapis.MangoDB.Plural}
+	mango := exampleapis.MangoDB.GVR()
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": exampleapis.MangoDB.Group + "/v1alpha1", "kind": exampleapis.MangoDB.Kind,
 		"metadata": map[string]any{"name": "db1", "namespace": "default"},

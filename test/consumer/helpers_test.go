@@ -16,10 +16,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
@@ -210,8 +210,8 @@ func ptr[T any](v T) *T { return &v }
 var (
 	bindingGVR = consumer.BindingGVR
 	requestGVR = consumer.RequestGVR
-	bindingNS  = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
-	clusterGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
+	bindingNS  = kbresources.APIServiceNamespaces
+	clusterGVR = kbresources.ClusterBindings
 )
 
 // kubeconfigSecrets lists the Secrets in kube-bind that hold a kubeconfig.

@@ -14,6 +14,7 @@ import (
 	apiextensionsv1client "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset/typed/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 
@@ -28,8 +29,19 @@ type API struct {
 	Exported bool
 }
 
+// Version is the one version every example API serves.
+const Version = "v1alpha1"
+
 // Name is the CRD's name, <plural>.<group>.
 func (a API) Name() string { return a.Plural + "." + a.Group }
+
+// GVR is the resource of a, for dynamic clients.
+func (a API) GVR() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: a.Group, Version: Version, Resource: a.Plural}
+}
+
+// Resource is a as the catalog and the provisioner name it.
+func (a API) Resource() binding.Resource { return binding.Resource{Group: a.Group, Resource: a.Plural} }
 
 // Examples used across tests and the demo.
 var (
@@ -56,7 +68,7 @@ func CRD(a API) *apiextensionsv1.CustomResourceDefinition {
 			},
 			Scope: apiextensionsv1.NamespaceScoped,
 			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
-				Name: "v1alpha1", Served: true, Storage: true,
+				Name: Version, Served: true, Storage: true,
 				Subresources: &apiextensionsv1.CustomResourceSubresources{
 					Status: &apiextensionsv1.CustomResourceSubresourceStatus{},
 				},
