@@ -74,6 +74,11 @@ type Store struct {
 	group   *groupcache.Group
 	name    string
 
+	// waitClient carries held wait requests (wait.go); peerTimeout bounds
+	// the one follow-up call of a cancelled wait.
+	waitClient  *http.Client
+	peerTimeout time.Duration
+
 	mu    sync.RWMutex
 	ring  *consistenthash.Map
 	peers []string
@@ -150,6 +155,9 @@ func New(opts Options) (*Store, error) {
 		client:  &http.Client{Transport: opts.Transport, Timeout: opts.PeerTimeout},
 		log:     opts.Logger,
 		name:    "kube-bind-sessions-" + hex.EncodeToString(suffix[:]),
+
+		waitClient:  newWaitClient(opts.Transport, opts.PeerTimeout),
+		peerTimeout: opts.PeerTimeout,
 	}
 	s.limits = s.local.Limits()
 	s.SetPeers(nil)
