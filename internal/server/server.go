@@ -31,6 +31,7 @@ import (
 	"github.com/kbprovider/backend/internal/connlimit"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/servingcert"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/hashring"
@@ -66,6 +67,8 @@ type Server struct {
 
 	// shuttingDown fails readiness as soon as shutdown begins.
 	shuttingDown *health.Status
+	// longPoll holds long polls; released when shutdown begins (nil: off).
+	longPoll *longpoll.Holder
 
 	restConfig *rest.Config
 }
@@ -138,6 +141,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	readiness = append(readiness, b.checks...)
+	s.longPoll = longpoll.New(cfg.LongPoll)
 	handler, err := httpapi.New(httpapi.Config{
 		ExternalURL:  ext,
 		PrettyName:   cfg.PrettyName,
@@ -150,6 +154,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Browser:      b.handler,
 		OnDelivered:  b.onDelivered,
 		ClusterKey:   key,
+		LongPoll:     s.longPoll,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the HTTP handler: %w", err)
@@ -212,7 +217,8 @@ func (s *Server) servingTLS() (*tls.Config, error) {
 //  1. stop accepting: readiness fails; for the hashring, this replica
 //     leaves the ring and hands every session it owns to its new owner
 //     (Store.Leave), while both servers still answer (requests for a
-//     session in transit are forwarded); then the public listener closes;
+//     session in transit are forwarded); held long polls are answered
+//     (pending) and no new ones are held, and the public listener closes;
 //  2. drain: in-flight requests finish, for up to ShutdownTimeout (which
 //     also bounds the handover);
 //  3. stop the peer API (after its in-flight requests, within the same
@@ -283,6 +289,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	// 1 and 2.
 	s.shuttingDown.Set(errors.New("shutting down"))
+	s.longPoll.Release()
 	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.cfg.ShutdownTimeout.String())
 	drain, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()

@@ -140,6 +140,7 @@ func FuzzServePeer(f *testing.F) {
 		`{"op":"replicate","rs":[{"s":{"id":"known-session","c":"x"},"n":[1,2]},{"s":null},{"p":true,"s":{"id":"nobody","ea":4102444800000000000}}]}`,
 		`{"op":"handover","rs":[{"s":{"id":"moved","c":"c","k":"k","ca":1,"ea":4102444800000000000,"st":1,"r":"e30="},"n":[18446744073709551615,0]}]}`,
 		`{"op":"get","id":"known-session","h":99}`, `{"op":"poll","id":"known-session","n":"n4","h":-1}`,
+		`{"op":"wait","id":"known-session","i":1000000}`, `{"op":"wait","id":"nobody","i":-1}`,
 	} {
 		f.Add([]byte(s), true)
 	}
@@ -205,7 +206,7 @@ func FuzzServePeer(f *testing.F) {
 			if (req.Op == opReplicate || req.Op == opHandover) && len(resp.Errs) != len(req.Records) {
 				t.Fatalf("plaintext %q: %d record answers for %d records", plain, len(resp.Errs), len(req.Records))
 			}
-			if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll) && resp.Session == nil {
+			if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll || req.Op == opWait) && resp.Session == nil {
 				t.Fatalf("plaintext %q: %s answered without a session", plain, req.Op)
 			}
 			if req.Op == opState && resp.Session != nil && (resp.Session.Secret != "" || resp.Session.ClusterID != "" || len(resp.Session.StaticDigest) == 0) {

@@ -102,6 +102,11 @@ type Store struct {
 
 	takes        singleflight.Group
 	replFailures atomic.Uint64
+
+	// waitClient carries held wait requests (wait.go); peerTimeout bounds
+	// the one follow-up call of a cancelled wait.
+	waitClient  *http.Client
+	peerTimeout time.Duration
 }
 
 var _ sessions.Store = (*Store)(nil)
@@ -182,6 +187,9 @@ func New(opts Options) (*Store, error) {
 		m:       membership{members: map[string]uint64{}, down: map[string]uint64{}, left: map[string]uint64{}},
 
 		ringChanged: make(chan struct{}, 1),
+
+		waitClient:  newWaitClient(opts.Transport, opts.PeerTimeout),
+		peerTimeout: opts.PeerTimeout,
 	}
 	s.limits = s.local.Limits()
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())

@@ -164,6 +164,8 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 	case opDropCopy:
 		s.local.Remove(req.ID)
 		resp = &peerResponse{}
+	case opWait:
+		resp = s.serveWait(ctx, req)
 	default:
 		return nil, errBadOp
 	}

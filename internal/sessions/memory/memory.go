@@ -57,6 +57,20 @@ type entry struct {
 	// owner): the sessions.Store methods treat it as not theirs to serve
 	// (ErrNotOwned) until Import or Promote makes it owned.
 	copy bool
+	// done is closed when the session leaves the pending state or is
+	// deleted, waking every Wait on it. It is made by the first Wait only:
+	// most sessions are never waited for.
+	done chan struct{}
+}
+
+// wake wakes the session's waiters. Call it (with the store's lock held)
+// on every change that ends pending: Complete, Deny, Delete, and a merge
+// that brings a final state.
+func (e *entry) wake() {
+	if e.done != nil {
+		close(e.done)
+		e.done = nil
+	}
 }
 
 // ErrNotOwned says the store holds the session only as a backup copy
@@ -304,11 +318,58 @@ func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time
 		return sessions.Session{}, err
 	}
 	e.s.LastPollAt = now
+	s.deliverLocked(e, now)
+	return e.s, nil
+}
+
+// deliverLocked marks a completed session delivered the first time it is
+// handed out (by a poll or a Wait): its response stays for the grace
+// period from now.
+func (s *Store) deliverLocked(e *entry, now time.Time) {
 	if e.s.State == sessions.StateCompleted && e.s.DeliveredAt.IsZero() {
 		e.s.DeliveredAt = now
 		e.s.ExpiresAt = now.Add(s.limits.Grace)
 		s.noteExpiry(e.s.ExpiresAt)
 	}
+}
+
+// Wait waits on the session's done channel. The entry is looked up again
+// after waking: a session deleted and created again under the same ID is
+// another session, so its waiters get ErrNotFound.
+func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
+	s.mu.Lock()
+	now := s.now()
+	e, err := s.live(id, now)
+	if err != nil {
+		s.mu.Unlock()
+		return sessions.Session{}, err
+	}
+	if e.s.State != sessions.StatePending {
+		s.deliverLocked(e, now)
+		sess := e.s
+		s.mu.Unlock()
+		return sess, nil
+	}
+	if e.done == nil {
+		e.done = make(chan struct{})
+	}
+	done := e.done
+	s.mu.Unlock()
+
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now = s.now()
+	if cur, err := s.live(id, now); err != nil {
+		return sessions.Session{}, err
+	} else if cur != e {
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	s.deliverLocked(e, now)
 	return e.s, nil
 }
 
@@ -333,6 +394,7 @@ func (s *Store) Complete(_ context.Context, id string, response []byte) error {
 	if min := now.Add(s.limits.Grace); e.s.ExpiresAt.Before(min) {
 		e.s.ExpiresAt = min
 	}
+	e.wake()
 	return nil
 }
 
@@ -348,6 +410,7 @@ func (s *Store) Deny(_ context.Context, id, reason string) error {
 	}
 	e.s.State = sessions.StateDenied
 	e.s.DenyReason = reason
+	e.wake()
 	return nil
 }
 
@@ -360,6 +423,7 @@ func (s *Store) Delete(_ context.Context, id string) error {
 		if e.copy {
 			return ErrNotOwned
 		}
+		e.wake()
 		s.dropLocked(id, e)
 	}
 	return nil

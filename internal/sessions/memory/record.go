@@ -69,6 +69,9 @@ func (s *Store) Demote(id string) (rec Record, wasOwned, ok bool) {
 	if wasOwned {
 		e.copy = true
 		s.copies++
+		// Waiters here are released (Wait answers ErrNotOwned): they
+		// wait again where the session went.
+		e.wake()
 	}
 	return e.record(), wasOwned, true
 }
@@ -94,6 +97,7 @@ func (s *Store) Remove(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.sessions[id]; e != nil {
+		e.wake()
 		s.dropLocked(id, e)
 	}
 }
@@ -169,7 +173,11 @@ func (s *Store) Import(rec Record, owned bool) error {
 			}
 		}
 	}
+	wasPending := e.s.State == sessions.StatePending
 	mergeInto(&e.s, rec.Session, s.limits.Grace)
+	if wasPending && e.s.State != sessions.StatePending {
+		e.wake()
+	}
 	mergeNonces(&e.nonces, rec.Nonces, s.limits.MaxNoncesPerSession)
 	if owned && e.copy {
 		e.copy = false
