@@ -27,6 +27,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
@@ -46,6 +47,7 @@ const (
 	perOwnerCompleted   = 5 // bound before the restart, first fetched after it
 	perOwnerFetched     = 5 // bound and fetched before, fetched again throughout
 	perOwnerFresh       = 5 // created before, never polled until after the restart
+	perOwnerChromium    = 1 // logged in with chromium just before its owner's SIGTERM, Bind clicked during the handover
 	perOwnerKillEach    = 4 // for the crash: logged in, completed, fetched (made after the restart), and fresh ones
 	rollingGracePeriod  = 10 * time.Minute
 	rollingSessionTTL   = 15 * time.Minute
@@ -62,6 +64,7 @@ const (
 	roleCompleted   role = "completed, not fetched"
 	roleFetched     role = "fetched within grace"
 	roleFresh       role = "fresh"
+	roleChromium    role = "bound in chromium during its owner's handover"
 	roleKillLogged  role = "crash: logged in"
 	roleKillDone    role = "crash: completed, not fetched"
 	roleKillFetched role = "crash: fetched within grace"
@@ -349,7 +352,10 @@ func (rig *rollingRig) pollLoop(w int, stop <-chan struct{}) {
 				return
 			default:
 			}
-			ts.mu.Lock()
+			// A session in a browser step is polled in a later round.
+			if !ts.mu.TryLock() {
+				continue
+			}
 			if ts.held || ts.gone {
 				ts.mu.Unlock()
 				continue
@@ -363,7 +369,9 @@ func (rig *rollingRig) pollLoop(w int, stop <-chan struct{}) {
 					return
 				case <-time.After(wait):
 				}
-				ts.mu.Lock()
+				if !ts.mu.TryLock() {
+					continue
+				}
 			}
 			if !ts.held && !ts.gone {
 				rig.poll(ts, n%2 == 1)
@@ -485,6 +493,51 @@ func (rig *rollingRig) bind(ts *tracked) bool {
 	return false
 }
 
+// chromiumBind does the browser part of ts in chromium: the
+// authentication URL, the login at the identity provider, the selection
+// page; then before() (when not nil) and Bind. The page must say the bind
+// is complete. Called with ts.mu held, on the test's goroutine.
+func (rig *rollingRig) chromiumBind(b *chromium.Browser, ts *tracked, before func()) {
+	t := rig.t
+	t.Helper()
+	tl := rig.tally.Load()
+	if status := b.Open(ts.authURL(t)); status != http.StatusOK {
+		tl.bad(badUnexpected, "%s: authentication URL in chromium led to %d at %s: %s", ts.SessionID, status, b.URL(), b.Text("body"))
+		return
+	}
+	if b.Exists("#login") {
+		b.Fill("#login", alice.Name)
+		b.Fill("#password", alice.Password)
+		b.Submit("button[type=submit]")
+	}
+	if b.Exists("form[action$='/confirm'] button") {
+		b.ClickAndWait("form[action$='/confirm'] button")
+	}
+	if !strings.HasPrefix(b.URL(), rig.front.URL+"/bind") {
+		tl.bad(badUnexpected, "%s: after the login chromium is at %s: %s", ts.SessionID, b.URL(), b.Text("body"))
+		return
+	}
+	b.Click("input[value='" + exportedCRD + "']")
+	b.Click("#confirm")
+	if before != nil {
+		before()
+	}
+	tl.binds.Add(1)
+	status := b.ClickAndWait("button[value=bind]")
+	done := b.Text("main")
+	switch {
+	case status == http.StatusOK && strings.Contains(strings.ToLower(done), "terminal"):
+		ts.bound = true
+	case status >= 500:
+		tl.bad(bad5xx, "%s (owner %s) Bind in chromium: %d %s", ts.SessionID, ts.owner, status, done)
+	case status == http.StatusGone:
+		ts.gone = true
+		tl.bad(badLost, "%s (%s, owner %s) Bind in chromium: 410 %s", ts.SessionID, ts.role, ts.owner, done)
+	default:
+		tl.bad(badUnexpected, "%s (owner %s) Bind in chromium: %d %s", ts.SessionID, ts.owner, status, done)
+	}
+}
+
 // brief is the text of a page's first heading and paragraph, for reports.
 func brief(page []byte) string {
 	doc, err := html.Parse(strings.NewReader(string(page)))
@@ -535,11 +588,10 @@ func each(sessions []*tracked, workers int, fn func(*tracked)) {
 	wg.Wait()
 }
 
-// terminate sends SIGTERM and expects a clean exit within the chart's
+// awaitStopped expects a clean exit after SIGTERM within the chart's
 // grace period: handover, drain, "stopped", exit 0, peer API closed.
-func terminate(t *testing.T, r *replica) {
+func awaitStopped(t *testing.T, r *replica) {
 	t.Helper()
-	r.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-r.exited:
 	case <-time.After(60 * time.Second):
@@ -639,7 +691,7 @@ func TestRollingRestartAndCrash(t *testing.T) {
 		role role
 		n    int
 	}{{roleLoggedIn, perOwnerLoggedIn}, {roleFlowDuring, perOwnerFlowDuring}, {roleCompleted, perOwnerCompleted},
-		{roleFetched, perOwnerFetched}, {roleFresh, perOwnerFresh}}
+		{roleFetched, perOwnerFetched}, {roleFresh, perOwnerFresh}, {roleChromium, perOwnerChromium}}
 	withRole := map[role][]*tracked{}
 	for _, r := range reps {
 		owned := byOwner[r.name]
@@ -658,6 +710,10 @@ func TestRollingRestartAndCrash(t *testing.T) {
 		}
 		t.Logf("%s owns %d sessions", r.name, len(owned))
 	}
+
+	// The real browser, started now so its start is not part of the restart.
+	b := chromium.New(t)
+	b.AutoScreenshot = false // thousands of polls; a failure still gets its screenshot
 
 	// Before the restart: logged in; bound; bound and fetched; fresh ones
 	// are held back from the pollers.
@@ -743,17 +799,42 @@ func TestRollingRestartAndCrash(t *testing.T) {
 				rig.bind(ts)
 			})
 		})
+		// In chromium, a session of this replica reaches the selection page.
+		var inBrowser []*tracked
+		for _, ts := range withRole[roleChromium] {
+			if ts.owner == nameOf[old.peerURL] {
+				inBrowser = append(inBrowser, ts)
+			}
+		}
+		for i := 1; i < len(inBrowser); i++ {
+			ts := inBrowser[i]
+			ts.mu.Lock()
+			rig.chromiumBind(b, ts, nil)
+			ts.mu.Unlock()
+		}
 		rig.pool.remove(old)
 		rig.tr.CloseIdleConnections()
 		stopAt := time.Now()
-		terminate(t, old)
+		// SIGTERM, and the user presses Bind while the replica hands over.
+		if len(inBrowser) > 0 {
+			ts := inBrowser[0]
+			ts.mu.Lock()
+			rig.chromiumBind(b, ts, func() {
+				stopAt = time.Now()
+				old.cmd.Process.Signal(syscall.SIGTERM)
+			})
+			ts.mu.Unlock()
+		} else {
+			old.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		awaitStopped(t, old)
 		stopped := time.Since(stopAt)
 		next := &replica{name: old.name + "'", addr: old.addr, peerURL: old.peerURL, args: old.args}
 		next.start(t)
 		next.waitReady(t)
 		rig.pool.add(next)
 		reps[i] = next
-		t.Logf("%s: SIGTERM to exit %s, new process ready %s later", old.name, stopped.Round(time.Millisecond), (time.Since(stopAt) - stopped).Round(time.Millisecond))
+		t.Logf("%s: SIGTERM to exit %s (Bind in chromium meanwhile), new process ready %s later", old.name, stopped.Round(time.Millisecond), (time.Since(stopAt) - stopped).Round(time.Millisecond))
 	}
 	binders.Wait()
 	stable := time.Now()
