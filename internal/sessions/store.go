@@ -125,6 +125,12 @@ var (
 	ErrTooSoon       = errors.New("polled too soon")
 	ErrNotPending    = errors.New("session is not pending")
 	ErrTooLarge      = errors.New("binding response too large")
+	// ErrUnavailable: the session may exist but the part of the store
+	// holding it cannot answer now (a replica that is slow, restarting or
+	// handing its sessions over). Transient, unlike ErrNotFound: the
+	// caller should try again shortly (503 with Retry-After), not start
+	// over.
+	ErrUnavailable = errors.New("session store temporarily unavailable")
 )
 
 // TooSoonError is returned by RecordPoll for a poll within the interval.

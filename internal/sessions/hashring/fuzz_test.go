@@ -278,6 +278,9 @@ func FuzzPeerResponse(f *testing.F) {
 			return // net/http refuses to write such a status line
 		}
 		peer.set(plain, status, wrongNonce)
+		// The scripted owner is a member (an answer without "m" takes it
+		// out of the ring, as a leaving replica's would).
+		st.noteSender("http://owner:1", 1, true)
 		// A new ID each time, owned by the other replica: groupcache
 		// keeps static parts it fetched.
 		var id string

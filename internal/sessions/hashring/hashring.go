@@ -3,30 +3,37 @@
 // routing. docs/sessions-hashring.md explains the design.
 //
 // Each session has one owner replica, picked by groupcache's consistent
-// hash of its ID over the current peers. The owner keeps the session's
-// mutable state in a memory.Store (the only copy, so nonces, poll intervals
-// and transitions are atomic cluster-wide); other replicas forward every
-// operation to it over an authenticated, encrypted peer API. The part of a
-// session that never changes (ID, cluster ID, secret, creation time) is
-// also served through a groupcache Group, so replicas hot-cache it.
+// hash of its ID over the ring's members. The owner keeps the session's
+// mutable state in a memory.Store (so nonces, poll intervals and
+// transitions are atomic cluster-wide) and sends every change to one
+// backup replica, the one that would own the session if the owner were
+// gone, before it answers. Replicas join the ring when they start and
+// leave it, handing their sessions over, when they stop (membership.go);
+// a session moves with its nonces (owner.go). Other replicas forward
+// every operation to the owner over an authenticated, encrypted peer API.
+// The part of a session that never changes (ID, cluster ID, secret,
+// creation time) is also served through a groupcache Group, so replicas
+// hot-cache it.
 package hashring
 
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/golang/groupcache"
-	"github.com/golang/groupcache/consistenthash"
 	pb "github.com/golang/groupcache/groupcachepb"
+	"github.com/golang/groupcache/singleflight"
 
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
@@ -74,9 +81,23 @@ type Store struct {
 	group   *groupcache.Group
 	name    string
 
-	mu    sync.RWMutex
-	ring  *consistenthash.Map
-	peers []string
+	// dialer probes whether a peer whose connection broke is gone.
+	dialer *net.Dialer
+	// inc is this process's incarnation, sent in every peer message.
+	inc uint64
+
+	mu sync.RWMutex
+	m  membership
+
+	// ringChanged wakes the resync loop; bg runs it and the announcements,
+	// until Close cancels bgCtx.
+	ringChanged chan struct{}
+	bg          sync.WaitGroup
+	bgCtx       context.Context
+	stopBg      context.CancelFunc
+
+	takes        singleflight.Group
+	replFailures atomic.Uint64
 }
 
 var _ sessions.Store = (*Store)(nil)
@@ -115,8 +136,9 @@ func registerPicker() error {
 	return registerErr
 }
 
-// New returns the Store of this replica. Its peers are only itself until
-// SetPeers is called. Close it to stop the local janitor.
+// New returns the Store of this replica. It owns every session until
+// SetPeers names candidates and Join makes it a member of their ring.
+// Close it to stop the local janitor and the resync loop.
 func New(opts Options) (*Store, error) {
 	if opts.Self == "" {
 		return nil, errors.New("hashring: Self (this replica's peer URL) is required")
@@ -140,8 +162,9 @@ func New(opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	var suffix [8]byte
+	var suffix, inc [8]byte
 	rand.Read(suffix[:])
+	rand.Read(inc[:])
 	s := &Store{
 		self:    opts.Self,
 		local:   memory.New(opts.Limits, opts.Clock),
@@ -150,9 +173,19 @@ func New(opts Options) (*Store, error) {
 		client:  &http.Client{Transport: opts.Transport, Timeout: opts.PeerTimeout},
 		log:     opts.Logger,
 		name:    "kube-bind-sessions-" + hex.EncodeToString(suffix[:]),
+		inc:     binary.BigEndian.Uint64(inc[:]) | 1,
+		dialer:  &net.Dialer{Timeout: opts.PeerTimeout / 2},
+		m:       membership{members: map[string]uint64{}, down: map[string]uint64{}},
+
+		ringChanged: make(chan struct{}, 1),
 	}
 	s.limits = s.local.Limits()
-	s.SetPeers(nil)
+	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
+	s.mu.Lock()
+	s.rebuildLocked()
+	s.mu.Unlock()
+	<-s.ringChanged // the first ring needs no resync
+	s.bg.Go(s.resyncLoop)
 	storesMu.Lock()
 	stores[s.name] = s
 	storesMu.Unlock()
@@ -160,49 +193,25 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the local store's janitor. Groupcache groups cannot be
-// removed; the small cache of a closed Store stays until the process ends.
+// Close stops the resync loop and the local store's janitor. Groupcache
+// groups cannot be removed; the small cache of a closed Store stays until
+// the process ends.
 func (s *Store) Close() {
+	s.stopBg()
+	s.bg.Wait()
 	s.local.Close()
 	storesMu.Lock()
 	delete(stores, s.name)
 	storesMu.Unlock()
 }
 
-// SetPeers replaces the ring's members: base URLs of every replica,
-// this one included (it is added if missing). Sessions whose owner changes
-// are not moved: their new owner does not know them, so they end as
-// unknown (410), and their clients start over.
-func (s *Store) SetPeers(peers []string) {
-	ps := slices.Clone(peers)
-	if !slices.Contains(ps, s.self) {
-		ps = append(ps, s.self)
-	}
-	slices.Sort(ps)
-	ps = slices.Compact(ps)
-	ring := consistenthash.New(virtualNodes, nil)
-	ring.Add(ps...)
-	s.mu.Lock()
-	changed := !slices.Equal(ps, s.peers)
-	s.ring, s.peers = ring, ps
-	s.mu.Unlock()
-	if changed {
-		s.log.Info("session hashring peers", "peers", ps)
-	}
-}
-
-// Peers returns the ring's members.
-func (s *Store) Peers() []string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return slices.Clone(s.peers)
-}
-
-// Owner returns the peer URL of the replica that owns session id.
+// Owner returns the peer URL of the replica that owns session id in this
+// replica's ring.
 func (s *Store) Owner(id string) string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.ring.Get(id)
+	if o := s.view().owner(id); o != "" {
+		return o
+	}
+	return s.self
 }
 
 // PickPeer implements groupcache.PeerPicker for this Store's group.
@@ -217,10 +226,11 @@ func (s *Store) PickPeer(key string) (groupcache.ProtoGetter, bool) {
 // Local returns the memory store of the sessions this replica owns.
 func (s *Store) Local() *memory.Store { return s.local }
 
-// OwnerUnavailableError says the replica owning a session did not answer.
-// For session operations it counts as sessions.ErrNotFound (the session
-// is lost with its owner; the client starts over, 410), for Create as
-// sessions.ErrFull (try again shortly, 503).
+// OwnerUnavailableError says a replica did not answer a call. It counts
+// as sessions.ErrUnavailable (503, try again shortly): a replica that
+// refuses connections is taken out of the ring and its sessions served by
+// their backups instead (route), so what is left is a replica that is
+// slow or restarting, which may still hold the session.
 type OwnerUnavailableError struct {
 	Owner string
 	Op    string
@@ -233,29 +243,27 @@ func (e *OwnerUnavailableError) Error() string {
 
 func (e *OwnerUnavailableError) Unwrap() error { return e.Err }
 
-func (e *OwnerUnavailableError) Is(target error) bool {
-	if e.Op == opCreate {
-		return target == sessions.ErrFull
-	}
-	return target == sessions.ErrNotFound
-}
+func (e *OwnerUnavailableError) Is(target error) bool { return target == sessions.ErrUnavailable }
 
 func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
-	owner := s.Owner(sess.ID)
-	if owner == s.self {
-		return s.local.Create(ctx, sess)
-	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opCreate, Session: toWire(sess)})
+	_, err := s.route(ctx, &peerRequest{Op: opCreate, ID: sess.ID, Session: toWire(sess)})
 	return err
 }
 
-// Get returns the session. On a non-owner it asks the owner for the
-// mutable state while it looks up the static part through groupcache, and
-// combines them when they belong to the same session.
+// Get returns the session. Held here as owner, from the local store;
+// else, on a non-owner, it asks the owner for the mutable state while it
+// looks up the static part through groupcache, and combines them when
+// they belong to the same session.
 func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Get(ctx, id)
+	if sess, err := s.local.Get(ctx, id); err == nil {
+		return sess, nil
+	}
+	if s.Owner(id) == s.self {
+		resp, err := s.route(ctx, &peerRequest{Op: opGet, ID: id})
+		if err != nil {
+			return sessions.Session{}, err
+		}
+		return fromWire(resp.Session), nil
 	}
 	type static struct {
 		p   staticPart
@@ -271,7 +279,7 @@ func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 		}
 		ch <- st
 	}()
-	resp, err := s.call(ctx, owner, &peerRequest{Op: opState, ID: id})
+	resp, err := s.route(ctx, &peerRequest{Op: opState, ID: id})
 	st := <-ch
 	if err != nil {
 		return sessions.Session{}, err
@@ -284,7 +292,7 @@ func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 	}
 	// The cached static part is missing or stale (the ID was used again):
 	// ask the owner for everything.
-	resp, err = s.call(ctx, owner, &peerRequest{Op: opGet, ID: id})
+	resp, err = s.route(ctx, &peerRequest{Op: opGet, ID: id})
 	if err != nil {
 		return sessions.Session{}, err
 	}
@@ -292,20 +300,12 @@ func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 }
 
 func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.UseNonce(ctx, id, nonce)
-	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opUseNonce, ID: id, Nonce: nonce})
+	_, err := s.route(ctx, &peerRequest{Op: opUseNonce, ID: id, Nonce: nonce})
 	return err
 }
 
 func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.RecordPoll(ctx, id, nonce, minInterval)
-	}
-	resp, err := s.call(ctx, owner, &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval)})
+	resp, err := s.route(ctx, &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval)})
 	if err != nil {
 		return sessions.Session{}, err
 	}
@@ -313,10 +313,6 @@ func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval ti
 }
 
 func (s *Store) Complete(ctx context.Context, id string, response []byte) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Complete(ctx, id, response)
-	}
 	// Refuse here what the owner would refuse, before sending it.
 	if len(response) > s.limits.MaxResponseBytes {
 		sess, err := s.Get(ctx, id)
@@ -328,29 +324,20 @@ func (s *Store) Complete(ctx context.Context, id string, response []byte) error 
 		}
 		return sessions.ErrTooLarge
 	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opComplete, ID: id, Response: response})
+	_, err := s.route(ctx, &peerRequest{Op: opComplete, ID: id, Response: response})
 	return err
 }
 
 func (s *Store) Deny(ctx context.Context, id, reason string) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Deny(ctx, id, reason)
-	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opDeny, ID: id, Reason: reason})
+	_, err := s.route(ctx, &peerRequest{Op: opDeny, ID: id, Reason: reason})
 	return err
 }
 
-// Delete removes the session on its owner. If the owner is gone, so is the
-// session, and Delete succeeds.
+// Delete removes the session on its owner and its copy on the backup. A
+// session nobody holds any more is deleted already.
 func (s *Store) Delete(ctx context.Context, id string) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Delete(ctx, id)
-	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opDelete, ID: id})
-	var gone *OwnerUnavailableError
-	if errors.As(err, &gone) {
+	_, err := s.route(ctx, &peerRequest{Op: opDelete, ID: id})
+	if errors.Is(err, sessions.ErrNotFound) {
 		return nil
 	}
 	return err
@@ -361,9 +348,9 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 // not cached by groupcache, so an unknown session stays unknown only until
 // it exists.
 func (s *Store) loadStatic(ctx context.Context, id string, dest groupcache.Sink) error {
-	sess, err := s.local.Get(ctx, id)
-	if err != nil {
-		return err
+	sess, ok := s.local.Peek(id) // a copy's static part is the owner's
+	if !ok {
+		return sessions.ErrNotFound
 	}
 	return dest.SetBytes(mustJSON(staticOf(sess)))
 }

@@ -125,53 +125,52 @@ func (s *Store) servePeer(w http.ResponseWriter, r *http.Request) {
 
 var errBadOp = errors.New("malformed peer request")
 
-// serveOp runs one operation on the local store. A replica asked as owner
-// answers from its own store even if its ring says otherwise, so requests
-// never bounce between replicas whose rings briefly differ.
+// serveOp runs one operation. Session operations go where the session's
+// token is (route): answered here if held, taken if this replica's ring
+// names it owner, else forwarded (at most maxHops times, so requests
+// never bounce between replicas whose rings briefly disagree).
 func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, error) {
+	s.noteSender(req.From, req.Inc, req.Member)
 	var (
-		resp peerResponse
+		resp *peerResponse
 		err  error
-		sess sessions.Session
 	)
 	switch req.Op {
 	case opCreate:
 		if req.Session == nil {
 			return nil, errBadOp
 		}
-		err = s.local.Create(ctx, fromWire(req.Session))
-	case opGet:
-		if sess, err = s.local.Get(ctx, req.ID); err == nil {
-			resp.Session = toWire(sess)
-		}
-	case opState:
-		if sess, err = s.local.Get(ctx, req.ID); err == nil {
-			w := toWire(sess)
-			w.StaticDigest = staticOf(sess).digest()
-			w.ClusterID, w.Secret, w.CallbackURL, w.CallbackSessionID = "", "", "", ""
-			resp.Session = w
-		}
+		resp, err = s.route(ctx, req)
+	case opGet, opState, opUseNonce, opPoll, opComplete, opDeny, opDelete:
+		resp, err = s.route(ctx, req)
 	case opStatic:
-		// Straight from the local store, not through the group: a replica
-		// whose ring briefly disagrees must not pass the request on.
-		if sess, err = s.local.Get(ctx, req.ID); err == nil {
+		// Straight from the local store (owned or a copy), not through
+		// the group: a replica whose ring briefly disagrees must not pass
+		// the request on.
+		resp = &peerResponse{}
+		if sess, ok := s.local.Peek(req.ID); ok {
 			resp.Static = mustJSON(staticOf(sess))
+		} else {
+			err = sessions.ErrNotFound
 		}
-	case opUseNonce:
-		err = s.local.UseNonce(ctx, req.ID, req.Nonce)
-	case opPoll:
-		if sess, err = s.local.RecordPoll(ctx, req.ID, req.Nonce, time.Duration(req.Interval)); err == nil {
-			resp.Session = toWire(sess)
-		}
-	case opComplete:
-		err = s.local.Complete(ctx, req.ID, req.Response)
-	case opDeny:
-		err = s.local.Deny(ctx, req.ID, req.Reason)
-	case opDelete:
-		err = s.local.Delete(ctx, req.ID)
+	case opJoin, opLeave: // noteSender did it
+		resp = &peerResponse{}
+	case opTransfer:
+		resp = s.serveTransfer(req.ID)
+	case opReplicate:
+		resp = s.serveRecords(req, false)
+	case opHandover:
+		resp = s.serveRecords(req, true)
+	case opDropCopy:
+		s.local.Remove(req.ID)
+		resp = &peerResponse{}
 	default:
 		return nil, errBadOp
 	}
+	if resp == nil {
+		resp = &peerResponse{}
+	}
+	resp.Member, resp.Inc = s.isMember(), s.inc
 	if err != nil {
 		resp.Err = errorCode(err)
 		var soon *sessions.TooSoonError
@@ -182,5 +181,5 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 			s.log.Error("session store failed", "op", req.Op, "error", err)
 		}
 	}
-	return &resp, nil
+	return resp, nil
 }

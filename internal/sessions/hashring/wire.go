@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
 )
 
 // Operations of the peer API.
@@ -21,6 +22,14 @@ const (
 	opComplete = "complete"
 	opDeny     = "deny"
 	opDelete   = "delete"
+
+	// Membership and ownership (membership.go, owner.go).
+	opJoin      = "join"      // Member false: a hello (who is in?); true: add me
+	opLeave     = "leave"     // remove me from your ring
+	opTransfer  = "transfer"  // give me (the new owner) what you hold of ID
+	opReplicate = "replicate" // keep these records as backup copies
+	opHandover  = "handover"  // take these records as owner
+	opDropCopy  = "dropcopy"  // the owner deleted ID: drop your copy
 )
 
 // peerRequest is the plaintext of a sealed request to a session's owner.
@@ -33,6 +42,36 @@ type peerRequest struct {
 	Reason   string       `json:"r,omitempty"`
 	Response []byte       `json:"b,omitempty"`
 	Session  *wireSession `json:"s,omitempty"`
+
+	// From, Inc and Member say who sends: its peer URL, its incarnation
+	// (random per process, so a restarted replica at the same URL is told
+	// apart) and whether it is a member of the ring (joined, not leaving).
+	From   string `json:"f,omitempty"`
+	Inc    uint64 `json:"inc,omitempty"`
+	Member bool   `json:"m,omitempty"`
+	// Hop counts how often the request was forwarded: a replica forwards
+	// at most maxHops times, so rings that briefly disagree never make a
+	// request bounce.
+	Hop     int          `json:"h,omitempty"`
+	Records []wireRecord `json:"rs,omitempty"`
+}
+
+// wireRecord is a memory.Record on the wire.
+type wireRecord struct {
+	Session *wireSession `json:"s"`
+	Nonces  []uint64     `json:"n,omitempty"`
+	Partial bool         `json:"p,omitempty"`
+}
+
+func toWireRecord(r memory.Record) wireRecord {
+	return wireRecord{Session: toWire(r.Session), Nonces: r.Nonces, Partial: r.Partial}
+}
+
+func fromWireRecord(w wireRecord) (memory.Record, bool) {
+	if w.Session == nil {
+		return memory.Record{}, false
+	}
+	return memory.Record{Session: fromWire(w.Session), Nonces: w.Nonces, Partial: w.Partial}, true
 }
 
 // peerResponse is the plaintext of a sealed answer.
@@ -41,6 +80,17 @@ type peerResponse struct {
 	RetryAfter int64        `json:"ra,omitempty"`
 	Session    *wireSession `json:"s,omitempty"`
 	Static     []byte       `json:"st,omitempty"`
+
+	// Member and Inc: the answering replica's membership, as in requests.
+	Member bool   `json:"m,omitempty"`
+	Inc    uint64 `json:"inc,omitempty"`
+	// Record and Owned answer a transfer: what the replica held, and
+	// whether it held it as owner (then it holds it as a copy now).
+	Record *wireRecord `json:"rec,omitempty"`
+	Owned  bool        `json:"o,omitempty"`
+	// Errs answer replicate and handover: one wire error code per record
+	// ("" for success).
+	Errs []string `json:"es,omitempty"`
 }
 
 // wireSession is a Session on the wire; times are Unix nanoseconds, 0 for
@@ -139,6 +189,8 @@ var wireErrors = map[string]error{
 	"too_soon":        sessions.ErrTooSoon,
 	"not_pending":     sessions.ErrNotPending,
 	"too_large":       sessions.ErrTooLarge,
+	"unavailable":     sessions.ErrUnavailable,
+	"mismatch":        memory.ErrStaticMismatch,
 }
 
 func errorCode(err error) string {
