@@ -310,8 +310,19 @@ func (rig *rollingRig) poll(ts *tracked, concurrent bool) {
 		// The replay won the race: judge it as the original.
 		first, second, a, b = second, first, b, a
 	}
-	ok := rig.classify(ts, "poll", a, first, err1, true)
-	rig.classify(ts, "replayed poll", b, second, err2, false)
+	mode := "replay after the answer"
+	if concurrent {
+		mode = "replay at the same time"
+	}
+	if err1 == nil && err2 == nil && !accepted(first) && !accepted(second) && first.status == http.StatusUnauthorized && second.status == http.StatusUnauthorized {
+		// Neither accepted, both "used before": the nonce was spent
+		// without any answer accepting it. The client's fresh poll failed.
+		tl.bad(badUnexpected, "%s (%s, owner %s): a fresh poll refused as a used nonce by both %s (%s, %s) and %s (%s, %s) (%s)",
+			ts.SessionID, ts.role, ts.owner, a.name, first.msg, first.took, b.name, second.msg, second.took, mode)
+		return
+	}
+	ok := rig.classify(ts, "poll ("+mode+")", a, first, err1, true)
+	rig.classify(ts, "replayed poll ("+mode+")", b, second, err2, false)
 	if !ok {
 		return
 	}
