@@ -692,9 +692,27 @@ func TestRollingRestartAndCrash(t *testing.T) {
 	}
 	byOwner := map[string][]*tracked{}
 	var all []*tracked
-	for i := range rollingSessions {
+	// Each replica must own enough for every role and some pending ones;
+	// a session the test does not need (its owner has enough and the rest
+	// is needed by another) is left alone, untracked.
+	minPerOwner := perOwnerLoggedIn + perOwnerFlowDuring + perOwnerCompleted + perOwnerFetched + perOwnerFresh +
+		perOwnerChromium + 3*perOwnerKillEach + 5
+	needed := func() int {
+		n := 0
+		for _, r := range reps {
+			n += max(0, minPerOwner-len(byOwner[r.name]))
+		}
+		return n
+	}
+	for i := 0; len(all) < rollingSessions; i++ {
+		if i == 10*rollingSessions {
+			t.Fatalf("%d sessions made and still not %d owned by each replica", i, minPerOwner)
+		}
 		s := mustCreate(t, reps[i%3], ext, "")
 		ts := &tracked{session: s, owner: nameOf[ringOwner(peers, s.SessionID)], role: rolePending}
+		if len(byOwner[ts.owner]) >= minPerOwner && rollingSessions-len(all) <= needed() {
+			continue
+		}
 		byOwner[ts.owner] = append(byOwner[ts.owner], ts)
 		all = append(all, ts)
 	}
