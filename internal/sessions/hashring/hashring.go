@@ -96,6 +96,10 @@ type Store struct {
 	bgCtx       context.Context
 	stopBg      context.CancelFunc
 
+	// resyncMu serializes resyncs; synced is the ring of the last one.
+	resyncMu sync.Mutex
+	synced   *ringView
+
 	takes        singleflight.Group
 	replFailures atomic.Uint64
 }

@@ -378,3 +378,12 @@ func (s *Store) Leave(ctx context.Context) error {
 		s.sleep(ctx, resyncRetry)
 	}
 }
+
+// OwnerOf returns the owner of session id in a ring of these members, as
+// every member of that ring computes it (for tests and tools that predict
+// where a session lives).
+func OwnerOf(members []string, id string) string {
+	ms := slices.Clone(members)
+	slices.Sort(ms)
+	return newRingView(slices.Compact(ms)).owner(id)
+}

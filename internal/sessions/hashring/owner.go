@@ -376,19 +376,25 @@ func (s *Store) sleep(ctx context.Context, d time.Duration) {
 // returns how many sessions could not be handed over (they stay owned
 // here). One batch at a time, so a ring change costs the peers little.
 func (s *Store) resync(ctx context.Context) (left int) {
+	s.resyncMu.Lock()
+	defer s.resyncMu.Unlock()
 	v := s.view()
 	if len(v.nodes) == 0 {
 		return 0 // nobody to hand over to: the sessions end with this replica
 	}
+	// Copies go only where the backup changed since the last resync; the
+	// rest have theirs from every change (replicate).
+	prev := s.synced
 	handover := map[string][]string{}
 	copies := map[string][]string{}
 	for _, id := range s.local.Owned() {
 		if o := v.owner(id); o != s.self {
 			handover[o] = append(handover[o], id)
-		} else if b := v.backup(id); b != "" && b != s.self {
+		} else if b := v.backup(id); b != "" && b != s.self && (prev == nil || prev.backup(id) != b || prev.owner(id) != s.self) {
 			copies[b] = append(copies[b], id)
 		}
 	}
+	s.synced = v
 	for peer, ids := range handover {
 		for len(ids) > 0 && ctx.Err() == nil {
 			n := min(len(ids), resyncBatch)
