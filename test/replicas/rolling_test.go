@@ -20,12 +20,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/golang/groupcache/consistenthash"
 	"golang.org/x/net/html"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
@@ -71,15 +71,8 @@ const (
 	roleKillFresh   role = "crash: fresh"
 )
 
-// ringOwner is the owner of a session ID in a ring of members: the
-// consistent hash the hashring uses (groupcache's, 50 points per member,
-// docs/sessions-hashring.md), computed here without a Store, whose own
-// ring holds only the members that joined it.
-func ringOwner(members []string, id string) string {
-	m := consistenthash.New(50, nil)
-	m.Add(members...)
-	return m.Get(id)
-}
+// ringOwner is the owner of a session ID in a ring of members.
+func ringOwner(members []string, id string) string { return hashring.OwnerOf(members, id) }
 
 // ringBackup is the member that owns id when its owner is gone.
 func ringBackup(members []string, id string) string {
