@@ -390,10 +390,10 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 		{"extra arg not a flag", []string{"extraArgs[0]=debug"}, []string{"/extraArgs/0"}},
 		{"negative preStop sleep", []string{"preStopSleepSeconds=-1"}, []string{"/preStopSleepSeconds", "minimum"}},
 		{"grace period shorter than preStop and drain", []string{"terminationGracePeriodSeconds=30"},
-			[]string{"terminationGracePeriodSeconds=30 leaves no time for the handover", "preStopSleepSeconds=5", "shutdownTimeout=25s", "30s"}},
+			[]string{"terminationGracePeriodSeconds=30 is too short", "preStopSleepSeconds=5", "shutdownTimeout=25s", "30s in all"}},
 		{"drain as long as the grace period", []string{"shutdownTimeout=1m", "preStopSleepSeconds=0"},
-			[]string{"terminationGracePeriodSeconds=60 leaves no time for the handover", "shutdownTimeout=1m", "60s"}},
-		{"drain in hours", []string{"shutdownTimeout=1h"}, []string{"leaves no time for the handover", "3605s"}},
+			[]string{"terminationGracePeriodSeconds=60 is too short", "shutdownTimeout=1m", "60s in all"}},
+		{"drain in hours", []string{"shutdownTimeout=1h"}, []string{"is too short", "3605s in all"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := renderErr(t, setArgs(append(requiredValues(), tc.sets...))...)

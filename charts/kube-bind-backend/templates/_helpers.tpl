@@ -125,7 +125,7 @@ what to set. Included by the Deployment so every render runs them.
 {{- end }}
 {{- $stop := addf (float64 $v.preStopSleepSeconds) (include "kbb.durationSeconds" $v.shutdownTimeout | float64) }}
 {{- if le (float64 $v.terminationGracePeriodSeconds) $stop }}
-{{- fail (printf "\n\nterminationGracePeriodSeconds=%d leaves no time for the handover: the preStop sleep (preStopSleepSeconds=%d) and the drain (shutdownTimeout=%s) alone take %gs, and the replica's sessions must still be handed to the others before the pod is killed; raise terminationGracePeriodSeconds (default 60) or lower the others" (int $v.terminationGracePeriodSeconds) (int $v.preStopSleepSeconds) $v.shutdownTimeout $stop) }}
+{{- fail (printf "\n\nterminationGracePeriodSeconds=%d is too short: the pod would be killed before its sessions are handed over; it must exceed preStopSleepSeconds=%d plus shutdownTimeout=%s (%gs in all), which bounds the handover and the drain; raise terminationGracePeriodSeconds (default 60) or lower the others" (int $v.terminationGracePeriodSeconds) (int $v.preStopSleepSeconds) $v.shutdownTimeout $stop) }}
 {{- end }}
 {{- if and $v.podDisruptionBudget.enabled (eq (int $v.replicaCount) 1) (hasKey $v.podDisruptionBudget "minAvailable") }}
 {{- if ge (int $v.podDisruptionBudget.minAvailable) 1 }}
