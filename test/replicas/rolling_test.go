@@ -299,9 +299,12 @@ func (rig *rollingRig) poll(ts *tracked, concurrent bool) {
 	release()
 	tl.polls.Add(1)
 	tl.replays.Add(1)
-	if concurrent && err1 == nil && err2 == nil && accepted(second) && !accepted(first) {
-		// The replay won the race: judge it as the original.
+	if err2 == nil && accepted(second) && (err1 != nil || !accepted(first)) {
+		// The replay won the race, or the original failed without
+		// spending the nonce: the replay is the one accepted use; judge
+		// the other as the duplicate (its failure is counted as such).
 		first, second, a, b = second, first, b, a
+		err1, err2 = err2, err1
 	}
 	mode := "replay after the answer"
 	if concurrent {
