@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -317,8 +318,12 @@ func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
 	return err
 }
 
+// RecordPoll gives the poll a request ID of its own, so that a poll sent
+// again after its answer was lost on the way (its owner died after spending
+// the nonce) is not refused as a replay of itself (memory.PollMark).
 func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
-	resp, err := s.route(ctx, &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval)})
+	req := mrand.Uint64() | 1 // never 0, which means "no request ID"
+	resp, err := s.route(ctx, &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval), Req: req})
 	if err != nil {
 		return sessions.Session{}, err
 	}

@@ -116,9 +116,11 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 			err = s.replicateChange(ctx, req.ID, req.Nonce)
 		}
 	case opPoll:
-		if sess, err = s.local.RecordPoll(ctx, req.ID, req.Nonce, time.Duration(req.Interval)); err == nil {
+		if sess, err = s.local.RecordPollRequest(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req); err == nil {
 			resp.Session = toWire(sess)
-			err = s.replicate(ctx, memory.Record{Session: sess, Nonces: []uint64{memory.NonceHash(req.Nonce)}, Partial: true})
+			h := memory.NonceHash(req.Nonce)
+			err = s.replicate(ctx, memory.Record{Session: sess, Nonces: []uint64{h}, Partial: true,
+				LastPoll: memory.PollMark{Nonce: h, Request: req.Req}})
 		}
 	case opComplete:
 		if err = s.local.Complete(ctx, req.ID, req.Response); err == nil {

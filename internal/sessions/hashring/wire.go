@@ -56,6 +56,9 @@ type peerRequest struct {
 	// request bounce.
 	Hop     int          `json:"h,omitempty"`
 	Records []wireRecord `json:"rs,omitempty"`
+	// Req identifies one poll (random, made by the replica the client
+	// asked) through forwards and retries: see memory.PollMark.
+	Req uint64 `json:"rq,omitempty"`
 }
 
 // wireRecord is a memory.Record on the wire.
@@ -63,17 +66,22 @@ type wireRecord struct {
 	Session *wireSession `json:"s"`
 	Nonces  []uint64     `json:"n,omitempty"`
 	Partial bool         `json:"p,omitempty"`
+	// LastPoll is memory.Record.LastPoll: nonce hash and request ID.
+	LastPollNonce   uint64 `json:"ln,omitempty"`
+	LastPollRequest uint64 `json:"lr,omitempty"`
 }
 
 func toWireRecord(r memory.Record) wireRecord {
-	return wireRecord{Session: toWire(r.Session), Nonces: r.Nonces, Partial: r.Partial}
+	return wireRecord{Session: toWire(r.Session), Nonces: r.Nonces, Partial: r.Partial,
+		LastPollNonce: r.LastPoll.Nonce, LastPollRequest: r.LastPoll.Request}
 }
 
 func fromWireRecord(w wireRecord) (memory.Record, bool) {
 	if w.Session == nil {
 		return memory.Record{}, false
 	}
-	return memory.Record{Session: fromWire(w.Session), Nonces: w.Nonces, Partial: w.Partial}, true
+	return memory.Record{Session: fromWire(w.Session), Nonces: w.Nonces, Partial: w.Partial,
+		LastPoll: memory.PollMark{Nonce: w.LastPollNonce, Request: w.LastPollRequest}}, true
 }
 
 // peerResponse is the plaintext of a sealed answer.

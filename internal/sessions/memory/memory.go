@@ -61,6 +61,19 @@ type entry struct {
 	// deleted, waking every Wait on it. It is made by the first Wait only:
 	// most sessions are never waited for.
 	done chan struct{}
+	// lastPoll marks the poll that set LastPollAt (see PollMark).
+	lastPoll PollMark
+}
+
+// PollMark identifies the poll that last spent a nonce of a session: the
+// nonce's hash and the request ID the hashring gave that poll. A poll
+// whose answer was lost between replicas (its owner died after spending
+// the nonce and copying it to the backup) is sent again with the same
+// request ID and gets the answer it would have had; a client's replay of
+// the same signed request is a new request and is refused.
+type PollMark struct {
+	Nonce   uint64
+	Request uint64
 }
 
 // wake wakes the session's waiters. Call it (with the store's lock held)
@@ -294,7 +307,15 @@ func (s *Store) useNonceLocked(e *entry, h uint64) error {
 	return nil
 }
 
-func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
+func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
+	return s.RecordPollRequest(ctx, id, nonce, minInterval, 0)
+}
+
+// RecordPollRequest is RecordPoll for a poll with request ID req (0:
+// none). A nonce already used by the session's last poll with the same
+// non-zero req is that poll sent again, not a replay: it is answered with
+// the session as it is now and changes nothing.
+func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterval time.Duration, req uint64) (sessions.Session, error) {
 	h := NonceHash(nonce)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -307,6 +328,10 @@ func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time
 	// poll refused as too soon changes nothing, not even the nonce set, so
 	// that polling too fast cannot fill it.
 	if e.nonces.has(h) {
+		if req != 0 && e.lastPoll == (PollMark{Nonce: h, Request: req}) {
+			s.deliverLocked(e, now)
+			return e.s, nil
+		}
 		return sessions.Session{}, sessions.ErrNonceUsed
 	}
 	if last := e.s.LastPollAt; !last.IsZero() {
@@ -318,6 +343,7 @@ func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time
 		return sessions.Session{}, err
 	}
 	e.s.LastPollAt = now
+	e.lastPoll = PollMark{Nonce: h, Request: req}
 	s.deliverLocked(e, now)
 	return e.s, nil
 }

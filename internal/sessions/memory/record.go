@@ -19,6 +19,8 @@ type Record struct {
 	// ones a single operation added): Import merges it into a held record
 	// and refuses it (ErrNotFound) when none is held.
 	Partial bool
+	// LastPoll marks the poll that set Session.LastPollAt.
+	LastPoll PollMark
 }
 
 // ErrStaticMismatch: an imported record's fixed fields (ID, cluster ID,
@@ -33,7 +35,7 @@ var ErrStaticMismatch = errors.New("imported record is another session with the 
 const copyBound = 2
 
 func (e *entry) record() Record {
-	r := Record{Session: e.s, Nonces: make([]uint64, 0, e.nonces.len())}
+	r := Record{Session: e.s, Nonces: make([]uint64, 0, e.nonces.len()), LastPoll: e.lastPoll}
 	for _, h := range e.nonces.slots {
 		if h != 0 {
 			r.Nonces = append(r.Nonces, h)
@@ -149,7 +151,7 @@ func (s *Store) Import(rec Record, owned bool) error {
 		if len(s.sessions) >= (copyBound+1)*s.limits.MaxSessions {
 			return sessions.ErrFull
 		}
-		e = &entry{copy: !owned}
+		e = &entry{copy: !owned, lastPoll: rec.LastPoll}
 		e.s = rec.Session
 		e.s.Response = cloneBytes(rec.Session.Response)
 		mergeNonces(&e.nonces, rec.Nonces, s.limits.MaxNoncesPerSession)
@@ -174,6 +176,7 @@ func (s *Store) Import(rec Record, owned bool) error {
 		}
 	}
 	wasPending := e.s.State == sessions.StatePending
+	e.lastPoll = mergePollMark(e.s.LastPollAt, e.lastPoll, rec.Session.LastPollAt, rec.LastPoll)
 	mergeInto(&e.s, rec.Session, s.limits.Grace)
 	if wasPending && e.s.State != sessions.StatePending {
 		e.wake()
@@ -224,6 +227,20 @@ func mergeInto(held *sessions.Session, in sessions.Session, grace time.Duration)
 	} else if !held.DeliveredAt.IsZero() {
 		held.ExpiresAt = held.DeliveredAt.Add(grace)
 	}
+}
+
+// mergePollMark keeps the mark of the later poll (of two at the same
+// time, the larger mark), so that it follows LastPollAt in any order.
+func mergePollMark(heldAt time.Time, held PollMark, inAt time.Time, in PollMark) PollMark {
+	switch {
+	case inAt.After(heldAt):
+		return in
+	case heldAt.After(inAt):
+		return held
+	case in.Nonce > held.Nonce || in.Nonce == held.Nonce && in.Request > held.Request:
+		return in
+	}
+	return held
 }
 
 func rank(s sessions.Session) int {

@@ -235,3 +235,50 @@ func checkMergeOrderFree(t *testing.T, seed uint64, n, limit int) {
 		}
 	}
 }
+
+// A poll whose answer was lost after its nonce was spent and copied (its
+// owner died) is sent again with the same request ID to the promoted copy:
+// it gets its answer. The same nonce with another request ID (a client
+// replaying the signed request) and an older poll's request are refused.
+func TestPollSentAgainAfterMove(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.Start)
+	owner, backup := New(sessions.Limits{}, clock.Now), New(sessions.Limits{}, clock.Now)
+	defer owner.Close()
+	defer backup.Close()
+	if err := owner.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.RecordPollRequest(ctx, "s", "n1", 0, 11); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	if _, err := owner.RecordPollRequest(ctx, "s", "n2", 0, 22); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.RecordPollRequest(ctx, "s", "n2", 0, 33); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("replay with another request ID on the owner: %v, want ErrNonceUsed", err)
+	}
+	rec, _, _ := owner.Export("s")
+	if err := backup.Import(rec, false); err != nil {
+		t.Fatal(err)
+	}
+	if !backup.Promote("s") {
+		t.Fatal("Promote failed")
+	}
+	got, err := backup.RecordPollRequest(ctx, "s", "n2", 0, 22)
+	if err != nil {
+		t.Fatalf("the last poll sent again: %v, want its answer", err)
+	}
+	if !got.LastPollAt.Equal(clock.Now()) {
+		t.Fatalf("LastPollAt = %v, want the first attempt's %v", got.LastPollAt, clock.Now())
+	}
+	for _, c := range []struct {
+		nonce string
+		req   uint64
+	}{{"n2", 33}, {"n2", 0}, {"n1", 11}} {
+		if _, err := backup.RecordPollRequest(ctx, "s", c.nonce, 0, c.req); !errors.Is(err, sessions.ErrNonceUsed) {
+			t.Fatalf("nonce %s with request %d: %v, want ErrNonceUsed", c.nonce, c.req, err)
+		}
+	}
+}
