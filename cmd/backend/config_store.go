@@ -68,6 +68,9 @@ func (r *storeFlags) validate() (server.StoreConfig, []error) {
 		fail("--peer-listen-address %q: want host:port, e.g. :8091", r.peerListenAddress)
 	case port == "0" || !validPort(port):
 		fail("--peer-listen-address %q: want a fixed port number, e.g. :8091 (the other replicas reach this one by it)", r.peerListenAddress)
+	case host != "" && net.ParseIP(host) == nil && !dnsName(host):
+		// The self URL may be made from this host: it must be one.
+		fail("--peer-listen-address %q: want an IP address or a DNS name as the host, or none", r.peerListenAddress)
 	default:
 		c.PeerListenAddress = r.peerListenAddress
 	}
@@ -154,6 +157,15 @@ func parsePeerURL(raw string) (string, error) {
 	if u.Port() == "" {
 		return "", fmt.Errorf("want an explicit port, e.g. http://10.0.0.5:8091")
 	}
+	// The host must be an IP address or a DNS name as it is: the URL
+	// parser also takes percent-escapes in a host, which would decode into
+	// a peer URL that no replica can parse back.
+	if host := u.Hostname(); net.ParseIP(host) == nil && !dnsName(host) {
+		return "", fmt.Errorf("want an IP address or a DNS name as the host, not %q", host)
+	}
+	if !validPort(u.Port()) {
+		return "", fmt.Errorf("want a port of digits only, 1 to 65535")
+	}
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host}).String(), nil
 }
 
@@ -179,6 +191,21 @@ func validPort(p string) bool {
 func isUnspecified(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsUnspecified()
+}
+
+// dnsName: a host name of RFC 1123 labels (any case), at most 253
+// characters, an optional final dot.
+func dnsName(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(strings.ToLower(s), ".") {
+		if !dnsLabel(l) {
+			return false
+		}
+	}
+	return true
 }
 
 // dnsLabel: a Kubernetes namespace or Service name (RFC 1123 label).

@@ -93,6 +93,13 @@ func TestInvalidStoreConfig(t *testing.T) {
 		{with("--peer-self-url=10.0.0.1:8091"), nil, "--peer-self-url"},
 		{with("--peer-self-url=http://10.0.0.1"), nil, "want an explicit port"},
 		{with("--peer-self-url=http://10.0.0.1:8091/sessions"), nil, "no path or query"},
+		// Found by FuzzParseConfig: percent-escapes in the host decode into
+		// a peer URL that does not parse back.
+		{[]string{"--session-store=hashring", "--peer-key=" + key, "--peer-listen-address=10.0.0.5.\r\r//10.0.0.508091dh@@:8091"}, nil,
+			"--peer-listen-address \"10.0.0.5.\\r\\r//10.0.0.508091dh@@:8091\": want an IP address or a DNS name"},
+		{with("--peer-self-url=http://10.0.0.5.%0D%0D%2F%2F10.0.0.5%40:8091"), nil, "--peer-self-url"},
+		{with("--peers=http://127.0.0.1:8091,http://a%2Fb:8092"), nil, "--peers"},
+		{with("--peer-self-url=http://10.0.0.1:+8091"), nil, "--peer-self-url"},
 		{with("--peers=http://127.0.0.1:8092,http://127.0.0.1:8093"), nil, "--peers must list this replica's own peer URL http://127.0.0.1:8091"},
 		{with("--peers=http://127.0.0.1:8091,ftp://x:1"), nil, `--peers: "ftp://x:1"`},
 		{with("--peers=http://127.0.0.1:8091", "--peer-service=ns/svc"), nil, "give only one"},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kbprovider/backend/internal/sessions"
@@ -263,6 +264,18 @@ func (s *Store) holders(id string) []holder {
 		add(v.backup(id), false)
 	}
 	add(s.m.rings[0].backup(id), false)
+	// Then every other member: while rings differ between replicas (a
+	// join or leave spreading), the token may be with a replica that no
+	// ring of this one names for id. Promoting a copy while it is there
+	// would make two owners, so it is asked before any copy is promoted.
+	rest := make([]string, 0, len(s.m.members))
+	for p := range s.m.members {
+		rest = append(rest, p)
+	}
+	slices.Sort(rest)
+	for _, p := range rest {
+		add(p, false)
+	}
 	return hs
 }
 
