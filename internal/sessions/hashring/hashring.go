@@ -13,9 +13,6 @@ package hashring
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,9 +21,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/golang/groupcache"
 	"github.com/golang/groupcache/consistenthash"
-	pb "github.com/golang/groupcache/groupcachepb"
 
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
@@ -48,8 +43,10 @@ type Options struct {
 	// PeerTimeout bounds each call to another replica (default 2s), so a
 	// dead owner means a quick answer, never a hang.
 	PeerTimeout time.Duration
-	// CacheBytes bounds the groupcache cache of static session parts
-	// (default 4 MiB).
+	// CacheBytes bounds the cache of the static parts of sessions other
+	// replicas own (default: 1 KiB per session of Limits.MaxSessions,
+	// room for the sessions of a few full replicas at their usual
+	// size of about 350 bytes, and at least 4 MiB).
 	CacheBytes int64
 	// Transport carries peer requests (default: a transport with short
 	// dial timeouts).
@@ -71,8 +68,8 @@ type Store struct {
 	replays *replayCache
 	client  *http.Client
 	log     *slog.Logger
-	group   *groupcache.Group
-	name    string
+	statics *staticCache
+	pipes   *pipes
 
 	mu    sync.RWMutex
 	ring  *consistenthash.Map
@@ -85,36 +82,6 @@ var _ sessions.Store = (*Store)(nil)
 // groupcache's HTTPPool, it spreads ownership evenly.
 const virtualNodes = 50
 
-// groupcache has one process-wide peer picker registry and group
-// namespace. The package registers a per-group picker once, and each Store
-// names its group uniquely, so several Stores (the replicas of a test) can
-// live in one process; group names never cross the wire.
-var (
-	registerOnce sync.Once
-	registerErr  error
-	storesMu     sync.RWMutex
-	stores       = map[string]*Store{}
-)
-
-func registerPicker() error {
-	registerOnce.Do(func() {
-		defer func() {
-			if r := recover(); r != nil {
-				registerErr = fmt.Errorf("hashring: another groupcache peer picker is registered in this process: %v", r)
-			}
-		}()
-		groupcache.RegisterPerGroupPeerPicker(func(name string) groupcache.PeerPicker {
-			storesMu.RLock()
-			defer storesMu.RUnlock()
-			if s := stores[name]; s != nil {
-				return s
-			}
-			return groupcache.NoPeers{}
-		})
-	})
-	return registerErr
-}
-
 // New returns the Store of this replica. Its peers are only itself until
 // SetPeers is called. Close it to stop the local janitor.
 func New(opts Options) (*Store, error) {
@@ -125,14 +92,8 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := registerPicker(); err != nil {
-		return nil, err
-	}
 	if opts.PeerTimeout <= 0 {
 		opts.PeerTimeout = 2 * time.Second
-	}
-	if opts.CacheBytes <= 0 {
-		opts.CacheBytes = 4 << 20
 	}
 	if opts.Transport == nil {
 		opts.Transport = defaultTransport(opts.PeerTimeout)
@@ -140,8 +101,6 @@ func New(opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	var suffix [8]byte
-	rand.Read(suffix[:])
 	s := &Store{
 		self:    opts.Self,
 		local:   memory.New(opts.Limits, opts.Clock),
@@ -149,24 +108,23 @@ func New(opts Options) (*Store, error) {
 		replays: newReplayCache(),
 		client:  &http.Client{Transport: opts.Transport, Timeout: opts.PeerTimeout},
 		log:     opts.Logger,
-		name:    "kube-bind-sessions-" + hex.EncodeToString(suffix[:]),
 	}
 	s.limits = s.local.Limits()
+	if opts.CacheBytes <= 0 {
+		opts.CacheBytes = max(int64(s.limits.MaxSessions)<<10, 4<<20)
+	}
+	s.statics = newStaticCache(opts.CacheBytes)
+	// The batch envelope and the seal add a few bytes to the requests.
+	s.pipes = newPipes(s.maxPeerMessage() - 1024)
 	s.SetPeers(nil)
-	storesMu.Lock()
-	stores[s.name] = s
-	storesMu.Unlock()
-	s.group = groupcache.NewGroup(s.name, opts.CacheBytes, groupcache.GetterFunc(s.loadStatic))
 	return s, nil
 }
 
-// Close stops the local store's janitor. Groupcache groups cannot be
-// removed; the small cache of a closed Store stays until the process ends.
+// Close stops the local store's janitor and waits for the peer calls in
+// flight.
 func (s *Store) Close() {
 	s.local.Close()
-	storesMu.Lock()
-	delete(stores, s.name)
-	storesMu.Unlock()
+	s.pipes.close()
 }
 
 // SetPeers replaces the ring's members: base URLs of every replica,
@@ -205,15 +163,6 @@ func (s *Store) Owner(id string) string {
 	return s.ring.Get(id)
 }
 
-// PickPeer implements groupcache.PeerPicker for this Store's group.
-func (s *Store) PickPeer(key string) (groupcache.ProtoGetter, bool) {
-	owner := s.Owner(key)
-	if owner == s.self {
-		return nil, false
-	}
-	return peerGetter{s: s, peer: owner}, true
-}
-
 // Local returns the memory store of the sessions this replica owns.
 func (s *Store) Local() *memory.Store { return s.local }
 
@@ -249,46 +198,45 @@ func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
 	return err
 }
 
-// Get returns the session. On a non-owner it asks the owner for the
-// mutable state while it looks up the static part through groupcache, and
-// combines them when they belong to the same session.
+// Get returns the session. On a non-owner that has the static part
+// cached, it asks the owner for the mutable part and the digest of its
+// static part, and combines them when they belong to the same session;
+// otherwise it asks for everything and caches the static part.
 func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 	owner := s.Owner(id)
 	if owner == s.self {
 		return s.local.Get(ctx, id)
 	}
-	type static struct {
-		p   staticPart
-		err error
-	}
-	ch := make(chan static, 1)
-	go func() {
-		var b []byte
-		var st static
-		st.err = s.group.Get(ctx, id, groupcache.AllocatingByteSliceSink(&b))
-		if st.err == nil {
-			st.err = json.Unmarshal(b, &st.p)
+	if e, ok := s.statics.get(id); ok {
+		resp, err := s.call(ctx, owner, &peerRequest{Op: opState, ID: id})
+		if err != nil {
+			if errors.Is(err, sessions.ErrNotFound) {
+				s.statics.remove(id)
+			}
+			return sessions.Session{}, err
 		}
-		ch <- st
-	}()
-	resp, err := s.call(ctx, owner, &peerRequest{Op: opState, ID: id})
-	st := <-ch
+		if w := resp.Session; string(w.StaticDigest) == string(e.digest) {
+			return withStatic(fromWire(w), e.sess), nil
+		}
+		// The ID was used again: ask for everything.
+	}
+	resp, err := s.call(ctx, owner, &peerRequest{Op: opGet, ID: id})
 	if err != nil {
+		if errors.Is(err, sessions.ErrNotFound) {
+			s.statics.remove(id)
+		}
 		return sessions.Session{}, err
 	}
-	w := resp.Session
-	if st.err == nil && string(st.p.digest()) == string(w.StaticDigest) {
-		w.ID, w.ClusterID, w.Secret, w.CreatedAt = st.p.ID, st.p.ClusterID, st.p.Secret, st.p.CreatedAt
-		w.CallbackURL, w.CallbackSessionID = st.p.CallbackURL, st.p.CallbackSessionID
-		return fromWire(w), nil
-	}
-	// The cached static part is missing or stale (the ID was used again):
-	// ask the owner for everything.
-	resp, err = s.call(ctx, owner, &peerRequest{Op: opGet, ID: id})
-	if err != nil {
-		return sessions.Session{}, err
-	}
-	return fromWire(resp.Session), nil
+	sess := fromWire(resp.Session)
+	s.statics.add(newStaticEntry(sess))
+	return sess, nil
+}
+
+// withStatic returns sess with the static fields of st.
+func withStatic(sess, st sessions.Session) sessions.Session {
+	sess.ID, sess.ClusterID, sess.Secret, sess.CreatedAt = st.ID, st.ClusterID, st.Secret, st.CreatedAt
+	sess.CallbackURL, sess.CallbackSessionID = st.CallbackURL, st.CallbackSessionID
+	return sess
 }
 
 func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
@@ -305,9 +253,23 @@ func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval ti
 	if owner == s.self {
 		return s.local.RecordPoll(ctx, id, nonce, minInterval)
 	}
-	resp, err := s.call(ctx, owner, &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval)})
-	if err != nil {
+	// The digest of the cached static part (the one Static returned, which
+	// the caller checked the signature with) goes along; the owner then
+	// answers only the mutable part, or stale_static.
+	req := &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval)}
+	e, cached := s.statics.get(id)
+	if cached {
+		req.StaticDigest = e.digest
+	}
+	resp, err := s.call(ctx, owner, req)
+	switch {
+	case errors.Is(err, sessions.ErrStaleStatic), errors.Is(err, sessions.ErrNotFound):
+		s.statics.remove(id)
 		return sessions.Session{}, err
+	case err != nil:
+		return sessions.Session{}, err
+	case cached:
+		return withStatic(fromWire(resp.Session), e.sess), nil
 	}
 	return fromWire(resp.Session), nil
 }
@@ -348,38 +310,11 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	if owner == s.self {
 		return s.local.Delete(ctx, id)
 	}
+	s.statics.remove(id)
 	_, err := s.call(ctx, owner, &peerRequest{Op: opDelete, ID: id})
 	var gone *OwnerUnavailableError
 	if errors.As(err, &gone) {
 		return nil
 	}
 	return err
-}
-
-// loadStatic is the group's Getter: it runs on the owner (or on a replica
-// whose ring says it is the owner) and reads the local store. Errors are
-// not cached by groupcache, so an unknown session stays unknown only until
-// it exists.
-func (s *Store) loadStatic(ctx context.Context, id string, dest groupcache.Sink) error {
-	sess, err := s.local.Get(ctx, id)
-	if err != nil {
-		return err
-	}
-	return dest.SetBytes(mustJSON(staticOf(sess)))
-}
-
-// peerGetter fetches a static part from its owner for groupcache, over the
-// authenticated peer API.
-type peerGetter struct {
-	s    *Store
-	peer string
-}
-
-func (g peerGetter) Get(ctx context.Context, in *pb.GetRequest, out *pb.GetResponse) error {
-	resp, err := g.s.call(ctx, g.peer, &peerRequest{Op: opStatic, ID: in.GetKey()})
-	if err != nil {
-		return err
-	}
-	out.Value = resp.Static
-	return nil
 }

@@ -211,6 +211,17 @@ func (s *Store) Get(_ context.Context, id string) (sessions.Session, error) {
 	return e.s, nil
 }
 
+// Static returns the fields of the session fixed at Create.
+func (s *Store) Static(_ context.Context, id string) (sessions.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.live(id, s.now())
+	if e == nil {
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	return e.s.StaticPart(), nil
+}
+
 func (s *Store) UseNonce(_ context.Context, id, nonce string) error {
 	h := maphash.String(s.seed, nonce)
 	s.mu.Lock()

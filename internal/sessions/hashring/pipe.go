@@ -1,0 +1,142 @@
+package hashring
+
+import (
+	"context"
+	"sync"
+)
+
+// Group commit of peer requests. Each peer has a pipe: a request that
+// finds fewer than maxInFlight batches in flight to its peer is sent at
+// once, by its caller, with whatever else is queued (so an idle pipe adds
+// no latency: there is no timer); one that finds the pipe busy queues, and
+// goes with the next batch, which the sender of the batch that finishes
+// first starts. Under load, many requests share one sealed message, one
+// HTTP round trip and one replay check, which is what made a forwarded
+// poll cost several times a local one.
+
+// maxInFlight is how many batches may be in flight to one peer at once.
+const maxInFlight = 2
+
+// pendingCall is a request waiting for its answer.
+type pendingCall struct {
+	body []byte // the encoded peerRequest
+	resp *peerResponse
+	err  error
+	done chan struct{} // closed once resp or err is set
+}
+
+type pipe struct {
+	maxBytes int64 // of a batch's requests together
+
+	mu       sync.Mutex
+	queue    []*pendingCall
+	inFlight int
+}
+
+// pipes are the pipes of a Store, one per peer URL.
+type pipes struct {
+	maxBytes int64
+
+	mu sync.Mutex
+	m  map[string]*pipe
+	// wg counts the goroutines that send batches queued behind others.
+	wg sync.WaitGroup
+}
+
+func newPipes(maxBytes int64) *pipes { return &pipes{maxBytes: maxBytes, m: map[string]*pipe{}} }
+
+func (ps *pipes) get(peer string) *pipe {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p := ps.m[peer]
+	if p == nil {
+		// One pipe per peer URL ever called: a few bytes each, and the
+		// peer URLs of a cluster are few.
+		p = &pipe{maxBytes: ps.maxBytes}
+		ps.m[peer] = p
+	}
+	return p
+}
+
+// close waits for the batches in flight (each ends within the peer
+// timeout).
+func (ps *pipes) close() { ps.wg.Wait() }
+
+// send queues pc for peer and, if the pipe has room, sends the queue in
+// this goroutine. The caller then waits for pc.done.
+func (ps *pipes) send(s *Store, peer string, pc *pendingCall) {
+	p := ps.get(peer)
+	p.mu.Lock()
+	p.queue = append(p.queue, pc)
+	batch := p.takeLocked()
+	p.mu.Unlock()
+	if batch != nil {
+		ps.run(s, peer, p, batch)
+	}
+}
+
+// takeLocked takes the next batch off the queue if another batch may be
+// in flight: at most maxBatch requests, of at most maxPeerMessage bytes
+// together (a larger request goes alone).
+func (p *pipe) takeLocked() []*pendingCall {
+	if p.inFlight >= maxInFlight || len(p.queue) == 0 {
+		return nil
+	}
+	p.inFlight++
+	n, size := 1, int64(len(p.queue[0].body))
+	for n < len(p.queue) && n < maxBatch && size+int64(len(p.queue[n].body)) <= p.maxBytes {
+		size += int64(len(p.queue[n].body))
+		n++
+	}
+	batch := p.queue[:n:n]
+	if n == len(p.queue) {
+		p.queue = nil
+	} else {
+		p.queue = p.queue[n:]
+	}
+	return batch
+}
+
+// run sends batch and delivers the answers; then, if requests queued
+// meanwhile and no other sender took them, sends those from a goroutine of
+// its own, so that this caller gets its answer now.
+func (ps *pipes) run(s *Store, peer string, p *pipe, batch []*pendingCall) {
+	s.sendBatch(peer, batch)
+	p.mu.Lock()
+	p.inFlight--
+	next := p.takeLocked()
+	p.mu.Unlock()
+	if next == nil {
+		return
+	}
+	ps.wg.Add(1)
+	go func() {
+		defer ps.wg.Done()
+		for next != nil {
+			s.sendBatch(peer, next)
+			p.mu.Lock()
+			p.inFlight--
+			next = p.takeLocked()
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// sendBatch sends one batch and sets every call's answer or error. It is
+// bounded by the peer client's timeout, not by any one caller's context:
+// the batch serves them all.
+func (s *Store) sendBatch(peer string, batch []*pendingCall) {
+	bodies := make([][]byte, len(batch))
+	for i, pc := range batch {
+		bodies[i] = pc.body
+	}
+	resps, err := s.roundTrip(context.Background(), s.client, peer, bodies)
+	for i, pc := range batch {
+		if err != nil {
+			pc.err = err
+		} else {
+			pc.resp = resps[i]
+		}
+		close(pc.done)
+	}
+}
