@@ -2,7 +2,6 @@ package hashring
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sync"
 
@@ -103,7 +102,7 @@ func (s *Store) Static(ctx context.Context, id string) (sessions.Session, error)
 			return nil, err
 		}
 		var p staticPart
-		if err := json.Unmarshal(resp.Static, &p); err != nil || p.ID != id {
+		if err := wireJSON.Unmarshal(resp.Static, &p); err != nil || p.ID != id {
 			return nil, &OwnerUnavailableError{Owner: owner, Op: opStatic, Err: errors.New("the owner answered with another session's static part or none")}
 		}
 		e := newStaticEntry(p.session())

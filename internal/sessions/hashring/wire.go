@@ -3,15 +3,25 @@ package hashring
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"time"
 
+	jsoniter "github.com/json-iterator/go"
+
 	"github.com/kbprovider/backend/internal/sessions"
 )
+
+// wireJSON encodes and decodes peer messages: JSON as encoding/json reads
+// and writes it (the same rules and field tags, so fields added to the
+// messages need nothing else), but without most of its reflection cost.
+// BenchmarkWirePoll measured a forwarded poll's four encodings and
+// decodings at about 9 µs of CPU with encoding/json and 3 µs with this,
+// against under 1 µs for sealing and opening its batch: the encoding, not
+// the cryptography, was the part worth making cheaper.
+var wireJSON = jsoniter.ConfigCompatibleWithStandardLibrary
 
 // Operations of the peer API.
 const (
@@ -69,7 +79,7 @@ var errBatch = errors.New("malformed peer batch")
 // none of them null.
 func decodeBatch(plain []byte) (*peerBatch, error) {
 	var b peerBatch
-	if err := json.Unmarshal(plain, &b); err != nil {
+	if err := wireJSON.Unmarshal(plain, &b); err != nil {
 		return nil, err
 	}
 	if len(b.Reqs) == 0 || len(b.Reqs) > maxBatch || slices.Contains(b.Reqs, nil) {
@@ -82,7 +92,7 @@ func decodeBatch(plain []byte) (*peerBatch, error) {
 // n answers, none of them null.
 func decodeBatchResponse(plain []byte, n int) ([]*peerResponse, error) {
 	var b peerBatchResponse
-	if err := json.Unmarshal(plain, &b); err != nil {
+	if err := wireJSON.Unmarshal(plain, &b); err != nil {
 		return nil, err
 	}
 	if len(b.Resps) != n || slices.Contains(b.Resps, nil) {
@@ -256,7 +266,7 @@ func decodeError(r *peerResponse) error {
 }
 
 func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
+	b, err := wireJSON.Marshal(v)
 	if err != nil {
 		panic(err) // only plain structs are marshalled
 	}
