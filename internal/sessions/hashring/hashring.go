@@ -56,8 +56,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// PeerPath is where PeerHandler serves the peer API.
-const PeerPath = "/sessions-peer/v1"
+// PeerPath is where PeerHandler serves the peer API. v2: messages carry
+// batches of requests. A v1 replica (before batching) and a v2 replica do
+// not understand each other (404): during an upgrade from v1, each counts
+// the other as unavailable for the sessions the other owns.
+const PeerPath = "/sessions-peer/v2"
 
 // Store is a sessions.Store spread over the replicas in the ring.
 type Store struct {
@@ -195,6 +198,11 @@ func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
 		return s.local.Create(ctx, sess)
 	}
 	_, err := s.call(ctx, owner, &peerRequest{Op: opCreate, Session: toWire(sess)})
+	if err == nil {
+		// This replica knows the static part already; a poll that lands
+		// here needs no static request.
+		s.statics.add(newStaticEntry(sess))
+	}
 	return err
 }
 
