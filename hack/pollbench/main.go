@@ -34,26 +34,25 @@ import (
 )
 
 type options struct {
-	backend    string
-	label      string
-	modes      []string
-	sessions   int
-	conns      int
-	warmup     time.Duration
-	duration   time.Duration
-	interval   time.Duration
-	backendCPU string
-	loadCPU    string
-	logLevel   string
-	repeat     int
-	maxRate    int
+	backend     string
+	backendPath string // the one measured now
+	modes       []string
+	sessions    int
+	conns       int
+	warmup      time.Duration
+	duration    time.Duration
+	interval    time.Duration
+	backendCPU  string
+	loadCPU     string
+	logLevel    string
+	repeat      int
+	maxRate     int
 }
 
 func main() {
 	var o options
 	var modes string
-	flag.StringVar(&o.backend, "backend", "", "cmd/backend binary to measure (default: build ./cmd/backend of this checkout)")
-	flag.StringVar(&o.label, "label", "", "label for the report lines (default: the binary's name)")
+	flag.StringVar(&o.backend, "backend", "", "cmd/backend binaries to measure, comma-separated, each path or label=path (default: build ./cmd/backend of this checkout)")
 	flag.StringVar(&modes, "modes", "one,two", "set-ups to measure, in order: one (a single replica, memory store), two (two replicas in a hashring, load sent to the first)")
 	flag.IntVar(&o.sessions, "sessions", 200000, "pending sessions to poll (each polled once per poll interval)")
 	flag.IntVar(&o.conns, "conns", 64, "connections the load generator keeps busy (one request in flight each)")
@@ -87,44 +86,64 @@ func fail(err error) {
 	os.Exit(1)
 }
 
+// binary is a backend binary to measure, and its label in the report.
+type binary struct{ label, path string }
+
 func run(o options) error {
 	dir, err := os.MkdirTemp("", "pollbench-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
+	var bins []binary
 	if o.backend == "" {
-		o.backend = filepath.Join(dir, "backend")
+		path := filepath.Join(dir, "backend")
 		fmt.Println("building ./cmd/backend")
-		build := exec.Command("go", "build", "-o", o.backend, "./cmd/backend")
+		build := exec.Command("go", "build", "-o", path, "./cmd/backend")
 		build.Stdout, build.Stderr = os.Stdout, os.Stderr
 		if err := build.Run(); err != nil {
 			return fmt.Errorf("building the backend: %w", err)
 		}
-		if o.label == "" {
-			o.label = "this checkout"
+		bins = append(bins, binary{"this-checkout", path})
+	}
+	for _, b := range strings.Split(o.backend, ",") {
+		if b == "" {
+			continue
 		}
+		label, path, ok := strings.Cut(b, "=")
+		if !ok {
+			label, path = filepath.Base(b), b
+		}
+		bins = append(bins, binary{label, path})
 	}
-	if o.label == "" {
-		o.label = filepath.Base(o.backend)
-	}
-	results := map[string][]result{}
+	// Runs alternate between set-ups and binaries, so that a change in the
+	// machine's load spreads over all of them.
+	results := map[binary]map[string][]result{}
 	for i := 0; i < o.repeat; i++ {
 		for _, mode := range o.modes {
-			r, err := measure(o, dir, mode)
-			if err != nil {
-				return fmt.Errorf("%s: %w", mode, err)
+			for _, bin := range bins {
+				o.backendPath = bin.path
+				r, err := measure(o, dir, mode)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", bin.label, mode, err)
+				}
+				if results[bin] == nil {
+					results[bin] = map[string][]result{}
+				}
+				results[bin][mode] = append(results[bin][mode], r)
+				fmt.Println(r.line(bin.label))
 			}
-			results[mode] = append(results[mode], r)
-			fmt.Println(r.line(o.label))
 		}
 	}
-	if len(results["one"]) > 0 && len(results["two"]) > 0 {
-		fmt.Println()
-		for i := range results["one"] {
-			one, two := results["one"][i], results["two"][min(i, len(results["two"])-1)]
+	fmt.Println()
+	for _, bin := range bins {
+		for i := range results[bin]["one"] {
+			if i >= len(results[bin]["two"]) {
+				break
+			}
+			one, two := results[bin]["one"][i], results[bin]["two"][i]
 			fmt.Printf("%s run %d: two/one throughput per core %.2f; CPU per poll one/two %.2f\n",
-				o.label, i+1, two.rate/one.rate, one.cpuPerPoll/two.cpuPerPoll)
+				bin.label, i+1, two.rate/one.rate, one.cpuPerPoll/two.cpuPerPoll)
 		}
 	}
 	return nil
@@ -188,7 +207,7 @@ func freePort() (int, error) {
 }
 
 func startBackend(o options, args []string, public string) (*backend, error) {
-	cmd := exec.Command("taskset", append([]string{"-c", o.backendCPU, o.backend}, args...)...)
+	cmd := exec.Command("taskset", append([]string{"-c", o.backendCPU, o.backendPath}, args...)...)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	b := &backend{cmd: cmd, public: public, logs: &bytes.Buffer{}, logsMu: &sync.Mutex{}, stopped: make(chan struct{})}
 	cmd.Stdout = lockedWriter{b.logsMu, b.logs}
