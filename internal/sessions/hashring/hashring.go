@@ -6,9 +6,11 @@
 // hash of its ID over the current peers. The owner keeps the session's
 // mutable state in a memory.Store (the only copy, so nonces, poll intervals
 // and transitions are atomic cluster-wide); other replicas forward every
-// operation to it over an authenticated, encrypted peer API. The part of a
-// session that never changes (ID, cluster ID, secret, creation time) is
-// also served through a groupcache Group, so replicas hot-cache it.
+// operation to it over an authenticated, encrypted peer API, in batches
+// (pipe.go). The part of a session that never changes (ID, cluster ID,
+// secret, creation time) is cached by the other replicas (static.go), so a
+// poll's signature is checked where it arrives and the poll costs one
+// round trip to the owner.
 package hashring
 
 import (
