@@ -32,7 +32,7 @@ bin="$cache_root/demo-bin/$(pwd -P | sha256sum | cut -c1-12)"
 mkdir -p "$bin"
 t=$SECONDS
 log "building the backend, kube-bind-poll, the demo and the konnector's network bridge into $bin"
-go build -o "$bin/" ./cmd/backend ./cmd/kube-bind-poll ./hack/demo ./internal/testutil/konnector/netbridge
+go build -o "$bin/" ./cmd/backend ./cmd/kube-bind-poll ./hack/demo ./internal/localenv/konnector/netbridge
 # kubectl finds plugins on PATH by name: `kubectl bind-poll` runs this.
 ln -f "$bin/kube-bind-poll" "$bin/kubectl-bind_poll"
 log "built in $((SECONDS - t))s"

@@ -17,7 +17,7 @@ t2=$SECONDS
 echo "test dependencies: $((t1 - t0))s; test binaries: $((t2 - t1))s ($KUBE_BIND_TEST_BINARIES)"
 
 # The released kube-bind v0.4.8 binaries the consumer-side tests run
-# (internal/testutil/konnector looks beside the repository and its parents;
+# (internal/localenv/konnector looks beside the repository and its parents;
 # a clone elsewhere finds them at the workplace's shared folder).
 if [ -z "${KUBE_BIND_TEST_PEERS:-}" ] && [ -f /work/shared/peers/kube-bind-v0.4.8/SHA256SUMS ]; then
 	export KUBE_BIND_TEST_PEERS=/work/shared/peers/kube-bind-v0.4.8

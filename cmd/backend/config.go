@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/server"
 )
 
@@ -64,6 +65,8 @@ type rawFlags struct {
 	kubeconfig, kubeContext                               string
 	sessionTTL, pollInterval, gracePeriod, shutdownTimout time.Duration
 	maxPendingSessions                                    int
+	longPollMaxWait                                       time.Duration
+	maxLongPolls                                          int
 	maxConnections, maxConnectionsPerClient               int
 	logLevel, logFormat                                   string
 	tlsCertFile, tlsKeyFile                               string
@@ -116,6 +119,8 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	d(&r.pollInterval, "poll-interval", 2*time.Second, "poll interval advertised to clients and enforced (with a small jitter tolerance)")
 	d(&r.gracePeriod, "grace-period", 60*time.Second, "how long a delivered BindingResponse stays available to further polls")
 	i(&r.maxPendingSessions, "max-pending-sessions", 10000, "most sessions held at once, per replica (with the hashring, a replica's limit counts the sessions it owns); beyond it session creation answers 503")
+	d(&r.longPollMaxWait, "long-poll-max-wait", longpoll.DefaultMaxWait, "longest a poll that asks with \"Prefer: wait=N\" is held until its session ends (whole seconds, at most 50s); advertised in discovery as longPollMaxWait; 0 turns long polling off")
+	i(&r.maxLongPolls, "max-long-polls", longpoll.DefaultMaxHeld, "most polls held open at once, per replica; beyond it a poll that asks to wait is answered at once")
 	i(&r.maxConnections, "max-connections", 4096, "most connections served at once; beyond it new ones wait in the listen backlog (0: no limit). Keep it below the open-file limit (ulimit -n)")
 	i(&r.maxConnectionsPerClient, "max-connections-per-client", 64, "most connections from one client IP address at once; more are closed at once (0: no limit). Behind a proxy that does not keep client addresses, every connection is the proxy's")
 	d(&r.shutdownTimout, "shutdown-timeout", 25*time.Second, "how long in-flight requests may take to finish on SIGTERM")
@@ -336,6 +341,8 @@ func (r *rawFlags) validate() (*config, error) {
 	if r.maxPendingSessions <= 0 {
 		fail("--max-pending-sessions %d: must be positive", r.maxPendingSessions)
 	}
+	c.LongPoll = longpoll.Options{MaxWait: r.longPollMaxWait, MaxHeld: r.maxLongPolls}
+	errs = append(errs, c.LongPoll.Validate()...)
 	if r.shutdownTimout <= 0 {
 		fail("--shutdown-timeout %s: must be positive", r.shutdownTimout)
 	}

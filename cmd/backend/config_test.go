@@ -32,7 +32,8 @@ func TestDefaults(t *testing.T) {
 	if c.ListenAddress != ":8080" || c.ExternalURL != nil || c.PrettyName != "kube-bind provider" ||
 		c.NamespacePrefix != "kube-bind-" || c.ConsumerScope != "Namespaced" ||
 		c.SessionTTL != 10*time.Minute || c.PollInterval != 2*time.Second || c.GracePeriod != time.Minute ||
-		c.MaxPendingSessions != 10000 || c.LogLevel != slog.LevelInfo || c.LogFormat != "json" {
+		c.MaxPendingSessions != 10000 || c.LogLevel != slog.LevelInfo || c.LogFormat != "json" ||
+		c.LongPoll.MaxWait != 30*time.Second || c.LongPoll.MaxHeld != 1000 {
 		t.Errorf("defaults: %+v", c)
 	}
 	if len(c.CookieSigningKey) != 32 || len(c.CookieEncryptionKey) != 32 || len(c.CookieKeysGenerated) != 2 {
@@ -86,6 +87,9 @@ func TestFlagBeatsEnvBeatsDefault(t *testing.T) {
 	}
 	if c.GracePeriod != time.Minute {
 		t.Errorf("default lost: %s", c.GracePeriod)
+	}
+	if c := mustParse(t, []string{"--long-poll-max-wait=0"}, map[string]string{"KUBE_BIND_MAX_LONG_POLLS": "7"}); c.LongPoll.MaxWait != 0 || c.LongPoll.MaxHeld != 7 {
+		t.Errorf("long poll flags: %+v", c.LongPoll)
 	}
 }
 
@@ -145,6 +149,9 @@ func TestInvalidConfig(t *testing.T) {
 		{[]string{"--poll-interval", "20m"}, nil, "must be shorter than --session-ttl"},
 		{[]string{"--grace-period", "-1s"}, nil, "--grace-period"},
 		{[]string{"--max-pending-sessions", "0"}, nil, "--max-pending-sessions"},
+		{[]string{"--long-poll-max-wait", "2m"}, nil, "--long-poll-max-wait 2m0s: want whole seconds from 0 (off) to 50s"},
+		{[]string{"--long-poll-max-wait", "1500ms"}, nil, "--long-poll-max-wait 1.5s: want whole seconds"},
+		{nil, map[string]string{"KUBE_BIND_MAX_LONG_POLLS": "0"}, "--max-long-polls 0: must be positive"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"--log-format", "xml"}, nil, "--log-format"},
 		{[]string{"--tls-cert-file", "/x"}, nil, "go together"},

@@ -216,6 +216,9 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *cluster
 	if c.SessionTTL <= 0 || c.PollInterval <= 0 || c.PollInterval >= c.SessionTTL || c.GracePeriod <= 0 || c.MaxPendingSessions <= 0 || c.ShutdownTimeout <= 0 {
 		t.Fatalf("durations and limits: %+v", c)
 	}
+	if errs := c.LongPoll.Validate(); len(errs) > 0 {
+		t.Fatalf("accepted long poll options their owner refuses: %v", errs)
+	}
 	switch c.LogLevel {
 	case slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError:
 	default:

@@ -10,11 +10,11 @@ import (
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
 )
 
 const (
@@ -71,18 +71,7 @@ func (d *demo) installBindingsAPI(ctx context.Context) error {
 	if _, err := crds.Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		got, err := crds.Get(ctx, crd.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	return exampleapis.WaitEstablished(ctx, crds, crd.Name)
 }
 
 // startKonnectorWatcher starts the goroutine that stands in for the
@@ -122,7 +111,7 @@ func (d *demo) runKonnector(ctx context.Context, kube kubernetes.Interface) {
 			return
 		}
 		kubeconfig := d.path("konnector.kubeconfig")
-		if err := d.consumerCP.WriteKubeconfigFile(kubeconfig, d.consumerCP.ConfigForToken(token)); err != nil {
+		if err := controlplane.WriteKubeconfig(kubeconfig, d.consumerCP.ConfigForToken(token)); err != nil {
 			d.step("cannot run the konnector: %v", err)
 			return
 		}

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
@@ -16,9 +14,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 const (
@@ -99,7 +98,7 @@ func (d *demo) start(ctx context.Context) error {
 	if d.idpLog, err = os.Create(d.path("oidc-provider.log")); err != nil {
 		return err
 	}
-	secret, err := randomKey(32)
+	secret, err := procs.RandomKey(32)
 	if err != nil {
 		return err
 	}
@@ -170,11 +169,11 @@ func (d *demo) startClusters(ctx context.Context) error {
 
 func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	o := d.opts
-	signing, err := randomKey(32)
+	signing, err := procs.RandomKey(32)
 	if err != nil {
 		return err
 	}
-	encryption, err := randomKey(32)
+	encryption, err := procs.RandomKey(32)
 	if err != nil {
 		return err
 	}
@@ -201,8 +200,7 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	// Its own process group: a Ctrl-C on the terminal reaches only the demo,
 	// which stops the backend gracefully; the parent-death signal ends it if
 	// the demo dies without doing so.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := procs.StartTied(cmd); err != nil {
 		d.backendLog.Close()
 		return err
 	}
@@ -303,11 +301,3 @@ func describeAPIs() string {
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }
-
-func randomKey(n int) (string, error) {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		return "", err
-	}
-	return base64.StdEncoding.EncodeToString(b), nil
-}

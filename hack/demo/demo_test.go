@@ -30,9 +30,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/web"
 )
@@ -252,7 +253,7 @@ func TestDemoWithoutKonnector(t *testing.T) {
 	}
 	ctx := context.Background()
 	dyn := dynamic.NewForConfigOrDie(consumerCfg)
-	if _, err := dyn.Resource(bindingGVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
+	if _, err := dyn.Resource(kbresources.APIServiceBindings).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
 		t.Errorf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
 	}
 	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
@@ -526,7 +527,7 @@ func useBoundAPI(t *testing.T, d *demoRun, ready readyText, providerNS string, p
 	if out, err := ready.run("get apiservicebindings"); err != nil || !strings.Contains(out, exampleapis.MangoDB.Name()) {
 		t.Errorf("the printed get apiservicebindings: %v\n%s", err, out)
 	}
-	b, err := consumerDyn.Resource(bindingGVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
+	b, err := consumerDyn.Resource(kbresources.APIServiceBindings).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
 	}
@@ -551,7 +552,7 @@ func useBoundAPI(t *testing.T, d *demoRun, ready readyText, providerNS string, p
 		out, err := ready.run("create -f " + filepath.Join(d.state, "my-db.yaml"))
 		return err == nil || strings.Contains(out, "AlreadyExists"), fmt.Sprintf("%v: %s", err, out)
 	})
-	mango := schema.GroupVersionResource{Group: exampleapis.MangoDB.Group, Version: "v1alpha1", Resource: exampleapis.MangoDB.Plural}
+	mango := exampleapis.MangoDB.GVR()
 	var upstream *unstructured.Unstructured
 	eventually(t, 2*time.Minute, "my-db to appear on the provider", func() (bool, string) {
 		list, err := providerDyn.Resource(mango).List(ctx, metav1.ListOptions{})
@@ -571,7 +572,7 @@ func useBoundAPI(t *testing.T, d *demoRun, ready readyText, providerNS string, p
 		t.Errorf("my-db upstream has spec %v, want tier gold", upstream.Object["spec"])
 	}
 	// In the consumer's provider namespace, or one the provider made for it.
-	nsList, err := providerDyn.Resource(schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}).
+	nsList, err := providerDyn.Resource(kbresources.APIServiceNamespaces).
 		Namespace(providerNS).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -600,8 +601,6 @@ func useBoundAPI(t *testing.T, d *demoRun, ready readyText, providerNS string, p
 	}
 }
 
-var bindingGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicebindings"}
-
 // useIssuedKubeconfig shows the kubeconfig the provider issued working as
 // the consumer: it names the provider namespace the command reported, may
 // read the APIServiceExportRequest there, which Succeeded, and may not read
@@ -622,7 +621,7 @@ func useIssuedKubeconfig(t *testing.T, kubeconfig []byte, providerNS string) {
 	}
 	dyn := dynamic.NewForConfigOrDie(rc)
 	ctx := context.Background()
-	gvr := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	gvr := kbresources.APIServiceExportRequests
 	req, err := dyn.Resource(gvr).Namespace(ns).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the consumer cannot read its APIServiceExportRequest in %s: %v", ns, err)

@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/konnector"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
 )
 
 // T0Env holds the start time (Unix nanoseconds) of hack/demo.sh, so the
@@ -68,7 +68,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.binDir, "bin-dir", "", "folder of etcd, kube-apiserver, kube-controller-manager and kubectl (default: $KUBE_BIND_TEST_BINARIES, else the cache of hack/install-test-binaries.sh)")
 	fs.StringVar(&o.backendBinary, "backend-binary", filepath.Join(filepath.Dir(self), "backend"), "the backend (cmd/backend), built")
 	fs.StringVar(&o.pollBinary, "poll-binary", filepath.Join(filepath.Dir(self), "kube-bind-poll"), "the poll client (cmd/kube-bind-poll), built")
-	fs.StringVar(&o.netbridgeBinary, "netbridge-binary", filepath.Join(filepath.Dir(self), "netbridge"), "the konnector's network bridge (internal/testutil/konnector/netbridge), built")
+	fs.StringVar(&o.netbridgeBinary, "netbridge-binary", filepath.Join(filepath.Dir(self), "netbridge"), "the konnector's network bridge (internal/localenv/konnector/netbridge), built")
 	fs.StringVar(&o.user, "user", "demo", "name of the demo user at the OpenID Connect provider")
 	fs.StringVar(&o.password, "password", "demo-password", "password of the demo user")
 	fs.StringVar(&o.prettyName, "pretty-name", "kube-bind demo provider", "provider name shown to consumers")

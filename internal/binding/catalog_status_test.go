@@ -1,13 +1,11 @@
 package binding
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,25 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
-// lockedBuffer collects log lines written from the informer's goroutine.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) warnings(crd string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// warnings counts the WARN lines in logs about crd lacking a status
+// subresource.
+func warnings(logs *procs.Buffer, crd string) int {
 	n := 0
-	for _, line := range strings.Split(b.buf.String(), "\n") {
+	for _, line := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, `"crd":"`+crd+`"`) &&
 			strings.Contains(line, "no status subresource") {
 			n++
@@ -50,7 +37,7 @@ func (b *lockedBuffer) warnings(crd string) int {
 func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	logs := &lockedBuffer{}
+	logs := &procs.Buffer{}
 	cat, err := NewCatalog(e.backend, ScopeNamespaced, WithLogger(slog.New(slog.NewJSONHandler(logs, nil))))
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +62,7 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 	if !slices.Equal(api.NoStatusSubresource, []string{"v1"}) {
 		t.Errorf("NoStatusSubresource %v, want [v1] (v2 is not served)", api.NoStatusSubresource)
 	}
-	await.True(t, "a WARN names the CRD", func() bool { return logs.warnings(name) == 1 })
+	await.True(t, "a WARN names the CRD", func() bool { return warnings(logs, name) == 1 })
 
 	// A label change is an update event with the same generation: no
 	// second warning.
@@ -87,7 +74,7 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 		return ok && o.(*apiextensionsv1.CustomResourceDefinition).Labels["team"] == "a"
 	})
 	time.Sleep(200 * time.Millisecond)
-	if n := logs.warnings(name); n != 1 {
+	if n := warnings(logs, name); n != 1 {
 		t.Errorf("%d warnings after a label change, want still 1", n)
 	}
 
@@ -122,5 +109,5 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 	})
 	// ... and taken away again: a new change, a new warning.
 	setStatus(false)
-	await.True(t, "a second WARN", func() bool { return logs.warnings(name) == 2 })
+	await.True(t, "a second WARN", func() bool { return warnings(logs, name) == 2 })
 }

@@ -64,7 +64,7 @@ func doSetup(cp *controlplane.ControlPlane) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin := cp.AdminConfig()
-	e := env{cp: cp, admin: admin, backend: cp.ConfigForUser(backendUserName)}
+	e := env{cp: cp, admin: admin}
 	e.kube = kubernetes.NewForConfigOrDie(admin)
 	e.crds = apiextensionsclient.NewForConfigOrDie(admin)
 	if err := crds.Install(ctx, admin); err != nil {
@@ -73,7 +73,8 @@ func doSetup(cp *controlplane.ControlPlane) error {
 	if err := InstallClusterRoles(ctx, admin); err != nil {
 		return err
 	}
-	if _, err := cp.UserWithClusterRole(ctx, backendUserName, BackendClusterRole); err != nil {
+	var err error
+	if e.backend, err = cp.UserWithClusterRole(ctx, backendUserName, BackendClusterRole); err != nil {
 		return err
 	}
 	for _, c := range []struct {

@@ -19,7 +19,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -29,8 +28,6 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
-
-var requestsGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
 
 const issuer = "https://idp.example.com"
 
@@ -137,7 +134,7 @@ func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
 	if ns1 != nsName {
 		t.Fatalf("kubeconfig namespace %q, want %q", ns1, nsName)
 	}
-	created, err := dyn.Resource(requestsGVR).Namespace(ns1).Create(ctx, exportRequest("widgets.example.com"), metav1.CreateOptions{})
+	created, err := dyn.Resource(kbresources.APIServiceExportRequests).Namespace(ns1).Create(ctx, exportRequest("widgets.example.com"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("consumer creating an APIServiceExportRequest in its namespace: %v", err)
 	}
@@ -172,7 +169,7 @@ func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
 	wantForbidden(t, "reading another consumer's kubeconfig Secret", err)
 	_, err = kube.CoreV1().Secrets(nsBob).List(ctx, metav1.ListOptions{})
 	wantForbidden(t, "listing another consumer's Secrets", err)
-	_, err = dyn.Resource(requestsGVR).Namespace(nsBob).Create(ctx, exportRequest("widgets.example.com"), metav1.CreateOptions{})
+	_, err = dyn.Resource(kbresources.APIServiceExportRequests).Namespace(nsBob).Create(ctx, exportRequest("widgets.example.com"), metav1.CreateOptions{})
 	wantForbidden(t, "creating a request in another consumer's namespace", err)
 	_, err = kube.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})
 	wantForbidden(t, "listing Secrets in kube-system", err)
@@ -195,7 +192,7 @@ func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
 	if nsB != nsBob || nsB == ns1 {
 		t.Fatalf("bob's namespace %q", nsB)
 	}
-	_, err = dynBob.Resource(requestsGVR).Namespace(ns1).List(ctx, metav1.ListOptions{})
+	_, err = dynBob.Resource(kbresources.APIServiceExportRequests).Namespace(ns1).List(ctx, metav1.ListOptions{})
 	wantForbidden(t, "bob listing alice's requests", err)
 }
 
@@ -257,7 +254,7 @@ func TestProvisionConcurrent(t *testing.T) {
 		t.Errorf("%d token Secrets (want one per bind), current %q", tokens, current)
 	}
 	_, dyn, ns := consumerClients(t, resps[0].Kubeconfig)
-	if _, err := dyn.Resource(requestsGVR).Namespace(ns).List(ctx, metav1.ListOptions{}); err != nil {
+	if _, err := dyn.Resource(kbresources.APIServiceExportRequests).Namespace(ns).List(ctx, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

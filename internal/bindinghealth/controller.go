@@ -55,15 +55,7 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.Slack <= 0 {
 		cfg.Slack = DefaultSlack
 	}
-	if cfg.Resync <= 0 {
-		cfg.Resync = 10 * time.Minute
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
+	cfg.Resync, cfg.Logger, cfg.Clock = workloop.Defaults(cfg.Resync, cfg.Logger, cfg.Clock)
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, err
@@ -91,9 +83,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer cancel()
 	r := &run{
 		Controller: c,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "bindinghealth", Clock: c.cfg.Clock}),
+		queue:      workloop.NewQueue("bindinghealth", c.cfg.Clock),
 	}
 	defer r.queue.ShutDown()
 	// Only the ClusterBindings Provision made (it labels them); the

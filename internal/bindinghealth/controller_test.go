@@ -9,29 +9,25 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindinghealth"
+	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil/backendcluster"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/issued"
+	"github.com/kbprovider/backend/internal/testutil/metrics"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
 
 const backendUser = "kube-bind-backend-health-test"
-
-var (
-	clusterBindingsGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
-	requestsGVR        = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-)
 
 // The whole life of the condition against a real API server, with the
 // controller running as a user holding only the backend's ClusterRoles:
@@ -41,37 +37,20 @@ var (
 func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	cp := controlplane.Get(t)
 	ctx := context.Background()
-	admin := cp.AdminConfig()
-	if err := exampleapis.Prepare(ctx, admin, exampleapis.MangoDB); err != nil {
-		t.Fatal(err)
-	}
-	backend, err := cp.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cat, err := binding.NewCatalog(backend, binding.ScopeNamespaced)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat.Start(runCtx)
-	if !cat.WaitForSync(runCtx) {
-		t.Fatal("catalog never synced")
-	}
+	backend := backendcluster.Backend(t, cp, backendUser, exampleapis.MangoDB)
+	cat := backendcluster.Catalog(t, backend, exampleapis.MangoDB)
 	prov, err := binding.NewProvisioner(backend, cat, binding.Config{NamespacePrefix: "kbh-", ProviderPrettyName: "Health Test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	await.True(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup("mangodb.com", "mangodbs"); return ok })
 	r, err := prov.Provision(ctx, binding.Consumer{Issuer: "https://idp.example.com", Subject: fmt.Sprint("hb-", time.Now().UnixNano())},
-		"cluster1", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}})
+		"cluster1", []binding.Resource{exampleapis.MangoDB.Resource()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	consumerRC, ns := issued.Config(t, r.Kubeconfig)
 	// The konnector's view: the issued kubeconfig.
-	konnector := dynamic.NewForConfigOrDie(consumerRC).Resource(clusterBindingsGVR).Namespace(ns)
+	konnector := dynamic.NewForConfigOrDie(consumerRC).Resource(kbresources.ClusterBindings).Namespace(ns)
 
 	reg := prometheus.NewRegistry()
 	const slack = time.Second
@@ -79,14 +58,7 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	backendcluster.Run(t, "the bindinghealth controller", ctrl.Run)
 
 	cond := func() map[string]any {
 		cb, err := konnector.Get(ctx, binding.ClusterBindingName, metav1.GetOptions{})
@@ -153,7 +125,7 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	if len(list) != 2 {
 		t.Errorf("conditions %v: want the konnector's Ready and our Healthy", list)
 	}
-	if n := gauge(t, reg, "kube_bind_backend_cluster_bindings", "health", "healthy"); n != 1 {
+	if n := metrics.Value(t, reg, "kube_bind_backend_cluster_bindings", "health", "healthy"); n != 1 {
 		t.Errorf("cluster_bindings{health=healthy} = %v, want 1", n)
 	}
 
@@ -181,10 +153,10 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 		!strings.Contains(c["message"].(string), at.UTC().Format(time.RFC3339)) {
 		t.Errorf("stale: %v", c)
 	}
-	if n := gauge(t, reg, "kube_bind_backend_cluster_bindings", "health", "heartbeat_missing"); n != 1 {
+	if n := metrics.Value(t, reg, "kube_bind_backend_cluster_bindings", "health", "heartbeat_missing"); n != 1 {
 		t.Errorf("cluster_bindings{health=heartbeat_missing} = %v, want 1", n)
 	}
-	if age := gauge(t, reg, "kube_bind_backend_oldest_heartbeat_age_seconds", "", ""); age < 5 {
+	if age := metrics.Value(t, reg, "kube_bind_backend_oldest_heartbeat_age_seconds"); age < 5 {
 		t.Errorf("oldest heartbeat age %v s, want at least the 5 s tolerance", age)
 	}
 
@@ -195,47 +167,17 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 		"metadata": map[string]any{"name": "mangodbs.mangodb.com"},
 		"spec":     map[string]any{"resources": []any{map[string]any{"group": "mangodb.com", "resource": "mangodbs"}}},
 	}}
-	if _, err := dynamic.NewForConfigOrDie(consumerRC).Resource(requestsGVR).Namespace(ns).Create(ctx, req, metav1.CreateOptions{}); err != nil {
+	if _, err := dynamic.NewForConfigOrDie(consumerRC).Resource(kbresources.APIServiceExportRequests).Namespace(ns).Create(ctx, req, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	await.True(t, "the request is counted as Pending", func() bool {
-		return gauge(t, reg, "kube_bind_backend_export_requests", "phase", "Pending") == 1
+		return metrics.Value(t, reg, "kube_bind_backend_export_requests", "phase", "Pending") == 1
 	})
-	if n := gauge(t, reg, "kube_bind_backend_export_requests", "phase", "Succeeded"); n != 0 {
+	if n := metrics.Value(t, reg, "kube_bind_backend_export_requests", "phase", "Succeeded"); n != 0 {
 		t.Errorf("Succeeded requests %v, want 0", n)
 	}
 
 	// A heartbeat again: healthy again.
 	heartbeat()
 	await.True(t, "Healthy turns True again", func() bool { c = cond(); return c != nil && c["status"] == "True" })
-}
-
-// gauge reads one gauge from reg; label "" reads an unlabelled one. A
-// missing metric is -1.
-func gauge(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label == "" || hasLabel(m, label, value) {
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return -1
-}
-
-func hasLabel(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
 }

@@ -1,7 +1,6 @@
 package cleanup_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +16,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -27,10 +24,14 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/cleanup"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil/backendcluster"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/issued"
+	"github.com/kbprovider/backend/internal/testutil/metrics"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -40,14 +41,7 @@ const (
 	prefix      = "kbc-"
 )
 
-var (
-	clusterBindingsGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
-	requestsGVR        = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-	apiNSGVR           = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
-	mangodb            = binding.Resource{Group: "mangodb.com", Resource: "mangodbs"}
-	prepareOnce        sync.Once
-	prepareErr         error
-)
+var mangodb = exampleapis.MangoDB.Resource()
 
 type env struct {
 	admin       kubernetes.Interface
@@ -61,31 +55,11 @@ type env struct {
 func setup(t *testing.T) *env {
 	t.Helper()
 	cp := controlplane.Get(t)
-	admin := kubernetes.NewForConfigOrDie(cp.AdminConfig())
-	prepareOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if prepareErr = exampleapis.Prepare(ctx, cp.AdminConfig(), exampleapis.MangoDB); prepareErr != nil {
-			return
-		}
-		_, prepareErr = cp.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
-	})
-	if prepareErr != nil {
-		t.Fatalf("preparing the control plane: %v", prepareErr)
+	e := &env{
+		admin:   kubernetes.NewForConfigOrDie(cp.AdminConfig()),
+		backend: backendcluster.Backend(t, cp, backendUser, exampleapis.MangoDB),
 	}
-	e := &env{admin: admin, backend: cp.ConfigForUser(backendUser)}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	cat, err := binding.NewCatalog(e.backend, binding.ScopeNamespaced)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat.Start(ctx)
-	if !cat.WaitForSync(ctx) {
-		t.Fatal("catalog never synced")
-	}
-	await.True(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup(mangodb.Group, mangodb.Resource); return ok })
-	e.catalog = cat
+	e.catalog = backendcluster.Catalog(t, e.backend, exampleapis.MangoDB)
 	e.provisioner = e.newProvisioner(t, e.backend)
 	return e
 }
@@ -101,25 +75,7 @@ func (e *env) newProvisioner(t *testing.T, rc *rest.Config) *binding.Provisioner
 // start runs a controller until the test ends (and checks it stops).
 func start(t *testing.T, run func(context.Context) error) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Error("the controller did not stop within 10s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return backendcluster.Run(t, "the controller", run)
 }
 
 // consumer is one bound consumer, seen through its issued kubeconfig.
@@ -179,7 +135,7 @@ func (c *consumer) heartbeat(t *testing.T) {
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{
 		"lastHeartbeatTime": time.Now().UTC().Format(time.RFC3339), "heartbeatInterval": "5m0s",
 	}})
-	_, err := c.dyn.Resource(clusterBindingsGVR).Namespace(c.namespace).
+	_, err := c.dyn.Resource(kbresources.ClusterBindings).Namespace(c.namespace).
 		Patch(context.Background(), binding.ClusterBindingName, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	if err != nil {
 		t.Fatalf("heartbeat: %v", err)
@@ -222,9 +178,9 @@ func TestRevocationByLabel(t *testing.T) {
 	var child string
 	await.True(t, "the APIServiceNamespace gets its namespace", func() bool {
 		if child == "" {
-			_, _ = c.dyn.Resource(apiNSGVR).Namespace(c.namespace).Create(ctx, apiNS, metav1.CreateOptions{})
+			_, _ = c.dyn.Resource(kbresources.APIServiceNamespaces).Namespace(c.namespace).Create(ctx, apiNS, metav1.CreateOptions{})
 		}
-		got, err := c.dyn.Resource(apiNSGVR).Namespace(c.namespace).Get(ctx, "team-a", metav1.GetOptions{})
+		got, err := c.dyn.Resource(kbresources.APIServiceNamespaces).Namespace(c.namespace).Get(ctx, "team-a", metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
@@ -257,7 +213,7 @@ func TestRevocationByLabel(t *testing.T) {
 	await.True(t, "the consumer namespace and its APIServiceNamespace's namespace are deleted", func() bool {
 		return e.deleting(c.namespace) && e.deleting(child)
 	})
-	if n := value(t, reg, "kube_bind_backend_revoked_bindings_total"); n != 1 {
+	if n := metrics.Value(t, reg, "kube_bind_backend_revoked_bindings_total"); n != 1 {
 		t.Errorf("revoked_bindings_total %v, want 1", n)
 	}
 	// Another consumer is untouched.
@@ -320,7 +276,7 @@ func TestGarbageCollection(t *testing.T) {
 		"metadata": map[string]any{"name": "mangodbs.mangodb.com"},
 		"spec":     map[string]any{"resources": []any{map[string]any{"group": "mangodb.com", "resource": "mangodbs"}}},
 	}}
-	if _, err := used.dyn.Resource(requestsGVR).Namespace(used.namespace).Create(ctx, req, metav1.CreateOptions{}); err != nil {
+	if _, err := used.dyn.Resource(kbresources.APIServiceExportRequests).Namespace(used.namespace).Create(ctx, req, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	await.True(t, "the delivery is recorded on the ClusterBinding", func() bool {
@@ -328,7 +284,7 @@ func TestGarbageCollection(t *testing.T) {
 		if err != nil || cb != delivered.namespace {
 			t.Fatalf("ResponseNamespace: %q %v, want %s", cb, err, delivered.namespace)
 		}
-		got, err := dynamic.NewForConfigOrDie(e.backend).Resource(clusterBindingsGVR).Namespace(delivered.namespace).
+		got, err := dynamic.NewForConfigOrDie(e.backend).Resource(kbresources.ClusterBindings).Namespace(delivered.namespace).
 			Get(ctx, binding.ClusterBindingName, metav1.GetOptions{})
 		return err == nil && got.GetAnnotations()[binding.AnnotationDeliveredAt] != ""
 	})
@@ -336,7 +292,7 @@ func TestGarbageCollection(t *testing.T) {
 	collect := []string{undelivered.namespace, half}
 
 	// Dry run: logged and counted once each, nothing deleted.
-	logs := &lockedBuffer{}
+	logs := &procs.Buffer{}
 	reg := prometheus.NewRegistry()
 	dry, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, GCAfter: after, DryRun: true, Metrics: reg,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
@@ -345,7 +301,7 @@ func TestGarbageCollection(t *testing.T) {
 	}
 	stopDry := start(t, dry.Run)
 	await.True(t, "the dry run reports both unused bindings", func() bool {
-		return logs.count("would delete", undelivered.namespace) == 1 && logs.count("would delete", half) == 1
+		return count(logs, "would delete", undelivered.namespace) == 1 && count(logs, "would delete", half) == 1
 	})
 	// No report before GCAfter from the first bind (less a second: the
 	// marks have second precision).
@@ -360,16 +316,16 @@ func TestGarbageCollection(t *testing.T) {
 		}
 	}
 	for _, ns := range keep {
-		if logs.count("would delete", ns) != 0 {
+		if count(logs, "would delete", ns) != 0 {
 			t.Errorf("the dry run would delete %s, which is in use", ns)
 		}
 	}
 	const gcTotal = "kube_bind_backend_gc_bindings_total"
-	if a, b := value(t, reg, gcTotal, "action", "would_delete", "reason", "undelivered"),
-		value(t, reg, gcTotal, "action", "would_delete", "reason", "incomplete"); a != 1 || b != 1 {
+	if a, b := metrics.Value(t, reg, gcTotal, "action", "would_delete", "reason", "undelivered"),
+		metrics.Value(t, reg, gcTotal, "action", "would_delete", "reason", "incomplete"); a != 1 || b != 1 {
 		t.Errorf("would_delete: undelivered %v, incomplete %v; want 1 each", a, b)
 	}
-	if n := value(t, reg, gcTotal, "action", "deleted", "reason", "undelivered"); n != 0 {
+	if n := metrics.Value(t, reg, gcTotal, "action", "deleted", "reason", "undelivered"); n != 0 {
 		t.Errorf("deleted in a dry run: %v", n)
 	}
 
@@ -391,60 +347,18 @@ func TestGarbageCollection(t *testing.T) {
 			t.Errorf("%s was collected, but it is in use", ns)
 		}
 	}
-	if a, b := value(t, reg, gcTotal, "action", "deleted", "reason", "undelivered"),
-		value(t, reg, gcTotal, "action", "deleted", "reason", "incomplete"); a != 1 || b != 1 {
+	if a, b := metrics.Value(t, reg, gcTotal, "action", "deleted", "reason", "undelivered"),
+		metrics.Value(t, reg, gcTotal, "action", "deleted", "reason", "incomplete"); a != 1 || b != 1 {
 		t.Errorf("deleted: undelivered %v, incomplete %v; want 1 each", a, b)
 	}
 }
 
 func get[T any](_ T, err error) error { return err }
 
-// value gathers reg and returns the counter name with exactly these label
-// values (-1 when there is none).
-func value(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, l := range m.GetLabel() {
-					found = found || l.GetName() == labels[i] && l.GetValue() == labels[i+1]
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return -1
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
 // count counts log lines containing both strings.
-func (b *lockedBuffer) count(what, ns string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+func count(logs *procs.Buffer, what, ns string) int {
 	n := 0
-	for _, l := range strings.Split(b.buf.String(), "\n") {
+	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, what) && strings.Contains(l, `"namespace":"`+ns+`"`) {
 			n++
 		}

@@ -109,15 +109,7 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.GCAfter < 0 {
 		cfg.GCAfter = 0
 	}
-	if cfg.Resync <= 0 {
-		cfg.Resync = 10 * time.Minute
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.RealClock{}
-	}
+	cfg.Resync, cfg.Logger, cfg.Clock = workloop.Defaults(cfg.Resync, cfg.Logger, cfg.Clock)
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, err
@@ -156,10 +148,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := &run{
-		Controller: c,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "cleanup", Clock: c.cfg.Clock}),
+		Controller:     c,
+		queue:          workloop.NewQueue("cleanup", c.cfg.Clock),
 		dryRunReported: map[types.UID]bool{},
 		removed:        map[types.UID]bool{},
 	}

@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -22,6 +21,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/workloop"
 )
 
@@ -46,8 +46,6 @@ type Config struct {
 // fieldManager owns the CredentialsValid condition (server-side apply), and
 // nothing else of the ClusterBinding's status.
 const fieldManager = "kube-bind-backend-credentials"
-
-var clusterBindings = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
 
 // Controller rotates and revokes the tokens of every consumer namespace.
 type Controller struct {
@@ -90,7 +88,7 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 // until ctx ends. It returns only when ctx ends or the cache cannot start.
 func (c *Controller) Run(ctx context.Context) error {
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, 0)
-	informer := factory.ForResource(clusterBindings).Informer()
+	informer := factory.ForResource(kbresources.ClusterBindings).Informer()
 	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -272,7 +270,7 @@ func (c *Controller) report(ctx context.Context, cb *unstructured.Unstructured, 
 			"lastTransitionTime": transition,
 		}}},
 	}}
-	_, err := c.dyn.Resource(clusterBindings).Namespace(cb.GetNamespace()).ApplyStatus(ctx, cb.GetName(), apply,
+	_, err := c.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).ApplyStatus(ctx, cb.GetName(), apply,
 		metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	if err != nil {
 		return fmt.Errorf("reporting %s on %s: %w", ConditionType, cb.GetNamespace(), err)

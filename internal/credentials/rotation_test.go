@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
@@ -25,8 +24,10 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/credentials"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/backendcluster"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 )
 
@@ -35,13 +36,6 @@ func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
 const (
 	backendUser = "kube-bind-backend-credentials-test"
 	prefix      = "kbc-"
-)
-
-var (
-	mangodbs        = schema.GroupVersionResource{Group: "mangodb.com", Version: "v1alpha1", Resource: "mangodbs"}
-	requests        = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-	bindings        = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicebindings"}
-	clusterBindings = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
 )
 
 func poll(t *testing.T, what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
@@ -88,11 +82,11 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 		"spec":     map[string]any{"resources": []any{map[string]any{"group": "mangodb.com", "resource": "mangodbs"}}},
 	}}
 	poll(t, "the request is created", 30*time.Second, func(ctx context.Context) (bool, error) {
-		_, err := consumerOnProvider.Resource(requests).Namespace(ns).Create(ctx, req, metav1.CreateOptions{})
+		_, err := consumerOnProvider.Resource(kbresources.APIServiceExportRequests).Namespace(ns).Create(ctx, req, metav1.CreateOptions{})
 		return err == nil || apierrors.IsAlreadyExists(err), nil
 	})
 	poll(t, "the request Succeeded", 30*time.Second, func(ctx context.Context) (bool, error) {
-		u, err := consumerOnProvider.Resource(requests).Namespace(ns).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
+		u, err := consumerOnProvider.Resource(kbresources.APIServiceExportRequests).Namespace(ns).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
 		phase, _, _ := unstructured.NestedString(u.Object, "status", "phase")
 		return err == nil && phase == "Succeeded", nil
 	})
@@ -134,7 +128,7 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 		}},
 	}}
 	poll(t, "the APIServiceBinding is created", time.Minute, func(ctx context.Context) (bool, error) {
-		_, err := consumerDyn.Resource(bindings).Create(ctx, apiBinding, metav1.CreateOptions{})
+		_, err := consumerDyn.Resource(kbresources.APIServiceBindings).Create(ctx, apiBinding, metav1.CreateOptions{})
 		return err == nil || apierrors.IsAlreadyExists(err), nil
 	})
 
@@ -147,11 +141,11 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 			"spec":     map[string]any{"size": int64(1)},
 		}}
 		start := time.Now()
-		if _, err := consumerDyn.Resource(mangodbs).Namespace("default").Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		if _, err := consumerDyn.Resource(exampleapis.MangoDB.GVR()).Namespace("default").Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 			return 0, err
 		}
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-			list, err := adminDyn.Resource(mangodbs).List(ctx, metav1.ListOptions{})
+			list, err := adminDyn.Resource(exampleapis.MangoDB.GVR()).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return false, nil
 			}
@@ -173,7 +167,7 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 	} else {
 		t.Logf("before the rotation, an object synced in %s", took.Round(time.Millisecond))
 	}
-	cb, err := adminDyn.Resource(clusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
+	cb, err := adminDyn.Resource(kbresources.ClusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +217,7 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 	rotateAt := time.Now().UTC().Truncate(time.Second).Add(time.Second)
 	time.Sleep(time.Until(rotateAt))
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, credentials.AnnotationRotate, rotateAt.Format(time.RFC3339))
-	if _, err := adminDyn.Resource(clusterBindings).Namespace(ns).Patch(ctx, "cluster", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if _, err := adminDyn.Resource(kbresources.ClusterBindings).Namespace(ns).Patch(ctx, "cluster", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var newKubeconfig []byte
@@ -265,7 +259,7 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 	if probes == 0 || longest >= resync {
 		t.Errorf("sync was interrupted: %d probes, longest %s, want all under one resync (%s)", probes, longest, resync)
 	}
-	cb, err = adminDyn.Resource(clusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
+	cb, err = adminDyn.Resource(kbresources.ClusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,29 +289,10 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 func startProvider(t *testing.T, overlap time.Duration) (context.Context, *controlplane.ControlPlane, *binding.Provisioner) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	provider := controlplane.Get(t)
-	admin := provider.AdminConfig()
-	prepCtx, prepCancel := context.WithTimeout(ctx, time.Minute)
-	defer prepCancel()
-	if err := exampleapis.Prepare(prepCtx, admin, exampleapis.MangoDB); err != nil {
-		t.Fatal(err)
-	}
-	backend, err := provider.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
-	if err != nil {
-		t.Fatal(err)
-	}
-	catalog, err := binding.NewCatalog(backend, binding.ScopeNamespaced)
-	if err != nil {
-		t.Fatal(err)
-	}
-	catalog.Start(ctx)
-	if !catalog.WaitForSync(ctx) {
-		t.Fatal("catalog never synced")
-	}
-	poll(t, "the catalog offers mangodbs", 30*time.Second, func(context.Context) (bool, error) {
-		_, ok := catalog.Lookup("mangodb.com", "mangodbs")
-		return ok, nil
-	})
+	backend := backendcluster.Backend(t, provider, backendUser, exampleapis.MangoDB)
+	catalog := backendcluster.Catalog(t, backend, exampleapis.MangoDB)
 	provisioner, err := binding.NewProvisioner(backend, catalog, binding.Config{
 		NamespacePrefix: prefix, ProviderPrettyName: "Rotation Test", TokenLifetime: binding.MinTokenLifetime,
 	})
@@ -336,17 +311,8 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{exportsCtrl.Run, credCtrl.Run} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := run(ctx); err != nil {
-				t.Errorf("controller: %v", err)
-			}
-		}()
-	}
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	backendcluster.Run(t, "the exports controller", exportsCtrl.Run)
+	backendcluster.Run(t, "the credentials controller", credCtrl.Run)
 	return ctx, provider, provisioner
 }
 
@@ -407,12 +373,12 @@ func TestLegacyMigrationRevocationAndRebind(t *testing.T) {
 		}
 		last = at
 		patch := fmt.Sprintf(`{"status":{"lastHeartbeatTime":%q,"heartbeatInterval":"5m"}}`, at.UTC().Format(time.RFC3339))
-		if _, err := dyn.Resource(clusterBindings).Namespace(ns).Patch(ctx, "cluster", types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+		if _, err := dyn.Resource(kbresources.ClusterBindings).Namespace(ns).Patch(ctx, "cluster", types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
 			t.Fatal(err)
 		}
 	}
 	condition := func() map[string]any {
-		cb, err := dyn.Resource(clusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
+		cb, err := dyn.Resource(kbresources.ClusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

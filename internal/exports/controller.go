@@ -71,12 +71,7 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
 	}
-	if cfg.Resync <= 0 {
-		cfg.Resync = 10 * time.Minute
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Resync, cfg.Logger, _ = workloop.Defaults(cfg.Resync, cfg.Logger, nil)
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, err
@@ -117,10 +112,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer cancel()
 	r := &run{
 		Controller: c,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "exports"}),
-		applied: map[string]appliedRoles{},
+		queue:      workloop.NewQueue("exports", nil),
+		applied:    map[string]appliedRoles{},
 	}
 	defer r.queue.ShutDown()
 

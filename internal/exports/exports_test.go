@@ -16,6 +16,8 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
 )
 
@@ -34,7 +36,7 @@ func TestRequestSucceedsAndExportMirrorsCRD(t *testing.T) {
 	ctx := context.Background()
 	c := e.bind(t, "alice", mangodb)
 
-	if err := c.create(t, requestsGVR, c.namespace, request("mangodbs.mangodb.com", "mangodb.com", "mangodbs")); err != nil {
+	if err := c.create(t, kbresources.APIServiceExportRequests, c.namespace, request("mangodbs.mangodb.com", "mangodb.com", "mangodbs")); err != nil {
 		t.Fatalf("creating the request with the issued kubeconfig: %v", err)
 	}
 	phase, msg, took := c.waitPhase(t, "mangodbs.mangodb.com")
@@ -44,7 +46,7 @@ func TestRequestSucceedsAndExportMirrorsCRD(t *testing.T) {
 	t.Logf("request created -> Succeeded, seen by a 5 ms poll: %v", took.Round(time.Millisecond))
 
 	// The konnector reads the export with the same kubeconfig.
-	exp, err := c.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
+	exp, err := c.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the APIServiceExport, as the consumer: %v", err)
 	}
@@ -61,10 +63,10 @@ func TestRequestSucceedsAndExportMirrorsCRD(t *testing.T) {
 	}
 
 	// A decided request stays decided: a second pass changes nothing.
-	req, _ := c.dyn.Resource(requestsGVR).Namespace(c.namespace).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
+	req, _ := c.dyn.Resource(kbresources.APIServiceExportRequests).Namespace(c.namespace).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
 	rv := exp.GetResourceVersion()
 	time.Sleep(300 * time.Millisecond)
-	again, _ := c.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
+	again, _ := c.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
 	if again.GetResourceVersion() != rv {
 		t.Error("the export in step with its CRD was written again")
 	}
@@ -74,14 +76,14 @@ func TestRequestSucceedsAndExportMirrorsCRD(t *testing.T) {
 
 	// The consumer may use mangodbs in its namespace (the Role follows the
 	// export), not redises, and not elsewhere.
-	if err := c.create(t, mangodbsGVR, c.namespace, object(mangodbsGVR, "MangoDB", "db1")); err != nil {
+	if err := c.create(t, exampleapis.MangoDB.GVR(), c.namespace, object(exampleapis.MangoDB.GVR(), "MangoDB", "db1")); err != nil {
 		t.Errorf("creating a MangoDB in the consumer namespace: %v", err)
 	}
-	_, err = c.dyn.Resource(redisesGVR).Namespace(c.namespace).Create(ctx, object(redisesGVR, "Redis", "r1"), metav1.CreateOptions{})
+	_, err = c.dyn.Resource(exampleapis.Redis.GVR()).Namespace(c.namespace).Create(ctx, object(exampleapis.Redis.GVR(), "Redis", "r1"), metav1.CreateOptions{})
 	wantForbidden(t, "creating a Redis (not bound)", err)
-	_, err = c.dyn.Resource(mangodbsGVR).Namespace("default").Create(ctx, object(mangodbsGVR, "MangoDB", "db1"), metav1.CreateOptions{})
+	_, err = c.dyn.Resource(exampleapis.MangoDB.GVR()).Namespace("default").Create(ctx, object(exampleapis.MangoDB.GVR(), "MangoDB", "db1"), metav1.CreateOptions{})
 	wantForbidden(t, "creating a MangoDB in default", err)
-	_, err = c.dyn.Resource(mangodbsGVR).List(ctx, metav1.ListOptions{})
+	_, err = c.dyn.Resource(exampleapis.MangoDB.GVR()).List(ctx, metav1.ListOptions{})
 	wantForbidden(t, "listing MangoDBs cluster-wide", err)
 }
 
@@ -141,7 +143,7 @@ func TestRequestFailsForWhatIsNotExported(t *testing.T) {
 		{"mangodbs.mangodb.com", "mangodb.com", "mangodbs", []string{"v9"}, `version "v9" of mangodbs.mangodb.com is not served by this provider (served: v1alpha1)`},
 		{late.Name, late.Spec.Group, late.Spec.Names.Plural, nil, "is not exported"},
 	} {
-		if err := c.create(t, requestsGVR, c.namespace, request(tc.name, tc.group, tc.resource, tc.versions...)); err != nil {
+		if err := c.create(t, kbresources.APIServiceExportRequests, c.namespace, request(tc.name, tc.group, tc.resource, tc.versions...)); err != nil {
 			t.Fatal(err)
 		}
 		phase, msg, took := c.waitPhase(t, tc.name)
@@ -149,7 +151,7 @@ func TestRequestFailsForWhatIsNotExported(t *testing.T) {
 			t.Errorf("request %s: phase %s, message %q; want Failed with %q", tc.name, phase, msg, tc.want)
 		}
 		t.Logf("request %s -> %s in %v: %s", tc.name, phase, took.Round(time.Millisecond), msg)
-		if _, err := e.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, tc.name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := e.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, tc.name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("export %s after a failed request: %v, want NotFound", tc.name, err)
 		}
 	}
@@ -158,7 +160,7 @@ func TestRequestFailsForWhatIsNotExported(t *testing.T) {
 	// (both are looked at in the same pass over the namespace).
 	setExported(t, e, late.Name, true)
 	await.True(t, "the catalog offers latecomers", func() bool { _, ok := e.catalog.Lookup(late.Spec.Group, "latecomers"); return ok })
-	if err := c.create(t, requestsGVR, c.namespace, request("again", late.Spec.Group, "latecomers")); err != nil {
+	if err := c.create(t, kbresources.APIServiceExportRequests, c.namespace, request("again", late.Spec.Group, "latecomers")); err != nil {
 		t.Fatal(err)
 	}
 	if phase, msg, _ := c.waitPhase(t, "again"); phase != exports.PhaseSucceeded {
@@ -178,7 +180,7 @@ func TestExportFollowsCRD(t *testing.T) {
 	createCRD(t, e, crd)
 	await.True(t, "the catalog offers schemachanges", func() bool { _, ok := e.catalog.Lookup(crd.Spec.Group, "schemachanges"); return ok })
 	c := e.bind(t, "carol", binding.Resource{Group: crd.Spec.Group, Resource: "schemachanges"})
-	if err := c.create(t, requestsGVR, c.namespace, request(crd.Name, crd.Spec.Group, "schemachanges")); err != nil {
+	if err := c.create(t, kbresources.APIServiceExportRequests, c.namespace, request(crd.Name, crd.Spec.Group, "schemachanges")); err != nil {
 		t.Fatal(err)
 	}
 	if phase, msg, _ := c.waitPhase(t, crd.Name); phase != exports.PhaseSucceeded {
@@ -196,7 +198,7 @@ func TestExportFollowsCRD(t *testing.T) {
 		t.Fatal(err)
 	}
 	await.True(t, "the new field reaches the export", func() bool {
-		exp, err := c.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
+		exp, err := c.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
@@ -209,14 +211,14 @@ func TestExportFollowsCRD(t *testing.T) {
 	})
 	t.Logf("CRD schema change -> export: %v", time.Since(start).Round(time.Millisecond))
 	updated, _ := e.crds.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-	exp, _ := c.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
+	exp, _ := c.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 	checkMirror(t, exp, updated)
 
 	// Unexported: the export goes, and so do the consumer's rights.
 	start = time.Now()
 	setExported(t, e, crd.Name, false)
 	await.True(t, "the export is deleted", func() bool {
-		_, err := e.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
+		_, err := e.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
 	t.Logf("unexport -> export deleted: %v", time.Since(start).Round(time.Millisecond))
@@ -232,14 +234,14 @@ func TestExportFollowsCRD(t *testing.T) {
 	// deleted CRD takes it away.
 	setExported(t, e, crd.Name, true)
 	await.True(t, "the export is back", func() bool {
-		_, err := e.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
+		_, err := e.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		return err == nil
 	})
 	if err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(ctx, crd.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	await.True(t, "the export of a deleted CRD is deleted", func() bool {
-		_, err := e.dyn.Resource(exportsGVR).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
+		_, err := e.dyn.Resource(kbresources.APIServiceExports).Namespace(c.namespace).Get(ctx, crd.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
 }
@@ -253,7 +255,7 @@ func TestAPIServiceNamespace(t *testing.T) {
 	c := e.bind(t, "dave", mangodb)
 	other := e.bind(t, "erin", mangodb)
 	for _, x := range []*consumer{c, other} {
-		if err := x.create(t, requestsGVR, x.namespace, request("mangodbs.mangodb.com", "mangodb.com", "mangodbs")); err != nil {
+		if err := x.create(t, kbresources.APIServiceExportRequests, x.namespace, request("mangodbs.mangodb.com", "mangodb.com", "mangodbs")); err != nil {
 			t.Fatal(err)
 		}
 		if phase, msg, _ := x.waitPhase(t, "mangodbs.mangodb.com"); phase != exports.PhaseSucceeded {
@@ -269,7 +271,7 @@ func TestAPIServiceNamespace(t *testing.T) {
 		var got string
 		start := time.Now()
 		await.True(t, "status.namespace of "+name, func() bool {
-			u, err := x.dyn.Resource(apiNSGVR).Namespace(x.namespace).Get(ctx, name, metav1.GetOptions{})
+			u, err := x.dyn.Resource(kbresources.APIServiceNamespaces).Namespace(x.namespace).Get(ctx, name, metav1.GetOptions{})
 			if err == nil {
 				got, _, _ = unstructured.NestedString(u.Object, "status", "namespace")
 			}
@@ -280,7 +282,7 @@ func TestAPIServiceNamespace(t *testing.T) {
 	}
 	for _, x := range []*consumer{c, other} {
 		for _, name := range []string{"default", "team-a"} {
-			if err := x.create(t, apiNSGVR, x.namespace, apiNS(name)); err != nil {
+			if err := x.create(t, kbresources.APIServiceNamespaces, x.namespace, apiNS(name)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -304,18 +306,18 @@ func TestAPIServiceNamespace(t *testing.T) {
 	}
 
 	// The consumer may use MangoDBs there, and only its own namespaces.
-	if err := c.create(t, mangodbsGVR, mine, object(mangodbsGVR, "MangoDB", "db1")); err != nil {
+	if err := c.create(t, exampleapis.MangoDB.GVR(), mine, object(exampleapis.MangoDB.GVR(), "MangoDB", "db1")); err != nil {
 		t.Errorf("creating a MangoDB in the APIServiceNamespace's namespace: %v", err)
 	}
-	_, err = c.dyn.Resource(mangodbsGVR).Namespace(theirs).Create(ctx, object(mangodbsGVR, "MangoDB", "db1"), metav1.CreateOptions{})
+	_, err = c.dyn.Resource(exampleapis.MangoDB.GVR()).Namespace(theirs).Create(ctx, object(exampleapis.MangoDB.GVR(), "MangoDB", "db1"), metav1.CreateOptions{})
 	wantForbidden(t, "creating a MangoDB in another consumer's namespace", err)
-	_, err = c.dyn.Resource(redisesGVR).Namespace(mine).Create(ctx, object(redisesGVR, "Redis", "r1"), metav1.CreateOptions{})
+	_, err = c.dyn.Resource(exampleapis.Redis.GVR()).Namespace(mine).Create(ctx, object(exampleapis.Redis.GVR(), "Redis", "r1"), metav1.CreateOptions{})
 	wantForbidden(t, "creating a Redis (not bound) there", err)
 	_, err = c.dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}).Namespace(mine).List(ctx, metav1.ListOptions{})
 	wantForbidden(t, "listing configmaps there", err)
 
 	// Deleting an APIServiceNamespace deletes its namespace.
-	if err := c.dyn.Resource(apiNSGVR).Namespace(c.namespace).Delete(ctx, "team-a", metav1.DeleteOptions{}); err != nil {
+	if err := c.dyn.Resource(kbresources.APIServiceNamespaces).Namespace(c.namespace).Delete(ctx, "team-a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	await.True(t, "the namespace of a deleted APIServiceNamespace goes", func() bool { return gone(e, teamA) })

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,9 +19,10 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/exports"
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/backendcluster"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/issued"
 )
 
@@ -37,17 +37,7 @@ const (
 	issuer      = "https://idp.example.com"
 )
 
-var (
-	requestsGVR   = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
-	exportsGVR    = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexports"}
-	apiNSGVR      = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
-	mangodbsGVR   = schema.GroupVersionResource{Group: "mangodb.com", Version: "v1alpha1", Resource: "mangodbs"}
-	redisesGVR    = schema.GroupVersionResource{Group: "cache.example.com", Version: "v1alpha1", Resource: "redises"}
-	mangodb       = binding.Resource{Group: "mangodb.com", Resource: "mangodbs"}
-	prepareOnce   sync.Once
-	prepareErr    error
-	sharedCatalog *binding.Catalog
-)
+var mangodb = exampleapis.MangoDB.Resource()
 
 type env struct {
 	cp          *controlplane.ControlPlane
@@ -67,59 +57,26 @@ func setup(t *testing.T) *env {
 	t.Helper()
 	cp := controlplane.Get(t)
 	admin := cp.AdminConfig()
-	prepareOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		prepareErr = exampleapis.Prepare(ctx, admin, exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing)
-		if prepareErr != nil {
-			return
-		}
-		_, prepareErr = cp.UserWithClusterRole(ctx, backendUser, binding.BackendClusterRole)
-	})
-	if prepareErr != nil {
-		t.Fatalf("preparing the control plane: %v", prepareErr)
-	}
 	e := &env{
 		cp: cp, admin: admin,
 		kube:    kubernetes.NewForConfigOrDie(admin),
 		dyn:     dynamic.NewForConfigOrDie(admin),
 		crds:    apiextensionsclient.NewForConfigOrDie(admin),
-		backend: cp.ConfigForUser(backendUser),
+		backend: backendcluster.Backend(t, cp, backendUser, exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing),
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cat, err := binding.NewCatalog(e.backend, binding.ScopeNamespaced)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat.Start(ctx)
-	if !cat.WaitForSync(ctx) {
-		t.Fatal("catalog never synced")
-	}
-	e.catalog = cat
-	e.provisioner, err = binding.NewProvisioner(e.backend, cat, binding.Config{NamespacePrefix: prefix, ProviderPrettyName: "Exports Test"})
+	e.catalog = backendcluster.Catalog(t, e.backend, exampleapis.MangoDB)
+	var err error
+	e.provisioner, err = binding.NewProvisioner(e.backend, e.catalog, binding.Config{NamespacePrefix: prefix, ProviderPrettyName: "Exports Test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctrl, err := exports.New(e.backend, exports.Config{
-		Catalog: cat, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix,
+		Catalog: e.catalog, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("controller Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("the controllers did not stop within 10s")
-		}
-	})
-	await.True(t, "the catalog offers mangodbs", func() bool { _, ok := cat.Lookup("mangodb.com", "mangodbs"); return ok })
+	backendcluster.Run(t, "the exports controller", ctrl.Run)
 	return e
 }
 
@@ -186,7 +143,7 @@ func (c *consumer) waitPhase(t *testing.T, name string) (phase, message string, 
 	t.Helper()
 	start := time.Now()
 	err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		u, err := c.dyn.Resource(requestsGVR).Namespace(c.namespace).Get(ctx, name, metav1.GetOptions{})
+		u, err := c.dyn.Resource(kbresources.APIServiceExportRequests).Namespace(c.namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}

@@ -43,6 +43,9 @@ func exportDocument(cfg Config, prefix string) ([]byte, error) {
 			},
 		},
 	}
+	if d := cfg.LongPoll.MaxWait(); d > 0 {
+		doc.AuthenticationMethods[0].OAuth2CodeGrantPoll.LongPollMaxWait = d.String()
+	}
 	b, err := json.Marshal(doc)
 	if err != nil {
 		return nil, err

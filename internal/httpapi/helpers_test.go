@@ -18,6 +18,7 @@ import (
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/storetest"
@@ -53,6 +54,8 @@ type envOpts struct {
 	readiness []health.Check
 	// logLevel of the handler's logger (default debug: tests see all).
 	logLevel *slog.Level
+	// longPoll holds polls that ask to wait (nil: long polling off).
+	longPoll *longpoll.Holder
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
@@ -94,6 +97,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 		Readiness:    o.readiness,
 		Browser:      bh,
 		Now:          clock.Now,
+		LongPoll:     o.longPoll,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
 )
 
@@ -85,6 +86,10 @@ type Config struct {
 	// poll hands it out (binding.DeliveryMarker records it; it must not
 	// block).
 	OnDelivered func(response []byte)
+	// LongPoll holds polls that ask to wait (Prefer: wait=N) until their
+	// session ends; nil turns long polling off. Whoever runs the server
+	// calls its Release when shutdown begins.
+	LongPoll *longpoll.Holder
 }
 
 // Bounds of request bodies.
@@ -132,7 +137,7 @@ func New(cfg Config) (http.Handler, error) {
 		_, _ = rand.Read(key)
 		cfg.ClusterKey, _ = clusterkey.New(key)
 	}
-	m, err := newMetrics(cfg.Metrics)
+	m, err := newMetrics(cfg.Metrics, cfg.LongPoll)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kbprovider/backend/internal/longpoll"
 )
 
 // Poll outcomes, the values of the outcome label of polls_total: the error
@@ -32,7 +34,7 @@ type routeCode struct {
 	code  int
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error) {
 	m := &metrics{
 		sessionsCreated: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kube_bind_backend", Name: "sessions_created_total",
@@ -57,7 +59,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range pollOutcomes {
 		m.polls[o] = pollsVec.WithLabelValues(o)
 	}
-	for _, c := range []prometheus.Collector{m.sessionsCreated, m.sessionsRefused, pollsVec, m.duration} {
+	collectors := []prometheus.Collector{m.sessionsCreated, m.sessionsRefused, pollsVec, m.duration}
+	if lp != nil {
+		collectors = append(collectors,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Namespace: "kube_bind_backend", Name: "long_polls_held",
+				Help: "Polls held open now, waiting for their session to end (Prefer: wait).",
+			}, func() float64 { return float64(lp.Held()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Namespace: "kube_bind_backend", Name: "long_polls_refused_total",
+				Help: "Polls that asked to wait but were answered at once: --max-long-polls were held already.",
+			}, func() float64 { return float64(lp.Refused()) }))
+	}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -101,6 +101,9 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 		break
 	}
 
+	if sess.State == sessions.StatePending {
+		sess = s.longPoll(w, r, sess)
+	}
 	switch sess.State {
 	case sessions.StateCompleted:
 		s.metrics.poll("completed")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/credentials"
+	"github.com/kbprovider/backend/internal/longpoll"
 )
 
 // Config is everything the backend is built from: plain, already
@@ -55,6 +56,11 @@ type Config struct {
 	PrettyName         string
 	NamespacePrefix    string        // checked with binding.ValidatePrefix
 	ConsumerScope      binding.Scope // from binding.ParseScope
+
+	// LongPoll: polls that ask to wait for their session's end
+	// (--long-poll-max-wait, --max-long-polls; checked with
+	// longpoll.Options.Validate).
+	LongPoll longpoll.Options
 
 	SessionTTL         time.Duration
 	PollInterval       time.Duration

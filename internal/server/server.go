@@ -31,6 +31,7 @@ import (
 	"github.com/kbprovider/backend/internal/connlimit"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/servingcert"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/hashring"
@@ -62,6 +63,8 @@ type Server struct {
 
 	// shuttingDown fails readiness as soon as shutdown begins.
 	shuttingDown *health.Status
+	// longPoll holds long polls; released when shutdown begins (nil: off).
+	longPoll *longpoll.Holder
 
 	restConfig *rest.Config
 }
@@ -128,6 +131,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	readiness = append(readiness, b.checks...)
+	s.longPoll = longpoll.New(cfg.LongPoll)
 	handler, err := httpapi.New(httpapi.Config{
 		ExternalURL:  ext,
 		PrettyName:   cfg.PrettyName,
@@ -140,6 +144,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Browser:      b.handler,
 		OnDelivered:  b.onDelivered,
 		ClusterKey:   key,
+		LongPoll:     s.longPoll,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the HTTP handler: %w", err)
@@ -198,7 +203,8 @@ func (s *Server) servingTLS() (*tls.Config, error) {
 // Run serves until ctx ends or a server fails, then shuts down in this
 // order, each step after the one before finished:
 //
-//  1. stop accepting: readiness fails and the public listener closes;
+//  1. stop accepting: readiness fails, held long polls are answered
+//     (pending) and no new ones are held, and the public listener closes;
 //  2. drain: in-flight requests finish, for up to ShutdownTimeout;
 //  3. stop the peer API (after its in-flight requests, within the same
 //     deadline): until the public server stopped, other replicas may still
@@ -262,6 +268,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	// 1 and 2.
 	s.shuttingDown.Set(errors.New("shutting down"))
+	s.longPoll.Release()
 	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.cfg.ShutdownTimeout.String())
 	drain, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()

@@ -3,15 +3,22 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
 // Run serves the public API and, for the hashring, the peer API; when its
@@ -100,3 +107,97 @@ func TestNewReleasesWhatItOpened(t *testing.T) {
 }
 
 func itoa(n int) string { return (&net.TCPAddr{Port: n}).String()[1:] }
+
+// Shutdown answers held long polls at once (pending) instead of draining
+// them for their whole wait.
+func TestShutdownReleasesLongPolls(t *testing.T) {
+	logs := &procs.Buffer{}
+	s, err := New(context.Background(), Config{
+		ListenAddress:      "127.0.0.1:0",
+		Logger:             slog.New(slog.NewJSONHandler(logs, nil)),
+		ClusterSecretKey:   bytes.Repeat([]byte("k"), 32),
+		PrettyName:         "Test",
+		SessionTTL:         time.Minute,
+		PollInterval:       time.Second,
+		GracePeriod:        time.Minute,
+		MaxPendingSessions: 10,
+		ShutdownTimeout:    time.Minute,
+		LongPoll:           longpoll.Options{MaxWait: 40 * time.Second, MaxHeld: 10},
+		Store:              StoreConfig{Kind: StoreMemory},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + s.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	metrics := func() string {
+		resp, err := http.Get(base + "/metrics")
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	await.True(t, "the backend serves", func() bool { return metrics() != "" })
+
+	resp, err := http.Post(base+"/sessions", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps v1alpha1.PollSession
+	if err := json.NewDecoder(resp.Body).Decode(&ps); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	pollURL, _ := url.Parse(base + "/poll")
+	u, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, http.MethodGet, pollURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	polled := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
+		req.Header.Set("Prefer", "wait=40")
+		resp, err := http.DefaultClient.Do(req)
+		polled <- answer{resp, err}
+	}()
+	await.True(t, "the poll is held", func() bool {
+		select {
+		case a := <-polled:
+			b, _ := io.ReadAll(a.resp.Body)
+			t.Fatalf("poll answered: %v %d %s", a.err, a.resp.StatusCode, b)
+		default:
+		}
+		return strings.Contains(metrics(), "kube_bind_backend_long_polls_held 1\n")
+	})
+
+	stopped := time.Now()
+	cancel()
+	select {
+	case a := <-polled:
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		b, _ := io.ReadAll(a.resp.Body)
+		a.resp.Body.Close()
+		if a.resp.StatusCode != http.StatusForbidden || !strings.Contains(string(b), v1alpha1.ErrorAuthorizationPending) ||
+			a.resp.Header.Get("Preference-Applied") != "wait=40" {
+			t.Fatalf("held poll at shutdown: %d %s %v", a.resp.StatusCode, b, a.resp.Header)
+		}
+		if took := time.Since(stopped); took > 30*time.Second {
+			t.Fatalf("the held poll was answered %s after shutdown began, not at once", took)
+		}
+	case <-time.After(35 * time.Second):
+		t.Fatal("the held poll was not answered when shutdown began")
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v\n%s", err, logs)
+	}
+}

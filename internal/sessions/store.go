@@ -137,6 +137,20 @@ type Store interface {
 	// Delete removes the session at once. Deleting an unknown session is
 	// not an error.
 	Delete(ctx context.Context, id string) error
+
+	// Wait blocks until the session is no longer pending (Complete or
+	// Deny, on whichever replica) or ctx ends, and returns the session as
+	// it is then: completed, denied, or still pending when ctx ended (that
+	// is not an error; a store that asks another replica may return
+	// pending up to WaitMargin before ctx's deadline, so that its answer
+	// is in before the caller gives up). It fails with ErrNotFound for an unknown session
+	// and for one deleted or expired while waited for. Wait records no
+	// poll and spends no nonce (the caller has called RecordPoll), but a
+	// completed session it returns counts as delivered, exactly as the
+	// first poll that sees it: DeliveredAt is set and ExpiresAt shortened
+	// to DeliveredAt plus the grace period. It serves long polls
+	// (docs/long-polling.md).
+	Wait(ctx context.Context, id string) (Session, error)
 }
 
 var (
@@ -176,6 +190,10 @@ type Limits struct {
 	// Grace is how long a delivered response stays available.
 	Grace time.Duration
 }
+
+// WaitMargin is how much before its context's deadline Store.Wait may
+// return a session that is still pending.
+const WaitMargin = 250 * time.Millisecond
 
 // DefaultTTL is how long a session lives after creation where nothing else
 // is configured (the backend's --session-ttl default); the browser login

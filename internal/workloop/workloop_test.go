@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/util/workqueue"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/kbprovider/backend/internal/testutil/procs"
 )
@@ -79,5 +80,19 @@ func TestOutcomes(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "test: reconcile failed, retrying"); n != 2 {
 		t.Errorf("%d failure lines logged, want 2:\n%s", n, logs.String())
+	}
+}
+
+// Unset options get the shared defaults; set ones are kept.
+func TestDefaults(t *testing.T) {
+	resync, log, clk := Defaults(-time.Second, nil, nil)
+	if resync != DefaultResync || log != slog.Default() || clk == nil {
+		t.Errorf("Defaults(-1s, nil, nil) = %v, %p, %v; want %v, slog.Default(), the real clock", resync, log, clk, DefaultResync)
+	}
+	mine := slog.New(slog.DiscardHandler)
+	fake := testingclock.NewFakeClock(time.Unix(0, 0))
+	resync, log, clk = Defaults(time.Minute, mine, fake)
+	if resync != time.Minute || log != mine || clk != fake {
+		t.Errorf("Defaults kept %v, %p, %v; want 1m, the given logger and clock", resync, log, clk)
 	}
 }

@@ -82,6 +82,10 @@ type Provider struct {
 	PollURL          *url.URL
 	// PollInterval is how long to wait between polls.
 	PollInterval time.Duration
+	// LongPollMaxWait is how long the provider holds a poll that asks to
+	// wait for the session's end (discovery's optional longPollMaxWait);
+	// 0 when it does not offer long polling.
+	LongPollMaxWait time.Duration
 	// Document is the discovery document as received.
 	Document v1alpha1.BindingProvider
 }
@@ -199,6 +203,11 @@ func checkProvider(doc v1alpha1.BindingProvider) (*Provider, error) {
 			return nil, fmt.Errorf("%w: pollInterval %q is not a duration between 0 and 1h", ErrUnsupportedProvider, poll.PollInterval)
 		}
 		p.PollInterval = d
+		// An optional extension: a value this client cannot read is
+		// ignored (plain polling), not an error.
+		if lp, err := time.ParseDuration(poll.LongPollMaxWait); err == nil && lp > 0 {
+			p.LongPollMaxWait = lp
+		}
 		return p, nil
 	}
 	for _, m := range doc.AuthenticationMethods {

@@ -284,3 +284,33 @@ func TestEndToEndBackendFull(t *testing.T) {
 		t.Errorf("CreateSession took %s after its context ended", d)
 	}
 }
+
+// With long polling on, the client's first poll is held by the real
+// backend and answered when the session completes: no second poll.
+func TestEndToEndLongPoll(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{LongPollMaxWait: 30 * time.Second, PollInterval: time.Second})
+	s := openSession(t, b, "")
+	pending, done := waitAsync(context.Background(), s)
+	time.Sleep(500 * time.Millisecond) // the first poll is held by now
+	start := time.Now()
+	if err := b.Store.Complete(context.Background(), s.ID, pollbackend.BindingResponse(t, s.ID, "kube-bind-abc")); err != nil {
+		t.Fatal(err)
+	}
+	r := await(t, done)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.res.Namespace != "kube-bind-abc" {
+		t.Fatalf("result %+v", r.res)
+	}
+	select {
+	case p := <-pending:
+		t.Fatalf("a poll was answered before the session completed: %+v", p)
+	default:
+	}
+	t.Logf("the held poll answered %s after Complete", time.Since(start))
+	stored, err := b.Store.Get(context.Background(), s.ID)
+	if err != nil || stored.DeliveredAt.IsZero() {
+		t.Fatalf("the session after the held poll: %v, delivered %v", err, stored.DeliveredAt)
+	}
+}

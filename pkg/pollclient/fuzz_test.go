@@ -159,7 +159,7 @@ func FuzzPollAnswer(f *testing.F) {
 		if retry != "" {
 			answer.header.Set("Retry-After", retry)
 		}
-		p := s.poll(context.Background())
+		p := s.poll(context.Background(), 0)
 		if p.wait < 0 || p.wait > 24*time.Hour {
 			t.Fatalf("wait %v", p.wait)
 		}

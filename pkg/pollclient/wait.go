@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +25,12 @@ const (
 	// session's expiry: a session completed just before it expired stays
 	// available for the provider's grace period.
 	expirySlack = time.Minute
+	// maxLongPoll caps the wait this client asks a provider for, whatever
+	// it advertises.
+	maxLongPoll = 30 * time.Second
+	// longPollSlack is how much longer than the wait asked for a long poll
+	// may take before the client gives up on it and retries.
+	longPollSlack = 10 * time.Second
 )
 
 // PollState says what a poll that did not end the wait was answered with.
@@ -71,6 +78,12 @@ func WithProgress(f func(Progress)) WaitOption {
 // and its Retry-After when asked to slow down, and retries network errors
 // and server errors with exponential backoff.
 //
+// When the provider advertises long polling (Provider.LongPollMaxWait),
+// every poll asks it with "Prefer: wait=N" (N at most 30 s) to hold the
+// poll until the session ends, so the response arrives as soon as the user
+// is done; polls then start a poll interval apart, counted from the start
+// of the previous one (docs/long-polling.md).
+//
 // Terminal answers are returned as a *ServerError that errors.Is matches
 // against ErrAccessDenied, ErrInvalidSignature, ErrExpired or
 // ErrInvalidRequest; a BindingResponse that fails validation yields
@@ -84,6 +97,7 @@ func (s *Session) Wait(ctx context.Context, opts ...WaitOption) (*Result, error)
 	interval := s.provider.PollInterval
 	b := backoff{base: interval, max: maxBackoff}
 	giveUp := s.deadline.Add(expirySlack)
+	longPoll := s.longPollWait()
 	var lastErr error
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
@@ -95,8 +109,10 @@ func (s *Session) Wait(ctx context.Context, opts ...WaitOption) (*Result, error)
 			}
 			return nil, fmt.Errorf("%w: session %s ended at %s without an answer", ErrExpired, s.ID, s.ExpiresAt.Format(time.RFC3339))
 		}
-		p := s.poll(ctx)
+		started := c.now()
+		p := s.poll(ctx, longPoll)
 		var wait time.Duration
+		floor := minWait
 		switch p.state {
 		case "":
 			if p.err != nil {
@@ -109,6 +125,12 @@ func (s *Session) Wait(ctx context.Context, opts ...WaitOption) (*Result, error)
 		case StatePending:
 			b.reset()
 			wait = interval
+			if longPoll > 0 {
+				// The interval counts from the start of the held poll
+				// (the provider counts from when it received it).
+				wait = max(interval-c.now().Sub(started), 0)
+				floor = 0
+			}
 		case StateSlowDown:
 			wait = interval
 			if p.waitSet {
@@ -121,7 +143,7 @@ func (s *Session) Wait(ctx context.Context, opts ...WaitOption) (*Result, error)
 			lastErr = p.err
 			wait = max(b.next(), p.wait)
 		}
-		wait = max(wait, minWait)
+		wait = max(wait, floor)
 		if left := giveUp.Sub(c.now()); wait > left {
 			wait = max(left, 0)
 		}
@@ -146,8 +168,26 @@ type pollResult struct {
 	waitSet bool
 }
 
-func (s *Session) poll(ctx context.Context) pollResult {
+// longPollWait is the wait to ask the provider for: what it advertises,
+// in whole seconds, at most maxLongPoll, and short enough that the HTTP
+// client's own timeout leaves longPollSlack; 0 for plain polling.
+func (s *Session) longPollWait() time.Duration {
+	d := min(s.provider.LongPollMaxWait, maxLongPoll)
+	if t := s.client.api.Timeout; t > 0 {
+		d = min(d, t-longPollSlack)
+	}
+	return max(d.Truncate(time.Second), 0)
+}
+
+func (s *Session) poll(ctx context.Context, longPoll time.Duration) pollResult {
 	c := s.client
+	if longPoll >= time.Second {
+		// The provider answers within the wait; give up on a poll that
+		// takes much longer and retry.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, longPoll+longPollSlack)
+		defer cancel()
+	}
 	u, err := hmac.SignURL(s.secret, s.ID, http.MethodGet, s.provider.PollURL, nil)
 	if err != nil {
 		return pollResult{err: err}
@@ -157,6 +197,9 @@ func (s *Session) poll(ctx context.Context) pollResult {
 		return pollResult{err: err}
 	}
 	req.Header.Set("Accept", "application/json")
+	if longPoll >= time.Second {
+		req.Header.Set("Prefer", "wait="+strconv.FormatInt(int64(longPoll/time.Second), 10))
+	}
 	// A poll must never reach the provider twice: its nonce is single-use,
 	// and a replay would be refused as invalid_signature. net/http replays a
 	// GET whose reused connection broke, even when the provider may have

@@ -65,7 +65,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeconfig := cp.WriteKubeconfig(t, cp.ConfigForToken(tr.Status.Token))
+	kubeconfig := controlplane.WriteKubeconfig(t, cp.ConfigForToken(tr.Status.Token))
 
 	port := freePort(t)
 	scheme := "http"

@@ -323,6 +323,8 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 		{"externalURL not a URL", []string{"externalURL=bind.example.com"}, []string{"/externalURL", "does not match pattern"}},
 		{"bad duration", []string{"session.ttl=10 minutes"}, []string{"/session/ttl", "does not match pattern"}},
 		{"bad session store", []string{"session.store=redis"}, []string{"/session/store", "hashring"}},
+		{"long poll wait not whole seconds", []string{"session.longPollMaxWait=1500ms"}, []string{"/session/longPollMaxWait", "does not match pattern"}},
+		{"no long poll slots", []string{"session.maxLongPolls=0"}, []string{"/session/maxLongPolls", "minimum"}},
 		{"bad log level", []string{"log.level=verbose"}, []string{"/log/level"}},
 		{"plain http provider API", []string{"providerCluster.externalAddress=http://api:6443"}, []string{"/providerCluster/externalAddress"}},
 		{"bad namespace prefix", []string{"namespacePrefix=Kube_Bind"}, []string{"/namespacePrefix"}},

@@ -13,15 +13,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
@@ -143,7 +143,7 @@ func testPollFlow(t *testing.T, e *env) *bound {
 	})
 
 	// A MangoDB made in the consumer cluster appears on the provider.
-	mango := schema.GroupVersionResource{Group: exampleapis.MangoDB.Group, Version: "v1alpha1", Resource: exampleapis.MangoDB.Plural}
+	mango := exampleapis.MangoDB.GVR()
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": exampleapis.MangoDB.Group + "/v1alpha1", "kind": exampleapis.MangoDB.Kind,
 		"metadata": map[string]any{"name": "db1", "namespace": "default"},
@@ -350,7 +350,7 @@ func testRequestFailed(t *testing.T, e *env) {
 // An unreachable consumer cluster is reported before any browser step.
 func testUnreachable(t *testing.T, e *env) {
 	dir := t.TempDir()
-	kc := e.consumer.WriteKubeconfig(t, e.consumer.ConfigForToken("x"))
+	kc := controlplane.WriteKubeconfig(t, e.consumer.ConfigForToken("x"))
 	data := strings.Replace(readFile(t, kc), e.consumer.Host(), "https://127.0.0.1:1", 1)
 	writeFileT(t, kc, data)
 	c := runCLI(t, dir, cliBinary, []string{"--kubeconfig", kc, e.exportURL})

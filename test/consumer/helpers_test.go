@@ -16,11 +16,12 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
@@ -194,7 +195,7 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector 
 	if err != nil {
 		t.Fatalf("%v; command running: %v\n%s", err, c.running(), c.stderr.String())
 	}
-	kc := e.consumer.WriteKubeconfig(t, e.consumer.ConfigForToken(token))
+	kc := controlplane.WriteKubeconfig(t, e.consumer.ConfigForToken(token))
 	return konnector.Start(t, konnector.Options{
 		Kubeconfig: kc,
 		Servers:    []string{e.provider.Host()},
@@ -209,8 +210,8 @@ func ptr[T any](v T) *T { return &v }
 var (
 	bindingGVR = consumer.BindingGVR
 	requestGVR = consumer.RequestGVR
-	bindingNS  = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiservicenamespaces"}
-	clusterGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
+	bindingNS  = kbresources.APIServiceNamespaces
+	clusterGVR = kbresources.ClusterBindings
 )
 
 // kubeconfigSecrets lists the Secrets in kube-bind that hold a kubeconfig.

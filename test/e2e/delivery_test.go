@@ -6,10 +6,10 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbresources"
 )
 
 // waitDelivered checks that the backend recorded on the consumer's
@@ -17,7 +17,7 @@ import (
 // completed), the marks the garbage collection of unused bindings relies on.
 func (e *env) waitDelivered(t *testing.T, namespace string) {
 	t.Helper()
-	gvr := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "clusterbindings"}
+	gvr := kbresources.ClusterBindings
 	cbs := dynamic.NewForConfigOrDie(e.cp.AdminConfig()).Resource(gvr).Namespace(namespace)
 	var annotations map[string]string
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -136,7 +137,7 @@ func useKubeconfig(t *testing.T, kubeconfig []byte, namespace string) {
 		t.Fatalf("issued kubeconfig: %v", err)
 	}
 	dyn := dynamic.NewForConfigOrDie(rc)
-	gvr := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	gvr := kbresources.APIServiceExportRequests
 	req := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kube-bind.io/v1alpha1", "kind": "APIServiceExportRequest",
 		"metadata": map[string]any{"name": "mangodbs.mangodb.com"},
@@ -161,7 +162,7 @@ func waitRequestSucceeded(t *testing.T, kubeconfig []byte, namespace, name strin
 		t.Fatal(err)
 	}
 	dyn := dynamic.NewForConfigOrDie(rc)
-	gvr := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexportrequests"}
+	gvr := kbresources.APIServiceExportRequests
 	start := time.Now()
 	var phase, message string
 	for time.Since(start) < 30*time.Second {
@@ -179,7 +180,7 @@ func waitRequestSucceeded(t *testing.T, kubeconfig []byte, namespace, name strin
 		t.Fatalf("request %s/%s: phase %q (%s) after %v, want Succeeded", namespace, name, phase, message, time.Since(start).Round(time.Millisecond))
 	}
 	t.Logf("request %s/%s Succeeded %v after it was created", namespace, name, time.Since(start).Round(time.Millisecond))
-	exports := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha1", Resource: "apiserviceexports"}
+	exports := kbresources.APIServiceExports
 	if _, err := dyn.Resource(exports).Namespace(namespace).Get(context.Background(), name, metav1.GetOptions{}); err != nil {
 		t.Errorf("the APIServiceExport %s, read with the issued kubeconfig: %v", name, err)
 	}

@@ -160,6 +160,8 @@ Secrets are passed as files, never as flag values.
   (printf "--max-connections=%d" (int $v.connections.max))
   (printf "--max-connections-per-client=%d" (int $v.connections.maxPerClient))
   (printf "--grace-period=%s" $v.session.gracePeriod)
+  (printf "--long-poll-max-wait=%s" $v.session.longPollMaxWait)
+  (printf "--max-long-polls=%d" (int $v.session.maxLongPolls))
   (printf "--log-level=%s" $v.log.level)
   (printf "--log-format=%s" $v.log.format)
   (printf "--shutdown-timeout=%s" $v.shutdownTimeout)

@@ -136,6 +136,7 @@ func FuzzServePeer(f *testing.F) {
 		`{"op":"create","s":{"id":"fresh","c":"c","k":"k","ca":1,"ea":4102444800000000000,"st":7}}`,
 		`{"op":"create","s":{"id":"","ea":-1}}`, `{"op":"create"}`, `{"op":"explode"}`, `{"op":"get","id":"known-session","t":"x"}`,
 		`[]`, `null`, `{"op":"get","id":"known-session","s":{"id":1}}`,
+		`{"op":"wait","id":"known-session","i":1000000}`, `{"op":"wait","id":"nobody","i":-1}`,
 	} {
 		f.Add([]byte(`{"q":[`+s+`]}`), true)
 	}
@@ -201,7 +202,7 @@ func FuzzServePeer(f *testing.F) {
 				if _, known := wireErrors[resp.Err]; resp.Err != "" && resp.Err != codeMalformed && !known {
 					t.Fatalf("plaintext %q: owner error %q", plain, resp.Err)
 				}
-				if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll) && resp.Session == nil {
+				if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll || req.Op == opWait) && resp.Session == nil {
 					t.Fatalf("plaintext %q: %s answered without a session", plain, req.Op)
 				}
 				if req.Op == opState && resp.Session != nil && (resp.Session.Secret != "" || resp.Session.ClusterID != "" || len(resp.Session.StaticDigest) == 0) {

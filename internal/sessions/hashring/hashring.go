@@ -76,6 +76,11 @@ type Store struct {
 	statics *staticCache
 	pipes   *pipes
 
+	// waitClient carries held wait requests (wait.go); peerTimeout bounds
+	// the one follow-up call of a cancelled wait.
+	waitClient  *http.Client
+	peerTimeout time.Duration
+
 	mu    sync.RWMutex
 	ring  *consistenthash.Map
 	peers []string
@@ -113,6 +118,9 @@ func New(opts Options) (*Store, error) {
 		replays: newReplayCache(),
 		client:  &http.Client{Transport: opts.Transport, Timeout: opts.PeerTimeout},
 		log:     opts.Logger,
+
+		waitClient:  newWaitClient(opts.Transport, opts.PeerTimeout),
+		peerTimeout: opts.PeerTimeout,
 	}
 	s.limits = s.local.Limits()
 	if opts.CacheBytes <= 0 {

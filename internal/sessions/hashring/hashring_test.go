@@ -131,6 +131,9 @@ func (s *spread) Deny(ctx context.Context, id, reason string) error {
 	return s.pick().Deny(ctx, id, reason)
 }
 func (s *spread) Delete(ctx context.Context, id string) error { return s.pick().Delete(ctx, id) }
+func (s *spread) Wait(ctx context.Context, id string) (sessions.Session, error) {
+	return s.pick().Wait(ctx, id)
+}
 
 // TestConformance runs the shared suite against a ring of three replicas
 // on loopback, each call going to another replica.

@@ -249,6 +249,8 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 		err = s.local.Deny(ctx, req.ID, req.Reason)
 	case opDelete:
 		err = s.local.Delete(ctx, req.ID)
+	case opWait:
+		return s.serveWait(ctx, req), nil
 	default:
 		return nil, errBadOp
 	}

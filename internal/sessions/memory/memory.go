@@ -49,6 +49,20 @@ type entry struct {
 	// nonce whatever its length (nonceSet). A collision (about 2^-44 at
 	// 1024 nonces) could only refuse a fresh nonce, never accept a used one.
 	nonces nonceSet
+	// done is closed when the session leaves the pending state or is
+	// deleted, waking every Wait on it. It is made by the first Wait only:
+	// most sessions are never waited for.
+	done chan struct{}
+}
+
+// wake wakes the session's waiters. Call it (with the store's lock held)
+// on every change that ends pending: Complete, Deny, Delete, and a merge
+// that brings a final state.
+func (e *entry) wake() {
+	if e.done != nil {
+		close(e.done)
+		e.done = nil
+	}
 }
 
 var _ sessions.Store = (*Store)(nil)
@@ -267,11 +281,56 @@ func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time
 		return sessions.Session{}, err
 	}
 	e.s.LastPollAt = now
+	s.deliverLocked(e, now)
+	return e.s, nil
+}
+
+// deliverLocked marks a completed session delivered the first time it is
+// handed out (by a poll or a Wait): its response stays for the grace
+// period from now.
+func (s *Store) deliverLocked(e *entry, now time.Time) {
 	if e.s.State == sessions.StateCompleted && e.s.DeliveredAt.IsZero() {
 		e.s.DeliveredAt = now
 		e.s.ExpiresAt = now.Add(s.limits.Grace)
 		s.noteExpiry(e.s.ExpiresAt)
 	}
+}
+
+// Wait waits on the session's done channel. The entry is looked up again
+// after waking: a session deleted and created again under the same ID is
+// another session, so its waiters get ErrNotFound.
+func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
+	s.mu.Lock()
+	now := s.now()
+	e := s.live(id, now)
+	if e == nil {
+		s.mu.Unlock()
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	if e.s.State != sessions.StatePending {
+		s.deliverLocked(e, now)
+		sess := e.s
+		s.mu.Unlock()
+		return sess, nil
+	}
+	if e.done == nil {
+		e.done = make(chan struct{})
+	}
+	done := e.done
+	s.mu.Unlock()
+
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now = s.now()
+	if s.live(id, now) != e {
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	s.deliverLocked(e, now)
 	return e.s, nil
 }
 
@@ -296,6 +355,7 @@ func (s *Store) Complete(_ context.Context, id string, response []byte) error {
 	if min := now.Add(s.limits.Grace); e.s.ExpiresAt.Before(min) {
 		e.s.ExpiresAt = min
 	}
+	e.wake()
 	return nil
 }
 
@@ -311,13 +371,17 @@ func (s *Store) Deny(_ context.Context, id, reason string) error {
 	}
 	e.s.State = sessions.StateDenied
 	e.s.DenyReason = reason
+	e.wake()
 	return nil
 }
 
 func (s *Store) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.sessions, id)
+	if e := s.sessions[id]; e != nil {
+		e.wake()
+		delete(s.sessions, id)
+	}
 	return nil
 }
 

@@ -77,6 +77,13 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"ConcurrentComplete", testConcurrentCompleteDeny},
 		{"ConcurrentCreate", testConcurrentCreate},
 		{"ConcurrentCreateSameID", testConcurrentCreateSameID},
+		{"WaitUnknown", testWaitUnknown},
+		{"WaitComplete", testWaitComplete},
+		{"WaitDeny", testWaitDeny},
+		{"WaitEndsWithContext", testWaitEndsWithContext},
+		{"WaitFinalAtOnce", testWaitFinalAtOnce},
+		{"WaitDelete", testWaitDelete},
+		{"WaitMany", testWaitMany},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := NewClock(Start)

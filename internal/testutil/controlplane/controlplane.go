@@ -1,10 +1,8 @@
-// Package controlplane runs a real Kubernetes control plane for the tests of
-// one package: etcd, kube-apiserver (client-certificate authentication, RBAC,
-// service-account tokens) and kube-controller-manager (service-account,
-// token and root-CA controllers), all on loopback, as separate processes.
+// Package controlplane gives the tests of one package one real control
+// plane (internal/localenv/controlplane: etcd, kube-apiserver,
+// kube-controller-manager), started on first use and stopped at the end.
 //
-// Use it from TestMain, so one control plane serves the whole package and is
-// stopped at the end:
+// Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
 //
@@ -14,67 +12,45 @@
 //		...
 //	}
 //
-// Outside of tests (the local demo, hack/demo), Start and Stop do the same
-// for one caller.
-//
-// The binaries come from $KUBE_BIND_TEST_BINARIES or the cache of
-// hack/install-test-binaries.sh; without them the test fails, naming the
-// script (it never skips).
+// Without the binaries the test fails, naming
+// hack/install-test-binaries.sh (it never skips).
 package controlplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 )
 
 // KeepLogsEnv, when set, keeps the servers' logs also after tests that
 // passed (they are always kept after a failure).
 const KeepLogsEnv = "KUBE_BIND_TEST_KEEP_LOGS"
 
-const (
-	// AdminUser is the user name of AdminConfig (group system:masters).
-	AdminUser = "kube-bind-test-admin"
-	// ServiceAccountIssuer is the issuer of service-account tokens.
-	ServiceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
-	// ServiceClusterIPRange is the API server's service network.
-	ServiceClusterIPRange = "10.0.0.0/24"
+// BinariesEnv names the folder of the test binaries (see
+// internal/localenv/controlplane).
+const BinariesEnv = controlplane.BinariesEnv
 
-	startTimeout = 90 * time.Second
-	stopGrace    = 5 * time.Second
-	logTailLines = 40
+type (
+	// ControlPlane is a running control plane.
+	ControlPlane = controlplane.ControlPlane
+	// Options configure Start.
+	Options = controlplane.Options
 )
 
-// ControlPlane is a running etcd, kube-apiserver and kube-controller-manager.
-// Its methods are safe for concurrent use.
-type ControlPlane struct {
-	dir             string // temp folder: certificates, kubeconfig, etcd data, logs
-	binDir          string
-	host            string
-	ca              *authority
-	admin           *rest.Config
-	adminKubeconfig string
-	procs           []*process // in start order
-	startup         time.Duration
-	apiserverReady  time.Duration
+// Start starts a control plane of the test's own (beside the package's
+// shared one); the caller must call Stop.
+func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
+	return controlplane.Start(ctx, opts)
 }
 
 var (
@@ -128,10 +104,11 @@ func Get(t testing.TB) *ControlPlane {
 	}
 	if !started {
 		started = true
-		shared, startErr = start()
+		shared, startErr = controlplane.Start(context.Background(), Options{})
 		if startErr == nil {
 			t.Logf("controlplane: started in %v (API server ready after %v) at %s (logs: %s)",
-				shared.startup.Round(time.Millisecond), shared.apiserverReady.Round(time.Millisecond), shared.host, shared.dir)
+				shared.StartupDuration().Round(time.Millisecond), shared.APIServerReadyDuration().Round(time.Millisecond),
+				shared.Host(), shared.LogDir())
 		}
 	}
 	if startErr != nil {
@@ -146,408 +123,32 @@ func stopShared(keepLogs bool) {
 	if shared == nil {
 		return
 	}
-	shared.stop()
+	shared.Stop()
 	if keepLogs {
-		fmt.Fprintf(os.Stderr, "controlplane: logs of etcd, kube-apiserver and kube-controller-manager kept in %s\n", shared.dir)
+		fmt.Fprintf(os.Stderr, "controlplane: logs of etcd, kube-apiserver and kube-controller-manager kept in %s\n", shared.LogDir())
 	} else {
-		_ = os.RemoveAll(shared.dir)
+		_ = os.RemoveAll(shared.LogDir())
 	}
 	shared = nil
 }
 
-// AdminConfig returns a config for a cluster admin (client certificate of
-// AdminUser in group system:masters). Each call returns a new copy.
-func (cp *ControlPlane) AdminConfig() *rest.Config { return rest.CopyConfig(cp.admin) }
-
-// ConfigForToken returns a config that authenticates with a bearer token,
-// e.g. a service-account token from TokenRequest or a legacy token Secret.
-func (cp *ControlPlane) ConfigForToken(token string) *rest.Config {
-	cfg := cp.anonymousConfig()
-	cfg.BearerToken = token
-	return cfg
-}
-
-// ConfigForUser returns a config for the given user and groups, which the API
-// server authenticates for real: a client certificate (CN = name, O = groups)
-// signed by the CA of its --client-ca-file. RBAC applies as for any user; it
-// has no permissions until a test grants them.
-func (cp *ControlPlane) ConfigForUser(name string, groups ...string) *rest.Config {
-	certPEM, keyPEM, err := cp.ca.client(name, groups...)
-	if err != nil {
-		panic(fmt.Sprintf("controlplane: client certificate for %q: %v", name, err))
-	}
-	cfg := cp.anonymousConfig()
-	cfg.CertData = certPEM
-	cfg.KeyData = keyPEM
-	return cfg
-}
-
-// UserWithClusterRole binds clusterRole to the user name (a
-// ClusterRoleBinding of the same name; one that exists already is kept)
-// and returns that user's config, as ConfigForUser. The backend's tests
-// run the backend as such a user holding only binding.BackendClusterRole,
-// so that they also prove the documented RBAC is enough.
-func (cp *ControlPlane) UserWithClusterRole(ctx context.Context, name, clusterRole string) (*rest.Config, error) {
-	kube, err := kubernetes.NewForConfig(cp.AdminConfig())
-	if err != nil {
-		return nil, err
-	}
-	_, err = kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: name}},
-	}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("granting %s to %s: %w", clusterRole, name, err)
-	}
-	return cp.ConfigForUser(name), nil
-}
-
-// AnonymousConfig returns a config that presents no credentials.
-func (cp *ControlPlane) anonymousConfig() *rest.Config {
-	return &rest.Config{
-		Host:            cp.host,
-		TLSClientConfig: rest.TLSClientConfig{CAData: cp.ca.certPEM},
-		QPS:             200,
-		Burst:           400,
-	}
-}
-
-// AdminKubeconfigPath is a kubeconfig file of AdminConfig, for separate
-// processes, kubectl and helm.
-func (cp *ControlPlane) AdminKubeconfigPath() string { return cp.adminKubeconfig }
-
-// WriteKubeconfig writes cfg (from this package, or any config with inline
-// CA, client certificate or token) as a kubeconfig file in t.TempDir and
-// returns its path.
-func (cp *ControlPlane) WriteKubeconfig(t testing.TB, cfg *rest.Config) string {
+// WriteKubeconfig writes cfg as a kubeconfig file in t.TempDir and returns
+// its path.
+func WriteKubeconfig(t testing.TB, cfg *rest.Config) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := writeKubeconfig(path, cfg); err != nil {
+	if err := controlplane.WriteKubeconfig(path, cfg); err != nil {
 		t.Fatalf("controlplane: %v", err)
 	}
 	return path
 }
 
-// WriteKubeconfigFile is WriteKubeconfig outside of tests (the local demo):
-// it writes cfg as a kubeconfig file (mode 0600) at path.
-func (cp *ControlPlane) WriteKubeconfigFile(path string, cfg *rest.Config) error {
-	return writeKubeconfig(path, cfg)
-}
-
-// BinDir is the folder of etcd, kube-apiserver, kube-controller-manager,
-// kubectl (and helm, when built by hack/install-test-binaries.sh).
-func (cp *ControlPlane) BinDir() string { return cp.binDir }
-
-// Host is the API server's URL (https://127.0.0.1:port).
-func (cp *ControlPlane) Host() string { return cp.host }
-
-// CAData is the PEM certificate of the CA that signed the API server's
-// serving certificate (and the client certificates).
-func (cp *ControlPlane) CAData() []byte { return append([]byte(nil), cp.ca.certPEM...) }
-
-// LogDir is the folder holding etcd.log, kube-apiserver.log and
-// kube-controller-manager.log.
-func (cp *ControlPlane) LogDir() string { return cp.dir }
-
-// StartupDuration is how long the start took, until the API server was ready
-// and the controller manager had made the default ServiceAccount.
-func (cp *ControlPlane) StartupDuration() time.Duration { return cp.startup }
-
-// APIServerReadyDuration is how long the start took until kube-apiserver's
-// /readyz answered ok (etcd and kube-apiserver started, before the
-// controller manager).
-func (cp *ControlPlane) APIServerReadyDuration() time.Duration { return cp.apiserverReady }
-
-var errPortInUse = errors.New("port already in use")
-
-// Options configure Start.
-type Options struct {
-	// BinDir holds etcd, kube-apiserver, kube-controller-manager and
-	// kubectl; "" finds them as the tests do ($KUBE_BIND_TEST_BINARIES, else
-	// the cache of hack/install-test-binaries.sh, never building).
-	BinDir string
-	// Dir receives certificates, kubeconfig, etcd data and the servers'
-	// logs; "" makes a temporary folder. Etcd data left in it by an earlier
-	// start is removed. Stop never removes Dir.
-	Dir string
-}
-
-// Start starts a control plane outside of tests (the local demo); tests use
-// RunMain and Get. The caller must call Stop. ctx bounds only the start.
-func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
-	binDir := opts.BinDir
-	if binDir == "" {
-		var err error
-		if binDir, err = findBinaries(); err != nil {
-			return nil, err
-		}
-	} else if err := checkBinaries(binDir); err != nil {
-		return nil, fmt.Errorf("%s: %w; run %s", binDir, err, InstallScript)
-	}
-	// Try again when a free port chosen for a server got taken by someone
-	// else before the server bound it.
-	for attempt := 1; ; attempt++ {
-		cp, err := startIn(ctx, binDir, opts.Dir)
-		if err == nil || !errors.Is(err, errPortInUse) || attempt == 3 {
-			return cp, err
-		}
-	}
-}
-
-// Stop stops the servers of a control plane from Start (its folder stays).
-func (cp *ControlPlane) Stop() { cp.stop() }
-
-func start() (*ControlPlane, error) { return Start(context.Background(), Options{}) }
-
-func startOnce(binDir string) (*ControlPlane, error) {
-	return startIn(context.Background(), binDir, "")
-}
-
-// startIn makes one attempt to start a control plane in dir ("" = a new
-// temporary folder).
-func startIn(ctx context.Context, binDir, dir string) (_ *ControlPlane, err error) {
-	begin := time.Now()
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "kube-bind-controlplane-"); err != nil {
-			return nil, err
-		}
-	} else {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, err
-		}
-		if err := os.RemoveAll(filepath.Join(dir, "etcd")); err != nil {
-			return nil, err
-		}
-	}
-	cp := &ControlPlane{dir: dir, binDir: binDir}
-	defer func() {
-		if err != nil {
-			err = cp.failed(err)
-		}
-	}()
-
-	if cp.ca, err = newAuthority(); err != nil {
-		return nil, err
-	}
-	servingCert, servingKey, err := cp.ca.serving()
+// ConfigForUser is cp.ConfigForUser, failing the test on an error.
+func ConfigForUser(t testing.TB, cp *ControlPlane, name string, groups ...string) *rest.Config {
+	t.Helper()
+	cfg, err := cp.ConfigForUser(name, groups...)
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
-	adminCert, adminKey, err := cp.ca.client(AdminUser, "system:masters")
-	if err != nil {
-		return nil, err
-	}
-	saKey, err := newServiceAccountKey()
-	if err != nil {
-		return nil, err
-	}
-	file := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		if werr := os.WriteFile(p, data, 0o600); werr != nil && err == nil {
-			err = werr
-		}
-		return p
-	}
-	caFile := file("ca.crt", cp.ca.certPEM)
-	servingCertFile := file("apiserver.crt", servingCert)
-	servingKeyFile := file("apiserver.key", servingKey)
-	saKeyFile := file("service-account.key", saKey)
-	if err != nil {
-		return nil, err
-	}
-
-	ports, err := freePorts(3)
-	if err != nil {
-		return nil, err
-	}
-	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	etcdPeerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	cp.host = "https://127.0.0.1:" + strconv.Itoa(ports[2])
-	cp.admin = cp.anonymousConfig()
-	cp.admin.CertData = adminCert
-	cp.admin.KeyData = adminKey
-	cp.adminKubeconfig = filepath.Join(dir, "admin.kubeconfig")
-	if err := writeKubeconfig(cp.adminKubeconfig, cp.admin); err != nil {
-		return nil, err
-	}
-
-	if err := cp.run("etcd",
-		"--name=default",
-		"--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+etcdURL,
-		"--advertise-client-urls="+etcdURL,
-		"--listen-peer-urls="+etcdPeerURL,
-		"--initial-advertise-peer-urls="+etcdPeerURL,
-		"--initial-cluster=default="+etcdPeerURL,
-		"--unsafe-no-fsync",
-		// A single member elects itself after one election timeout: keep it
-		// short (the default 1 s is a third of the whole start).
-		"--heartbeat-interval=20",
-		"--election-timeout=100",
-		"--log-level=warn",
-	); err != nil {
-		return nil, err
-	}
-	// The API server waits for etcd itself.
-	if err := cp.run("kube-apiserver",
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(ports[2]),
-		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
-		"--tls-cert-file="+servingCertFile,
-		"--tls-private-key-file="+servingKeyFile,
-		"--client-ca-file="+caFile,
-		"--authorization-mode=RBAC",
-		"--service-account-issuer="+ServiceAccountIssuer,
-		"--service-account-key-file="+saKeyFile,
-		"--service-account-signing-key-file="+saKeyFile,
-		"--service-cluster-ip-range="+ServiceClusterIPRange,
-		"--allow-privileged=true",
-		"--profiling=false",
-		// The kubernetes Service's endpoint would be 127.0.0.1, which
-		// Endpoints refuse; nothing here runs in pods that would use it.
-		"--endpoint-reconciler-type=none",
-	); err != nil {
-		return nil, err
-	}
-	admin, err := kubernetes.NewForConfig(cp.admin)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-	if err := cp.waitFor(ctx, "kube-apiserver /readyz", func(ctx context.Context) (bool, error) {
-		_, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil, nil
-	}); err != nil {
-		return nil, err
-	}
-	cp.apiserverReady = time.Since(begin)
-
-	if err := cp.run("kube-controller-manager",
-		"--kubeconfig="+cp.adminKubeconfig,
-		"--bind-address=127.0.0.1",
-		"--secure-port=0",
-		"--leader-elect=false",
-		"--service-account-private-key-file="+saKeyFile,
-		"--root-ca-file="+caFile,
-		"--controllers=serviceaccount-token-controller,serviceaccount-controller,root-ca-certificate-publisher-controller",
-	); err != nil {
-		return nil, err
-	}
-	// The default ServiceAccount and the kube-root-ca.crt ConfigMap show that
-	// the controllers run, so tests need not wait for them.
-	if err := cp.waitFor(ctx, "kube-controller-manager (default ServiceAccount and kube-root-ca.crt)", func(ctx context.Context) (bool, error) {
-		if _, err := admin.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{}); err != nil {
-			return false, ignoreNotFound(err)
-		}
-		_, err := admin.CoreV1().ConfigMaps("default").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
-		return err == nil, ignoreNotFound(err)
-	}); err != nil {
-		return nil, err
-	}
-	cp.startup = time.Since(begin)
-	return cp, nil
-}
-
-func ignoreNotFound(err error) error {
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	return err
-}
-
-func (cp *ControlPlane) run(name string, args ...string) error {
-	p, err := startProcess(cp.dir, name, filepath.Join(cp.binDir, name), args...)
-	if err != nil {
-		return err
-	}
-	cp.procs = append(cp.procs, p)
-	return nil
-}
-
-// waitFor polls cond until it holds, a server exits, or ctx ends. Errors of
-// cond other than a server exiting are retried (the server may still be
-// coming up) and reported on timeout.
-func (cp *ControlPlane) waitFor(ctx context.Context, what string, cond func(context.Context) (bool, error)) error {
-	var lastErr error
-	for {
-		for _, p := range cp.procs {
-			if p.exited() {
-				return fmt.Errorf("%s exited while waiting for %s: %v", p.name, what, p.waitErr)
-			}
-		}
-		attemptCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ok, err := cond(attemptCtx)
-		cancel()
-		if ok {
-			return nil
-		}
-		if err != nil {
-			lastErr = err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("timed out waiting for %s (last error: %v)", what, lastErr)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// failed stops what was started and adds the end of each server's log to
-// err, keeping the logs for a closer look.
-func (cp *ControlPlane) failed(err error) error {
-	cp.stop()
-	var b strings.Builder
-	fmt.Fprintf(&b, "%v\nlogs kept in %s", err, cp.dir)
-	inUse := false
-	for _, p := range cp.procs {
-		fmt.Fprintf(&b, "\n--- last lines of %s ---\n%s", p.logPath, p.tail(logTailLines))
-		inUse = inUse || p.logContains("address already in use")
-	}
-	if inUse {
-		return fmt.Errorf("%w: %s", errPortInUse, b.String())
-	}
-	return errors.New(b.String())
-}
-
-// stop ends the servers in reverse order of start.
-func (cp *ControlPlane) stop() {
-	for i := len(cp.procs) - 1; i >= 0; i-- {
-		cp.procs[i].stop(stopGrace)
-	}
-}
-
-// freePorts finds n distinct loopback ports free at this moment. Another
-// process may take one before the server binds it; start then tries again.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-func writeKubeconfig(path string, cfg *rest.Config) error {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{
-		Server:                   cfg.Host,
-		CertificateAuthorityData: cfg.CAData,
-		TLSServerName:            cfg.ServerName,
-	}
-	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{
-		ClientCertificateData: cfg.CertData,
-		ClientKeyData:         cfg.KeyData,
-		Token:                 cfg.BearerToken,
-	}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test", Namespace: "default"}
-	kc.CurrentContext = "test"
-	return clientcmd.WriteToFile(*kc, path)
+	return cfg
 }

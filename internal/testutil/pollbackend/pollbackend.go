@@ -17,6 +17,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/testutil/fakeclock"
@@ -33,6 +34,8 @@ type Options struct {
 	SessionTTL time.Duration
 	// Limits default to sessions.DefaultLimits (grace 60s).
 	Limits sessions.Limits
+	// LongPollMaxWait turns long polling on (default: off).
+	LongPollMaxWait time.Duration
 }
 
 // Backend is a running backend.
@@ -67,6 +70,7 @@ func Start(t testing.TB, o Options) *Backend {
 		SessionTTL:   o.SessionTTL,
 		Store:        store,
 		Now:          clock.Now,
+		LongPoll:     longpoll.New(longpoll.Options{MaxWait: o.LongPollMaxWait, MaxHeld: longpoll.DefaultMaxHeld}),
 	})
 	if err != nil {
 		t.Fatal(err)

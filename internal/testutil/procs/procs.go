@@ -1,121 +1,47 @@
-// Package procs holds what tests that run the project's commands as real
-// processes share: building a command once, free loopback ports, random
-// keys, and a buffer that collects a process's output while the test reads
-// it.
+// Package procs is internal/localenv/procs for tests: the same helpers, and
+// those that can fail take the test and fail it instead of returning an
+// error.
 package procs
 
 import (
-	"bytes"
-	"crypto/rand"
-	"encoding/base64"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strings"
-	"sync"
 	"testing"
+
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
+
+// Buffer collects output written concurrently while a test reads it.
+type Buffer = procs.Buffer
 
 // RepoRoot is the root of this repository.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
-}
+func RepoRoot() string { return procs.RepoRoot() }
 
-// Build builds the command in pkg (a path relative to the repository root,
-// e.g. "./cmd/backend") into a new temporary folder and returns the
-// binary's path and a function that removes the folder. For TestMain, which
-// has no testing.TB.
+// Build builds the command in pkg (relative to the repository root) into a
+// new temporary folder; for TestMain, which has no testing.TB.
 func Build(pkg string, extraArgs ...string) (string, func(), error) {
-	dir, err := os.MkdirTemp("", "procs-build-")
-	if err != nil {
-		return "", nil, err
-	}
-	cleanup := func() { os.RemoveAll(dir) }
-	bin := filepath.Join(dir, filepath.Base(pkg))
-	args := append([]string{"build", "-o", bin}, extraArgs...)
-	cmd := exec.Command("go", append(args, pkg)...)
-	cmd.Dir = RepoRoot()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		cleanup()
-		return "", nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-	}
-	return bin, cleanup, nil
+	return procs.Build(pkg, extraArgs...)
 }
 
-// FreePort returns a loopback TCP port nothing listens on right now, and
-// never one it returned before in this process: the kernel may hand the
-// same ephemeral port to two listens in a row once the first is closed,
-// and two parts of a test given one port clash (a replica's public and
-// peer listeners did, in CI).
+// Alive reports whether process pid runs (a zombie counts as dead).
+func Alive(pid int) bool { return procs.Alive(pid) }
+
+// FreePort returns a loopback TCP port nothing listens on right now and
+// never handed out before in this process, or fails the test.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	givenMu.Lock()
-	defer givenMu.Unlock()
-	for range 1000 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !given[port] {
-			given[port] = true
-			return port
-		}
-	}
-	t.Fatal("procs.FreePort: no port that was not handed out before")
-	return 0
-}
-
-var (
-	givenMu sync.Mutex
-	given   = map[int]bool{}
-)
-
-// Alive reports whether process pid runs, as /proc shows it (Linux only:
-// elsewhere it reports false); a zombie, dead but not yet reaped, counts as
-// dead.
-func Alive(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	port, err := procs.FreePort()
 	if err != nil {
-		return false
+		t.Fatal(err)
 	}
-	s := string(stat)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
-		return s[i+2] != 'Z' && s[i+2] != 'X'
-	}
-	return true
+	return port
 }
 
 // RandomKey returns n random bytes in standard base64, the form the
-// backend's key flags take.
+// backend's key flags take, or fails the test.
 func RandomKey(t testing.TB, n int) string {
 	t.Helper()
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return base64.StdEncoding.EncodeToString(b)
-}
-
-// Buffer collects output written concurrently (a process's stdout and
-// stderr, a server's logs) while a test reads it.
-type Buffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *Buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String returns everything written so far.
-func (b *Buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	key, err := procs.RandomKey(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
 }

@@ -54,6 +54,11 @@ type OAuth2CodeGrantPoll struct {
 	PollURL          string `json:"pollURL"`
 	// PollInterval is a Go duration string, e.g. "2s".
 	PollInterval string `json:"pollInterval"`
+	// LongPollMaxWait, when set, says the provider holds a poll that asks
+	// with "Prefer: wait=N" for up to this long (a Go duration string,
+	// e.g. "30s") and answers as soon as the session ends. An extension of
+	// this backend (docs/long-polling.md); released clients ignore it.
+	LongPollMaxWait string `json:"longPollMaxWait,omitempty"`
 }
 
 // CreateSessionRequest is the optional body of POST <sessionURL>.

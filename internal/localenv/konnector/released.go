@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"testing"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
-// ReleasedVersion is the kube-bind release whose binaries the tests run.
+// ReleasedVersion is the kube-bind release whose binaries the demo and the
+// tests run.
 const ReleasedVersion = "v0.4.8"
 
 // PeersEnv names the folder holding the released binaries (konnector.gz,
@@ -30,22 +30,11 @@ var (
 	releasedPaths = map[string]string{}
 )
 
-// ReleasedBinary returns the path of the released kube-bind binary name
+// ReleasedPath returns the path of the released kube-bind binary name
 // ("konnector" or "kubectl-bind"): unzipped once into
 // $HOME/.cache/kube-bind-backend/kube-bind-v0.4.8/ and checked against
-// SHA256SUMS (the cached copy too, once per test binary). It fails the
-// test when the release folder cannot be found or a sum does not match.
-func ReleasedBinary(t testing.TB, name string) string {
-	t.Helper()
-	p, err := ReleasedPath(name)
-	if err != nil {
-		t.Fatalf("released kube-bind %s: %v", ReleasedVersion, err)
-	}
-	return p
-}
-
-// ReleasedPath is ReleasedBinary outside of tests (the local demo): the
-// path, or why the release folder or a binary is not usable.
+// SHA256SUMS (the cached copy too, once per process), or why the release
+// folder or a binary is not usable.
 func ReleasedPath(name string) (string, error) {
 	releasedMu.Lock()
 	defer releasedMu.Unlock()

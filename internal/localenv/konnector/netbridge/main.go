@@ -3,7 +3,7 @@
 // Command netbridge runs a program inside a network namespace of its own
 // while letting it reach chosen TCP addresses of the host's loopback.
 //
-// The test helper starts netbridge in a new network namespace (where only
+// The konnector package starts netbridge in a new network namespace (where only
 // a down loopback exists) and listens on a unix socket per address on the
 // host side; unix sockets are not network-namespaced, so netbridge brings
 // lo up, listens on each 127.0.0.1:<port> inside the namespace and pipes
@@ -31,7 +31,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kbprovider/backend/internal/testutil/konnector/bridgepipe"
+	"github.com/kbprovider/backend/internal/localenv/konnector/bridgepipe"
 )
 
 type forwards []string

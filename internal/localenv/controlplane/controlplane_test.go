@@ -1,4 +1,4 @@
-package controlplane
+package controlplane_test
 
 import (
 	"bufio"
@@ -24,7 +24,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	testcp "github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 func TestMain(m *testing.M) {
@@ -32,7 +34,7 @@ func TestMain(m *testing.M) {
 		crashHelper()
 		return
 	}
-	os.Exit(RunMain(m))
+	os.Exit(testcp.RunMain(m))
 }
 
 func clientset(t *testing.T, cfg *rest.Config) *kubernetes.Clientset {
@@ -67,7 +69,7 @@ func whoAmI(t *testing.T, cfg *rest.Config) authenticationv1.UserInfo {
 // A token from TokenRequest authenticates as the ServiceAccount, and RBAC
 // lets it do exactly what a Role grants.
 func TestServiceAccountTokenAndRBAC(t *testing.T) {
-	cp := Get(t)
+	cp := testcp.Get(t)
 	ctx := context.Background()
 	admin := clientset(t, cp.AdminConfig())
 	ns := createNamespace(t, admin)
@@ -134,7 +136,7 @@ func TestServiceAccountTokenAndRBAC(t *testing.T) {
 // A legacy token Secret is filled by kube-controller-manager's token
 // controller, and its token works.
 func TestLegacyServiceAccountTokenSecret(t *testing.T) {
-	cp := Get(t)
+	cp := testcp.Get(t)
 	ctx := context.Background()
 	admin := clientset(t, cp.AdminConfig())
 	ns := createNamespace(t, admin)
@@ -186,9 +188,9 @@ func keys(s *corev1.Secret) []string {
 // ConfigForUser is a real identity: the API server reports its name and
 // groups, and RBAC gives it nothing until granted.
 func TestConfigForUser(t *testing.T) {
-	cp := Get(t)
+	cp := testcp.Get(t)
 	ctx := context.Background()
-	cfg := cp.ConfigForUser("alice", "team-a", "team-b")
+	cfg := testcp.ConfigForUser(t, cp, "alice", "team-a", "team-b")
 	user := whoAmI(t, cfg)
 	if user.Username != "alice" {
 		t.Errorf("user name = %q, want alice", user.Username)
@@ -221,7 +223,7 @@ func TestConfigForUser(t *testing.T) {
 	if err != nil {
 		t.Errorf("alice in team-a, bound to cluster-admin, cannot list namespaces: %v", err)
 	}
-	if who := whoAmI(t, cp.ConfigForUser("bob")); who.Username != "bob" || slices.Contains(who.Groups, "team-a") {
+	if who := whoAmI(t, testcp.ConfigForUser(t, cp, "bob")); who.Username != "bob" || slices.Contains(who.Groups, "team-a") {
 		t.Errorf("bob = %+v, want user bob without team-a", who)
 	}
 }
@@ -229,13 +231,13 @@ func TestConfigForUser(t *testing.T) {
 // The admin kubeconfig file works for a separate process (kubectl), and
 // WriteKubeconfig writes one for another identity.
 func TestKubeconfigFilesWithKubectl(t *testing.T) {
-	cp := Get(t)
+	cp := testcp.Get(t)
 	out, err := exec.Command(filepath.Join(cp.BinDir(), "kubectl"), "--kubeconfig", cp.AdminKubeconfigPath(),
 		"get", "namespace", "kube-system", "-o", "name").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "namespace/kube-system" {
 		t.Errorf("kubectl get namespace kube-system as admin: %v: %s", err, out)
 	}
-	out, err = exec.Command(filepath.Join(cp.BinDir(), "kubectl"), "--kubeconfig", cp.WriteKubeconfig(t, cp.ConfigForUser("carol")),
+	out, err = exec.Command(filepath.Join(cp.BinDir(), "kubectl"), "--kubeconfig", testcp.WriteKubeconfig(t, testcp.ConfigForUser(t, cp, "carol")),
 		"auth", "can-i", "list", "secrets", "-n", "kube-system").CombinedOutput()
 	if err == nil || strings.TrimSpace(string(out)) != "no" {
 		t.Errorf("kubectl auth can-i list secrets as carol: %v: %q, want no", err, out)
@@ -245,17 +247,21 @@ func TestKubeconfigFilesWithKubectl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u := whoAmI(t, cfg); u.Username != AdminUser || !slices.Contains(u.Groups, "system:masters") {
+	if u := whoAmI(t, cfg); u.Username != controlplane.AdminUser || !slices.Contains(u.Groups, "system:masters") {
 		t.Errorf("admin kubeconfig authenticates as %+v", u)
 	}
 }
 
 // Without binaries the start fails with a message naming the script.
 func TestMissingBinariesNameTheScript(t *testing.T) {
-	t.Setenv(BinariesEnv, t.TempDir())
-	_, err := findBinaries()
-	if err == nil || !strings.Contains(err.Error(), InstallScript) || !strings.Contains(err.Error(), "kube-apiserver") {
-		t.Errorf("findBinaries with an empty folder: %v, want an error naming %s and kube-apiserver", err, InstallScript)
+	t.Setenv(controlplane.BinariesEnv, t.TempDir())
+	cp, err := controlplane.Start(context.Background(), controlplane.Options{})
+	if err == nil {
+		cp.Stop()
+		t.Fatal("Start with an empty binaries folder succeeded")
+	}
+	if !strings.Contains(err.Error(), controlplane.InstallScript) || !strings.Contains(err.Error(), "kube-apiserver") {
+		t.Errorf("Start with an empty binaries folder: %v, want an error naming %s and kube-apiserver", err, controlplane.InstallScript)
 	}
 }
 
@@ -264,21 +270,21 @@ const crashHelperEnv = "CONTROLPLANE_TEST_CRASH_HELPER"
 // crashHelper starts a control plane, prints the servers' process ids and
 // dies without any cleanup.
 func crashHelper() {
-	cp, err := start()
+	cp, err := controlplane.Start(context.Background(), controlplane.Options{})
 	if err != nil {
 		fmt.Println("error:", err)
 		os.Exit(2)
 	}
-	for _, p := range cp.procs {
-		fmt.Println("pid", p.cmd.Process.Pid)
+	for _, pid := range controlplane.Pids(cp) {
+		fmt.Println("pid", pid)
 	}
-	fmt.Println("logs", cp.dir)
+	fmt.Println("logs", cp.LogDir())
 	panic("test binary dies without stopping the control plane")
 }
 
 // If the test binary dies without cleanup, the kernel ends the servers.
 func TestServersDieWithTestBinary(t *testing.T) {
-	Get(t) // fails here, with the reason, if the binaries are missing
+	testcp.Get(t) // fails here, with the reason, if the binaries are missing
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), crashHelperEnv+"=1")
 	out, _ := cmd.CombinedOutput()
@@ -314,22 +320,18 @@ func TestServersDieWithTestBinary(t *testing.T) {
 // BenchmarkStartStop measures a whole start (until the API server is ready
 // and the controller manager made the default ServiceAccount) and stop.
 func BenchmarkStartStop(b *testing.B) {
-	binDir, err := findBinaries()
-	if err != nil {
-		b.Fatal(err)
-	}
 	var ready, started, stopped time.Duration
 	for b.Loop() {
-		cp, err := startOnce(binDir)
+		cp, err := controlplane.Start(context.Background(), controlplane.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
 		t0 := time.Now()
-		cp.stop()
+		cp.Stop()
 		stopped += time.Since(t0)
-		ready += cp.apiserverReady
-		started += cp.startup
-		_ = os.RemoveAll(cp.dir)
+		ready += cp.APIServerReadyDuration()
+		started += cp.StartupDuration()
+		_ = os.RemoveAll(cp.LogDir())
 	}
 	n := float64(b.N)
 	b.ReportMetric(ready.Seconds()/n, "s-apiserver-ready/op")

@@ -1,5 +1,5 @@
-// Package exampleapis prepares a provider cluster for bindings in tests and
-// the local demo: the kube-bind.io CRDs, the consumer ClusterRoles, and
+// Package exampleapis prepares a provider cluster for bindings in the local
+// demo and the tests: the kube-bind.io CRDs, the consumer ClusterRoles, and
 // example CRDs that are (or are not) exported.
 package exampleapis
 
@@ -11,8 +11,10 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apiextensionsv1client "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset/typed/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 
@@ -27,8 +29,19 @@ type API struct {
 	Exported bool
 }
 
+// Version is the one version every example API serves.
+const Version = "v1alpha1"
+
 // Name is the CRD's name, <plural>.<group>.
 func (a API) Name() string { return a.Plural + "." + a.Group }
+
+// GVR is the resource of a, for dynamic clients.
+func (a API) GVR() schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: a.Group, Version: Version, Resource: a.Plural}
+}
+
+// Resource is a as the catalog and the provisioner name it.
+func (a API) Resource() binding.Resource { return binding.Resource{Group: a.Group, Resource: a.Plural} }
 
 // Examples used across tests and the demo.
 var (
@@ -55,7 +68,7 @@ func CRD(a API) *apiextensionsv1.CustomResourceDefinition {
 			},
 			Scope: apiextensionsv1.NamespaceScoped,
 			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
-				Name: "v1alpha1", Served: true, Storage: true,
+				Name: Version, Served: true, Storage: true,
 				Subresources: &apiextensionsv1.CustomResourceSubresources{
 					Status: &apiextensionsv1.CustomResourceSubresourceStatus{},
 				},
@@ -86,21 +99,30 @@ func Prepare(ctx context.Context, admin *rest.Config, apis ...API) error {
 		if _, err := crdClient.Create(ctx, CRD(a), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating CRD %s: %w", a.Name(), err)
 		}
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-			got, err := crdClient.Get(ctx, a.Name(), metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return fmt.Errorf("CRD %s not established: %w", a.Name(), err)
+		if err := WaitEstablished(ctx, crdClient, a.Name()); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// WaitEstablished waits (at most 30 s) until the CRD name is established,
+// that is served.
+func WaitEstablished(ctx context.Context, crds apiextensionsv1client.CustomResourceDefinitionInterface, name string) error {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := crds.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("CRD %s not established: %w", name, err)
 	}
 	return nil
 }

@@ -12,7 +12,7 @@ var (
 	sigKill os.Signal = os.Kill
 )
 
-// startCmd starts cmd. Without Linux's Pdeathsig, a test binary that dies
+// startCmd starts cmd. Without Linux's Pdeathsig, a caller (test binary, demo) that dies
 // without cleaning up may leave the servers running.
 func startCmd(cmd *exec.Cmd) error { return cmd.Start() }
 

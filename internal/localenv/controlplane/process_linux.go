@@ -4,7 +4,7 @@ import (
 	"os/exec"
 	"syscall"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 const (
@@ -12,8 +12,8 @@ const (
 	sigKill = syscall.SIGKILL
 )
 
-// startCmd starts cmd tied to the test binary (procs.StartTied): in its own
-// process group, killed by the kernel if the test binary dies.
+// startCmd starts cmd tied to the caller (procs.StartTied): in its own
+// process group, killed by the kernel if the caller (test binary, demo) dies.
 func startCmd(cmd *exec.Cmd) error { return procs.StartTied(cmd) }
 
 func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// authority is the test control plane's one certificate authority: it signs
+// authority is the control plane's one certificate authority: it signs
 // the API server's serving certificate and every client certificate, so a
 // client certificate made here is real authentication (--client-ca-file),
 // not impersonation.

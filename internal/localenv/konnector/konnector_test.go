@@ -14,9 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -33,8 +33,8 @@ func TestTwoKonnectorsRunSideBySideAndReachTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a := konnector.Start(t, konnector.Options{Kubeconfig: cp.AdminKubeconfigPath()})
-	b := konnector.Start(t, konnector.Options{Kubeconfig: cp.AdminKubeconfigPath(), Args: []string{"--lease-name", "other"}})
+	a := run(t, konnector.Options{Kubeconfig: cp.AdminKubeconfigPath()})
+	b := run(t, konnector.Options{Kubeconfig: cp.AdminKubeconfigPath(), Args: []string{"--lease-name", "other"}})
 
 	crds := apiextensionsclient.NewForConfigOrDie(cp.AdminConfig()).ApiextensionsV1().CustomResourceDefinitions()
 	for {
@@ -78,42 +78,39 @@ func TestTwoKonnectorsRunSideBySideAndReachTheAPIServer(t *testing.T) {
 	}
 }
 
+// run starts a konnector and stops it when the test ends.
+func run(t *testing.T, o konnector.Options) *konnector.Konnector {
+	t.Helper()
+	k, err := konnector.Run(o)
+	if err != nil {
+		t.Fatalf("konnector: %v", err)
+	}
+	t.Cleanup(k.Stop)
+	return k
+}
+
 func TestRefusesServersNotOnLoopback(t *testing.T) {
-	ft := &fatalRecorder{TB: t}
-	func() {
-		defer func() { _ = recover() }()
-		konnector.Start(ft, konnector.Options{Kubeconfig: writeKubeconfig(t, "https://10.1.2.3:6443")})
-	}()
-	if !strings.Contains(ft.msg, "not on loopback") {
-		t.Fatalf("Start with a non-loopback server: got %q, want a message naming loopback", ft.msg)
+	k, err := konnector.Run(konnector.Options{Kubeconfig: writeKubeconfig(t, "https://10.1.2.3:6443")})
+	if err == nil {
+		k.Stop()
+		t.Fatal("Run with a non-loopback server succeeded")
+	}
+	if !strings.Contains(err.Error(), "not on loopback") {
+		t.Fatalf("Run with a non-loopback server: got %q, want a message naming loopback", err)
 	}
 }
 
 func TestReleasedBinariesMatchTheirSums(t *testing.T) {
 	for _, name := range []string{"konnector", "kubectl-bind"} {
-		p := konnector.ReleasedBinary(t, name)
+		p, err := konnector.ReleasedPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
 		st, err := os.Stat(p)
 		if err != nil || st.Mode()&0o111 == 0 {
 			t.Fatalf("%s: %v (mode %v)", p, err, st)
 		}
 	}
-}
-
-// fatalRecorder records Fatalf instead of failing the test, to check a
-// helper's refusal; it panics to stop the helper as Fatal would.
-type fatalRecorder struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalRecorder) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	panic(f.msg)
-}
-
-func (f *fatalRecorder) Fatal(args ...any) {
-	f.msg = fmt.Sprint(args...)
-	panic(f.msg)
 }
 
 func writeKubeconfig(t *testing.T, server string) string {

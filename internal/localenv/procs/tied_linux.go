@@ -13,9 +13,9 @@ var (
 )
 
 // StartTied starts cmd in its own process group (stopping the group stops
-// what it started, and a Ctrl-C on the terminal reaches only the test
-// binary) with Pdeathsig, so the kernel kills it if the test binary dies
-// without cleaning up (a panic, a timeout, SIGKILL). Other fields of
+// what it started, and a Ctrl-C on the terminal reaches only the parent:
+// the test binary or the demo) with Pdeathsig, so the kernel kills it if
+// the parent dies without cleaning up (a panic, a timeout, SIGKILL). Other fields of
 // cmd.SysProcAttr (e.g. Cloneflags) are kept.
 //
 // Pdeathsig fires when the *thread* that started the child exits, and Go

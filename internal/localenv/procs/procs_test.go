@@ -47,7 +47,10 @@ func TestAliveSeesRunningAndZombieProcesses(t *testing.T) {
 func TestFreePortNeverRepeats(t *testing.T) {
 	seen := map[int]bool{}
 	for range 2000 {
-		p := FreePort(t)
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if seen[p] {
 			t.Fatalf("port %d handed out twice", p)
 		}

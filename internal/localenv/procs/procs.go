@@ -1,0 +1,120 @@
+// Package procs holds what the local environment (and the tests, through
+// internal/testutil/procs) needs to run the project's commands as real
+// processes: building a command, free loopback ports, random keys,
+// starting a child tied to its parent, and a buffer that collects a
+// process's output while another goroutine reads it.
+package procs
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+)
+
+// RepoRoot is the root of this repository.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}
+
+// Build builds the command in pkg (a path relative to the repository root,
+// e.g. "./cmd/backend") into a new temporary folder and returns the
+// binary's path and a function that removes the folder.
+func Build(pkg string, extraArgs ...string) (string, func(), error) {
+	dir, err := os.MkdirTemp("", "procs-build-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	args := append([]string{"build", "-o", bin}, extraArgs...)
+	cmd := exec.Command("go", append(args, pkg)...)
+	cmd.Dir = RepoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return bin, cleanup, nil
+}
+
+// FreePort returns a loopback TCP port nothing listens on right now, and
+// never one it returned before in this process: the kernel may hand the
+// same ephemeral port to two listens in a row once the first is closed,
+// and two parts of a test given one port clash (a replica's public and
+// peer listeners did, in CI).
+func FreePort() (int, error) {
+	givenMu.Lock()
+	defer givenMu.Unlock()
+	for range 1000 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !given[port] {
+			given[port] = true
+			return port, nil
+		}
+	}
+	return 0, errors.New("procs.FreePort: no port that was not handed out before")
+}
+
+var (
+	givenMu sync.Mutex
+	given   = map[int]bool{}
+)
+
+// Alive reports whether process pid runs, as /proc shows it (Linux only:
+// elsewhere it reports false); a zombie, dead but not yet reaped, counts as
+// dead.
+func Alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(stat)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
+}
+
+// RandomKey returns n random bytes in standard base64, the form the
+// backend's key flags take.
+func RandomKey(n int) (string, error) {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return base64.StdEncoding.EncodeToString(b), nil
+}
+
+// Buffer collects output written concurrently (a process's stdout and
+// stderr, a server's logs) while another goroutine (a test) reads it.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
