@@ -121,9 +121,10 @@ func TestPollOfCallbackFlowSessionIs410(t *testing.T) {
 	}
 }
 
-// A link whose session was lost with the replica that owned it says the
+// A link whose session was lost with the replicas that held it says the
 // session ended (410, "run the command again"), not that it never
-// existed (404): the hashring store with the owner's peer API gone.
+// existed (404): the hashring store with the owner's peer API gone and
+// the backup's copy dropped (as when owner and backup die at once).
 func TestLinkOfDeadOwnerIs410(t *testing.T) {
 	key := []byte("0123456789abcdef0123456789abcdef-peer")
 	newReplica := func() (*hashring.Store, string, *http.Server) {
@@ -145,6 +146,11 @@ func TestLinkOfDeadOwnerIs410(t *testing.T) {
 	b, bURL, bSrv := newReplica()
 	a.SetPeers([]string{aURL, bURL})
 	b.SetPeers([]string{aURL, bURL})
+	for _, r := range []*hashring.Store{a, b} {
+		if err := r.Join(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	be := newBrowserEnv(t, browserOpts{store: a})
 
 	// Sessions created through replica a until one is owned by b.
@@ -158,7 +164,8 @@ func TestLinkOfDeadOwnerIs410(t *testing.T) {
 		}
 	}
 	link := be.signedURL(ps, be.ext.String()+"/authorize")
-	bSrv.Close() // the owner dies
+	bSrv.Close()                   // the owner dies
+	a.Local().Remove(ps.SessionID) // with the backup's copy
 
 	resp, body := be.send(be.jar(), http.MethodGet, link)
 	if resp.StatusCode != http.StatusGone || !strings.Contains(body, "expired") {

@@ -176,7 +176,13 @@ func (s *server) storeError(w http.ResponseWriter, err error) {
 			"the session expired or is unknown to the backend; start over")
 		return
 	}
-	s.log.Error("session store failed", "error", err)
+	if errors.Is(err, sessions.ErrUnavailable) {
+		// A replica holding the session is slow or restarting: the
+		// session is not lost, the client polls again.
+		s.log.Warn("session store briefly unavailable", "error", err)
+	} else {
+		s.log.Error("session store failed", "error", err)
+	}
 	s.metrics.poll("unavailable")
 	w.Header()[retryAfterKy] = hdrRetry5
 	writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -47,7 +48,11 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 			"the backend holds as many pending sessions as it is configured for; try again later")
 		return
 	default:
-		s.log.Error("creating a session failed", "error", err)
+		if errors.Is(err, sessions.ErrUnavailable) {
+			s.log.Warn("creating a session: store briefly unavailable", "error", err)
+		} else {
+			s.log.Error("creating a session failed", "error", err)
+		}
 		w.Header()[retryAfterKy] = hdrRetry5
 		writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
 			"the session store is unavailable; try again shortly")

@@ -52,6 +52,10 @@ type Server struct {
 	closeStore func()
 	// peers serves the hashring's peer API; nil for the memory store.
 	peers *hashring.PeerServer
+	// ring is the hashring store (nil for memory); join makes it a member
+	// of the ring once the peer API serves (Run).
+	ring *hashring.Store
+	join func(ctx context.Context)
 
 	// loops run until the servers stopped (Run's step 4): TLS reload,
 	// peer discovery, the login's discovery, the catalog, the delivery
@@ -117,6 +121,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if ring := s.ring; ring != nil {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "hashring_replication_failures_total",
+			Help: "Session changes whose copy did not reach the session's backup replica before the owner answered.",
+		}, func() float64 { return float64(ring.ReplicationFailures()) }))
+	}
 	key, err := clusterkey.New(cfg.ClusterSecretKey)
 	if err != nil {
 		return nil, err
@@ -200,12 +210,17 @@ func (s *Server) servingTLS() (*tls.Config, error) {
 	return r.TLSConfig(), nil
 }
 
-// Run serves until ctx ends or a server fails, then shuts down in this
-// order, each step after the one before finished:
+// Run serves until ctx ends or a server fails (for the hashring, it joins
+// the ring once the peer API serves), then shuts down in this order, each
+// step after the one before finished:
 //
-//  1. stop accepting: readiness fails, held long polls are answered
+//  1. stop accepting: readiness fails; for the hashring, this replica
+//     leaves the ring and hands every session it owns to its new owner
+//     (Store.Leave), while both servers still answer (requests for a
+//     session in transit are forwarded); held long polls are answered
 //     (pending) and no new ones are held, and the public listener closes;
-//  2. drain: in-flight requests finish, for up to ShutdownTimeout;
+//  2. drain: in-flight requests finish, for up to ShutdownTimeout (which
+//     also bounds the handover);
 //  3. stop the peer API (after its in-flight requests, within the same
 //     deadline): until the public server stopped, other replicas may still
 //     forward requests for the sessions this one owns;
@@ -257,6 +272,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("serving", "version", version.Version, "address", s.ln.Addr().String(),
 		"external_url", s.ext.String(), "tls", withTLS)
+	var joining sync.WaitGroup
+	joinCtx, stopJoin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopJoin()
+	if s.join != nil {
+		joining.Go(func() { s.join(joinCtx) })
+	}
 
 	var errs []error
 	select {
@@ -272,6 +293,18 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.cfg.ShutdownTimeout.String())
 	drain, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
+	stopJoin()
+	joining.Wait()
+	if s.ring != nil {
+		s.log.Info("leaving the session ring: handing sessions over", "component", "hashring")
+		if err := s.ring.Leave(drain); err != nil {
+			// Not fatal: what was not handed over is served by its backup
+			// copy once this replica is gone.
+			s.log.Warn("session handover incomplete", "component", "hashring", "error", err)
+		} else {
+			s.log.Info("left the session ring", "component", "hashring")
+		}
+	}
 	if err := s.srv.Shutdown(drain); err != nil {
 		s.log.Error("in-flight requests did not finish in time", "error", err)
 		s.srv.Close()

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -39,17 +40,22 @@ func (s *Server) newSessionStore() ([]health.Check, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.store, s.closeStore = ring, ring.Close
+	s.store, s.closeStore, s.ring = ring, ring.Close, ring
 	if s.peers, err = ring.ListenPeers(sc.PeerListenAddress, log); err != nil {
 		return nil, err
 	}
+	// Not ready until this replica joined the ring (Run joins once the
+	// peer API serves), nor once it leaves: a load balancer sends
+	// requests only to members.
+	member := health.CheckFunc("ring", func(context.Context) error { return ring.Ready() })
 
 	if sc.PeerServiceName == "" {
 		ring.SetPeers(sc.Peers)
 		if len(sc.Peers) == 0 {
 			log.Warn("hashring without --peers or --peer-service: this replica is alone in the ring")
 		}
-		return nil, nil
+		s.join = func(ctx context.Context) { s.joinRing(ctx, ring, nil) }
+		return []health.Check{member}, nil
 	}
 
 	// Discovery: the ring is not ready until the EndpointSlices were read
@@ -64,12 +70,34 @@ func (s *Server) newSessionStore() ([]health.Check, error) {
 		return nil, fmt.Errorf("peer discovery: %w", err)
 	}
 	opts := peerdiscovery.Options{Namespace: sc.PeerServiceNamespace, Service: sc.PeerServiceName, PortName: sc.PeerPortName}
+	listed := make(chan struct{})
+	var once sync.Once
 	set := func(peers []string) {
 		ring.SetPeers(peers)
 		status.Set(nil)
+		once.Do(func() { close(listed) })
 	}
 	s.loops = append(s.loops, loop{"peer discovery", func(ctx context.Context) {
 		peerdiscovery.Run(ctx, client, opts, set, discoveryRetry, log)
 	}})
-	return []health.Check{status}, nil
+	s.join = func(ctx context.Context) { s.joinRing(ctx, ring, listed) }
+	return []health.Check{status, member}, nil
+}
+
+// joinRing joins the ring once the candidates are known (listed closed;
+// nil: at once). The peer API must serve by then: the members answer the
+// join by sending this replica requests.
+func (s *Server) joinRing(ctx context.Context, ring *hashring.Store, listed <-chan struct{}) {
+	if listed != nil {
+		select {
+		case <-listed:
+		case <-ctx.Done():
+			return
+		}
+	}
+	if err := ring.Join(ctx); err != nil {
+		s.log.Warn("did not join the session ring", "component", "hashring", "error", err)
+		return
+	}
+	s.log.Info("joined the session ring", "component", "hashring", "members", ring.Members())
 }

@@ -163,6 +163,12 @@ var (
 	ErrNotPending    = errors.New("session is not pending")
 	ErrTooLarge      = errors.New("binding response too large")
 	ErrStaleStatic   = errors.New("the session's static part changed since Static; check the signature again")
+	// ErrUnavailable: the session may exist but the part of the store
+	// holding it cannot answer now (a replica that is slow, restarting or
+	// handing its sessions over). Transient, unlike ErrNotFound: the
+	// caller should try again shortly (503 with Retry-After), not start
+	// over.
+	ErrUnavailable = errors.New("session store temporarily unavailable")
 )
 
 // TooSoonError is returned by RecordPoll for a poll within the interval.

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -154,6 +155,10 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 	if field(t, pdb, "spec", "maxUnavailable") != int64(1) {
 		t.Errorf("PDB spec %v", field(t, pdb, "spec"))
 	}
+	if sel := asMap(t, field(t, pdb, "spec", "selector", "matchLabels")); !reflect.DeepEqual(sel, asMap(t, field(t, d, "spec", "selector", "matchLabels"))) {
+		t.Errorf("PDB selects %v, not the Deployment's pods", sel)
+	}
+	assertSafeRollout(t, objs, 5, 60)
 	svc := objs.get(t, "Service", fullname)
 	port := asMap(t, asSlice(t, field(t, svc, "spec", "ports"))[0])
 	if port["port"] != int64(80) || port["targetPort"] != "http" {
@@ -167,6 +172,56 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 	if n := len(objs.ofKind("CustomResourceDefinition")); n != 4 {
 		t.Errorf("%d CRDs rendered, want the 4 kube-bind.io CRDs", n)
 	}
+}
+
+// assertSafeRollout checks what makes helm upgrade and node drains lose no
+// session: a new pod is ready before an old one stops, a terminating pod
+// sleeps preStop seconds before SIGTERM (0: no hook), and the grace period
+// covers that sleep and the drain with room left for the handover.
+func assertSafeRollout(t *testing.T, objs objects, preStop, grace int64) {
+	t.Helper()
+	d := objs.get(t, "Deployment", fullname)
+	strategy := asMap(t, field(t, d, "spec", "strategy"))
+	if strategy["type"] != "RollingUpdate" {
+		t.Errorf("strategy %v, want RollingUpdate", strategy)
+	}
+	if ru := asMap(t, strategy["rollingUpdate"]); ru["maxUnavailable"] != int64(0) || ru["maxSurge"] != int64(1) {
+		t.Errorf("rollingUpdate %v, want maxUnavailable 0 and maxSurge 1", ru)
+	}
+	if got := field(t, d, "spec", "template", "spec", "terminationGracePeriodSeconds"); got != grace {
+		t.Errorf("terminationGracePeriodSeconds = %v, want %d", got, grace)
+	}
+	c := container(t, objs)
+	lifecycle, has := c["lifecycle"]
+	if preStop == 0 {
+		if has {
+			t.Errorf("lifecycle %v with preStopSleepSeconds=0, want none", lifecycle)
+		}
+	} else {
+		// The image has no shell: the kubelet's own sleep action, never exec.
+		want := map[string]any{"preStop": map[string]any{"sleep": map[string]any{"seconds": preStop}}}
+		if !has || !reflect.DeepEqual(lifecycle, want) {
+			t.Errorf("lifecycle %v, want %v", lifecycle, want)
+		}
+	}
+	f := flags(t, objs)
+	shutdown, err := time.ParseDuration(f["--shutdown-timeout"])
+	if err != nil {
+		t.Fatalf("--shutdown-timeout %q: %v", f["--shutdown-timeout"], err)
+	}
+	if left := time.Duration(grace)*time.Second - time.Duration(preStop)*time.Second - shutdown; left <= 0 {
+		t.Errorf("grace %ds, preStop %ds, shutdown timeout %s: no time left for the handover", grace, preStop, shutdown)
+	}
+	// Readiness gates the rollout: maxUnavailable 0 waits for the new pod's
+	// /readyz, which the backend answers only once it joined the ring.
+	if get := asMap(t, asMap(t, c["readinessProbe"])["httpGet"]); get["path"] != "/readyz" {
+		t.Errorf("readinessProbe %v, want /readyz", get)
+	}
+}
+
+func TestRolloutTimingIsConfigurable(t *testing.T) {
+	assertSafeRollout(t, render(t, "preStopSleepSeconds=0"), 0, 60)
+	assertSafeRollout(t, render(t, "preStopSleepSeconds=10", "terminationGracePeriodSeconds=120", "shutdownTimeout=1m30s"), 10, 120)
 }
 
 func TestOneReplicaUsesTheMemoryStore(t *testing.T) {
@@ -335,6 +390,12 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 		{"cert-manager without issuer", []string{"tls.enabled=true", "tls.certManager.enabled=true"}, []string{"tls.certManager.issuerRef.name is required"}},
 		{"HTTPRoute without gateway", []string{"httpRoute.enabled=true"}, []string{"httpRoute.enabled needs httpRoute.parentRefs"}},
 		{"extra arg not a flag", []string{"extraArgs[0]=debug"}, []string{"/extraArgs/0"}},
+		{"negative preStop sleep", []string{"preStopSleepSeconds=-1"}, []string{"/preStopSleepSeconds", "minimum"}},
+		{"grace period shorter than preStop and drain", []string{"terminationGracePeriodSeconds=30"},
+			[]string{"terminationGracePeriodSeconds=30 is too short", "preStopSleepSeconds=5", "shutdownTimeout=25s", "30s in all"}},
+		{"drain as long as the grace period", []string{"shutdownTimeout=1m", "preStopSleepSeconds=0"},
+			[]string{"terminationGracePeriodSeconds=60 is too short", "shutdownTimeout=1m", "60s in all"}},
+		{"drain in hours", []string{"shutdownTimeout=1h"}, []string{"is too short", "3605s in all"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := renderErr(t, setArgs(append(requiredValues(), tc.sets...))...)

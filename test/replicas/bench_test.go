@@ -71,6 +71,11 @@ func startBenchRing(b *testing.B, clock *benchClock, ext *url.URL) []*benchRepli
 	for _, r := range reps {
 		r.store.SetPeers(peers)
 	}
+	for _, r := range reps {
+		if err := r.store.Join(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
 	return reps
 }
 

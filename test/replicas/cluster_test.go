@@ -211,8 +211,7 @@ func newOwnerRing(t *testing.T, self string) *ownerRing {
 }
 
 func (o *ownerRing) owner(peers []string, id string) string {
-	o.s.SetPeers(peers)
-	return o.s.Owner(id)
+	return hashring.OwnerOf(peers, id)
 }
 
 // session is a poll session as the client holds it.

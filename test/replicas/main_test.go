@@ -1,7 +1,8 @@
 // Package replicas runs several backend processes on loopback that share
 // sessions through the hashring (docs/sessions-hashring.md): any replica
-// answers any request, a dead replica's sessions end with 410 and nothing
-// provisioned is lost, and a replica added later joins the ring. The
+// answers any request, a dead replica's sessions go on at their backups,
+// a replica added later joins the ring and takes its sessions over, and a
+// rolling restart or a crash loses no session (TestRollingRestartAndCrash). The
 // provider cluster is a real control plane, the identity provider a real
 // OpenID Connect provider.
 package replicas

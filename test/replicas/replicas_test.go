@@ -40,7 +40,8 @@ func expect(t *testing.T, what string, a pollAnswer, status int, code string) {
 // TestThreeReplicas runs three backend processes sharing sessions in a
 // static hashring behind one external URL: a session created on one
 // replica, the browser part through another, polls spread over all three;
-// then the owner of the session dies.
+// then the owner of the session dies and its sessions go on at their
+// backups.
 func TestThreeReplicas(t *testing.T) {
 	cp := controlplane.Get(t)
 	prepareCluster(t, cp)
@@ -187,36 +188,45 @@ func TestThreeReplicas(t *testing.T) {
 	owner.kill(t)
 	t.Logf("killed %s", owner.name)
 
-	// The bind of the session in the middle of the browser part ends with
-	// the "expired, run the command again" page, and provisions nothing.
+	// The session in the middle of the browser part goes on at the dead
+	// owner's backup: Bind completes it, its namespace is provisioned and
+	// its poll gets the response.
 	status, page := sel.bind(t, ctx)
-	if status != http.StatusGone || !strings.Contains(strings.ToLower(page), "run the bind command") {
+	if status != http.StatusOK || !strings.Contains(strings.ToLower(page), "terminal") {
 		t.Errorf("bind after the owner died: %d\n%s", status, page)
 	}
 	nss, err := kubernetes.NewForConfigOrDie(cp.AdminConfig()).CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	provisioned := false
 	for _, n := range nss.Items {
-		if n.Annotations[binding.AnnotationCluster] == mid.ClusterID {
-			t.Errorf("namespace %s provisioned for the session whose owner died", n.Name)
-		}
+		provisioned = provisioned || n.Annotations[binding.AnnotationCluster] == mid.ClusterID
+	}
+	if !provisioned {
+		t.Errorf("no namespace provisioned for the session bound after its owner died")
+	}
+	if a := send(t, survivors[1], mid.signedPoll(t)); a.status != http.StatusOK {
+		t.Errorf("poll of the session bound after its owner died: %s", a)
 	}
 
-	// Its sessions end with 410 "start over" on every survivor, at once;
-	// the survivors' sessions carry on.
+	// Its other sessions go on at once from every survivor: the completed
+	// one still answers its response within the grace period, the pending
+	// ones stay pending. The survivors' own sessions carry on.
 	for _, r := range survivors {
-		for _, p := range append(owned[owner], s) {
+		time.Sleep(pollInterval + 100*time.Millisecond) // s was polled just before
+		for _, p := range owned[owner] {
 			a := send(t, r, p.signedPoll(t))
-			expect(t, fmt.Sprintf("%s: session of the dead owner", r.name), a, http.StatusGone, v1alpha1.ErrorExpiredToken)
-			if !strings.Contains(a.msg, "start over") {
-				t.Errorf("410 message %q does not say to start over", a.msg)
-			}
+			expect(t, fmt.Sprintf("%s: pending session of the dead owner", r.name), a, http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)
 			if a.took > 3*time.Second {
 				t.Errorf("the answer took %s", a.took)
 			}
 		}
+		if a := send(t, r, s.signedPoll(t)); a.status != http.StatusOK || string(a.body) != string(done.body) {
+			t.Errorf("%s: completed session of the dead owner in the grace period: %s", r.name, a)
+		}
 	}
+	time.Sleep(pollInterval + 100*time.Millisecond)
 	for i, r := range survivors {
 		if i > 0 {
 			time.Sleep(pollInterval + 100*time.Millisecond)
@@ -376,14 +386,14 @@ current-context: c
 	}
 	time.Sleep(pollInterval) // and the next polls are not too soon
 
-	// Sessions whose owner moved to the new replica end with 410 (they
-	// are not migrated); the others carry on, from any replica.
+	// Sessions whose owner moved to the new replica go with it (taken
+	// from the previous owner); the others carry on, from any replica.
 	moved := 0
 	for _, p := range before {
 		a := send(t, reps[2], p.signedPoll(t))
 		if ring.owner(two, p.SessionID) != ring.owner(three, p.SessionID) {
 			moved++
-			expect(t, "moved session on replica-2", a, http.StatusGone, v1alpha1.ErrorExpiredToken)
+			expect(t, "moved session on replica-2", a, http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)
 		} else {
 			expect(t, "unmoved session on replica-2", a, http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)
 		}
@@ -391,7 +401,8 @@ current-context: c
 	t.Logf("%d of %d sessions moved to the new replica", moved, len(before))
 
 	// New sessions are spread over all three, and every replica agrees
-	// where they are: those owned by the new replica go when it dies.
+	// where they are: those owned by the new replica go on at their
+	// backups when it dies.
 	var onNew, onOld []*session
 	for i := 0; len(onNew) < 2 || len(onOld) < 2; i++ {
 		if i == 60 {
@@ -412,7 +423,7 @@ current-context: c
 	}
 	reps[2].kill(t)
 	for _, p := range onNew {
-		expect(t, "session of the new replica after it died", send(t, reps[0], p.signedPoll(t)), http.StatusGone, v1alpha1.ErrorExpiredToken)
+		expect(t, "session of the new replica after it died", send(t, reps[0], p.signedPoll(t)), http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)
 	}
 	for _, p := range onOld {
 		expect(t, "session of an old replica after the new one died", send(t, reps[1], p.signedPoll(t)), http.StatusForbidden, v1alpha1.ErrorAuthorizationPending)

@@ -123,11 +123,29 @@ what to set. Included by the Deployment so every render runs them.
 {{- if and $v.httpRoute.enabled (not $v.httpRoute.parentRefs) }}
 {{- fail "\n\nhttpRoute.enabled needs httpRoute.parentRefs: the Gateway(s) to attach to, e.g. [{name: public, namespace: gateways}]" }}
 {{- end }}
+{{- $stop := addf (float64 $v.preStopSleepSeconds) (include "kbb.durationSeconds" $v.shutdownTimeout | float64) }}
+{{- if le (float64 $v.terminationGracePeriodSeconds) $stop }}
+{{- fail (printf "\n\nterminationGracePeriodSeconds=%d is too short: the pod would be killed before its sessions are handed over; it must exceed preStopSleepSeconds=%d plus shutdownTimeout=%s (%gs in all), which bounds the handover and the drain; raise terminationGracePeriodSeconds (default 60) or lower the others" (int $v.terminationGracePeriodSeconds) (int $v.preStopSleepSeconds) $v.shutdownTimeout $stop) }}
+{{- end }}
 {{- if and $v.podDisruptionBudget.enabled (eq (int $v.replicaCount) 1) (hasKey $v.podDisruptionBudget "minAvailable") }}
 {{- if ge (int $v.podDisruptionBudget.minAvailable) 1 }}
 {{- fail "\n\npodDisruptionBudget.minAvailable>=1 with replicaCount=1 blocks every node drain; use maxUnavailable or more replicas" }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+Seconds of a Go duration (the schema has checked its form), e.g. "1m30s" ->
+90, for the checks above.
+*/}}
+{{- define "kbb.durationSeconds" -}}
+{{- $perUnit := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 }}
+{{- $sum := 0.0 }}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" . -1 }}
+{{- $unit := regexFind "(ns|us|µs|ms|s|m|h)$" . }}
+{{- $sum = addf $sum (mulf (trimSuffix $unit . | float64) (get $perUnit $unit)) }}
+{{- end }}
+{{- $sum }}
 {{- end }}
 
 {{/*

@@ -111,6 +111,9 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		w.Header().Set("Retry-After", "30")
 		h.page(w, http.StatusServiceUnavailable, pageBusy, "")
 		return
+	case errors.Is(err, sessions.ErrUnavailable):
+		h.storeFailed(w, err)
+		return
 	case err != nil:
 		h.internalError(w, "creating a callback-flow session", err)
 		return

@@ -34,6 +34,7 @@ const (
 	pageAlreadyDone
 	pageMethodNotAllowed
 	pageInternal
+	pageUnavailable
 )
 
 const runAgain = "Run the bind command in your terminal again; it prints a new link."
@@ -59,6 +60,7 @@ var errorPages = map[pageKind]web.ErrorPage{
 	pageAlreadyDone:      {Title: "Already bound", Message: "This binding session is already complete.", Hint: "Go back to your terminal. To bind more APIs, run the bind command again."},
 	pageMethodNotAllowed: {Title: "Request not allowed here", Message: "This page does not take this kind of request.", Hint: "Start from the link your terminal printed."},
 	pageInternal:         {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
+	pageUnavailable:      {Title: "Please try again in a moment", Message: "The provider's server holding this binding session is busy or restarting. Your binding session is not lost.", Hint: "Reload this page in a few seconds."},
 }
 
 // page renders the error page of kind; detail, if any, replaces its
@@ -82,6 +84,12 @@ func (h *Handler) storeFailed(w http.ResponseWriter, err error) {
 		h.page(w, http.StatusTooManyRequests, pageLinkUsed, "")
 	case errors.Is(err, sessions.ErrNotPending):
 		h.page(w, http.StatusConflict, pageAlreadyDone, "")
+	case errors.Is(err, sessions.ErrUnavailable):
+		// Transient (a replica slow or restarting), not the end of the
+		// session: say so, and come back.
+		h.log.Warn("session store briefly unavailable", "error", err)
+		w.Header().Set("Retry-After", "5")
+		h.page(w, http.StatusServiceUnavailable, pageUnavailable, "")
 	default:
 		h.log.Error("session store failed", "error", err)
 		w.Header().Set("Retry-After", "10")

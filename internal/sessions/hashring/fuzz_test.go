@@ -135,7 +135,13 @@ func FuzzServePeer(f *testing.F) {
 		`{"op":"deny","id":"other","r":"no"}`, `{"op":"delete","id":"nobody"}`,
 		`{"op":"create","s":{"id":"fresh","c":"c","k":"k","ca":1,"ea":4102444800000000000,"st":7}}`,
 		`{"op":"create","s":{"id":"","ea":-1}}`, `{"op":"create"}`, `{"op":"explode"}`, `{"op":"get","id":"known-session","t":"x"}`,
-		`[]`, `null`, `{"op":"get","id":"known-session","s":{"id":1}}`,
+		`[]`, `null`, ``, `{"op":"get","id":"known-session","s":{"id":1}}`,
+		`{"op":"join","f":"http://127.0.0.1:1","inc":5,"m":true}`, `{"op":"join","f":"http://127.0.0.1:1","inc":5}`,
+		`{"op":"leave","f":"http://127.0.0.1:1","inc":5,"l":true}`, `{"op":"transfer","id":"known-session"}`,
+		`{"op":"transfer","id":"nobody"}`, `{"op":"dropcopy","id":"known-session"}`,
+		`{"op":"replicate","rs":[{"s":{"id":"known-session","c":"x"},"n":[1,2]},{"s":null},{"p":true,"s":{"id":"nobody","ea":4102444800000000000}}]}`,
+		`{"op":"handover","rs":[{"s":{"id":"moved","c":"c","k":"k","ca":1,"ea":4102444800000000000,"st":1,"r":"e30="},"n":[18446744073709551615,0]}]}`,
+		`{"op":"get","id":"known-session","h":99}`, `{"op":"poll","id":"known-session","n":"n4","h":-1}`,
 		`{"op":"wait","id":"known-session","i":1000000}`, `{"op":"wait","id":"nobody","i":-1}`,
 	} {
 		f.Add([]byte(`{"q":[`+s+`]}`), true)
@@ -154,8 +160,13 @@ func FuzzServePeer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, plain []byte, fresh bool) {
 		// A long-lived session for the operations to find, made again
 		// when an earlier input completed, denied or deleted it.
+		// Fuzzed joins and leaves must not carry over: alone again.
+		r.mu.Lock()
+		r.m.members, r.m.down, r.m.left = map[string]uint64{}, map[string]uint64{}, map[string]uint64{}
+		r.rebuildLocked()
+		r.mu.Unlock()
 		if s, err := r.local.Get(ctx, peerSessionID); err != nil || s.State != sessions.StatePending {
-			r.local.Delete(ctx, peerSessionID)
+			r.local.Remove(peerSessionID) // a transfer may have left a copy
 			if err := r.local.Create(ctx, testSession(peerSessionID, time.Now().Add(time.Hour))); err != nil {
 				t.Fatal(err)
 			}
@@ -169,7 +180,7 @@ func FuzzServePeer(f *testing.F) {
 		if batchErr == nil {
 			for _, req := range batch.Reqs {
 				if req.Op == opCreate && req.Session != nil && req.Session.ID != peerSessionID {
-					defer r.local.Delete(ctx, req.Session.ID)
+					defer r.local.Remove(req.Session.ID)
 				}
 			}
 		}
@@ -201,6 +212,14 @@ func FuzzServePeer(f *testing.F) {
 				req := batch.Reqs[i]
 				if _, known := wireErrors[resp.Err]; resp.Err != "" && resp.Err != codeMalformed && !known {
 					t.Fatalf("plaintext %q: owner error %q", plain, resp.Err)
+				}
+				for _, code := range resp.Errs {
+					if _, known := wireErrors[code]; code != "" && !known {
+						t.Fatalf("plaintext %q: record error %q", plain, code)
+					}
+				}
+				if resp.Err == "" && (req.Op == opReplicate || req.Op == opHandover) && len(resp.Errs) != len(req.Records) {
+					t.Fatalf("plaintext %q: %d record answers for %d records", plain, len(resp.Errs), len(req.Records))
 				}
 				if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll || req.Op == opWait) && resp.Session == nil {
 					t.Fatalf("plaintext %q: %s answered without a session", plain, req.Op)
@@ -304,6 +323,13 @@ func FuzzPeerResponse(f *testing.F) {
 			return // net/http refuses to write such a status line
 		}
 		peer.set(plain, status, wrongNonce)
+		// The scripted owner is a member, whatever earlier answers said
+		// of it ("l" takes it out of the ring, as a leaving replica's
+		// answer would).
+		st.mu.Lock()
+		st.m.members, st.m.down, st.m.left = map[string]uint64{"http://owner:1": 1}, map[string]uint64{}, map[string]uint64{}
+		st.rebuildLocked()
+		st.mu.Unlock()
 		// A new ID each time, owned by the other replica: the non-owner
 		// caches static parts it fetched.
 		var id string

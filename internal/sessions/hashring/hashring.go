@@ -3,27 +3,35 @@
 // routing. docs/sessions-hashring.md explains the design.
 //
 // Each session has one owner replica, picked by groupcache's consistent
-// hash of its ID over the current peers. The owner keeps the session's
-// mutable state in a memory.Store (the only copy, so nonces, poll intervals
-// and transitions are atomic cluster-wide); other replicas forward every
-// operation to it over an authenticated, encrypted peer API, in batches
-// (pipe.go). The part of a session that never changes (ID, cluster ID,
-// secret, creation time) is cached by the other replicas (static.go), so a
-// poll's signature is checked where it arrives and the poll costs one
-// round trip to the owner.
+// hash of its ID over the ring's members. The owner keeps the session's
+// mutable state in a memory.Store (so nonces, poll intervals and
+// transitions are atomic cluster-wide) and sends every change to one
+// backup replica, the one that would own the session if the owner were
+// gone, before it answers. Replicas join the ring when they start and
+// leave it, handing their sessions over, when they stop (membership.go);
+// a session moves with its nonces (owner.go). Other replicas forward
+// every operation to the owner over an authenticated, encrypted peer API,
+// in batches (pipe.go). The part of a session that never changes (ID,
+// cluster ID, secret, creation time) is cached by the other replicas
+// (static.go), so a poll's signature is checked where it arrives and the
+// poll costs one round trip to the owner.
 package hashring
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
+	"net"
 	"net/http"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/golang/groupcache/consistenthash"
+	"github.com/golang/groupcache/singleflight"
 
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
@@ -76,14 +84,32 @@ type Store struct {
 	statics *staticCache
 	pipes   *pipes
 
+	// dialer probes whether a peer whose connection broke is gone.
+	dialer *net.Dialer
+	// inc is this process's incarnation, sent in every peer message.
+	inc uint64
+
+	mu sync.RWMutex
+	m  membership
+
+	// ringChanged wakes the resync loop; bg runs it and the announcements,
+	// until Close cancels bgCtx.
+	ringChanged chan struct{}
+	bg          sync.WaitGroup
+	bgCtx       context.Context
+	stopBg      context.CancelFunc
+
+	// resyncMu serializes resyncs; synced is the ring of the last one.
+	resyncMu sync.Mutex
+	synced   *ringView
+
+	takes        singleflight.Group
+	replFailures atomic.Uint64
+
 	// waitClient carries held wait requests (wait.go); peerTimeout bounds
 	// the one follow-up call of a cancelled wait.
 	waitClient  *http.Client
 	peerTimeout time.Duration
-
-	mu    sync.RWMutex
-	ring  *consistenthash.Map
-	peers []string
 }
 
 var _ sessions.Store = (*Store)(nil)
@@ -92,8 +118,9 @@ var _ sessions.Store = (*Store)(nil)
 // groupcache's HTTPPool, it spreads ownership evenly.
 const virtualNodes = 50
 
-// New returns the Store of this replica. Its peers are only itself until
-// SetPeers is called. Close it to stop the local janitor.
+// New returns the Store of this replica. It owns every session until
+// SetPeers names candidates and Join makes it a member of their ring.
+// Close it to stop the local janitor and the resync loop.
 func New(opts Options) (*Store, error) {
 	if opts.Self == "" {
 		return nil, errors.New("hashring: Self (this replica's peer URL) is required")
@@ -111,6 +138,8 @@ func New(opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	var inc [8]byte
+	rand.Read(inc[:])
 	s := &Store{
 		self:    opts.Self,
 		local:   memory.New(opts.Limits, opts.Clock),
@@ -118,6 +147,11 @@ func New(opts Options) (*Store, error) {
 		replays: newReplayCache(),
 		client:  &http.Client{Transport: opts.Transport, Timeout: opts.PeerTimeout},
 		log:     opts.Logger,
+		inc:     binary.BigEndian.Uint64(inc[:]) | 1,
+		dialer:  &net.Dialer{Timeout: opts.PeerTimeout / 2},
+		m:       membership{members: map[string]uint64{}, down: map[string]uint64{}, left: map[string]uint64{}},
+
+		ringChanged: make(chan struct{}, 1),
 
 		waitClient:  newWaitClient(opts.Transport, opts.PeerTimeout),
 		peerTimeout: opts.PeerTimeout,
@@ -129,60 +163,42 @@ func New(opts Options) (*Store, error) {
 	s.statics = newStaticCache(opts.CacheBytes)
 	// The batch envelope and the seal add a few bytes to the requests.
 	s.pipes = newPipes(s.maxPeerMessage() - 1024)
-	s.SetPeers(nil)
+	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
+	s.mu.Lock()
+	s.rebuildLocked()
+	s.mu.Unlock()
+	<-s.ringChanged // the first ring needs no resync
+	s.bg.Go(s.resyncLoop)
+	s.bg.Go(s.heartbeat)
 	return s, nil
 }
 
-// Close stops the local store's janitor and waits for the peer calls in
-// flight.
+// Close stops the resync loop and the local store's janitor, and waits
+// for the peer calls in flight.
 func (s *Store) Close() {
+	s.stopBg()
+	s.bg.Wait()
 	s.local.Close()
 	s.pipes.close()
 }
 
-// SetPeers replaces the ring's members: base URLs of every replica,
-// this one included (it is added if missing). Sessions whose owner changes
-// are not moved: their new owner does not know them, so they end as
-// unknown (410), and their clients start over.
-func (s *Store) SetPeers(peers []string) {
-	ps := slices.Clone(peers)
-	if !slices.Contains(ps, s.self) {
-		ps = append(ps, s.self)
-	}
-	slices.Sort(ps)
-	ps = slices.Compact(ps)
-	ring := consistenthash.New(virtualNodes, nil)
-	ring.Add(ps...)
-	s.mu.Lock()
-	changed := !slices.Equal(ps, s.peers)
-	s.ring, s.peers = ring, ps
-	s.mu.Unlock()
-	if changed {
-		s.log.Info("session hashring peers", "peers", ps)
-	}
-}
-
-// Peers returns the ring's members.
-func (s *Store) Peers() []string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return slices.Clone(s.peers)
-}
-
-// Owner returns the peer URL of the replica that owns session id.
+// Owner returns the peer URL of the replica that owns session id in this
+// replica's ring.
 func (s *Store) Owner(id string) string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.ring.Get(id)
+	if o := s.view().owner(id); o != "" {
+		return o
+	}
+	return s.self
 }
 
 // Local returns the memory store of the sessions this replica owns.
 func (s *Store) Local() *memory.Store { return s.local }
 
-// OwnerUnavailableError says the replica owning a session did not answer.
-// For session operations it counts as sessions.ErrNotFound (the session
-// is lost with its owner; the client starts over, 410), for Create as
-// sessions.ErrFull (try again shortly, 503).
+// OwnerUnavailableError says a replica did not answer a call. It counts
+// as sessions.ErrUnavailable (503, try again shortly): a replica that
+// refuses connections is taken out of the ring and its sessions served by
+// their backups instead (route), so what is left is a replica that is
+// slow or restarting, which may still hold the session.
 type OwnerUnavailableError struct {
 	Owner string
 	Op    string
@@ -195,20 +211,11 @@ func (e *OwnerUnavailableError) Error() string {
 
 func (e *OwnerUnavailableError) Unwrap() error { return e.Err }
 
-func (e *OwnerUnavailableError) Is(target error) bool {
-	if e.Op == opCreate {
-		return target == sessions.ErrFull
-	}
-	return target == sessions.ErrNotFound
-}
+func (e *OwnerUnavailableError) Is(target error) bool { return target == sessions.ErrUnavailable }
 
 func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
-	owner := s.Owner(sess.ID)
-	if owner == s.self {
-		return s.local.Create(ctx, sess)
-	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opCreate, Session: toWire(sess)})
-	if err == nil {
+	_, err := s.route(ctx, &peerRequest{Op: opCreate, ID: sess.ID, Session: toWire(sess)})
+	if err == nil && s.Owner(sess.ID) != s.self {
 		// This replica knows the static part already; a poll that lands
 		// here needs no static request.
 		s.statics.add(newStaticEntry(sess))
@@ -216,17 +223,24 @@ func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
 	return err
 }
 
-// Get returns the session. On a non-owner that has the static part
-// cached, it asks the owner for the mutable part and the digest of its
-// static part, and combines them when they belong to the same session;
-// otherwise it asks for everything and caches the static part.
+// Get returns the session. Held here as owner, from the local store.
+// Else, on a non-owner that has the static part cached, it asks the owner
+// for the mutable part and the digest of its static part, and combines
+// them when they belong to the same session; otherwise it asks for
+// everything and caches the static part.
 func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Get(ctx, id)
+	if sess, err := s.local.Get(ctx, id); err == nil {
+		return sess, nil
+	}
+	if s.Owner(id) == s.self {
+		resp, err := s.route(ctx, &peerRequest{Op: opGet, ID: id})
+		if err != nil {
+			return sessions.Session{}, err
+		}
+		return fromWire(resp.Session), nil
 	}
 	if e, ok := s.statics.get(id); ok {
-		resp, err := s.call(ctx, owner, &peerRequest{Op: opState, ID: id})
+		resp, err := s.route(ctx, &peerRequest{Op: opState, ID: id})
 		if err != nil {
 			if errors.Is(err, sessions.ErrNotFound) {
 				s.statics.remove(id)
@@ -238,7 +252,7 @@ func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 		}
 		// The ID was used again: ask for everything.
 	}
-	resp, err := s.call(ctx, owner, &peerRequest{Op: opGet, ID: id})
+	resp, err := s.route(ctx, &peerRequest{Op: opGet, ID: id})
 	if err != nil {
 		if errors.Is(err, sessions.ErrNotFound) {
 			s.statics.remove(id)
@@ -258,28 +272,26 @@ func withStatic(sess, st sessions.Session) sessions.Session {
 }
 
 func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.UseNonce(ctx, id, nonce)
-	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opUseNonce, ID: id, Nonce: nonce})
+	_, err := s.route(ctx, &peerRequest{Op: opUseNonce, ID: id, Nonce: nonce})
 	return err
 }
 
+// RecordPoll gives the poll a request ID of its own, so that a poll sent
+// again after its answer was lost on the way (its owner died after spending
+// the nonce) is not refused as a replay of itself (memory.PollMark).
+//
+// The digest of the cached static part (the one Static returned, which the
+// caller checked the signature with) goes along; the owner then answers
+// only the mutable part, or stale_static if its session under this ID has
+// another static part (the caller checks the signature again).
 func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.RecordPoll(ctx, id, nonce, minInterval)
-	}
-	// The digest of the cached static part (the one Static returned, which
-	// the caller checked the signature with) goes along; the owner then
-	// answers only the mutable part, or stale_static.
-	req := &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval)}
+	req := &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval),
+		Req: mrand.Uint64() | 1} // never 0, which means "no request ID"
 	e, cached := s.statics.get(id)
 	if cached {
 		req.StaticDigest = e.digest
 	}
-	resp, err := s.call(ctx, owner, req)
+	resp, err := s.route(ctx, req)
 	switch {
 	case errors.Is(err, sessions.ErrStaleStatic), errors.Is(err, sessions.ErrNotFound):
 		s.statics.remove(id)
@@ -293,10 +305,6 @@ func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval ti
 }
 
 func (s *Store) Complete(ctx context.Context, id string, response []byte) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Complete(ctx, id, response)
-	}
 	// Refuse here what the owner would refuse, before sending it.
 	if len(response) > s.limits.MaxResponseBytes {
 		sess, err := s.Get(ctx, id)
@@ -308,30 +316,21 @@ func (s *Store) Complete(ctx context.Context, id string, response []byte) error 
 		}
 		return sessions.ErrTooLarge
 	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opComplete, ID: id, Response: response})
+	_, err := s.route(ctx, &peerRequest{Op: opComplete, ID: id, Response: response})
 	return err
 }
 
 func (s *Store) Deny(ctx context.Context, id, reason string) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Deny(ctx, id, reason)
-	}
-	_, err := s.call(ctx, owner, &peerRequest{Op: opDeny, ID: id, Reason: reason})
+	_, err := s.route(ctx, &peerRequest{Op: opDeny, ID: id, Reason: reason})
 	return err
 }
 
-// Delete removes the session on its owner. If the owner is gone, so is the
-// session, and Delete succeeds.
+// Delete removes the session on its owner and its copy on the backup. A
+// session nobody holds any more is deleted already.
 func (s *Store) Delete(ctx context.Context, id string) error {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Delete(ctx, id)
-	}
 	s.statics.remove(id)
-	_, err := s.call(ctx, owner, &peerRequest{Op: opDelete, ID: id})
-	var gone *OwnerUnavailableError
-	if errors.As(err, &gone) {
+	_, err := s.route(ctx, &peerRequest{Op: opDelete, ID: id})
+	if errors.Is(err, sessions.ErrNotFound) {
 		return nil
 	}
 	return err

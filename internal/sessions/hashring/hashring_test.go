@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,9 +25,13 @@ type replica struct {
 	srv *http.Server
 }
 
-// stop closes the replica's peer server: the replica is gone for the
-// others.
-func (r *replica) stop() { r.srv.Close() }
+// stop closes the replica's peer server and its store, as a crash
+// (SIGKILL) would: the replica is gone for the others, and sends nothing
+// any more.
+func (r *replica) stop() {
+	r.srv.Close()
+	r.Store.Close()
+}
 
 func startReplica(t testing.TB, limits sessions.Limits, clock func() time.Time, opts Options) *replica {
 	t.Helper()
@@ -44,7 +49,9 @@ func startReplica(t testing.TB, limits sessions.Limits, clock func() time.Time, 
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.PeerTimeout == 0 {
-		opts.PeerTimeout = time.Second
+		// Well above a loopback round trip even on a loaded machine
+		// under the race detector: a timeout here is a "slow" replica.
+		opts.PeerTimeout = 3 * time.Second
 	}
 	s, err := New(opts)
 	if err != nil {
@@ -59,24 +66,40 @@ func startReplica(t testing.TB, limits sessions.Limits, clock func() time.Time, 
 	return &replica{Store: s, url: url, srv: srv}
 }
 
-// startRing starts n replicas that know each other.
+// startRing starts n replicas that know each other and joined the ring.
 func startRing(t testing.TB, n int, limits sessions.Limits, clock func() time.Time) []*replica {
 	t.Helper()
 	rs := make([]*replica, n)
 	for i := range rs {
 		rs[i] = startReplica(t, limits, clock, Options{})
 	}
-	setPeers(rs)
+	joinRing(t, rs)
 	return rs
 }
 
-func setPeers(rs []*replica) {
+// joinRing gives every replica of rs the others as candidates and joins
+// those that have not joined yet, one after the other, as replicas
+// starting with static --peers do; then every replica's ring is the same.
+func joinRing(t testing.TB, rs []*replica) {
+	t.Helper()
 	var urls []string
 	for _, r := range rs {
 		urls = append(urls, r.url)
 	}
 	for _, r := range rs {
 		r.SetPeers(urls)
+	}
+	for _, r := range rs {
+		if r.Ready() != nil {
+			if err := r.Join(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, r := range rs {
+		if got := r.Members(); !slices.Equal(got, rs[0].Members()) || len(got) != len(rs) {
+			t.Fatalf("rings differ after the join: %v and %v", got, rs[0].Members())
+		}
 	}
 }
 

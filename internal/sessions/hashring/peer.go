@@ -190,70 +190,45 @@ func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResp
 
 var errBadOp = errors.New("malformed peer request")
 
-// serveOp runs one operation on the local store. A replica asked as owner
-// answers from its own store even if its ring says otherwise, so requests
-// never bounce between replicas whose rings briefly differ.
+// serveOp runs one operation. Session operations go where the session's
+// token is (route): answered here if held, taken if this replica's ring
+// names it owner, else forwarded (at most maxHops times, so requests
+// never bounce between replicas whose rings briefly disagree).
 func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, error) {
+	s.noteSender(req.From, req.Inc, req.Member, req.Left)
 	var (
-		resp peerResponse
+		resp *peerResponse
 		err  error
-		sess sessions.Session
 	)
 	switch req.Op {
 	case opCreate:
 		if req.Session == nil {
 			return nil, errBadOp
 		}
-		err = s.local.Create(ctx, fromWire(req.Session))
-	case opGet:
-		if sess, err = s.local.Get(ctx, req.ID); err == nil {
-			resp.Session = toWire(sess)
-		}
-	case opState:
-		if sess, err = s.local.Get(ctx, req.ID); err == nil {
-			w := mutableOnly(toWire(sess))
-			w.StaticDigest = staticOf(sess).digest()
-			resp.Session = w
-		}
-	case opStatic:
-		// Straight from the local store: a replica whose ring briefly
-		// disagrees must not pass the request on.
-		if sess, err = s.local.Static(ctx, req.ID); err == nil {
-			resp.Static = mustJSON(staticOf(sess))
-		}
-	case opUseNonce:
-		err = s.local.UseNonce(ctx, req.ID, req.Nonce)
-	case opPoll:
-		// A non-owner that checked the signature with a cached static part
-		// sends its digest: a poll checked with another session's secret
-		// (an ID used again) changes nothing here. It then needs only the
-		// mutable part back.
-		if len(req.StaticDigest) > 0 {
-			var st sessions.Session
-			if st, err = s.local.Static(ctx, req.ID); err == nil && string(staticOf(st).digest()) != string(req.StaticDigest) {
-				err = sessions.ErrStaleStatic
-			}
-			if err != nil {
-				break
-			}
-		}
-		if sess, err = s.local.RecordPoll(ctx, req.ID, req.Nonce, time.Duration(req.Interval)); err == nil {
-			resp.Session = toWire(sess)
-			if len(req.StaticDigest) > 0 {
-				resp.Session = mutableOnly(resp.Session)
-			}
-		}
-	case opComplete:
-		err = s.local.Complete(ctx, req.ID, req.Response)
-	case opDeny:
-		err = s.local.Deny(ctx, req.ID, req.Reason)
-	case opDelete:
-		err = s.local.Delete(ctx, req.ID)
+		resp, err = s.route(ctx, req)
+	case opGet, opState, opUseNonce, opPoll, opComplete, opDeny, opDelete, opStatic:
+		resp, err = s.route(ctx, req)
+	case opJoin, opLeave: // noteSender did it
+		resp = &peerResponse{}
+	case opTransfer:
+		resp = s.serveTransfer(req.ID)
+	case opReplicate:
+		resp = s.serveRecords(req, false)
+	case opHandover:
+		resp = s.serveRecords(req, true)
+	case opDropCopy:
+		s.local.Remove(req.ID)
+		resp = &peerResponse{}
 	case opWait:
-		return s.serveWait(ctx, req), nil
+		resp = s.serveWait(ctx, req)
 	default:
 		return nil, errBadOp
 	}
+	if resp == nil {
+		resp = &peerResponse{}
+	}
+	resp.Member, resp.Left = s.status()
+	resp.Inc = s.inc
 	if err != nil {
 		resp.Err = errorCode(err)
 		var soon *sessions.TooSoonError
@@ -264,5 +239,5 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 			s.log.Error("session store failed", "op", req.Op, "error", err)
 		}
 	}
-	return &resp, nil
+	return resp, nil
 }

@@ -11,10 +11,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/testutil/await"
 )
 
 var ctx = context.Background()
@@ -56,14 +59,23 @@ func TestReplicasAgreeAndShare(t *testing.T) {
 		}
 	}
 
-	// A session owned by rs[0], driven through rs[1] and rs[2], lives only
-	// on rs[0].
+	// A session owned by rs[0], driven through rs[1] and rs[2], is owned
+	// by rs[0] and copied to its backup only.
 	id := ownedBy(t, rs, rs[0], "shared")
 	if err := rs[1].Create(ctx, testSession(id, time.Now())); err != nil {
 		t.Fatal(err)
 	}
-	if rs[0].Local().Len() != 1 || rs[1].Local().Len() != 0 || rs[2].Local().Len() != 0 {
-		t.Fatalf("session held by %d/%d/%d replicas, want only the owner", rs[0].Local().Len(), rs[1].Local().Len(), rs[2].Local().Len())
+	backup := byURL(rs, rs[0].view().backup(id))
+	for _, r := range rs {
+		owned, ok := r.Local().Holds(id)
+		switch {
+		case r == rs[0] && (!ok || !owned):
+			t.Fatal("the owner does not own the session")
+		case r == backup && (!ok || owned):
+			t.Fatalf("the backup holds it: %v, owned %v; want a copy", ok, owned)
+		case r != rs[0] && r != backup && ok:
+			t.Fatal("a third replica holds the session")
+		}
 	}
 	if _, err := rs[2].RecordPoll(ctx, id, "n1", time.Hour); err != nil {
 		t.Fatal(err)
@@ -86,6 +98,20 @@ func TestReplicasAgreeAndShare(t *testing.T) {
 	if rs[2].statics.len() != 1 {
 		t.Fatalf("the non-owner caches %d static parts, want 1", rs[2].statics.len())
 	}
+	// The backup's copy followed every change before the owner answered.
+	rec, _, _ := backup.Local().Export(id)
+	if rec.Session.State != sessions.StateCompleted || len(rec.Nonces) != 1 || rec.Session.LastPollAt.IsZero() {
+		t.Fatalf("the backup's copy: state %v, %d nonces, last poll %v", rec.Session.State, len(rec.Nonces), rec.Session.LastPollAt)
+	}
+}
+
+func byURL(rs []*replica, url string) *replica {
+	for _, r := range rs {
+		if r.url == url {
+			return r
+		}
+	}
+	return nil
 }
 
 // A session deleted and created again under its ID with another secret
@@ -104,6 +130,9 @@ func TestStaleStaticPartNotUsed(t *testing.T) {
 	// cache keeps the old static part.
 	if err := rs[0].Delete(ctx, id); err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := rs[1].Local().Holds(id); ok {
+		t.Fatal("the backup kept its copy of a deleted session")
 	}
 	fresh := old
 	fresh.Secret = "another-secret-0123456789abcdef"
@@ -144,58 +173,88 @@ func TestStaleStaticPartNotUsed(t *testing.T) {
 	}
 }
 
-// TestOwnerDies: the sessions of a replica that died end as unknown (410
-// at the API) on every other replica, fast; the others carry on; Create
-// of a session whose owner is gone says try again (503).
-func TestOwnerDies(t *testing.T) {
+// TestOwnerCrashBackupServes: when an owner dies (connection refused), its
+// backup serves its sessions: pending ones go on, a completed response is
+// delivered, used nonces stay used; new sessions work everywhere.
+func TestOwnerCrashBackupServes(t *testing.T) {
 	rs := startRing(t, 3, sessions.DefaultLimits, time.Now)
-	dead, live := rs[0], rs[1]
-	lost := ownedBy(t, rs, dead, "lost")
-	kept := ownedBy(t, rs, live, "kept")
-	for _, id := range []string{lost, kept} {
-		if err := rs[2].Create(ctx, testSession(id, time.Now())); err != nil {
+	dead := rs[0]
+	pending := ownedBy(t, rs, dead, "pending")
+	done := ownedBy(t, rs, dead, "done")
+	for _, id := range []string{pending, done} {
+		if err := rs[1].Create(ctx, testSession(id, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rs[2].RecordPoll(ctx, id, "used", 0); err != nil {
 			t.Fatal(err)
 		}
 	}
+	resp := []byte(`{"kind":"BindingResponse","n":1}`)
+	if err := rs[1].Complete(ctx, done, resp); err != nil {
+		t.Fatal(err)
+	}
 	dead.stop()
 
-	var gone *OwnerUnavailableError
-	_, err := rs[2].RecordPoll(ctx, lost, "n1", time.Second)
-	if !errors.Is(err, sessions.ErrNotFound) || !errors.As(err, &gone) || gone.Owner != dead.url {
-		t.Fatalf("poll of a session whose owner died: %v, want an OwnerUnavailableError that is ErrNotFound", err)
+	for _, r := range rs[1:] {
+		for _, id := range []string{pending, done} {
+			if _, err := r.RecordPoll(ctx, id, "used", 0); !errors.Is(err, sessions.ErrNonceUsed) {
+				t.Fatalf("a nonce used before the crash, on %s after it: %v, want ErrNonceUsed", id, err)
+			}
+		}
 	}
-	if _, err := rs[1].Get(ctx, lost); !errors.Is(err, sessions.ErrNotFound) {
-		t.Fatalf("Get: %v, want ErrNotFound", err)
+	got, err := rs[2].RecordPoll(ctx, done, "fresh", 0)
+	if err != nil || got.State != sessions.StateCompleted || string(got.Response) != string(resp) {
+		t.Fatalf("completed session after its owner died: %v, state %v", err, got.State)
 	}
-	if err := rs[1].Complete(ctx, lost, []byte(`{}`)); !errors.Is(err, sessions.ErrNotFound) {
-		t.Fatalf("Complete: %v, want ErrNotFound", err)
+	got, err = rs[1].RecordPoll(ctx, pending, "fresh", 0)
+	if err != nil || got.State != sessions.StatePending {
+		t.Fatalf("pending session after its owner died: %v", err)
 	}
-	if err := rs[1].Delete(ctx, lost); err != nil {
-		t.Fatalf("Delete of a session lost with its owner: %v", err)
+	if err := rs[2].Complete(ctx, pending, resp); err != nil {
+		t.Fatalf("Complete after the owner died: %v", err)
 	}
-	if err := rs[2].Create(ctx, testSession(ownedBy(t, rs, dead, "new"), time.Now())); !errors.Is(err, sessions.ErrFull) {
-		t.Fatalf("Create on a dead owner: %v, want an error that is ErrFull (503, try again)", err)
+	if err := rs[1].Create(ctx, testSession(ownedBy(t, rs, dead, "new"), time.Now())); err != nil {
+		t.Fatalf("Create of a session the dead replica would have owned: %v", err)
 	}
-	if _, err := rs[2].RecordPoll(ctx, kept, "n1", time.Second); err != nil {
-		t.Fatalf("a session on a live replica: %v", err)
-	}
-
-	// Discovery drops the dead replica: its sessions stay unknown (their
-	// new owner never saw them), new sessions work everywhere.
-	setPeers(rs[1:])
-	if _, err := rs[2].RecordPoll(ctx, lost, "n2", time.Second); !errors.Is(err, sessions.ErrNotFound) {
-		t.Fatalf("poll after the ring dropped the dead owner: %v, want ErrNotFound", err)
-	}
-	for i := 0; i < 20; i++ {
-		if err := rs[1+i%2].Create(ctx, testSession(fmt.Sprintf("after-%d", i), time.Now())); err != nil {
-			t.Fatalf("Create after the ring shrank: %v", err)
+	for _, r := range rs[1:] {
+		if slices.Contains(r.Members(), dead.url) {
+			t.Fatalf("%s still has the dead replica in its ring", r.url)
 		}
 	}
 }
 
-// TestOwnerHangs: an owner that accepts connections but never answers
-// costs a caller at most the peer timeout, then the session counts as lost.
-func TestOwnerHangs(t *testing.T) {
+// TestOwnerAndBackupDie: a session whose owner and backup both died is
+// gone: ErrNotFound (410), fast; the others carry on.
+func TestOwnerAndBackupDie(t *testing.T) {
+	rs := startRing(t, 3, sessions.DefaultLimits, time.Now)
+	id := ownedBy(t, rs, rs[0], "lost")
+	if err := rs[2].Create(ctx, testSession(id, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	backup := byURL(rs, rs[0].view().backup(id))
+	survivor := rs[1]
+	if backup == survivor {
+		survivor = rs[2]
+	}
+	kept := ownedBy(t, rs, survivor, "kept")
+	if err := survivor.Create(ctx, testSession(kept, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	rs[0].stop()
+	backup.stop()
+	if _, err := survivor.RecordPoll(ctx, id, "n", 0); !errors.Is(err, sessions.ErrNotFound) {
+		t.Fatalf("a session whose owner and backup died: %v, want ErrNotFound", err)
+	}
+	if err := survivor.Delete(ctx, id); err != nil {
+		t.Fatalf("Delete of a lost session: %v", err)
+	}
+	if _, err := survivor.RecordPoll(ctx, kept, "n", 0); err != nil {
+		t.Fatalf("a session on the survivor: %v", err)
+	}
+}
+
+// hungPeer accepts connections and never answers.
+func hungPeer(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -212,11 +271,18 @@ func TestOwnerHangs(t *testing.T) {
 			go func() { defer conns.Done(); <-stuck; c.Close() }()
 		}
 	}()
-	defer func() { ln.Close(); close(stuck); conns.Wait() }()
-	hung := "http://" + ln.Addr().String()
+	t.Cleanup(func() { ln.Close(); close(stuck); conns.Wait() })
+	return "http://" + ln.Addr().String()
+}
 
+// TestOwnerHangs: an owner that accepts connections but never answers
+// costs a caller at most the peer timeout; the session is unavailable
+// (503, try again), not lost (410): the owner may still hold it.
+func TestOwnerHangs(t *testing.T) {
+	hung := hungPeer(t)
 	r := startReplica(t, sessions.DefaultLimits, time.Now, Options{PeerTimeout: 200 * time.Millisecond})
-	r.SetPeers([]string{r.url, hung})
+	r.SetPeers([]string{hung})
+	r.noteSender(hung, 1, true, false) // as if it had joined, then hung
 	id := ""
 	for i := 0; ; i++ {
 		if id = fmt.Sprintf("h%d", i); r.Owner(id) == hung {
@@ -230,17 +296,48 @@ func TestOwnerHangs(t *testing.T) {
 	}()
 	select {
 	case err := <-done:
-		if !errors.Is(err, sessions.ErrNotFound) {
-			t.Fatalf("poll of a session on a hung owner: %v, want ErrNotFound", err)
+		if !errors.Is(err, sessions.ErrUnavailable) || errors.Is(err, sessions.ErrNotFound) {
+			t.Fatalf("poll of a session on a hung owner: %v, want ErrUnavailable", err)
 		}
 	case <-time.After(10 * time.Second): // far above the 200ms timeout: a hang
 		t.Fatal("poll of a session on a hung owner did not return")
 	}
+	if !slices.Contains(r.Members(), hung) {
+		t.Fatal("a slow member was taken out of the ring")
+	}
+}
+
+// TestSlowPreviousOwner: a new owner whose previous owner is slow answers
+// ErrUnavailable, never ErrNotFound, and never serves a stale copy.
+func TestSlowPreviousOwner(t *testing.T) {
+	hung := hungPeer(t)
+	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{PeerTimeout: 200 * time.Millisecond})
+	// b's ring history: the hung replica was a member and left (or was
+	// dropped by discovery), so b is the owner now; b holds a copy, the
+	// hung previous owner may hold the token.
+	b.mu.Lock()
+	b.m.rings = []*ringView{newRingView([]string{b.url}), newRingView([]string{b.url, hung})}
+	b.mu.Unlock()
+	id := ""
+	for i := 0; ; i++ {
+		if id = fmt.Sprint("slow-", i); b.m.rings[1].owner(id) == hung {
+			break
+		}
+	}
+	if err := b.Local().Import(memory.Record{Session: testSession(id, time.Now())}, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.RecordPoll(ctx, id, "n", 0); !errors.Is(err, sessions.ErrUnavailable) {
+		t.Fatalf("poll while the previous owner is slow: %v, want ErrUnavailable", err)
+	}
+	if owned, _ := b.Local().Holds(id); owned {
+		t.Fatal("the copy was promoted while the previous owner may hold the session")
+	}
 }
 
 // TestReplicaJoins: a new replica takes over part of the ring. Sessions
-// whose owner moved end as unknown; the rest carry on; new sessions land
-// on the new replica too.
+// whose owner moved follow it (pushed by the old owner, or taken on
+// demand), with their nonces; none is lost.
 func TestReplicaJoins(t *testing.T) {
 	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
 	var ids []string
@@ -249,36 +346,175 @@ func TestReplicaJoins(t *testing.T) {
 		if err := rs[i%2].Create(ctx, testSession(id, time.Now())); err != nil {
 			t.Fatal(err)
 		}
+		if err := rs[(i+1)%2].UseNonce(ctx, id, "used"); err != nil {
+			t.Fatal(err)
+		}
 		ids = append(ids, id)
 	}
 	joined := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
 	rs = append(rs, joined)
-	setPeers(rs)
-	moved, stayed := 0, 0
+	joinRing(t, rs)
+	moved := 0
 	for i, id := range ids {
-		_, err := rs[i%3].RecordPoll(ctx, id, "n1", time.Second)
-		switch {
-		case joined.Owner(id) == joined.url:
-			if !errors.Is(err, sessions.ErrNotFound) {
-				t.Fatalf("session %s moved to the new replica: %v, want ErrNotFound", id, err)
-			}
+		if joined.Owner(id) == joined.url {
 			moved++
-		case err != nil:
-			t.Fatalf("session %s kept its owner but: %v", id, err)
-		default:
-			stayed++
+		}
+		if err := rs[i%3].UseNonce(ctx, id, "used"); !errors.Is(err, sessions.ErrNonceUsed) {
+			t.Fatalf("session %s after the join: nonce used before: %v, want ErrNonceUsed", id, err)
+		}
+		if _, err := rs[(i+1)%3].RecordPoll(ctx, id, "n1", time.Second); err != nil {
+			t.Fatalf("session %s after the join: %v", id, err)
 		}
 	}
-	if moved == 0 || stayed == 0 {
-		t.Fatalf("%d sessions moved, %d stayed: want some of each", moved, stayed)
+	if moved == 0 {
+		t.Fatal("no session moved to the new replica")
+	}
+	if got := len(joined.Local().Owned()); got != moved {
+		t.Fatalf("the new replica owns %d sessions, want the %d that moved", got, moved)
 	}
 	for i := 0; i < 60; i++ {
 		if err := rs[i%3].Create(ctx, testSession(fmt.Sprintf("after-%d", i), time.Now())); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if joined.Local().Len() == 0 {
-		t.Fatal("the new replica owns no new session")
+}
+
+// TestLeaveHandsOver: a replica that leaves hands every session it owns,
+// with nonces, state and response, to the new owners before its peer API
+// stops; then nothing is lost.
+func TestLeaveHandsOver(t *testing.T) {
+	rs := startRing(t, 3, sessions.DefaultLimits, time.Now)
+	leaver := rs[0]
+	var ids []string
+	resp := []byte(`{"kind":"BindingResponse"}`)
+	for i := 0; len(ids) < 20; i++ {
+		id := fmt.Sprintf("leave-%d", i)
+		if leaver.Owner(id) != leaver.url {
+			continue
+		}
+		if err := rs[1].Create(ctx, testSession(id, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rs[2].RecordPoll(ctx, id, "used", 0); err != nil {
+			t.Fatal(err)
+		}
+		if len(ids)%2 == 0 {
+			if err := rs[1].Complete(ctx, id, resp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids = append(ids, id)
+	}
+	if err := leaver.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if leaver.Ready() == nil {
+		t.Fatal("a leaving replica says it is ready")
+	}
+	if n := len(leaver.Local().Owned()); n != 0 {
+		t.Fatalf("the leaver still owns %d sessions", n)
+	}
+	// In transit: requests that reach the leaver are forwarded.
+	if _, err := leaver.Get(ctx, ids[0]); err != nil {
+		t.Fatalf("Get through the leaver after Leave: %v", err)
+	}
+	leaver.stop()
+	for i, id := range ids {
+		r := rs[1+i%2]
+		if err := r.UseNonce(ctx, id, "used"); !errors.Is(err, sessions.ErrNonceUsed) {
+			t.Fatalf("a nonce used before the handover: %v", err)
+		}
+		got, err := r.RecordPoll(ctx, id, "fresh", 0)
+		if err != nil {
+			t.Fatalf("session %s after its owner left: %v", id, err)
+		}
+		if wantDone := i%2 == 0; wantDone != (got.State == sessions.StateCompleted && string(got.Response) == string(resp)) {
+			t.Fatalf("session %s after the handover: state %v", id, got.State)
+		}
+	}
+	for _, r := range rs[1:] {
+		if slices.Contains(r.Members(), leaver.url) {
+			t.Fatal("the leaver is still in a ring")
+		}
+	}
+}
+
+// TestNonceOnceAcrossJoinAndLeave: while replicas join and leave, a nonce
+// presented at every replica at once is accepted at most once.
+func TestNonceOnceAcrossJoinAndLeave(t *testing.T) {
+	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
+	var ids []string
+	for i := 0; i < 40; i++ {
+		id := fmt.Sprintf("race-%d", i)
+		if err := rs[0].Create(ctx, testSession(id, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	joiner := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
+	all := append(slices.Clone(rs), joiner)
+	for _, r := range all {
+		r.SetPeers([]string{rs[0].url, rs[1].url, joiner.url})
+	}
+	var accepted [40]atomic.Int32
+	var wg sync.WaitGroup
+	for round, change := range []func(){
+		func() { _ = joiner.Join(ctx) },
+		func() { _ = rs[1].Leave(ctx) },
+	} {
+		nonce := fmt.Sprint("n", round)
+		wg.Go(change)
+		for i, id := range ids {
+			for _, r := range all {
+				wg.Go(func() {
+					if err := r.UseNonce(ctx, id, nonce); err == nil {
+						accepted[i].Add(1)
+					} else if !errors.Is(err, sessions.ErrNonceUsed) && !errors.Is(err, sessions.ErrUnavailable) {
+						t.Errorf("UseNonce during a ring change: %v", err)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		once := 0
+		for i := range accepted {
+			switch n := accepted[i].Swap(0); {
+			case n > 1:
+				t.Fatalf("round %d: nonce of %s accepted %d times", round, ids[i], n)
+			case n == 1:
+				once++
+			}
+		}
+		// The rest were refused everywhere: unavailable (the joiner
+		// before it joined), or used (two replicas acting as owner for a
+		// moment each refuse what the other already holds).
+		t.Logf("round %d: %d of %d nonces accepted once while the ring changed, none twice", round, once, len(ids))
+	}
+	// Once the ring settled, each session has one owner.
+	await.True(t, "every session is owned by exactly one replica", func() bool {
+		for _, id := range ids {
+			n := 0
+			for _, r := range all {
+				if o, _ := r.Local().Holds(id); o {
+					n++
+				}
+			}
+			if n != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	// Nothing was lost: every session still answers, and both nonces are
+	// used (whoever accepted them).
+	for _, id := range ids {
+		for _, n := range []string{"n0", "n1"} {
+			if err := joiner.UseNonce(ctx, id, n); err == nil {
+				t.Logf("nonce %s of %s was accepted only now (all attempts were unavailable)", n, id)
+			} else if !errors.Is(err, sessions.ErrNonceUsed) {
+				t.Fatalf("session %s after the join and leave: %v", id, err)
+			}
+		}
 	}
 }
 
@@ -311,16 +547,21 @@ func TestOneRoundTripPerPoll(t *testing.T) {
 	rt := &recordingTransport{}
 	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rt})
 	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
-	rs := []*replica{a, b}
-	setPeers(rs)
+	c := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
+	joinRing(t, []*replica{a, b, c})
+	rt.mu.Lock()
+	rt.bodies = nil // the joins
+	rt.mu.Unlock()
 	trips := func() int {
 		rt.mu.Lock()
 		defer rt.mu.Unlock()
 		return len(rt.bodies) / 2
 	}
+	// Sessions a neither owns nor backs up (a backup answers Static from
+	// its copy, without a round trip).
 	var ids []string
 	for i := 0; len(ids) < 200; i++ {
-		if id := fmt.Sprintf("onehop-%d", i); a.Owner(id) == b.url {
+		if id := fmt.Sprintf("onehop-%d", i); a.Owner(id) == b.url && a.view().backup(id) == c.url {
 			if err := b.Create(ctx, testSession(id, time.Now())); err != nil {
 				t.Fatal(err)
 			}
@@ -375,7 +616,7 @@ func TestPeerTrafficSealed(t *testing.T) {
 	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rt})
 	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
 	rs := []*replica{a, b}
-	setPeers(rs)
+	joinRing(t, rs)
 	id := ownedBy(t, rs, b, "sealed")
 	s := testSession(id, time.Now())
 	if err := a.Create(ctx, s); err != nil {
@@ -498,6 +739,7 @@ func TestPeerAPIRefuses(t *testing.T) {
 	// A replica with another key cannot reach this one's sessions.
 	intruder := startReplica(t, sessions.DefaultLimits, time.Now, Options{Key: bytes.Repeat([]byte("x"), 32)})
 	intruder.SetPeers([]string{r.url})
+	intruder.noteSender(r.url, 1, true, false)
 	planted := ownedBy(t, []*replica{intruder}, r, "planted")
 	if err := intruder.Create(ctx, testSession(planted, time.Now())); err == nil {
 		t.Fatal("a replica with another key planted a session")
@@ -514,6 +756,83 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	} {
 		if _, err := New(o); err == nil || strings.Contains(err.Error(), "panic") {
 			t.Errorf("%s: New = %v, want a clear error", name, err)
+		}
+	}
+}
+
+// TestRecoversBackupAfterCrash: after an owner dies, with no request
+// touching its sessions, the heartbeat finds it dead and the backups take
+// the sessions and copy them to a new backup; so a second crash, of that
+// backup, loses nothing either.
+func TestRecoversBackupAfterCrash(t *testing.T) {
+	rs := startRing(t, 3, sessions.DefaultLimits, time.Now)
+	var ids []string
+	for i := 0; len(ids) < 10; i++ {
+		id := fmt.Sprint("quiet-", i)
+		if rs[0].Owner(id) != rs[0].url {
+			continue
+		}
+		if err := rs[1].Create(ctx, testSession(id, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if err := rs[2].UseNonce(ctx, id, "used"); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	rs[0].stop()
+	await.True(t, "the survivors own the dead replica's sessions, each with a copy on the other", func() bool {
+		for _, id := range ids {
+			o1, ok1 := rs[1].Local().Holds(id)
+			o2, ok2 := rs[2].Local().Holds(id)
+			if !ok1 || !ok2 || o1 == o2 {
+				return false
+			}
+		}
+		return true
+	})
+	// Kill whichever survivor owns the first session: the other goes on.
+	owner, other := rs[1], rs[2]
+	if o, _ := rs[2].Local().Holds(ids[0]); o {
+		owner, other = rs[2], rs[1]
+	}
+	owner.stop()
+	if err := other.UseNonce(ctx, ids[0], "used"); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("after two crashes, a nonce used before both: %v, want ErrNonceUsed", err)
+	}
+	if _, err := other.RecordPoll(ctx, ids[0], "fresh", 0); err != nil {
+		t.Fatalf("after two crashes one after the other: %v", err)
+	}
+}
+
+// TestLeaveHandsOverLargeResponses: completed sessions with responses near
+// the size limit are handed over too: batches are cut to fit a peer
+// message.
+func TestLeaveHandsOverLargeResponses(t *testing.T) {
+	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
+	big := bytes.Repeat([]byte("x"), sessions.DefaultLimits.MaxResponseBytes-10)
+	var ids []string
+	for i := 0; len(ids) < 6; i++ {
+		id := fmt.Sprint("big-", i)
+		if rs[0].Owner(id) != rs[0].url {
+			continue
+		}
+		if err := rs[1].Create(ctx, testSession(id, time.Now())); err != nil {
+			t.Fatal(err)
+		}
+		if err := rs[1].Complete(ctx, id, big); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rs[0].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs[0].stop()
+	for _, id := range ids {
+		got, err := rs[1].RecordPoll(ctx, id, "n", 0)
+		if err != nil || !bytes.Equal(got.Response, big) {
+			t.Fatalf("large response after the handover: %v, %d bytes", err, len(got.Response))
 		}
 	}
 }

@@ -86,27 +86,31 @@ func (c *staticCache) len() int {
 	return c.lru.Len()
 }
 
-// Static returns the session's static part: from the local store on the
-// owner, else from the cache, else fetched once from the owner.
+// Static returns the session's static part: from the local store where
+// it is held (as owner or as a backup copy), else from the cache, else
+// fetched once from the owner (route: a replica whose ring names it owner
+// but that does not hold the session yet takes it first).
 func (s *Store) Static(ctx context.Context, id string) (sessions.Session, error) {
-	owner := s.Owner(id)
-	if owner == s.self {
-		return s.local.Static(ctx, id)
-	}
-	if e, ok := s.statics.get(id); ok {
+	if s.Owner(id) == s.self {
+		if st, err := s.local.Static(ctx, id); err == nil {
+			return st, nil
+		}
+	} else if e, ok := s.statics.get(id); ok {
 		return e.sess, nil
 	}
 	v, err := s.statics.flight.Do(id, func() (any, error) {
-		resp, err := s.call(ctx, owner, &peerRequest{Op: opStatic, ID: id})
+		resp, err := s.route(ctx, &peerRequest{Op: opStatic, ID: id})
 		if err != nil {
 			return nil, err
 		}
 		var p staticPart
 		if err := wireJSON.Unmarshal(resp.Static, &p); err != nil || p.ID != id {
-			return nil, &OwnerUnavailableError{Owner: owner, Op: opStatic, Err: errors.New("the owner answered with another session's static part or none")}
+			return nil, &OwnerUnavailableError{Owner: s.Owner(id), Op: opStatic, Err: errors.New("the owner answered with another session's static part or none")}
 		}
 		e := newStaticEntry(p.session())
-		s.statics.add(e)
+		if s.Owner(id) != s.self {
+			s.statics.add(e)
+		}
 		return e, nil
 	})
 	if err != nil {

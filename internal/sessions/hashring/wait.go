@@ -3,10 +3,12 @@ package hashring
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
 )
 
 // Long polls (Store.Wait) on a replica that does not own the session wait
@@ -54,27 +56,56 @@ func newWaitClient(rt http.RoundTripper, peerTimeout time.Duration) *http.Client
 }
 
 // Wait waits until the session is completed or denied, or ctx ends (see
-// sessions.Store). On the owner it waits in the local store; elsewhere it
-// waits at the owner, following the session to a new owner when a ring
-// change moves it.
+// sessions.Store). Where the session is held as owner it waits in the
+// local store (taking the session first if the ring names this replica
+// its owner); elsewhere it waits at the owner, following the session to a
+// new owner when a handover or a ring change moves it.
 func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
 	for moves := 0; ; moves++ {
-		owner := s.Owner(id)
+		if owned, _ := s.local.Holds(id); owned {
+			// Wait here. A handover releases the wait (ErrNotOwned):
+			// wait again where the session went. ErrNotFound: deleted or
+			// expired meanwhile (never taken back from a copy). A
+			// completed session is delivered now: its copy learns so.
+			sess, err := s.local.Wait(ctx, id)
+			if !errors.Is(err, memory.ErrNotOwned) {
+				return sess, s.waitDelivered(ctx, sess, err)
+			}
+			if moves >= maxWaitMoves {
+				return sessions.Session{}, fmt.Errorf("%w: the session kept moving while waited for", sessions.ErrUnavailable)
+			}
+			continue
+		}
 		var (
 			sess sessions.Session
 			err  error
 		)
-		if owner == s.self {
-			sess, err = s.local.Wait(ctx, id)
-			// Handed over while waited for: the local copy is gone, the
-			// ring names its new owner.
-			if errors.Is(err, sessions.ErrNotFound) && s.Owner(id) != s.self {
+		owner := s.view().owner(id)
+		switch {
+		case owner == "":
+			return sessions.Session{}, fmt.Errorf("%w: this replica has not joined the session ring", sessions.ErrUnavailable)
+		case owner == s.self:
+			err = s.take(ctx, id)
+			if err == nil {
+				err = errMoved // now held here: wait again
+			}
+		default:
+			sess, err = s.waitAt(ctx, owner, id)
+			if s.peerDown(owner, err) {
+				s.markDown(owner)
 				err = errMoved
 			}
-		} else {
-			sess, err = s.waitAt(ctx, owner, id)
 		}
-		if !errors.Is(err, errMoved) || moves >= maxWaitMoves || ctx.Err() != nil || s.Owner(id) == owner {
+		if errors.Is(err, errMoved) && ctx.Err() != nil {
+			// Time is up as the session moved: its state as it is now.
+			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.peerTimeout)
+			defer cancel()
+			return s.Get(c, id)
+		}
+		if !errors.Is(err, errMoved) || moves >= maxWaitMoves {
+			if errors.Is(err, errMoved) {
+				err = fmt.Errorf("%w: the session kept moving while waited for", sessions.ErrUnavailable)
+			}
 			return sess, err
 		}
 	}
@@ -139,12 +170,33 @@ func (s *Store) serveWait(ctx context.Context, req *peerRequest) *peerResponse {
 	d := min(max(time.Duration(req.Interval), 0), maxPeerWait)
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	if owned, _ := s.local.Holds(req.ID); !owned {
+		// Not held here as owner (handed over, or not taken yet).
+		if s.Owner(req.ID) != s.self {
+			return &peerResponse{Err: movedCode}
+		}
+		if err := s.take(wctx, req.ID); err != nil {
+			return &peerResponse{Err: errorCode(err)}
+		}
+	}
+	// ErrNotFound from here: deleted or expired while waited for.
 	sess, err := s.local.Wait(wctx, req.ID)
-	switch {
-	case errors.Is(err, sessions.ErrNotFound) && s.Owner(req.ID) != s.self:
+	if errors.Is(err, memory.ErrNotOwned) {
 		return &peerResponse{Err: movedCode}
-	case err != nil:
+	}
+	if err = s.waitDelivered(ctx, sess, err); err != nil {
 		return &peerResponse{Err: errorCode(err)}
 	}
 	return &peerResponse{Session: toWire(sess)}
+}
+
+// waitDelivered sends a session that a local Wait returned completed (and
+// so delivered, which shortens its life to the grace period) to its
+// backup, as RecordPoll's delivery is: a copy that did not learn of it
+// would outlive the owner's record and could be taken over after it.
+func (s *Store) waitDelivered(ctx context.Context, sess sessions.Session, err error) error {
+	if err != nil || sess.State != sessions.StateCompleted {
+		return err
+	}
+	return s.replicate(ctx, memory.Record{Session: sess, Partial: true})
 }

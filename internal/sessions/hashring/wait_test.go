@@ -3,14 +3,12 @@ package hashring
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/golang/groupcache/consistenthash"
-
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/testutil/await"
 )
 
 type waited struct {
@@ -105,8 +103,8 @@ func TestWaitOnNonOwnerTimesOut(t *testing.T) {
 	}
 }
 
-// An owner that dies while it holds a wait ends the wait with an error at
-// once, not at the deadline.
+// An owner that dies while it holds a wait: the wait goes on at the
+// backup, which now serves the session, and ends when it completes there.
 func TestWaitOwnerDies(t *testing.T) {
 	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
 	id := ownedBy(t, rs, rs[0], "dies")
@@ -118,30 +116,32 @@ func TestWaitOwnerDies(t *testing.T) {
 	ch := waitIn(wctx, rs[1], id)
 	time.Sleep(300 * time.Millisecond)
 	rs[0].stop()
-	w := got(t, ch)
-	var gone *OwnerUnavailableError
-	if !errors.As(w.err, &gone) || wctx.Err() != nil {
-		t.Fatalf("Wait after its owner died: %v (context: %v), want an OwnerUnavailableError before the deadline", w.err, wctx.Err())
+	await.True(t, "the backup owns the session", func() bool {
+		owned, _ := rs[1].Local().Holds(id)
+		return owned
+	})
+	if err := rs[1].Complete(ctx, id, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if w := got(t, ch); w.err != nil || w.s.State != sessions.StateCompleted || wctx.Err() != nil {
+		t.Fatalf("Wait after its owner died: state %v, error %v (context: %v), want completed before the deadline", w.s.State, w.err, wctx.Err())
 	}
 }
 
-// A session that moves to another replica while waited for (a handover:
-// a replica joins and takes it, the old owner drops it) is waited for at
+// A session that moves to another replica while waited for (a replica
+// joins and the old owner hands the session over to it) is waited for at
 // its new owner, where it completes.
 func TestWaitFollowsMovedSession(t *testing.T) {
-	rs := startRing(t, 3, sessions.DefaultLimits, time.Now)
-	old, next, waiter := rs[0], rs[1], rs[2]
-	// Before: a ring of old and waiter; next joins and takes the session.
-	before := consistenthash.New(virtualNodes, nil)
-	before.Add(old.url, waiter.url)
+	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
+	old, waiter := rs[0], rs[1]
+	next := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
 	var id string
 	for i := 0; id == ""; i++ {
-		if c := fmt.Sprintf("moves-%d", i); before.Get(c) == old.url && rs[0].Owner(c) == next.url {
+		c := fmt.Sprintf("moves-%d", i)
+		if OwnerOf([]string{old.url, waiter.url}, c) == old.url && OwnerOf([]string{old.url, waiter.url, next.url}, c) == next.url {
 			id = c
 		}
 	}
-	setPeers([]*replica{old, waiter})
-	next.SetPeers([]string{old.url, waiter.url})
 	sess := testSession(id, time.Now())
 	if err := waiter.Create(ctx, sess); err != nil {
 		t.Fatal(err)
@@ -151,21 +151,17 @@ func TestWaitFollowsMovedSession(t *testing.T) {
 	ch := waitIn(wctx, waiter, id) // held at old
 	time.Sleep(300 * time.Millisecond)
 
-	// The handover, by hand: next takes the record, every ring gets next,
-	// old removes its copy (which wakes its waiters).
-	if err := next.Local().Create(ctx, sess); err != nil {
-		t.Fatal(err)
-	}
-	setPeers(rs)
-	if err := old.Local().Delete(ctx, id); err != nil {
-		t.Fatal(err)
-	}
+	joinRing(t, []*replica{old, waiter, next}) // old hands the session to next
+	await.True(t, "the new replica owns the session", func() bool {
+		owned, _ := next.Local().Holds(id)
+		return owned
+	})
 	select {
 	case w := <-ch:
 		t.Fatalf("Wait returned when its session moved: state %v, error %v", w.s.State, w.err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	if err := next.Local().Complete(ctx, id, []byte(`{}`)); err != nil {
+	if err := old.Complete(ctx, id, []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	if w := got(t, ch); w.err != nil || w.s.State != sessions.StateCompleted {

@@ -12,6 +12,7 @@ import (
 	jsoniter "github.com/json-iterator/go"
 
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
 )
 
 // wireJSON encodes and decodes peer messages: JSON as encoding/json reads
@@ -34,6 +35,14 @@ const (
 	opComplete = "complete"
 	opDeny     = "deny"
 	opDelete   = "delete"
+
+	// Membership and ownership (membership.go, owner.go).
+	opJoin      = "join"      // Member false: a hello (who is in?); true: add me
+	opLeave     = "leave"     // remove me from your ring
+	opTransfer  = "transfer"  // give me (the new owner) what you hold of ID
+	opReplicate = "replicate" // keep these records as backup copies
+	opHandover  = "handover"  // take these records as owner
+	opDropCopy  = "dropcopy"  // the owner deleted ID: drop your copy
 )
 
 // peerBatch is the plaintext of a sealed message to a peer: the requests
@@ -116,6 +125,46 @@ type peerRequest struct {
 	// non-owner checked the signature with: the owner answers
 	// stale_static, changing nothing, if its session has another one.
 	StaticDigest []byte `json:"sd,omitempty"`
+
+	// From, Inc, Member and Left say who sends: its peer URL, its
+	// incarnation (random per process, so a restarted replica at the same
+	// URL is told apart), whether it is a member of the ring (joined, not
+	// leaving) and whether it left (neither: not joined yet).
+	From   string `json:"f,omitempty"`
+	Inc    uint64 `json:"inc,omitempty"`
+	Member bool   `json:"m,omitempty"`
+	Left   bool   `json:"l,omitempty"`
+	// Hop counts how often the request was forwarded: a replica forwards
+	// at most maxHops times, so rings that briefly disagree never make a
+	// request bounce.
+	Hop     int          `json:"h,omitempty"`
+	Records []wireRecord `json:"rs,omitempty"`
+	// Req identifies one poll (random, made by the replica the client
+	// asked) through forwards and retries: see memory.PollMark.
+	Req uint64 `json:"rq,omitempty"`
+}
+
+// wireRecord is a memory.Record on the wire.
+type wireRecord struct {
+	Session *wireSession `json:"s"`
+	Nonces  []uint64     `json:"n,omitempty"`
+	Partial bool         `json:"p,omitempty"`
+	// LastPoll is memory.Record.LastPoll: nonce hash and request ID.
+	LastPollNonce   uint64 `json:"ln,omitempty"`
+	LastPollRequest uint64 `json:"lr,omitempty"`
+}
+
+func toWireRecord(r memory.Record) wireRecord {
+	return wireRecord{Session: toWire(r.Session), Nonces: r.Nonces, Partial: r.Partial,
+		LastPollNonce: r.LastPoll.Nonce, LastPollRequest: r.LastPoll.Request}
+}
+
+func fromWireRecord(w wireRecord) (memory.Record, bool) {
+	if w.Session == nil {
+		return memory.Record{}, false
+	}
+	return memory.Record{Session: fromWire(w.Session), Nonces: w.Nonces, Partial: w.Partial,
+		LastPoll: memory.PollMark{Nonce: w.LastPollNonce, Request: w.LastPollRequest}}, true
 }
 
 // peerResponse is the plaintext of a sealed answer.
@@ -124,6 +173,19 @@ type peerResponse struct {
 	RetryAfter int64        `json:"ra,omitempty"`
 	Session    *wireSession `json:"s,omitempty"`
 	Static     []byte       `json:"st,omitempty"`
+
+	// Member, Left and Inc: the answering replica's membership, as in
+	// requests.
+	Member bool   `json:"m,omitempty"`
+	Left   bool   `json:"l,omitempty"`
+	Inc    uint64 `json:"inc,omitempty"`
+	// Record and Owned answer a transfer: what the replica held, and
+	// whether it held it as owner (then it holds it as a copy now).
+	Record *wireRecord `json:"rec,omitempty"`
+	Owned  bool        `json:"o,omitempty"`
+	// Errs answer replicate and handover: one wire error code per record
+	// ("" for success).
+	Errs []string `json:"es,omitempty"`
 }
 
 // wireSession is a Session on the wire; times are Unix nanoseconds, 0 for
@@ -225,8 +287,8 @@ func (p staticPart) digest() []byte {
 }
 
 // codeMalformed answers a request of a batch that the owner cannot make
-// sense of (an op it does not know); the other requests are answered.
-// It decodes as any unknown code does: "hashring: the owner failed: …".
+// sense of (an op it does not know, a record without a session); the
+// other requests are answered. It decodes as errBadOp.
 const codeMalformed = "malformed"
 
 // Error codes on the wire, one per sessions error.
@@ -240,6 +302,9 @@ var wireErrors = map[string]error{
 	"not_pending":     sessions.ErrNotPending,
 	"too_large":       sessions.ErrTooLarge,
 	"stale_static":    sessions.ErrStaleStatic,
+	"unavailable":     sessions.ErrUnavailable,
+	"mismatch":        memory.ErrStaticMismatch,
+	codeMalformed:     errBadOp,
 }
 
 func errorCode(err error) string {

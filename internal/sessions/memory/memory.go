@@ -11,7 +11,9 @@ package memory
 
 import (
 	"context"
-	"hash/maphash"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
 	"sync"
 	"time"
 
@@ -27,10 +29,11 @@ const janitorInterval = 30 * time.Second
 type Store struct {
 	limits sessions.Limits
 	now    func() time.Time
-	seed   maphash.Seed
 
 	mu       sync.Mutex
 	sessions map[string]*entry
+	// copies counts the entries held as backup copies (see Import).
+	copies int
 	// nextExpiry is no later than the earliest ExpiresAt of any held
 	// session, so a full store sweeps only when a sweep can free a slot.
 	nextExpiry time.Time
@@ -45,14 +48,32 @@ type Store struct {
 
 type entry struct {
 	s sessions.Session
-	// nonces holds a seeded 64-bit hash of each used nonce: 8 bytes per
-	// nonce whatever its length (nonceSet). A collision (about 2^-44 at
-	// 1024 nonces) could only refuse a fresh nonce, never accept a used one.
+	// nonces holds a 64-bit hash (NonceHash) of each used nonce: 8 bytes
+	// per nonce whatever its length (nonceSet). A collision (about 2^-44
+	// at 1024 nonces) could only refuse a fresh nonce, never accept a used
+	// one.
 	nonces nonceSet
+	// copy marks a backup copy held for another replica (a hashring
+	// owner): the sessions.Store methods treat it as not theirs to serve
+	// (ErrNotOwned) until Import or Promote makes it owned.
+	copy bool
 	// done is closed when the session leaves the pending state or is
 	// deleted, waking every Wait on it. It is made by the first Wait only:
 	// most sessions are never waited for.
 	done chan struct{}
+	// lastPoll marks the poll that set LastPollAt (see PollMark).
+	lastPoll PollMark
+}
+
+// PollMark identifies the poll that last spent a nonce of a session: the
+// nonce's hash and the request ID the hashring gave that poll. A poll
+// whose answer was lost between replicas (its owner died after spending
+// the nonce and copying it to the backup) is sent again with the same
+// request ID and gets the answer it would have had; a client's replay of
+// the same signed request is a new request and is refused.
+type PollMark struct {
+	Nonce   uint64
+	Request uint64
 }
 
 // wake wakes the session's waiters. Call it (with the store's lock held)
@@ -63,6 +84,23 @@ func (e *entry) wake() {
 		close(e.done)
 		e.done = nil
 	}
+}
+
+// ErrNotOwned says the store holds the session only as a backup copy
+// (Import with owned false, or Demote): the sessions.Store methods do not
+// serve it. A plain memory store never returns it.
+var ErrNotOwned = errors.New("session held only as a backup copy")
+
+// NonceHash is the 64-bit hash a store remembers of a used nonce: the
+// first 8 bytes of its SHA-256. It is the same in every process, so a
+// session's nonce set can move between replicas (Export, Import). Unlike a
+// seeded hash, an attacker can compute it; but finding nonces that collide
+// with a used one only lets them have a fresh nonce of their own session
+// refused (signing it needs that session's secret), never a used one
+// accepted.
+func NonceHash(nonce string) uint64 {
+	sum := sha256.Sum256([]byte(nonce))
+	return binary.BigEndian.Uint64(sum[:8])
 }
 
 var _ sessions.Store = (*Store)(nil)
@@ -81,7 +119,6 @@ func newStore(limits sessions.Limits, clock func() time.Time, every time.Duratio
 	s := &Store{
 		limits:   withDefaults(limits),
 		now:      clock,
-		seed:     maphash.MakeSeed(),
 		sessions: make(map[string]*entry),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -159,7 +196,7 @@ func (s *Store) sweepLocked(now time.Time) {
 	var next time.Time
 	for id, e := range s.sessions {
 		if !now.Before(e.s.ExpiresAt) {
-			delete(s.sessions, id)
+			s.dropLocked(id, e)
 			continue
 		}
 		if next.IsZero() || e.s.ExpiresAt.Before(next) {
@@ -176,33 +213,57 @@ func (s *Store) noteExpiry(t time.Time) {
 	}
 }
 
-// live returns the unexpired entry for id, dropping it if it expired.
-func (s *Store) live(id string, now time.Time) *entry {
+func (s *Store) dropLocked(id string, e *entry) {
+	delete(s.sessions, id)
+	if e.copy {
+		s.copies--
+	}
+}
+
+// held returns the unexpired entry for id, owned or a copy, dropping it if
+// it expired.
+func (s *Store) held(id string, now time.Time) *entry {
 	e := s.sessions[id]
 	if e == nil {
 		return nil
 	}
 	if !now.Before(e.s.ExpiresAt) {
-		delete(s.sessions, id)
+		s.dropLocked(id, e)
 		return nil
 	}
 	return e
+}
+
+// live returns the unexpired owned entry for id, or the error to answer:
+// ErrNotFound, or ErrNotOwned for a backup copy.
+func (s *Store) live(id string, now time.Time) (*entry, error) {
+	e := s.held(id, now)
+	switch {
+	case e == nil:
+		return nil, sessions.ErrNotFound
+	case e.copy:
+		return nil, ErrNotOwned
+	}
+	return e, nil
 }
 
 func (s *Store) Create(_ context.Context, sess sessions.Session) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	if s.live(sess.ID, now) != nil {
+	if s.held(sess.ID, now) != nil {
 		return sessions.ErrExists
 	}
-	if len(s.sessions) >= s.limits.MaxSessions {
+	// Backup copies do not count against MaxSessions (they are bounded
+	// apart, see Import): a replica's share of new sessions stays the same
+	// whatever copies it keeps for the others.
+	if len(s.sessions)-s.copies >= s.limits.MaxSessions {
 		// Sweep only when some session may have expired: a full store of
 		// live sessions answers ErrFull in O(1).
 		if !s.nextExpiry.IsZero() && !now.Before(s.nextExpiry) {
 			s.sweepLocked(now)
 		}
-		if len(s.sessions) >= s.limits.MaxSessions {
+		if len(s.sessions)-s.copies >= s.limits.MaxSessions {
 			return sessions.ErrFull
 		}
 	}
@@ -218,18 +279,19 @@ func (s *Store) Create(_ context.Context, sess sessions.Session) error {
 func (s *Store) Get(_ context.Context, id string) (sessions.Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(id, s.now())
-	if e == nil {
-		return sessions.Session{}, sessions.ErrNotFound
+	e, err := s.live(id, s.now())
+	if err != nil {
+		return sessions.Session{}, err
 	}
 	return e.s, nil
 }
 
-// Static returns the fields of the session fixed at Create.
+// Static returns the fields of the session fixed at Create. A backup copy
+// (hashring) answers too: those fields are the owner's, and never change.
 func (s *Store) Static(_ context.Context, id string) (sessions.Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(id, s.now())
+	e := s.held(id, s.now())
 	if e == nil {
 		return sessions.Session{}, sessions.ErrNotFound
 	}
@@ -237,12 +299,12 @@ func (s *Store) Static(_ context.Context, id string) (sessions.Session, error) {
 }
 
 func (s *Store) UseNonce(_ context.Context, id, nonce string) error {
-	h := maphash.String(s.seed, nonce)
+	h := NonceHash(nonce)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(id, s.now())
-	if e == nil {
-		return sessions.ErrNotFound
+	e, err := s.live(id, s.now())
+	if err != nil {
+		return err
 	}
 	return s.useNonceLocked(e, h)
 }
@@ -257,19 +319,31 @@ func (s *Store) useNonceLocked(e *entry, h uint64) error {
 	return nil
 }
 
-func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
-	h := maphash.String(s.seed, nonce)
+func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
+	return s.RecordPollRequest(ctx, id, nonce, minInterval, 0)
+}
+
+// RecordPollRequest is RecordPoll for a poll with request ID req (0:
+// none). A nonce already used by the session's last poll with the same
+// non-zero req is that poll sent again, not a replay: it is answered with
+// the session as it is now and changes nothing.
+func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterval time.Duration, req uint64) (sessions.Session, error) {
+	h := NonceHash(nonce)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	e := s.live(id, now)
-	if e == nil {
-		return sessions.Session{}, sessions.ErrNotFound
+	e, err := s.live(id, now)
+	if err != nil {
+		return sessions.Session{}, err
 	}
 	// A replayed nonce is refused as such even when it comes too soon; a
 	// poll refused as too soon changes nothing, not even the nonce set, so
 	// that polling too fast cannot fill it.
 	if e.nonces.has(h) {
+		if req != 0 && e.lastPoll == (PollMark{Nonce: h, Request: req}) {
+			s.deliverLocked(e, now)
+			return e.s, nil
+		}
 		return sessions.Session{}, sessions.ErrNonceUsed
 	}
 	if last := e.s.LastPollAt; !last.IsZero() {
@@ -281,6 +355,7 @@ func (s *Store) RecordPoll(_ context.Context, id, nonce string, minInterval time
 		return sessions.Session{}, err
 	}
 	e.s.LastPollAt = now
+	e.lastPoll = PollMark{Nonce: h, Request: req}
 	s.deliverLocked(e, now)
 	return e.s, nil
 }
@@ -302,10 +377,10 @@ func (s *Store) deliverLocked(e *entry, now time.Time) {
 func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
 	s.mu.Lock()
 	now := s.now()
-	e := s.live(id, now)
-	if e == nil {
+	e, err := s.live(id, now)
+	if err != nil {
 		s.mu.Unlock()
-		return sessions.Session{}, sessions.ErrNotFound
+		return sessions.Session{}, err
 	}
 	if e.s.State != sessions.StatePending {
 		s.deliverLocked(e, now)
@@ -327,7 +402,9 @@ func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now = s.now()
-	if s.live(id, now) != e {
+	if cur, err := s.live(id, now); err != nil {
+		return sessions.Session{}, err
+	} else if cur != e {
 		return sessions.Session{}, sessions.ErrNotFound
 	}
 	s.deliverLocked(e, now)
@@ -338,9 +415,9 @@ func (s *Store) Complete(_ context.Context, id string, response []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	e := s.live(id, now)
-	if e == nil {
-		return sessions.ErrNotFound
+	e, err := s.live(id, now)
+	if err != nil {
+		return err
 	}
 	if e.s.State != sessions.StatePending {
 		return sessions.ErrNotPending
@@ -362,9 +439,9 @@ func (s *Store) Complete(_ context.Context, id string, response []byte) error {
 func (s *Store) Deny(_ context.Context, id, reason string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.live(id, s.now())
-	if e == nil {
-		return sessions.ErrNotFound
+	e, err := s.live(id, s.now())
+	if err != nil {
+		return err
 	}
 	if e.s.State != sessions.StatePending {
 		return sessions.ErrNotPending
@@ -375,12 +452,17 @@ func (s *Store) Deny(_ context.Context, id, reason string) error {
 	return nil
 }
 
+// Delete removes an owned session; a backup copy is left alone
+// (ErrNotOwned), as the other methods leave it (Remove drops either).
 func (s *Store) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.sessions[id]; e != nil {
+		if e.copy {
+			return ErrNotOwned
+		}
 		e.wake()
-		delete(s.sessions, id)
+		s.dropLocked(id, e)
 	}
 	return nil
 }
