@@ -37,7 +37,7 @@ func (s *Store) maxPeerMessage() int64 {
 // sealed message.
 func (s *Store) call(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
 	pc := &pendingCall{body: mustJSON(req), done: make(chan struct{})}
-	s.pipes.send(s, peer, pc)
+	s.pipes.send(s, peer, leafOp(req.Op), pc)
 	select {
 	case <-pc.done:
 	case <-ctx.Done():

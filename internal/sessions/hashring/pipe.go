@@ -17,6 +17,24 @@ import (
 // maxInFlight is how many batches may be in flight to one peer at once.
 const maxInFlight = 2
 
+// Each peer has two pipes: one for session operations, which the receiver
+// may serve by calling other replicas in turn (a copy to the backup, a
+// forward, a take), and one for leaf operations, which the receiver
+// serves from its own store alone (copies, handovers, transfers,
+// membership). A batch is answered when all its requests are, so if the
+// copies an owner sends while serving a batch queued behind that same
+// kind of batch, two owners copying to each other could each fill its
+// pipe to the other with batches that wait for the other's copies: a
+// deadlock until the peer timeout. Leaf batches wait for nothing, so they
+// always drain.
+func leafOp(op string) bool {
+	switch op {
+	case opReplicate, opHandover, opDropCopy, opTransfer, opJoin, opLeave:
+		return true
+	}
+	return false
+}
+
 // pendingCall is a request waiting for its answer.
 type pendingCall struct {
 	body []byte // the encoded peerRequest
@@ -33,27 +51,32 @@ type pipe struct {
 	inFlight int
 }
 
-// pipes are the pipes of a Store, one per peer URL.
+// pipes are the pipes of a Store, two per peer URL (leafOp).
 type pipes struct {
 	maxBytes int64
 
 	mu sync.Mutex
-	m  map[string]*pipe
+	m  map[pipeKey]*pipe
 	// wg counts the goroutines that send batches queued behind others.
 	wg sync.WaitGroup
 }
 
-func newPipes(maxBytes int64) *pipes { return &pipes{maxBytes: maxBytes, m: map[string]*pipe{}} }
+type pipeKey struct {
+	peer string
+	leaf bool
+}
 
-func (ps *pipes) get(peer string) *pipe {
+func newPipes(maxBytes int64) *pipes { return &pipes{maxBytes: maxBytes, m: map[pipeKey]*pipe{}} }
+
+func (ps *pipes) get(k pipeKey) *pipe {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	p := ps.m[peer]
+	p := ps.m[k]
 	if p == nil {
-		// One pipe per peer URL ever called: a few bytes each, and the
+		// Two pipes per peer URL ever called: a few bytes each, and the
 		// peer URLs of a cluster are few.
 		p = &pipe{maxBytes: ps.maxBytes}
-		ps.m[peer] = p
+		ps.m[k] = p
 	}
 	return p
 }
@@ -62,10 +85,11 @@ func (ps *pipes) get(peer string) *pipe {
 // timeout).
 func (ps *pipes) close() { ps.wg.Wait() }
 
-// send queues pc for peer and, if the pipe has room, sends the queue in
-// this goroutine. The caller then waits for pc.done.
-func (ps *pipes) send(s *Store, peer string, pc *pendingCall) {
-	p := ps.get(peer)
+// send queues pc for peer (in its leaf pipe if leaf) and, if the pipe has
+// room, sends the queue in this goroutine. The caller then waits for
+// pc.done.
+func (ps *pipes) send(s *Store, peer string, leaf bool, pc *pendingCall) {
+	p := ps.get(pipeKey{peer, leaf})
 	p.mu.Lock()
 	p.queue = append(p.queue, pc)
 	batch := p.takeLocked()
