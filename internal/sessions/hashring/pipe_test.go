@@ -29,8 +29,12 @@ func TestPipeTakesBoundedBatches(t *testing.T) {
 	if got := sizes(p.takeLocked()); len(got) != 1 || got[0] != 40 {
 		t.Fatalf("second batch %v, want [40] (the next request would pass the bound)", got)
 	}
+	if p.inFlight != 2 {
+		t.Fatalf("%d batches in flight, want 2", p.inFlight)
+	}
+	p.inFlight = maxInFlight // the pipe is full
 	if b := p.takeLocked(); b != nil {
-		t.Fatalf("a third batch in flight: %v", sizes(b))
+		t.Fatalf("a batch beyond maxInFlight: %v", sizes(b))
 	}
 	p.inFlight = 0
 	if got := sizes(p.takeLocked()); len(got) != 1 || got[0] != 500 {
