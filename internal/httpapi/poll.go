@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -62,48 +63,42 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	}
 
 	ctx := r.Context()
-	sess, err := s.cfg.Store.Get(ctx, sid)
-	if err != nil {
-		s.storeError(w, err)
-		return
-	}
-	if sess.Secret == "" || sess.CallbackURL != "" {
-		// A session of the callback flow: nobody outside holds its secret
-		// (it is made only to key the session's static part), and its
-		// result goes to the CLI's callback, so it is nothing to poll.
-		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "there is no poll session with this ID; start over")
-		return
-	}
-	req := hmac.Request{Scheme: s.scheme, Host: s.host, Method: r.Method, Path: r.URL.EscapedPath(), Query: q, Body: body}
-	if !hmac.Verify(sess.Secret, req, sig) {
-		s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
-			"the signature h does not match this request; sign it with the session secret for the URL "+
-				"the backend advertises as pollURL")
-		return
-	}
-
-	expiresAt := sess.ExpiresAt
-	sess, err = s.cfg.Store.RecordPoll(ctx, sid, nonce, s.minPollGap)
-	if err != nil {
-		var soon *sessions.TooSoonError
-		switch {
-		case errors.As(err, &soon):
-			retryAfter(w.Header(), ceilSeconds(soon.RetryAfter))
-			s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
-				"polled sooner than pollInterval ("+s.cfg.PollInterval.String()+") after the previous poll; wait as long as Retry-After says")
-		case errors.Is(err, sessions.ErrNonceUsed):
-			s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
-				"the nonce n was used before; sign every request with a fresh nonce")
-		case errors.Is(err, sessions.ErrTooManyNonces):
-			// No later poll of this session can succeed: wait for it to
-			// expire and start over.
-			retryAfter(w.Header(), ceilSeconds(expiresAt.Sub(s.cfg.Now())))
-			s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
-				"this session has made as many signed requests as it may; start over once it expired")
-		default:
+	// The signature is checked with the session's static part, which a
+	// replica of a hashring may hold in its cache: a forged poll never
+	// reaches the session's owner, and a genuine one costs one round trip
+	// to it (RecordPoll). If the owner's session is not the one the cache
+	// knew (its ID was used again), the check is made once more with the
+	// owner's.
+	var sess sessions.Session
+	for attempt := 0; ; attempt++ {
+		static, err := s.cfg.Store.Static(ctx, sid)
+		if err != nil {
 			s.storeError(w, err)
+			return
 		}
-		return
+		if static.Secret == "" || static.CallbackURL != "" {
+			// A session of the callback flow: nobody outside holds its secret
+			// (it is made only to key the session's static part), and its
+			// result goes to the CLI's callback, so it is nothing to poll.
+			s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "there is no poll session with this ID; start over")
+			return
+		}
+		req := hmac.Request{Scheme: s.scheme, Host: s.host, Method: r.Method, Path: r.URL.EscapedPath(), Query: q, Body: body}
+		if !hmac.Verify(static.Secret, req, sig) {
+			s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
+				"the signature h does not match this request; sign it with the session secret for the URL "+
+					"the backend advertises as pollURL")
+			return
+		}
+		sess, err = s.cfg.Store.RecordPoll(ctx, sid, nonce, s.minPollGap)
+		if errors.Is(err, sessions.ErrStaleStatic) && attempt == 0 {
+			continue
+		}
+		if err != nil {
+			s.pollRefused(ctx, w, sid, err)
+			return
+		}
+		break
 	}
 
 	if sess.State == sessions.StatePending {
@@ -125,6 +120,33 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	default:
 		s.metrics.poll(v1alpha1.ErrorAuthorizationPending)
 		writeJSONBytes(w, http.StatusForbidden, pendingBody)
+	}
+}
+
+// pollRefused answers a poll whose RecordPoll failed.
+func (s *server) pollRefused(ctx context.Context, w http.ResponseWriter, sid string, err error) {
+	var soon *sessions.TooSoonError
+	switch {
+	case errors.As(err, &soon):
+		retryAfter(w.Header(), ceilSeconds(soon.RetryAfter))
+		s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
+			"polled sooner than pollInterval ("+s.cfg.PollInterval.String()+") after the previous poll; wait as long as Retry-After says")
+	case errors.Is(err, sessions.ErrNonceUsed):
+		s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
+			"the nonce n was used before; sign every request with a fresh nonce")
+	case errors.Is(err, sessions.ErrTooManyNonces):
+		// No later poll of this session can succeed: wait for it to
+		// expire and start over. Rare, so the expiry is looked up here
+		// rather than carried by every poll.
+		wait := int64(1)
+		if sess, err := s.cfg.Store.Get(ctx, sid); err == nil {
+			wait = ceilSeconds(sess.ExpiresAt.Sub(s.cfg.Now()))
+		}
+		retryAfter(w.Header(), wait)
+		s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
+			"this session has made as many signed requests as it may; start over once it expired")
+	default:
+		s.storeError(w, err)
 	}
 }
 

@@ -43,6 +43,22 @@ func (f *flakyStore) Get(ctx context.Context, id string) (sessions.Session, erro
 	return f.Store.Get(ctx, id)
 }
 
+// Static and RecordPoll are what a poll asks the store (one hop on a
+// hashring): both fail while down.
+func (f *flakyStore) Static(ctx context.Context, id string) (sessions.Session, error) {
+	if err := f.err(); err != nil {
+		return sessions.Session{}, err
+	}
+	return f.Store.Static(ctx, id)
+}
+
+func (f *flakyStore) RecordPoll(ctx context.Context, id, nonce string, d time.Duration) (sessions.Session, error) {
+	if err := f.err(); err != nil {
+		return sessions.Session{}, err
+	}
+	return f.Store.RecordPoll(ctx, id, nonce, d)
+}
+
 // A store that is briefly unavailable is 503 with Retry-After, logged as a
 // warning, for creating and for polling: never 410 (the session is not
 // lost), never an ERROR.

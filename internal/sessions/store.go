@@ -68,6 +68,13 @@ type Session struct {
 	LastPollAt time.Time
 }
 
+// StaticPart returns the fields of s fixed at Create (what Store.Static
+// returns), every other field zero.
+func (s Session) StaticPart() Session {
+	return Session{ID: s.ID, ClusterID: s.ClusterID, Secret: s.Secret, CreatedAt: s.CreatedAt,
+		CallbackURL: s.CallbackURL, CallbackSessionID: s.CallbackSessionID}
+}
+
 // Store keeps sessions. Every method is safe for concurrent use, and atomic
 // with respect to the others for the same session, across every replica
 // that shares the store. A session past its ExpiresAt behaves as if it did
@@ -82,6 +89,16 @@ type Store interface {
 
 	// Get returns the session with this ID, or ErrNotFound.
 	Get(ctx context.Context, id string) (Session, error)
+
+	// Static returns the part of the session fixed at Create (ID,
+	// ClusterID, Secret, CreatedAt, CallbackURL, CallbackSessionID; every
+	// other field zero), or ErrNotFound for a session it does not know.
+	// These fields never change, so an implementation may answer from a
+	// cache, and may still return them for a session that ended moments
+	// ago: what the session's state allows is decided by the operations
+	// that follow (RecordPoll of an ended session fails with ErrNotFound).
+	// A signature check needs only this part.
+	Static(ctx context.Context, id string) (Session, error)
 
 	// UseNonce records that nonce was used for this session. It fails with
 	// ErrNonceUsed if it was used before (by UseNonce or RecordPoll), with
@@ -99,6 +116,12 @@ type Store interface {
 	// returns the session as it is after the poll. The first poll that sees StateCompleted sets
 	// DeliveredAt and shortens ExpiresAt to DeliveredAt plus the store's
 	// grace period: further polls get the same response until then.
+	//
+	// An implementation that answers Static from a cache may fail with
+	// ErrStaleStatic, changing nothing, when the session under this ID is
+	// not the one its cache holds (the ID was deleted and created again
+	// with other fields): the caller checks the signature again with a
+	// fresh Static and retries.
 	RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (Session, error)
 
 	// Complete moves a pending session to StateCompleted with response (a
@@ -139,6 +162,7 @@ var (
 	ErrTooSoon       = errors.New("polled too soon")
 	ErrNotPending    = errors.New("session is not pending")
 	ErrTooLarge      = errors.New("binding response too large")
+	ErrStaleStatic   = errors.New("the session's static part changed since Static; check the signature again")
 	// ErrUnavailable: the session may exist but the part of the store
 	// holding it cannot answer now (a replica that is slow, restarting or
 	// handing its sessions over). Transient, unlike ErrNotFound: the

@@ -121,15 +121,17 @@ const peerSessionID = "known-session"
 // FuzzServePeer: the owner's side of the peer API, given any plaintext in
 // a correctly sealed request (fresh=true stamps it with the current time
 // when it is a JSON object, so that it passes the replay check). Never a
-// 5xx; a 200 answer opens under this request's nonce and decodes; the
-// owner's error codes are the known ones, never "internal"; an answer to
-// get, state and poll carries a session, state's without its secrets;
-// the same sealed request again is refused.
+// 5xx; a 200 answer opens under this request's nonce and decodes into one
+// answer per request of the batch; the owner's error codes are the known
+// ones or malformed, never "internal"; an answer to get, state and poll
+// carries a session, state's without its secrets; the same sealed request
+// again is refused.
 func FuzzServePeer(f *testing.F) {
 	for _, s := range []string{
 		`{"op":"get","id":"known-session"}`, `{"op":"state","id":"known-session"}`, `{"op":"static","id":"known-session"}`,
 		`{"op":"usenonce","id":"known-session","n":"n1"}`, `{"op":"poll","id":"known-session","n":"n2","i":1000000000}`,
 		`{"op":"poll","id":"known-session","n":"n3","i":-5}`, `{"op":"complete","id":"other","b":"e30="}`,
+		`{"op":"poll","id":"known-session","n":"n4","sd":"AAAAAAAAAAAAAAAAAAAAAA=="}`,
 		`{"op":"deny","id":"other","r":"no"}`, `{"op":"delete","id":"nobody"}`,
 		`{"op":"create","s":{"id":"fresh","c":"c","k":"k","ca":1,"ea":4102444800000000000,"st":7}}`,
 		`{"op":"create","s":{"id":"","ea":-1}}`, `{"op":"create"}`, `{"op":"explode"}`, `{"op":"get","id":"known-session","t":"x"}`,
@@ -142,9 +144,13 @@ func FuzzServePeer(f *testing.F) {
 		`{"op":"get","id":"known-session","h":99}`, `{"op":"poll","id":"known-session","n":"n4","h":-1}`,
 		`{"op":"wait","id":"known-session","i":1000000}`, `{"op":"wait","id":"nobody","i":-1}`,
 	} {
-		f.Add([]byte(s), true)
+		f.Add([]byte(`{"q":[`+s+`]}`), true)
 	}
-	f.Add([]byte(`{"t":1,"op":"get","id":"known-session"}`), false)
+	f.Add([]byte(`{"q":[{"op":"get","id":"known-session"},{"op":"poll","id":"known-session","n":"m1"},{"op":"explode"}]}`), true)
+	f.Add([]byte(`{"q":[]}`), true)
+	f.Add([]byte(`{"q":null}`), true)
+	f.Add([]byte(``), true)
+	f.Add([]byte(`{"t":1,"q":[{"op":"get","id":"known-session"}]}`), false)
 	r, err := New(Options{Self: "http://127.0.0.1:1", Key: testKey, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		f.Fatal(err)
@@ -170,9 +176,13 @@ func FuzzServePeer(f *testing.F) {
 			obj["t"], _ = json.Marshal(time.Now().UnixNano())
 			plain, _ = json.Marshal(obj)
 		}
-		var req peerRequest
-		if json.Unmarshal(plain, &req) == nil && req.Op == opCreate && req.Session != nil && req.Session.ID != peerSessionID {
-			defer r.local.Remove(req.Session.ID)
+		batch, batchErr := decodeBatch(plain)
+		if batchErr == nil {
+			for _, req := range batch.Reqs {
+				if req.Op == opCreate && req.Session != nil && req.Session.ID != peerSessionID {
+					defer r.local.Remove(req.Session.ID)
+				}
+			}
 		}
 		body := r.sealer.seal(plain, aadRequest)
 		post := func() *httptest.ResponseRecorder {
@@ -187,33 +197,42 @@ func FuzzServePeer(f *testing.F) {
 			t.Fatalf("plaintext %q: status %d %s", plain, w.Code, w.Body)
 		}
 		if w.Code == http.StatusOK {
+			if batchErr != nil {
+				t.Fatalf("plaintext %q: served, but it is no batch: %v", plain, batchErr)
+			}
 			_, out, err := r.sealer.open(w.Body.Bytes(), responseAAD(body[:gcmNonceSize]))
 			if err != nil {
 				t.Fatalf("plaintext %q: the answer does not open for this request: %v", plain, err)
 			}
-			var resp peerResponse
-			if err := json.Unmarshal(out, &resp); err != nil {
+			resps, err := decodeBatchResponse(out, len(batch.Reqs))
+			if err != nil {
 				t.Fatalf("answer %q: %v", out, err)
 			}
-			if _, known := wireErrors[resp.Err]; resp.Err != "" && !known {
-				t.Fatalf("plaintext %q: owner error %q", plain, resp.Err)
-			}
-			for _, code := range resp.Errs {
-				if _, known := wireErrors[code]; code != "" && !known {
-					t.Fatalf("plaintext %q: record error %q", plain, code)
+			for i, resp := range resps {
+				req := batch.Reqs[i]
+				if _, known := wireErrors[resp.Err]; resp.Err != "" && resp.Err != codeMalformed && !known {
+					t.Fatalf("plaintext %q: owner error %q", plain, resp.Err)
 				}
-			}
-			if (req.Op == opReplicate || req.Op == opHandover) && len(resp.Errs) != len(req.Records) {
-				t.Fatalf("plaintext %q: %d record answers for %d records", plain, len(resp.Errs), len(req.Records))
-			}
-			if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll || req.Op == opWait) && resp.Session == nil {
-				t.Fatalf("plaintext %q: %s answered without a session", plain, req.Op)
-			}
-			if req.Op == opState && resp.Session != nil && (resp.Session.Secret != "" || resp.Session.ClusterID != "" || len(resp.Session.StaticDigest) == 0) {
-				t.Fatalf("state answer %+v carries the static part", resp.Session)
-			}
-			if resp.Err == "too_soon" && resp.RetryAfter <= 0 {
-				t.Fatalf("too_soon without a positive retry-after: %d", resp.RetryAfter)
+				for _, code := range resp.Errs {
+					if _, known := wireErrors[code]; code != "" && !known {
+						t.Fatalf("plaintext %q: record error %q", plain, code)
+					}
+				}
+				if resp.Err == "" && (req.Op == opReplicate || req.Op == opHandover) && len(resp.Errs) != len(req.Records) {
+					t.Fatalf("plaintext %q: %d record answers for %d records", plain, len(resp.Errs), len(req.Records))
+				}
+				if resp.Err == "" && (req.Op == opGet || req.Op == opState || req.Op == opPoll || req.Op == opWait) && resp.Session == nil {
+					t.Fatalf("plaintext %q: %s answered without a session", plain, req.Op)
+				}
+				if req.Op == opState && resp.Session != nil && (resp.Session.Secret != "" || resp.Session.ClusterID != "" || len(resp.Session.StaticDigest) == 0) {
+					t.Fatalf("state answer %+v carries the static part", resp.Session)
+				}
+				if req.Op == opPoll && len(req.StaticDigest) > 0 && resp.Session != nil && resp.Session.Secret != "" {
+					t.Fatalf("poll with a digest answered with the secret")
+				}
+				if resp.Err == "too_soon" && resp.RetryAfter <= 0 {
+					t.Fatalf("too_soon without a positive retry-after: %d", resp.RetryAfter)
+				}
 			}
 		}
 		switch again := post(); {
@@ -226,8 +245,8 @@ func FuzzServePeer(f *testing.F) {
 }
 
 // scriptedPeer is the transport of a non-owner whose owner answers every
-// peer request with the fuzzed plaintext, sealed for that request (or,
-// with wrongNonce, for another one).
+// peer batch with the fuzzed plaintext, sealed for that request (or, with
+// wrongNonce, for another one).
 type scriptedPeer struct {
 	s *sealer
 
@@ -250,8 +269,7 @@ func (p *scriptedPeer) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("request did not open: %v", err)
 	}
-	var req peerRequest
-	if err := json.Unmarshal(plain, &req); err != nil {
+	if _, err := decodeBatch(plain); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
@@ -265,20 +283,27 @@ func (p *scriptedPeer) RoundTrip(r *http.Request) (*http.Response, error) {
 	}, nil
 }
 
-// FuzzPeerResponse: a non-owner decoding its owner's answers. Whatever
-// the (authenticated) answer says, every operation returns nil, a
-// sessions error the wire code names (too_soon with its retry-after), an
+// FuzzPeerResponse: a non-owner decoding its owner's answers to a batch
+// (of one request: each operation here makes one call). Whatever the
+// (authenticated) answer says, every operation returns nil, a sessions
+// error the wire code names (too_soon with its retry-after), an
 // *OwnerUnavailableError, or the owner's failure; an answer sealed for
-// another request or with a non-200 status is an unavailable owner.
+// another request, with a non-200 status, or with another number of
+// answers than requests is an unavailable owner.
 func FuzzPeerResponse(f *testing.F) {
 	for _, s := range []string{
 		`{}`, `{"e":"not_found"}`, `{"e":"too_soon","ra":1500000000}`, `{"e":"internal"}`, `{"e":"exists"}`, `{"e":"full"}`,
 		`{"e":"nonce_used"}`, `{"e":"too_many_nonces"}`, `{"e":"not_pending"}`, `{"e":"too_large"}`, `{"e":"what"}`,
 		`{"s":{"id":"x","c":"c","k":"k","ca":1,"ea":2,"st":1,"r":"e30=","da":3,"lp":4,"sd":"AAAA"}}`,
-		`{"s":{"id":"x","st":-9,"ea":-1}}`, `{"st":"eyJpZCI6IngifQ=="}`, `{"st":"bm90IGpzb24="}`, `null`, `[1]`, ``, `{"e":1}`,
+		`{"s":{"id":"x","st":-9,"ea":-1}}`, `{"st":"eyJpZCI6IngifQ=="}`, `{"st":"bm90IGpzb24="}`, `null`, `[1]`, `{"e":1}`,
+		`{"e":"malformed"}`, `{"e":"stale_static"}`,
 	} {
-		f.Add([]byte(s), uint8(0), 200, false)
+		f.Add([]byte(`{"a":[`+s+`]}`), uint8(0), 200, false)
 	}
+	f.Add([]byte(`{"a":[{},{}]}`), uint8(1), 200, false)
+	f.Add([]byte(`{"a":[]}`), uint8(1), 200, false)
+	f.Add([]byte(`{}`), uint8(1), 200, false)
+	f.Add([]byte(``), uint8(1), 200, false)
 	f.Add([]byte(`{}`), uint8(3), 500, false)
 	f.Add([]byte(`{}`), uint8(1), 200, true)
 	s, err := newSealer(testKey)
@@ -305,8 +330,8 @@ func FuzzPeerResponse(f *testing.F) {
 		st.m.members, st.m.down, st.m.left = map[string]uint64{"http://owner:1": 1}, map[string]uint64{}, map[string]uint64{}
 		st.rebuildLocked()
 		st.mu.Unlock()
-		// A new ID each time, owned by the other replica: groupcache
-		// keeps static parts it fetched.
+		// A new ID each time, owned by the other replica: the non-owner
+		// caches static parts it fetched.
 		var id string
 		for {
 			n++
@@ -315,11 +340,15 @@ func FuzzPeerResponse(f *testing.F) {
 			}
 		}
 		var resp peerResponse
-		decoded := json.Unmarshal(plain, &resp) == nil
+		resps, err := decodeBatchResponse(plain, 1)
+		decoded := err == nil
+		if decoded {
+			resp = *resps[0]
+		}
 
 		var opErr error
 		var got sessions.Session
-		name := []string{"create", "get", "usenonce", "poll", "complete", "deny", "delete"}[int(op)%7]
+		name := []string{"create", "get", "usenonce", "poll", "complete", "deny", "delete", "static"}[int(op)%8]
 		switch name {
 		case "create":
 			opErr = st.Create(ctx, testSession(id, time.Now()))
@@ -335,6 +364,11 @@ func FuzzPeerResponse(f *testing.F) {
 			opErr = st.Deny(ctx, id, "r")
 		case "delete":
 			opErr = st.Delete(ctx, id)
+		case "static":
+			got, opErr = st.Static(ctx, id)
+			if opErr == nil && got.ID != id {
+				t.Fatalf("static: answer %q gave the static part of %q", plain, got.ID)
+			}
 		}
 		var unavailable *OwnerUnavailableError
 		isUnavailable := errors.As(opErr, &unavailable)
@@ -345,7 +379,7 @@ func FuzzPeerResponse(f *testing.F) {
 			t.Fatalf("%s: answer %q status %d (wrong nonce %v) accepted", name, plain, status, wrongNonce)
 		}
 		if opErr == nil || isUnavailable {
-			if opErr == nil && (name == "get" || name == "poll") && got.ID == "" && resp.Session == nil {
+			if opErr == nil && (name == "get" || name == "poll" || name == "static") && got.ID == "" && resp.Session == nil {
 				t.Fatalf("%s: succeeded without a session: %+v", name, got)
 			}
 			return

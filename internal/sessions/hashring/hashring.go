@@ -10,18 +10,17 @@
 // gone, before it answers. Replicas join the ring when they start and
 // leave it, handing their sessions over, when they stop (membership.go);
 // a session moves with its nonces (owner.go). Other replicas forward
-// every operation to the owner over an authenticated, encrypted peer API.
-// The part of a session that never changes (ID, cluster ID, secret,
-// creation time) is also served through a groupcache Group, so replicas
-// hot-cache it.
+// every operation to the owner over an authenticated, encrypted peer API,
+// in batches (pipe.go). The part of a session that never changes (ID,
+// cluster ID, secret, creation time) is cached by the other replicas
+// (static.go), so a poll's signature is checked where it arrives and the
+// poll costs one round trip to the owner.
 package hashring
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,8 +31,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/golang/groupcache"
-	pb "github.com/golang/groupcache/groupcachepb"
 	"github.com/golang/groupcache/singleflight"
 
 	"github.com/kbprovider/backend/internal/sessions"
@@ -56,8 +53,10 @@ type Options struct {
 	// PeerTimeout bounds each call to another replica (default 2s), so a
 	// dead owner means a quick answer, never a hang.
 	PeerTimeout time.Duration
-	// CacheBytes bounds the groupcache cache of static session parts
-	// (default 4 MiB).
+	// CacheBytes bounds the cache of the static parts of sessions other
+	// replicas own (default: 1 KiB per session of Limits.MaxSessions,
+	// room for the sessions of a few full replicas at their usual
+	// size of about 350 bytes, and at least 4 MiB).
 	CacheBytes int64
 	// Transport carries peer requests (default: a transport with short
 	// dial timeouts).
@@ -67,8 +66,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// PeerPath is where PeerHandler serves the peer API.
-const PeerPath = "/sessions-peer/v1"
+// PeerPath is where PeerHandler serves the peer API. v2: messages carry
+// batches of requests. A v1 replica (before batching) and a v2 replica do
+// not understand each other (404): during an upgrade from v1, each counts
+// the other as unavailable for the sessions the other owns.
+const PeerPath = "/sessions-peer/v2"
 
 // Store is a sessions.Store spread over the replicas in the ring.
 type Store struct {
@@ -79,8 +81,8 @@ type Store struct {
 	replays *replayCache
 	client  *http.Client
 	log     *slog.Logger
-	group   *groupcache.Group
-	name    string
+	statics *staticCache
+	pipes   *pipes
 
 	// dialer probes whether a peer whose connection broke is gone.
 	dialer *net.Dialer
@@ -116,36 +118,6 @@ var _ sessions.Store = (*Store)(nil)
 // groupcache's HTTPPool, it spreads ownership evenly.
 const virtualNodes = 50
 
-// groupcache has one process-wide peer picker registry and group
-// namespace. The package registers a per-group picker once, and each Store
-// names its group uniquely, so several Stores (the replicas of a test) can
-// live in one process; group names never cross the wire.
-var (
-	registerOnce sync.Once
-	registerErr  error
-	storesMu     sync.RWMutex
-	stores       = map[string]*Store{}
-)
-
-func registerPicker() error {
-	registerOnce.Do(func() {
-		defer func() {
-			if r := recover(); r != nil {
-				registerErr = fmt.Errorf("hashring: another groupcache peer picker is registered in this process: %v", r)
-			}
-		}()
-		groupcache.RegisterPerGroupPeerPicker(func(name string) groupcache.PeerPicker {
-			storesMu.RLock()
-			defer storesMu.RUnlock()
-			if s := stores[name]; s != nil {
-				return s
-			}
-			return groupcache.NoPeers{}
-		})
-	})
-	return registerErr
-}
-
 // New returns the Store of this replica. It owns every session until
 // SetPeers names candidates and Join makes it a member of their ring.
 // Close it to stop the local janitor and the resync loop.
@@ -157,14 +129,8 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := registerPicker(); err != nil {
-		return nil, err
-	}
 	if opts.PeerTimeout <= 0 {
 		opts.PeerTimeout = 2 * time.Second
-	}
-	if opts.CacheBytes <= 0 {
-		opts.CacheBytes = 4 << 20
 	}
 	if opts.Transport == nil {
 		opts.Transport = defaultTransport(opts.PeerTimeout)
@@ -172,8 +138,7 @@ func New(opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	var suffix, inc [8]byte
-	rand.Read(suffix[:])
+	var inc [8]byte
 	rand.Read(inc[:])
 	s := &Store{
 		self:    opts.Self,
@@ -182,7 +147,6 @@ func New(opts Options) (*Store, error) {
 		replays: newReplayCache(),
 		client:  &http.Client{Transport: opts.Transport, Timeout: opts.PeerTimeout},
 		log:     opts.Logger,
-		name:    "kube-bind-sessions-" + hex.EncodeToString(suffix[:]),
 		inc:     binary.BigEndian.Uint64(inc[:]) | 1,
 		dialer:  &net.Dialer{Timeout: opts.PeerTimeout / 2},
 		m:       membership{members: map[string]uint64{}, down: map[string]uint64{}, left: map[string]uint64{}},
@@ -193,6 +157,12 @@ func New(opts Options) (*Store, error) {
 		peerTimeout: opts.PeerTimeout,
 	}
 	s.limits = s.local.Limits()
+	if opts.CacheBytes <= 0 {
+		opts.CacheBytes = max(int64(s.limits.MaxSessions)<<10, 4<<20)
+	}
+	s.statics = newStaticCache(opts.CacheBytes)
+	// The batch envelope and the seal add a few bytes to the requests.
+	s.pipes = newPipes(s.maxPeerMessage() - 1024)
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.rebuildLocked()
@@ -200,23 +170,16 @@ func New(opts Options) (*Store, error) {
 	<-s.ringChanged // the first ring needs no resync
 	s.bg.Go(s.resyncLoop)
 	s.bg.Go(s.heartbeat)
-	storesMu.Lock()
-	stores[s.name] = s
-	storesMu.Unlock()
-	s.group = groupcache.NewGroup(s.name, opts.CacheBytes, groupcache.GetterFunc(s.loadStatic))
 	return s, nil
 }
 
-// Close stops the resync loop and the local store's janitor. Groupcache
-// groups cannot be removed; the small cache of a closed Store stays until
-// the process ends.
+// Close stops the resync loop and the local store's janitor, and waits
+// for the peer calls in flight.
 func (s *Store) Close() {
 	s.stopBg()
 	s.bg.Wait()
 	s.local.Close()
-	storesMu.Lock()
-	delete(stores, s.name)
-	storesMu.Unlock()
+	s.pipes.close()
 }
 
 // Owner returns the peer URL of the replica that owns session id in this
@@ -226,15 +189,6 @@ func (s *Store) Owner(id string) string {
 		return o
 	}
 	return s.self
-}
-
-// PickPeer implements groupcache.PeerPicker for this Store's group.
-func (s *Store) PickPeer(key string) (groupcache.ProtoGetter, bool) {
-	owner := s.Owner(key)
-	if owner == s.self {
-		return nil, false
-	}
-	return peerGetter{s: s, peer: owner}, true
 }
 
 // Local returns the memory store of the sessions this replica owns.
@@ -261,13 +215,19 @@ func (e *OwnerUnavailableError) Is(target error) bool { return target == session
 
 func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
 	_, err := s.route(ctx, &peerRequest{Op: opCreate, ID: sess.ID, Session: toWire(sess)})
+	if err == nil && s.Owner(sess.ID) != s.self {
+		// This replica knows the static part already; a poll that lands
+		// here needs no static request.
+		s.statics.add(newStaticEntry(sess))
+	}
 	return err
 }
 
-// Get returns the session. Held here as owner, from the local store;
-// else, on a non-owner, it asks the owner for the mutable state while it
-// looks up the static part through groupcache, and combines them when
-// they belong to the same session.
+// Get returns the session. Held here as owner, from the local store.
+// Else, on a non-owner that has the static part cached, it asks the owner
+// for the mutable part and the digest of its static part, and combines
+// them when they belong to the same session; otherwise it asks for
+// everything and caches the static part.
 func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 	if sess, err := s.local.Get(ctx, id); err == nil {
 		return sess, nil
@@ -279,38 +239,36 @@ func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 		}
 		return fromWire(resp.Session), nil
 	}
-	type static struct {
-		p   staticPart
-		err error
-	}
-	ch := make(chan static, 1)
-	go func() {
-		var b []byte
-		var st static
-		st.err = s.group.Get(ctx, id, groupcache.AllocatingByteSliceSink(&b))
-		if st.err == nil {
-			st.err = json.Unmarshal(b, &st.p)
+	if e, ok := s.statics.get(id); ok {
+		resp, err := s.route(ctx, &peerRequest{Op: opState, ID: id})
+		if err != nil {
+			if errors.Is(err, sessions.ErrNotFound) {
+				s.statics.remove(id)
+			}
+			return sessions.Session{}, err
 		}
-		ch <- st
-	}()
-	resp, err := s.route(ctx, &peerRequest{Op: opState, ID: id})
-	st := <-ch
+		if w := resp.Session; string(w.StaticDigest) == string(e.digest) {
+			return withStatic(fromWire(w), e.sess), nil
+		}
+		// The ID was used again: ask for everything.
+	}
+	resp, err := s.route(ctx, &peerRequest{Op: opGet, ID: id})
 	if err != nil {
+		if errors.Is(err, sessions.ErrNotFound) {
+			s.statics.remove(id)
+		}
 		return sessions.Session{}, err
 	}
-	w := resp.Session
-	if st.err == nil && string(st.p.digest()) == string(w.StaticDigest) {
-		w.ID, w.ClusterID, w.Secret, w.CreatedAt = st.p.ID, st.p.ClusterID, st.p.Secret, st.p.CreatedAt
-		w.CallbackURL, w.CallbackSessionID = st.p.CallbackURL, st.p.CallbackSessionID
-		return fromWire(w), nil
-	}
-	// The cached static part is missing or stale (the ID was used again):
-	// ask the owner for everything.
-	resp, err = s.route(ctx, &peerRequest{Op: opGet, ID: id})
-	if err != nil {
-		return sessions.Session{}, err
-	}
-	return fromWire(resp.Session), nil
+	sess := fromWire(resp.Session)
+	s.statics.add(newStaticEntry(sess))
+	return sess, nil
+}
+
+// withStatic returns sess with the static fields of st.
+func withStatic(sess, st sessions.Session) sessions.Session {
+	sess.ID, sess.ClusterID, sess.Secret, sess.CreatedAt = st.ID, st.ClusterID, st.Secret, st.CreatedAt
+	sess.CallbackURL, sess.CallbackSessionID = st.CallbackURL, st.CallbackSessionID
+	return sess
 }
 
 func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
@@ -321,11 +279,27 @@ func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
 // RecordPoll gives the poll a request ID of its own, so that a poll sent
 // again after its answer was lost on the way (its owner died after spending
 // the nonce) is not refused as a replay of itself (memory.PollMark).
+//
+// The digest of the cached static part (the one Static returned, which the
+// caller checked the signature with) goes along; the owner then answers
+// only the mutable part, or stale_static if its session under this ID has
+// another static part (the caller checks the signature again).
 func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
-	req := mrand.Uint64() | 1 // never 0, which means "no request ID"
-	resp, err := s.route(ctx, &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval), Req: req})
-	if err != nil {
+	req := &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval),
+		Req: mrand.Uint64() | 1} // never 0, which means "no request ID"
+	e, cached := s.statics.get(id)
+	if cached {
+		req.StaticDigest = e.digest
+	}
+	resp, err := s.route(ctx, req)
+	switch {
+	case errors.Is(err, sessions.ErrStaleStatic), errors.Is(err, sessions.ErrNotFound):
+		s.statics.remove(id)
 		return sessions.Session{}, err
+	case err != nil:
+		return sessions.Session{}, err
+	case cached:
+		return withStatic(fromWire(resp.Session), e.sess), nil
 	}
 	return fromWire(resp.Session), nil
 }
@@ -354,37 +328,10 @@ func (s *Store) Deny(ctx context.Context, id, reason string) error {
 // Delete removes the session on its owner and its copy on the backup. A
 // session nobody holds any more is deleted already.
 func (s *Store) Delete(ctx context.Context, id string) error {
+	s.statics.remove(id)
 	_, err := s.route(ctx, &peerRequest{Op: opDelete, ID: id})
 	if errors.Is(err, sessions.ErrNotFound) {
 		return nil
 	}
 	return err
-}
-
-// loadStatic is the group's Getter: it runs on the owner (or on a replica
-// whose ring says it is the owner) and reads the local store. Errors are
-// not cached by groupcache, so an unknown session stays unknown only until
-// it exists.
-func (s *Store) loadStatic(ctx context.Context, id string, dest groupcache.Sink) error {
-	sess, ok := s.local.Peek(id) // a copy's static part is the owner's
-	if !ok {
-		return sessions.ErrNotFound
-	}
-	return dest.SetBytes(mustJSON(staticOf(sess)))
-}
-
-// peerGetter fetches a static part from its owner for groupcache, over the
-// authenticated peer API.
-type peerGetter struct {
-	s    *Store
-	peer string
-}
-
-func (g peerGetter) Get(ctx context.Context, in *pb.GetRequest, out *pb.GetResponse) error {
-	resp, err := g.s.call(ctx, g.peer, &peerRequest{Op: opStatic, ID: in.GetKey()})
-	if err != nil {
-		return err
-	}
-	out.Value = resp.Static
-	return nil
 }

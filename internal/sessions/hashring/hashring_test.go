@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,10 +104,16 @@ func joinRing(t testing.TB, rs []*replica) {
 }
 
 // spread sends each call to the next replica in turn, as a load balancer
-// without sticky routing would: any replica answers any request.
+// without sticky routing would: any replica answers any request. Only a
+// RecordPoll that follows a Static of the same session goes to the
+// replica that answered the Static, as the poll handler makes both calls
+// on the replica the poll reached.
 type spread struct {
 	rs   []*replica
 	next atomic.Uint32
+
+	mu         sync.Mutex
+	lastStatic map[string]*Store
 }
 
 func (s *spread) pick() *Store { return s.rs[int(s.next.Add(1))%len(s.rs)].Store }
@@ -120,8 +127,25 @@ func (s *spread) Get(ctx context.Context, id string) (sessions.Session, error) {
 func (s *spread) UseNonce(ctx context.Context, id, nonce string) error {
 	return s.pick().UseNonce(ctx, id, nonce)
 }
+func (s *spread) Static(ctx context.Context, id string) (sessions.Session, error) {
+	r := s.pick()
+	s.mu.Lock()
+	if s.lastStatic == nil {
+		s.lastStatic = map[string]*Store{}
+	}
+	s.lastStatic[id] = r
+	s.mu.Unlock()
+	return r.Static(ctx, id)
+}
 func (s *spread) RecordPoll(ctx context.Context, id, nonce string, d time.Duration) (sessions.Session, error) {
-	return s.pick().RecordPoll(ctx, id, nonce, d)
+	s.mu.Lock()
+	r := s.lastStatic[id]
+	delete(s.lastStatic, id)
+	s.mu.Unlock()
+	if r == nil {
+		r = s.pick()
+	}
+	return r.RecordPoll(ctx, id, nonce, d)
 }
 func (s *spread) Complete(ctx context.Context, id string, response []byte) error {
 	return s.pick().Complete(ctx, id, response)

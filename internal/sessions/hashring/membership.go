@@ -228,7 +228,7 @@ func (s *Store) peerDown(peer string, err error) bool {
 		!errors.Is(ou.Err, syscall.EPIPE) {
 		return false
 	}
-	return s.refusesConnections(peer)
+	return s.connectionDies(peer)
 }
 
 // send is call with this replica's identity filled in; it learns the
@@ -458,6 +458,33 @@ func (s *Store) refusesConnections(peer string) bool {
 	}
 	c.Close()
 	return false
+}
+
+// probeWait is how long connectionDies waits for a fresh connection to be
+// reset: a live peer sends nothing before it gets a request, so the wait
+// ends with the deadline; one that is dying resets it at once.
+const probeWait = 100 * time.Millisecond
+
+// connectionDies probes peer after a connection to it broke: refused
+// means gone, and so does a fresh connection that is reset or closed at
+// once. A process being killed resets its established connections before
+// its listener is closed, so a probe in that instant still connects (the
+// kernel accepts it into the backlog) and is reset a moment later;
+// checking only that it connects answered 503 to every request that
+// failed in that instant (seen in test/replicas' crash phase).
+func (s *Store) connectionDies(peer string) bool {
+	u, err := url.Parse(peer)
+	if err != nil {
+		return false
+	}
+	c, err := s.dialer.DialContext(s.bgCtx, "tcp", u.Host)
+	if err != nil {
+		return refused(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(probeWait))
+	_, err = c.Read(make([]byte, 1))
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // OwnerOf returns the owner of session id in a ring of these members, as

@@ -107,18 +107,40 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 		}
 	case opState:
 		if sess, err = s.local.Get(ctx, req.ID); err == nil {
-			w := toWire(sess)
+			w := mutableOnly(toWire(sess))
 			w.StaticDigest = staticOf(sess).digest()
-			w.ClusterID, w.Secret, w.CallbackURL, w.CallbackSessionID = "", "", "", ""
 			resp.Session = w
+		}
+	case opStatic:
+		// Held as owner or as a copy: the static part is the same (it
+		// never changes), so a backup answers too, and a replica whose
+		// ring names it owner need not take the session for this.
+		if sess, ok := s.local.Peek(req.ID); ok {
+			resp.Static = mustJSON(staticOf(sess))
+		} else {
+			err = sessions.ErrNotFound
 		}
 	case opUseNonce:
 		if err = s.local.UseNonce(ctx, req.ID, req.Nonce); err == nil {
 			err = s.replicateChange(ctx, req.ID, req.Nonce)
 		}
 	case opPoll:
+		// A non-owner that checked the signature with a cached static part
+		// sends its digest: a poll checked with another session's secret
+		// (an ID used again) changes nothing here. It then needs only the
+		// mutable part back.
+		if len(req.StaticDigest) > 0 {
+			if owned, _ := s.local.Holds(req.ID); owned {
+				if st, ok := s.local.Peek(req.ID); ok && string(staticOf(st).digest()) != string(req.StaticDigest) {
+					return nil, sessions.ErrStaleStatic, true
+				}
+			}
+		}
 		if sess, err = s.local.RecordPollRequest(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req); err == nil {
 			resp.Session = toWire(sess)
+			if len(req.StaticDigest) > 0 {
+				resp.Session = mutableOnly(resp.Session)
+			}
 			h := memory.NonceHash(req.Nonce)
 			err = s.replicate(ctx, memory.Record{Session: sess, Nonces: []uint64{h}, Partial: true,
 				LastPoll: memory.PollMark{Nonce: h, Request: req.Req}})

@@ -3,11 +3,11 @@ package hashring
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/kbprovider/backend/internal/sessions"
@@ -22,54 +22,93 @@ func defaultTransport(timeout time.Duration) http.RoundTripper {
 	}
 }
 
-// maxPeerMessage bounds a peer message: a response of the largest size,
-// base64 in JSON, and the rest of a session.
+// maxPeerMessage bounds a sealed peer request (a batch): one request of
+// the largest size (a response, base64 in JSON, and the rest of a
+// session), or a batch of smaller ones that add up to no more. An answer
+// may be as large for each request of its batch.
 func (s *Store) maxPeerMessage() int64 {
 	return int64(s.limits.MaxResponseBytes)*4/3 + 64<<10
 }
 
-// call sends a sealed request to peer and returns its answer, or the
-// sessions error the owner answered, or an *OwnerUnavailableError.
+// call sends req to peer and returns its answer, or the sessions error the
+// owner answered, or an *OwnerUnavailableError. Requests to one peer are
+// group-committed (pipe.go): sent at once when the pipe to the peer is
+// idle, else together with the others that queued meanwhile, in one
+// sealed message.
 func (s *Store) call(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
-	req.Sent = time.Now().UnixNano()
-	msg := s.sealer.seal(mustJSON(req), aadRequest)
-	reqNonce := msg[:gcmNonceSize]
-	unavailable := func(err error) error {
-		s.log.Warn("session owner did not answer", "peer", peer, "op", req.Op, "error", err)
-		return &OwnerUnavailableError{Owner: peer, Op: req.Op, Err: err}
+	pc := &pendingCall{body: mustJSON(req), done: make(chan struct{})}
+	s.pipes.send(s, peer, leafOp(req.Op), pc)
+	select {
+	case <-pc.done:
+	case <-ctx.Done():
+		// The request may still reach the owner; its answer is dropped.
+		return nil, s.unavailable(peer, req.Op, ctx.Err())
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+PeerPath, bytes.NewReader(msg))
+	if pc.err != nil {
+		return nil, s.unavailable(peer, req.Op, pc.err)
+	}
+	return s.checkAnswer(peer, req, pc.resp)
+}
+
+// callAlone sends req in a message of its own under ctx, not batched with
+// others: for a request the owner may hold for long, which must not hold
+// up the requests batched with it. client carries it (nil: the peer client,
+// whose timeout is the peer timeout).
+func (s *Store) callAlone(ctx context.Context, client *http.Client, peer string, req *peerRequest) (*peerResponse, error) {
+	if client == nil {
+		client = s.client
+	}
+	resps, err := s.roundTrip(ctx, client, peer, [][]byte{mustJSON(req)})
 	if err != nil {
-		return nil, unavailable(err)
+		return nil, s.unavailable(peer, req.Op, err)
 	}
-	hr.Header.Set("Content-Type", "application/octet-stream")
-	res, err := s.client.Do(hr)
-	if err != nil {
-		return nil, unavailable(err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(res.Body, s.maxPeerMessage()+1))
-	if err != nil {
-		return nil, unavailable(err)
-	}
-	if res.StatusCode != http.StatusOK {
-		return nil, unavailable(errors.New("peer answered " + res.Status))
-	}
-	_, plain, err := s.sealer.open(body, responseAAD(reqNonce))
-	if err != nil {
-		return nil, unavailable(err)
-	}
-	var resp peerResponse
-	if err := json.Unmarshal(plain, &resp); err != nil {
-		return nil, unavailable(err)
-	}
-	if err := decodeError(&resp); err != nil {
+	return s.checkAnswer(peer, req, resps[0])
+}
+
+func (s *Store) unavailable(peer, op string, err error) error {
+	s.log.Warn("session owner did not answer", "peer", peer, "op", op, "error", err)
+	return &OwnerUnavailableError{Owner: peer, Op: op, Err: err}
+}
+
+// checkAnswer turns the owner's answer to req into the caller's result.
+func (s *Store) checkAnswer(peer string, req *peerRequest, resp *peerResponse) (*peerResponse, error) {
+	if err := decodeError(resp); err != nil {
 		return nil, err
 	}
 	if (req.Op == opGet || req.Op == opState || req.Op == opPoll) && resp.Session == nil {
-		return nil, unavailable(errors.New("peer answered without a session"))
+		return nil, s.unavailable(peer, req.Op, errors.New("peer answered without a session"))
 	}
-	return &resp, nil
+	return resp, nil
+}
+
+// roundTrip sends the encoded requests to peer in one sealed batch and
+// returns the answers, in order.
+func (s *Store) roundTrip(ctx context.Context, client *http.Client, peer string, reqs [][]byte) ([]*peerResponse, error) {
+	msg := s.sealer.seal(encodeBatch(time.Now().UnixNano(), reqs), aadRequest)
+	reqNonce := msg[:gcmNonceSize]
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+PeerPath, bytes.NewReader(msg))
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Content-Type", "application/octet-stream")
+	res, err := client.Do(hr)
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	// Read to the end (within the limit), so the connection is reused.
+	body, err := io.ReadAll(io.LimitReader(res.Body, int64(len(reqs))*s.maxPeerMessage()+1))
+	if err != nil {
+		return nil, err
+	}
+	if res.StatusCode != http.StatusOK {
+		return nil, errors.New("peer answered " + res.Status)
+	}
+	_, plain, err := s.sealer.open(body, responseAAD(reqNonce))
+	if err != nil {
+		return nil, err
+	}
+	return decodeBatchResponse(plain, len(reqs))
 }
 
 // PeerHandler serves the peer API. Mount it on its own listener (the
@@ -100,27 +139,53 @@ func (s *Store) servePeer(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "could not read the request", http.StatusBadRequest)
 		return
 	}
+	// One seal and one replay check for the whole batch.
 	nonce, plain, err := s.sealer.open(body, aadRequest)
 	if err != nil {
 		http.Error(w, "unauthenticated", http.StatusUnauthorized)
 		return
 	}
-	var req peerRequest
-	if err := json.Unmarshal(plain, &req); err != nil {
+	batch, err := decodeBatch(plain)
+	if err != nil {
 		http.Error(w, "malformed peer request", http.StatusBadRequest)
 		return
 	}
-	if err := s.replays.accept(nonce, time.Unix(0, req.Sent), time.Now()); err != nil {
+	if err := s.replays.accept(nonce, time.Unix(0, batch.Sent), time.Now()); err != nil {
 		http.Error(w, "stale or replayed request", http.StatusUnauthorized)
 		return
 	}
-	resp, err := s.serveOp(r.Context(), &req)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
+	resps := s.serveBatch(r.Context(), batch.Reqs)
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Write(s.sealer.seal(mustJSON(resp), responseAAD(nonce)))
+	w.Write(s.sealer.seal(mustJSON(peerBatchResponse{Resps: resps}), responseAAD(nonce)))
+}
+
+// serveBatch answers the requests of a batch, in order. They come from
+// independent callers, so they run concurrently: one that waits for
+// another replica does not hold up the rest.
+func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResponse {
+	resps := make([]*peerResponse, len(reqs))
+	one := func(i int) {
+		resp, err := s.serveOp(ctx, reqs[i])
+		if err != nil {
+			// A request this replica cannot make sense of (malformed, or
+			// an op of a newer version): that request fails, not its batch.
+			resp = &peerResponse{Err: codeMalformed}
+		}
+		resps[i] = resp
+	}
+	var wg sync.WaitGroup
+	for i := 1; i < len(reqs); i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			one(i)
+		}()
+	}
+	if len(reqs) > 0 {
+		one(0)
+	}
+	wg.Wait()
+	return resps
 }
 
 var errBadOp = errors.New("malformed peer request")
@@ -141,18 +206,8 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 			return nil, errBadOp
 		}
 		resp, err = s.route(ctx, req)
-	case opGet, opState, opUseNonce, opPoll, opComplete, opDeny, opDelete:
+	case opGet, opState, opUseNonce, opPoll, opComplete, opDeny, opDelete, opStatic:
 		resp, err = s.route(ctx, req)
-	case opStatic:
-		// Straight from the local store (owned or a copy), not through
-		// the group: a replica whose ring briefly disagrees must not pass
-		// the request on.
-		resp = &peerResponse{}
-		if sess, ok := s.local.Peek(req.ID); ok {
-			resp.Static = mustJSON(staticOf(sess))
-		} else {
-			err = sessions.ErrNotFound
-		}
 	case opJoin, opLeave: // noteSender did it
 		resp = &peerResponse{}
 	case opTransfer:

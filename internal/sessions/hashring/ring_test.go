@@ -94,9 +94,9 @@ func TestReplicasAgreeAndShare(t *testing.T) {
 	if err != nil || got.State != sessions.StateCompleted || got.Secret != testSession(id, time.Now()).Secret {
 		t.Fatalf("Get through a non-owner after Complete: %v, state %v", err, got.State)
 	}
-	// The static part came through groupcache.
-	if rs[2].group.Stats.PeerLoads.Get() == 0 && rs[1].group.Stats.PeerLoads.Get() == 0 {
-		t.Fatal("no non-owner loaded the static part from its owner through groupcache")
+	// The static part is cached where Get fetched it.
+	if rs[2].statics.len() != 1 {
+		t.Fatalf("the non-owner caches %d static parts, want 1", rs[2].statics.len())
 	}
 	// The backup's copy followed every change before the owner answered.
 	rec, _, _ := backup.Local().Export(id)
@@ -123,12 +123,12 @@ func TestStaleStaticPartNotUsed(t *testing.T) {
 	if err := rs[1].Create(ctx, old); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 30; i++ { // groupcache hot-caches about one load in ten
-		if _, err := rs[1].Get(ctx, id); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := rs[1].Get(ctx, id); err != nil {
+		t.Fatal(err)
 	}
-	if err := rs[1].Delete(ctx, id); err != nil {
+	// Deleted and created again on the owner itself, so the non-owner's
+	// cache keeps the old static part.
+	if err := rs[0].Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := rs[1].Local().Holds(id); ok {
@@ -136,7 +136,30 @@ func TestStaleStaticPartNotUsed(t *testing.T) {
 	}
 	fresh := old
 	fresh.Secret = "another-secret-0123456789abcdef"
-	if err := rs[1].Create(ctx, fresh); err != nil {
+	if err := rs[0].Create(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := rs[1].Static(ctx, id); err != nil || st.Secret != old.Secret {
+		t.Fatalf("Static from the cache: %v (want the old secret, still cached)", err)
+	}
+	// A poll checked with the old secret changes nothing on the owner...
+	if _, err := rs[1].RecordPoll(ctx, id, "n1", time.Hour); !errors.Is(err, sessions.ErrStaleStatic) {
+		t.Fatalf("poll with a stale static part: %v, want ErrStaleStatic", err)
+	}
+	if got, _ := rs[0].Local().Get(ctx, id); !got.LastPollAt.IsZero() {
+		t.Fatal("a poll with a stale static part was recorded")
+	}
+	// ... and the next Static is the owner's.
+	if st, err := rs[1].Static(ctx, id); err != nil || st.Secret != fresh.Secret {
+		t.Fatalf("Static after stale_static: %v, secret fresh %v", err, st.Secret == fresh.Secret)
+	}
+	if _, err := rs[1].RecordPoll(ctx, id, "n1", time.Hour); err != nil {
+		t.Fatalf("poll with the fresh static part (same nonce): %v", err)
+	}
+	if err := rs[0].Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs[0].Create(ctx, old); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 10; i++ {
@@ -144,7 +167,7 @@ func TestStaleStaticPartNotUsed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Secret != fresh.Secret {
+		if got.Secret != old.Secret {
 			t.Fatal("Get combined the new session with the old session's cached secret")
 		}
 	}
@@ -517,6 +540,76 @@ func (rt *recordingTransport) RoundTrip(r *http.Request) (*http.Response, error)
 	return res, nil
 }
 
+// TestOneRoundTripPerPoll: a non-owner fetches a session's static part
+// once; after that a poll (Static, then RecordPoll) costs one peer round
+// trip, and many concurrent polls share round trips (group commit).
+func TestOneRoundTripPerPoll(t *testing.T) {
+	rt := &recordingTransport{}
+	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rt})
+	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
+	c := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
+	joinRing(t, []*replica{a, b, c})
+	rt.mu.Lock()
+	rt.bodies = nil // the joins
+	rt.mu.Unlock()
+	trips := func() int {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		return len(rt.bodies) / 2
+	}
+	// Sessions a neither owns nor backs up (a backup answers Static from
+	// its copy, without a round trip).
+	var ids []string
+	for i := 0; len(ids) < 200; i++ {
+		if id := fmt.Sprintf("onehop-%d", i); a.Owner(id) == b.url && a.view().backup(id) == c.url {
+			if err := b.Create(ctx, testSession(id, time.Now())); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+	}
+	st, err := a.Static(ctx, ids[0])
+	if err != nil || st.Secret != testSession(ids[0], time.Now()).Secret || !st.ExpiresAt.IsZero() {
+		t.Fatalf("Static on a non-owner: %v", err)
+	}
+	if n := trips(); n != 1 {
+		t.Fatalf("the first Static took %d round trips, want 1", n)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := a.Static(ctx, ids[0]); err != nil {
+			t.Fatal(err)
+		}
+		got, err := a.RecordPoll(ctx, ids[0], fmt.Sprintf("n%d", i), 0)
+		if err != nil || got.Secret != st.Secret || got.State != sessions.StatePending {
+			t.Fatalf("RecordPoll: %v", err)
+		}
+	}
+	if n := trips(); n != 4 {
+		t.Fatalf("three polls took %d round trips after the first Static, want 3", n-1)
+	}
+	// Concurrent polls of many sessions.
+	var wg sync.WaitGroup
+	before := trips()
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := a.Static(ctx, id); err != nil {
+				t.Error(err)
+			}
+			if _, err := a.RecordPoll(ctx, id, fmt.Sprintf("c%d", i), 0); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := trips() - before; n >= 2*len(ids) {
+		t.Fatalf("%d concurrent polls (with a Static each) took %d round trips", len(ids), n)
+	} else {
+		t.Logf("%d concurrent polls with a first Static each: %d round trips", len(ids), n)
+	}
+}
+
 // TestPeerTrafficSealed: nothing of a session is readable on the wire.
 func TestPeerTrafficSealed(t *testing.T) {
 	rt := &recordingTransport{}
@@ -569,8 +662,15 @@ func TestPeerAPIRefuses(t *testing.T) {
 		res.Body.Close()
 		return res.StatusCode
 	}
+	batchOf := func(sent time.Time, ops ...string) []byte {
+		var reqs [][]byte
+		for _, op := range ops {
+			reqs = append(reqs, mustJSON(&peerRequest{Op: op, ID: "target"}))
+		}
+		return encodeBatch(sent.UnixNano(), reqs)
+	}
 	valid := func(op string, sent time.Time) []byte {
-		return r.sealer.seal(mustJSON(&peerRequest{Sent: sent.UnixNano(), Op: op, ID: "target"}), aadRequest)
+		return r.sealer.seal(batchOf(sent, op), aadRequest)
 	}
 	other, err := newSealer(bytes.Repeat([]byte("x"), 32))
 	if err != nil {
@@ -587,22 +687,48 @@ func TestPeerAPIRefuses(t *testing.T) {
 		body []byte
 		want int
 	}{
-		"other key":                     {other.seal(mustJSON(&peerRequest{Sent: time.Now().UnixNano(), Op: opGet, ID: "target"}), aadRequest), http.StatusUnauthorized},
+		"other key":                     {other.seal(batchOf(time.Now(), opGet), aadRequest), http.StatusUnauthorized},
 		"replayed":                      {replayed, http.StatusUnauthorized},
 		"tampered":                      {tampered, http.StatusUnauthorized},
 		"stale":                         {valid(opGet, time.Now().Add(-time.Minute)), http.StatusUnauthorized},
 		"future":                        {valid(opGet, time.Now().Add(time.Minute)), http.StatusUnauthorized},
 		"garbage":                       {[]byte("hello"), http.StatusUnauthorized},
 		"empty":                         {nil, http.StatusUnauthorized},
-		"bad op":                        {valid("explode", time.Now()), http.StatusBadRequest},
+		"empty batch":                   {r.sealer.seal(batchOf(time.Now()), aadRequest), http.StatusBadRequest},
+		"batch too long":                {r.sealer.seal(batchOf(time.Now(), slices.Repeat([]string{opGet}, maxBatch+1)...), aadRequest), http.StatusBadRequest},
+		"not a batch":                   {r.sealer.seal(mustJSON(&peerRequest{Sent: time.Now().UnixNano(), Op: opGet, ID: "target"}), aadRequest), http.StatusBadRequest},
 		"too large":                     {make([]byte, r.maxPeerMessage()+1), http.StatusRequestEntityTooLarge},
-		"response sealing as a request": {r.sealer.seal(mustJSON(&peerRequest{Sent: time.Now().UnixNano(), Op: opGet, ID: "target"}), responseAAD(make([]byte, 12))), http.StatusUnauthorized},
+		"response sealing as a request": {r.sealer.seal(batchOf(time.Now(), opGet), responseAAD(make([]byte, 12))), http.StatusUnauthorized},
 	} {
 		if got := post(c.body); got != c.want {
 			t.Errorf("%s: status %d, want %d", name, got, c.want)
 		}
 	}
-	res, err := http.Get(r.url + PeerPath)
+	// An op the owner does not know (a newer replica's) fails alone; the
+	// rest of its batch is served.
+	if err := r.Create(ctx, testSession("target", time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	mixed := r.sealer.seal(batchOf(time.Now(), "explode", opGet), aadRequest)
+	res, err := http.Post(r.url+PeerPath, "application/octet-stream", bytes.NewReader(mixed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("batch with an unknown op: %d", res.StatusCode)
+	}
+	_, plain, err := r.sealer.open(body, responseAAD(mixed[:gcmNonceSize]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers, err := decodeBatchResponse(plain, 2)
+	if err != nil || answers[0].Err != codeMalformed || answers[1].Err != "" || answers[1].Session == nil || answers[1].Session.ID != "target" {
+		t.Fatalf("answers to an unknown op and a get: %s (%v)", plain, err)
+	}
+
+	res, err = http.Get(r.url + PeerPath)
 	if err != nil {
 		t.Fatal(err)
 	}

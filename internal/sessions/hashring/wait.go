@@ -1,12 +1,9 @@
 package hashring
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -140,51 +137,27 @@ func (s *Store) waitAt(ctx context.Context, owner, id string) (sessions.Session,
 	}
 }
 
-// callWait sends one sealed wait request to peer, held there for at most
-// d, and returns the session as the owner answered it.
+// callWait sends one wait request to peer, in a sealed message of its own
+// (a batch of one, not through the pipe), held there for at most d, and
+// returns the session as the owner answered it.
 func (s *Store) callWait(ctx context.Context, peer, id string, d time.Duration) (sessions.Session, error) {
-	req := &peerRequest{Op: opWait, ID: id, Interval: int64(d), Sent: time.Now().UnixNano()}
-	msg := s.sealer.seal(mustJSON(req), aadRequest)
-	reqNonce := msg[:gcmNonceSize]
-	unavailable := func(err error) error {
+	req := &peerRequest{Op: opWait, ID: id, Interval: int64(d)}
+	resps, err := s.roundTrip(ctx, s.waitClient, peer, [][]byte{mustJSON(req)})
+	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("session owner did not answer", "peer", peer, "op", opWait, "error", err)
 		}
-		return &OwnerUnavailableError{Owner: peer, Op: opWait, Err: err}
+		return sessions.Session{}, &OwnerUnavailableError{Owner: peer, Op: opWait, Err: err}
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+PeerPath, bytes.NewReader(msg))
-	if err != nil {
-		return sessions.Session{}, unavailable(err)
-	}
-	hr.Header.Set("Content-Type", "application/octet-stream")
-	res, err := s.waitClient.Do(hr)
-	if err != nil {
-		return sessions.Session{}, unavailable(err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(res.Body, s.maxPeerMessage()+1))
-	if err != nil {
-		return sessions.Session{}, unavailable(err)
-	}
-	if res.StatusCode != http.StatusOK {
-		return sessions.Session{}, unavailable(errors.New("peer answered " + res.Status))
-	}
-	_, plain, err := s.sealer.open(body, responseAAD(reqNonce))
-	if err != nil {
-		return sessions.Session{}, unavailable(err)
-	}
-	var resp peerResponse
-	if err := json.Unmarshal(plain, &resp); err != nil {
-		return sessions.Session{}, unavailable(err)
-	}
+	resp := resps[0]
 	if resp.Err == movedCode {
 		return sessions.Session{}, errMoved
 	}
-	if err := decodeError(&resp); err != nil {
+	if err := decodeError(resp); err != nil {
 		return sessions.Session{}, err
 	}
 	if resp.Session == nil {
-		return sessions.Session{}, unavailable(errors.New("peer answered without a session"))
+		return sessions.Session{}, &OwnerUnavailableError{Owner: peer, Op: opWait, Err: errors.New("peer answered without a session")}
 	}
 	return fromWire(resp.Session), nil
 }

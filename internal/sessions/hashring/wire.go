@@ -3,13 +3,26 @@ package hashring
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
 	"time"
+
+	jsoniter "github.com/json-iterator/go"
 
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 )
+
+// wireJSON encodes and decodes peer messages: JSON as encoding/json reads
+// and writes it (the same rules and field tags, so fields added to the
+// messages need nothing else), but without most of its reflection cost.
+// BenchmarkWirePoll measured a forwarded poll's four encodings and
+// decodings at about 9 µs of CPU with encoding/json and 3 µs with this,
+// against under 1 µs for sealing and opening its batch: the encoding, not
+// the cryptography, was the part worth making cheaper.
+var wireJSON = jsoniter.ConfigCompatibleWithStandardLibrary
 
 // Operations of the peer API.
 const (
@@ -32,9 +45,75 @@ const (
 	opDropCopy  = "dropcopy"  // the owner deleted ID: drop your copy
 )
 
-// peerRequest is the plaintext of a sealed request to a session's owner.
+// peerBatch is the plaintext of a sealed message to a peer: the requests
+// of independent callers, sent together (group commit), under one seal,
+// one timestamp and one replay check.
+type peerBatch struct {
+	Sent int64          `json:"t"` // Unix nanoseconds, wall clock
+	Reqs []*peerRequest `json:"q"`
+}
+
+// peerBatchResponse is the plaintext of the sealed answer to a batch: one
+// answer per request, in order.
+type peerBatchResponse struct {
+	Resps []*peerResponse `json:"a"`
+}
+
+// maxBatch bounds the requests of one batch, so that its answer stays
+// bounded too (maxBatch times an answer's limit).
+const maxBatch = 64
+
+// encodeBatch writes the batch of the encoded requests reqs.
+func encodeBatch(sent int64, reqs [][]byte) []byte {
+	n := 32
+	for _, r := range reqs {
+		n += len(r) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, `{"t":`...)
+	b = strconv.AppendInt(b, sent, 10)
+	b = append(b, `,"q":[`...)
+	for i, r := range reqs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, r...)
+	}
+	return append(b, "]}"...)
+}
+
+var errBatch = errors.New("malformed peer batch")
+
+// decodeBatch parses a batch: at least one request, at most maxBatch,
+// none of them null.
+func decodeBatch(plain []byte) (*peerBatch, error) {
+	var b peerBatch
+	if err := wireJSON.Unmarshal(plain, &b); err != nil {
+		return nil, err
+	}
+	if len(b.Reqs) == 0 || len(b.Reqs) > maxBatch || slices.Contains(b.Reqs, nil) {
+		return nil, errBatch
+	}
+	return &b, nil
+}
+
+// decodeBatchResponse parses the answer to a batch of n requests: exactly
+// n answers, none of them null.
+func decodeBatchResponse(plain []byte, n int) ([]*peerResponse, error) {
+	var b peerBatchResponse
+	if err := wireJSON.Unmarshal(plain, &b); err != nil {
+		return nil, err
+	}
+	if len(b.Resps) != n || slices.Contains(b.Resps, nil) {
+		return nil, fmt.Errorf("peer answered %d answers to %d requests", len(b.Resps), n)
+	}
+	return b.Resps, nil
+}
+
+// peerRequest is one request to a session's owner, in a batch.
 type peerRequest struct {
-	Sent     int64        `json:"t"` // Unix nanoseconds, wall clock
+	// Sent is not used: the batch carries the time (peerBatch.Sent).
+	Sent     int64        `json:"t,omitempty"`
 	Op       string       `json:"op"`
 	ID       string       `json:"id,omitempty"`
 	Nonce    string       `json:"n,omitempty"`
@@ -42,6 +121,10 @@ type peerRequest struct {
 	Reason   string       `json:"r,omitempty"`
 	Response []byte       `json:"b,omitempty"`
 	Session  *wireSession `json:"s,omitempty"`
+	// StaticDigest, on a poll, is the digest of the static part the
+	// non-owner checked the signature with: the owner answers
+	// stale_static, changing nothing, if its session has another one.
+	StaticDigest []byte `json:"sd,omitempty"`
 
 	// From, Inc, Member and Left say who sends: its peer URL, its
 	// incarnation (random per process, so a restarted replica at the same
@@ -158,8 +241,15 @@ func fromWire(w *wireSession) sessions.Session {
 	}
 }
 
-// staticPart is what of a session never changes after Create: the value
-// cached in the groupcache group, keyed by session ID.
+// mutableOnly returns w without the static fields but the ID: what a
+// caller that holds the static part needs back.
+func mutableOnly(w *wireSession) *wireSession {
+	w.ClusterID, w.Secret, w.CallbackURL, w.CallbackSessionID, w.CreatedAt = "", "", "", "", 0
+	return w
+}
+
+// staticPart is what of a session never changes after Create: what the
+// static op answers and non-owners cache.
 type staticPart struct {
 	ID                string `json:"id"`
 	ClusterID         string `json:"c,omitempty"`
@@ -172,6 +262,11 @@ type staticPart struct {
 func staticOf(s sessions.Session) staticPart {
 	return staticPart{ID: s.ID, ClusterID: s.ClusterID, Secret: s.Secret, CreatedAt: nanos(s.CreatedAt),
 		CallbackURL: s.CallbackURL, CallbackSessionID: s.CallbackSessionID}
+}
+
+func (p staticPart) session() sessions.Session {
+	return sessions.Session{ID: p.ID, ClusterID: p.ClusterID, Secret: p.Secret, CreatedAt: fromNanos(p.CreatedAt),
+		CallbackURL: p.CallbackURL, CallbackSessionID: p.CallbackSessionID}
 }
 
 // digest identifies a static part: a session deleted and created again
@@ -191,6 +286,11 @@ func (p staticPart) digest() []byte {
 	return h.Sum(nil)[:16]
 }
 
+// codeMalformed answers a request of a batch that the owner cannot make
+// sense of (an op it does not know, a record without a session); the
+// other requests are answered. It decodes as errBadOp.
+const codeMalformed = "malformed"
+
 // Error codes on the wire, one per sessions error.
 var wireErrors = map[string]error{
 	"not_found":       sessions.ErrNotFound,
@@ -201,9 +301,10 @@ var wireErrors = map[string]error{
 	"too_soon":        sessions.ErrTooSoon,
 	"not_pending":     sessions.ErrNotPending,
 	"too_large":       sessions.ErrTooLarge,
+	"stale_static":    sessions.ErrStaleStatic,
 	"unavailable":     sessions.ErrUnavailable,
 	"mismatch":        memory.ErrStaticMismatch,
-	"malformed":       errBadOp,
+	codeMalformed:     errBadOp,
 }
 
 func errorCode(err error) string {
@@ -230,7 +331,7 @@ func decodeError(r *peerResponse) error {
 }
 
 func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
+	b, err := wireJSON.Marshal(v)
 	if err != nil {
 		panic(err) // only plain structs are marshalled
 	}

@@ -286,6 +286,18 @@ func (s *Store) Get(_ context.Context, id string) (sessions.Session, error) {
 	return e.s, nil
 }
 
+// Static returns the fields of the session fixed at Create. A backup copy
+// (hashring) answers too: those fields are the owner's, and never change.
+func (s *Store) Static(_ context.Context, id string) (sessions.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held(id, s.now())
+	if e == nil {
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	return e.s.StaticPart(), nil
+}
+
 func (s *Store) UseNonce(_ context.Context, id, nonce string) error {
 	h := NonceHash(nonce)
 	s.mu.Lock()

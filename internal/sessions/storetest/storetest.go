@@ -46,6 +46,9 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 	}{
 		{"CreateGet", testCreateGet},
 		{"GetUnknown", testGetUnknown},
+		{"Static", testStatic},
+		{"StaticUnknown", testStaticUnknown},
+		{"StaticRecreated", testStaticRecreated},
 		{"CreateDuplicate", testCreateDuplicate},
 		{"Full", testFull},
 		{"FullRecoversAfterExpiry", testFullRecoversAfterExpiry},
@@ -209,6 +212,73 @@ func testCreateGet(t *testing.T, e *env) {
 func testGetUnknown(t *testing.T, e *env) {
 	_, err := e.store.Get(e.ctx, "no-such-session")
 	wantErr(t, "Get unknown", err, sessions.ErrNotFound)
+}
+
+// testStatic: Static returns the fields fixed at Create and nothing else,
+// the same before and after the session's state changed.
+func testStatic(t *testing.T, e *env) {
+	s := e.session(TTL)
+	s.CallbackURL = "http://127.0.0.1:45678/callback"
+	s.CallbackSessionID = "cli-session-1"
+	noErr(t, "Create", e.store.Create(e.ctx, s))
+	want := s.StaticPart()
+	if want.ExpiresAt != (time.Time{}) || want.ID != s.ID || want.Secret != s.Secret {
+		t.Fatalf("StaticPart of %+v is %+v", redact(s), redact(want))
+	}
+	for i := 0; i < 4; i++ { // again, so that cached answers are checked too
+		got, err := e.store.Static(e.ctx, s.ID)
+		noErr(t, "Static", err)
+		sameSession(t, got, want)
+	}
+	e.poll(s.ID, "n1", 0)
+	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, []byte(`{"kind":"BindingResponse"}`)))
+	e.poll(s.ID, "n2", 0)
+	for i := 0; i < 4; i++ {
+		got, err := e.store.Static(e.ctx, s.ID)
+		noErr(t, "Static after polls and Complete", err)
+		sameSession(t, got, want)
+	}
+}
+
+func testStaticUnknown(t *testing.T, e *env) {
+	_, err := e.store.Static(e.ctx, "no-such-session")
+	wantErr(t, "Static unknown", err, sessions.ErrNotFound)
+}
+
+// testStaticRecreated: a session deleted and created again under the same
+// ID with another secret. A caller that checks a signature with Static and
+// then polls must never have its poll recorded with the old secret: the
+// poll either succeeds after a Static that returned the new session's
+// part, or fails with ErrStaleStatic and changes nothing, and a few
+// rounds of Static and RecordPoll succeed.
+func testStaticRecreated(t *testing.T, e *env) {
+	s := e.create()
+	for i := 0; i < 4; i++ { // every replica of a ring may cache it
+		_, err := e.store.Static(e.ctx, s.ID)
+		noErr(t, "Static", err)
+	}
+	noErr(t, "Delete", e.store.Delete(e.ctx, s.ID))
+	again := e.session(TTL)
+	again.ID = s.ID
+	noErr(t, "Create again", e.store.Create(e.ctx, again))
+	for attempt := 0; ; attempt++ {
+		if attempt == 8 {
+			t.Fatal("no poll succeeded after 8 rounds of Static and RecordPoll")
+		}
+		st, err := e.store.Static(e.ctx, s.ID)
+		noErr(t, "Static", err)
+		// The same nonce and a long interval every round: a refused round
+		// that had spent the nonce or counted as a poll fails the next.
+		_, err = e.store.RecordPoll(e.ctx, s.ID, "n1", time.Hour)
+		if errors.Is(err, sessions.ErrStaleStatic) {
+			continue
+		}
+		noErr(t, "RecordPoll", err)
+		if st.Secret != again.Secret {
+			t.Fatal("a poll was recorded after Static returned the deleted session's secret")
+		}
+		return
+	}
 }
 
 func testCreateDuplicate(t *testing.T, e *env) {
