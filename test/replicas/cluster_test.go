@@ -27,6 +27,7 @@ import (
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -85,19 +86,7 @@ func (r *replica) kill(t *testing.T) {
 func (r *replica) stop(t *testing.T) {
 	t.Helper()
 	r.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-r.exited:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s still running 10s after SIGTERM", r.name)
-	}
-	if r.waitErr != nil || !strings.Contains(r.logs.String(), "msg=stopped") {
-		t.Errorf("%s after SIGTERM: %v\n%s", r.name, r.waitErr, r.logs.String())
-	}
-	u, _ := url.Parse(r.peerURL)
-	if c, err := net.DialTimeout("tcp", u.Host, time.Second); err == nil {
-		c.Close()
-		t.Errorf("%s: the peer API still accepts connections after shutdown", r.name)
-	}
+	r.awaitStopped(t, 10*time.Second)
 }
 
 // readyz returns /readyz's status and body.
@@ -192,6 +181,62 @@ func (r *replica) hashringArgs(peerKeyFile string) []string {
 		"--log-format", "text",
 		"--log-level", "debug",
 	}
+}
+
+// awaitStopped waits up to limit for the replica, told to stop, to exit
+// cleanly with its peer API closed.
+func (r *replica) awaitStopped(t *testing.T, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-r.exited:
+	case <-time.After(limit):
+		t.Fatalf("%s still running %s after SIGTERM", r.name, limit)
+	}
+	if r.waitErr != nil || !strings.Contains(r.logs.String(), "msg=stopped") {
+		t.Errorf("%s after SIGTERM: %v\n%s", r.name, r.waitErr, r.logs.String())
+	}
+	u, _ := url.Parse(r.peerURL)
+	if c, err := net.DialTimeout("tcp", u.Host, time.Second); err == nil {
+		c.Close()
+		t.Errorf("%s: the peer API still accepts connections after shutdown", r.name)
+	}
+}
+
+// ringKeys are the secrets every replica of a test's ring shares.
+type ringKeys struct{ peerKeyFile, sign, enc, cluster string }
+
+func newRingKeys(t *testing.T) ringKeys {
+	return ringKeys{
+		peerKeyFile: writeFile(t, "peer-key", procs.RandomKey(t, 32)+"\n"),
+		sign:        procs.RandomKey(t, 64), enc: procs.RandomKey(t, 32), cluster: procs.RandomKey(t, 32),
+	}
+}
+
+// peerURLs are the peer URLs of reps.
+func peerURLs(reps []*replica) []string {
+	var peers []string
+	for _, r := range reps {
+		peers = append(peers, r.peerURL)
+	}
+	return peers
+}
+
+// ringArgs are the flags of a replica in a static ring of reps behind the
+// external URL ext, logging in through idp, provisioning on cp.
+func (r *replica) ringArgs(keys ringKeys, reps []*replica, ext string, idp *oidcprovider.Provider, cp *controlplane.ControlPlane) []string {
+	return append(r.hashringArgs(keys.peerKeyFile),
+		"--peers", strings.Join(peerURLs(reps), ","),
+		"--external-url", ext,
+		"--oidc-issuer-url", idp.IssuerURL,
+		"--oidc-issuer-client-id", idp.ClientID,
+		"--oidc-issuer-client-secret", idp.ClientSecret,
+		"--oidc-allowed-groups", "binders",
+		"--cookie-signing-key", keys.sign,
+		"--cookie-encryption-key", keys.enc,
+		"--cluster-secret-key", keys.cluster,
+		"--kubeconfig", cp.AdminKubeconfigPath(),
+		"--namespace-prefix", namespacePrefix,
+	)
 }
 
 // ownerRing computes which peer owns a session ID, with the hashring's own

@@ -14,7 +14,6 @@ import (
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -76,25 +75,9 @@ func TestLongPollLatency(t *testing.T) {
 	f := newFront(t, reps...)
 	f.pin(reps[0]) // the browser's requests
 	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{f.url + "/callback"}, Users: []oidcprovider.User{alice}})
-	peerKey := writeFile(t, "peer-key", procs.RandomKey(t, 32)+"\n")
-	signKey, encKey, clusterKey := procs.RandomKey(t, 64), procs.RandomKey(t, 32), procs.RandomKey(t, 32)
-	var peers []string
+	keys, peers := newRingKeys(t), peerURLs(reps)
 	for _, r := range reps {
-		peers = append(peers, r.peerURL)
-	}
-	for _, r := range reps {
-		r.args = append(r.hashringArgs(peerKey),
-			"--peers", strings.Join(peers, ","),
-			"--external-url", f.url,
-			"--oidc-issuer-url", idp.IssuerURL,
-			"--oidc-issuer-client-id", idp.ClientID,
-			"--oidc-issuer-client-secret", idp.ClientSecret,
-			"--oidc-allowed-groups", "binders",
-			"--cookie-signing-key", signKey,
-			"--cookie-encryption-key", encKey,
-			"--cluster-secret-key", clusterKey,
-			"--kubeconfig", cp.AdminKubeconfigPath(),
-			"--namespace-prefix", namespacePrefix,
+		r.args = append(r.ringArgs(keys, reps, f.url, idp, cp),
 			"--long-poll-max-wait", "30s",
 			"--log-level", "info",
 		)

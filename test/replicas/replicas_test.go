@@ -63,10 +63,7 @@ func TestThreeReplicas(t *testing.T) {
 			}
 		}
 	})
-	var peers []string
-	for _, r := range reps {
-		peers = append(peers, r.peerURL)
-	}
+	peers := peerURLs(reps)
 	for _, r := range reps {
 		r.args = append(r.hashringArgs(peerKey),
 			"--peers", strings.Join(peers, ","),

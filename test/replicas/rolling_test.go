@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -30,7 +29,6 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/pollclient"
 	"github.com/kbprovider/backend/web"
@@ -599,19 +597,7 @@ func each(sessions []*tracked, workers int, fn func(*tracked)) {
 // grace period: handover, drain, "stopped", exit 0, peer API closed.
 func awaitStopped(t *testing.T, r *replica) {
 	t.Helper()
-	select {
-	case <-r.exited:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("%s still running 60s after SIGTERM (the chart's terminationGracePeriodSeconds)", r.name)
-	}
-	if r.waitErr != nil || !strings.Contains(r.logs.String(), "msg=stopped") {
-		t.Errorf("%s after SIGTERM: %v\n%s", r.name, r.waitErr, r.logs.String())
-	}
-	u, _ := url.Parse(r.peerURL)
-	if c, err := net.DialTimeout("tcp", u.Host, time.Second); err == nil {
-		c.Close()
-		t.Errorf("%s: the peer API still accepts connections after shutdown", r.name)
-	}
+	r.awaitStopped(t, 60*time.Second) // the chart's terminationGracePeriodSeconds
 }
 
 // TestRollingRestartAndCrash is issue 11's measure, with separate
@@ -648,25 +634,9 @@ func TestRollingRestartAndCrash(t *testing.T) {
 
 	reps := []*replica{newReplica(t, "replica-0"), newReplica(t, "replica-1"), newReplica(t, "replica-2")}
 	rig.idp = oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: []string{ext + "/callback"}, Users: []oidcprovider.User{alice}})
-	peerKey := writeFile(t, "peer-key", procs.RandomKey(t, 32)+"\n")
-	signKey, encKey, clusterKey := procs.RandomKey(t, 64), procs.RandomKey(t, 32), procs.RandomKey(t, 32)
-	var peers []string
+	keys, peers := newRingKeys(t), peerURLs(reps)
 	for _, r := range reps {
-		peers = append(peers, r.peerURL)
-	}
-	for _, r := range reps {
-		r.args = append(r.hashringArgs(peerKey),
-			"--peers", strings.Join(peers, ","),
-			"--external-url", ext,
-			"--oidc-issuer-url", rig.idp.IssuerURL,
-			"--oidc-issuer-client-id", rig.idp.ClientID,
-			"--oidc-issuer-client-secret", rig.idp.ClientSecret,
-			"--oidc-allowed-groups", "binders",
-			"--cookie-signing-key", signKey,
-			"--cookie-encryption-key", encKey,
-			"--cluster-secret-key", clusterKey,
-			"--kubeconfig", cp.AdminKubeconfigPath(),
-			"--namespace-prefix", namespacePrefix,
+		r.args = append(r.ringArgs(keys, reps, ext, rig.idp, cp),
 			"--grace-period", rollingGracePeriod.String(),
 			"--session-ttl", rollingSessionTTL.String(),
 			"--log-level", "info", // per-request debug lines of thousands of polls help nobody
