@@ -447,18 +447,7 @@ func (s *Store) heartbeat() {
 }
 
 // refusesConnections says whether a fresh connection to peer is refused.
-func (s *Store) refusesConnections(peer string) bool {
-	u, err := url.Parse(peer)
-	if err != nil {
-		return false
-	}
-	c, err := s.dialer.DialContext(s.bgCtx, "tcp", u.Host)
-	if err != nil {
-		return refused(err)
-	}
-	c.Close()
-	return false
-}
+func (s *Store) refusesConnections(peer string) bool { return s.probe(peer, 0) }
 
 // probeWait is how long connectionDies waits for a fresh connection to be
 // reset: a live peer sends nothing before it gets a request, so the wait
@@ -472,7 +461,11 @@ const probeWait = 100 * time.Millisecond
 // kernel accepts it into the backlog) and is reset a moment later;
 // checking only that it connects answered 503 to every request that
 // failed in that instant (seen in test/replicas' crash phase).
-func (s *Store) connectionDies(peer string) bool {
+func (s *Store) connectionDies(peer string) bool { return s.probe(peer, probeWait) }
+
+// probe dials peer: gone if refused, or if a connection is reset or
+// closed within wait (0: not waited for).
+func (s *Store) probe(peer string, wait time.Duration) bool {
 	u, err := url.Parse(peer)
 	if err != nil {
 		return false
@@ -482,7 +475,10 @@ func (s *Store) connectionDies(peer string) bool {
 		return refused(err)
 	}
 	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(probeWait))
+	if wait <= 0 {
+		return false
+	}
+	c.SetReadDeadline(time.Now().Add(wait))
 	_, err = c.Read(make([]byte, 1))
 	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
 }
