@@ -226,6 +226,9 @@ func FuzzDiscoveryAnswer(f *testing.F) {
 		doc(`{"sessionURL":"https://p.example.com/sessions","authenticatedURL":"https://p.example.com/authorize","pollURL":"https://p.example.com/poll","pollInterval":"2s"}`),
 		doc(`{"sessionURL":"https://u@p.example.com/sessions","authenticatedURL":"https://p.example.com/a#f","pollURL":"/poll","pollInterval":"2h"}`),
 		doc(`{"sessionURL":"https://p.example.com/s","authenticatedURL":"https://p.example.com/a","pollURL":"https://p.example.com/p","pollInterval":"-1s"}`),
+		doc(`{"sessionURL":"https://p.example.com/sessions","authenticatedURL":"https://p.example.com/authorize","pollURL":"https://p.example.com/poll","pollInterval":"2s","longPollMaxWait":"30s"}`),
+		doc(`{"sessionURL":"https://p.example.com/sessions","authenticatedURL":"https://p.example.com/authorize","pollURL":"https://p.example.com/poll","pollInterval":"2s","longPollMaxWait":"2562047h"}`),
+		doc(`{"sessionURL":"https://p.example.com/sessions","authenticatedURL":"https://p.example.com/authorize","pollURL":"https://p.example.com/poll","pollInterval":"2s","longPollMaxWait":"-1s"}`),
 		doc(`null`),
 		[]byte(`{"apiVersion":"v1alpha1","version":"v0.2.0"}`),
 		[]byte(`{"apiVersion":"v1alpha1","version":"v0.0.0"}`),
@@ -260,6 +263,12 @@ func FuzzDiscoveryAnswer(f *testing.F) {
 		}
 		if p.PollInterval <= 0 || p.PollInterval > time.Hour {
 			t.Fatalf("accepted poll interval %v", p.PollInterval)
+		}
+		// Whatever the provider advertises, the wait asked for stays
+		// within the client's cap and under its HTTP timeout.
+		if w := (&Session{client: c, provider: p}).longPollWait(); w < 0 || w > maxLongPoll ||
+			c.api.Timeout > 0 && w > c.api.Timeout-longPollSlack {
+			t.Fatalf("long poll wait %v for an advertised %v", w, p.LongPollMaxWait)
 		}
 
 		answer.status, answer.body, answer.header = sessionStatus, sessionBody, http.Header{"Content-Type": {"application/json"}, "Date": {date}}
