@@ -202,6 +202,19 @@ func (r *replica) awaitStopped(t *testing.T, limit time.Duration) {
 	}
 }
 
+// bindForm is the selection page's form (its hidden fields) with the
+// exported CRD chosen and Bind confirmed.
+func bindForm(page url.Values) url.Values {
+	form := url.Values{}
+	for k, v := range page {
+		form[k] = v
+	}
+	form.Add(web.FieldAPI, exportedCRD)
+	form.Set(web.FieldAction, web.ActionBind)
+	form.Set(web.FieldConfirm, web.ConfirmYes)
+	return form
+}
+
 // ringKeys are the secrets every replica of a test's ring shares.
 type ringKeys struct{ peerKeyFile, sign, enc, cluster string }
 
@@ -428,13 +441,7 @@ func openSelection(t *testing.T, ctx context.Context, idp *oidcprovider.Provider
 // the page.
 func (sel *selection) bind(t *testing.T, ctx context.Context) (int, string) {
 	t.Helper()
-	form := url.Values{}
-	for k, v := range sel.form {
-		form[k] = v
-	}
-	form.Add(web.FieldAPI, exportedCRD)
-	form.Set(web.FieldAction, web.ActionBind)
-	form.Set(web.FieldConfirm, web.ConfirmYes)
+	form := bindForm(sel.form)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sel.target.String(), strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", sel.f.url)

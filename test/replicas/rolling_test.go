@@ -462,13 +462,7 @@ func (rig *rollingRig) bind(ts *tracked) bool {
 	tl := rig.tally.Load()
 	br := ts.browser
 	ts.browser = nil
-	form := url.Values{}
-	for k, v := range br.form {
-		form[k] = v
-	}
-	form.Add(web.FieldAPI, exportedCRD)
-	form.Set(web.FieldAction, web.ActionBind)
-	form.Set(web.FieldConfirm, web.ConfirmYes)
+	form := bindForm(br.form)
 	req, _ := http.NewRequestWithContext(rig.ctx, http.MethodPost, br.target.String(), strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", rig.front.URL)
