@@ -159,6 +159,9 @@ type result struct {
 	statuses   map[int]int64 // answers by status, in the window
 	errors     int64         // failed connections
 	window     time.Duration // measured time
+	// peerMessages and peerRequests: what the first backend sent to its
+	// peer during the load (warm-up included), from its /metrics.
+	peerMessages, peerRequests float64
 }
 
 func (r result) line(label string) string {
@@ -170,8 +173,34 @@ func (r result) line(label string) string {
 	for _, s := range r.cpuShare {
 		share = append(share, fmt.Sprintf("%.0f%%", 100*s))
 	}
-	return fmt.Sprintf("%s %-3s %8.0f polls/s %7.1f µs CPU/poll  (backend CPU %s; %d polls in %.1fs; answers %s; conn errors %d)",
-		label, r.mode, r.rate, r.cpuPerPoll, strings.Join(share, "+"), r.polls, r.window.Seconds(), strings.Join(st, " "), r.errors)
+	peer := ""
+	if r.peerMessages > 0 {
+		peer = fmt.Sprintf("; peer requests per message %.1f", r.peerRequests/r.peerMessages)
+	}
+	return fmt.Sprintf("%s %-3s %8.0f polls/s %7.1f µs CPU/poll  (backend CPU %s; %d polls in %.1fs; answers %s; conn errors %d%s)",
+		label, r.mode, r.rate, r.cpuPerPoll, strings.Join(share, "+"), r.polls, r.window.Seconds(), strings.Join(st, " "), r.errors, peer)
+}
+
+// peerSent reads how many peer messages and requests the backend at base
+// sent so far (zero for a backend without a hashring).
+func peerSent(base string) (messages, requests float64) {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, v, _ := strings.Cut(sc.Text(), " ")
+		f, _ := strconv.ParseFloat(v, 64)
+		switch name {
+		case "hashring_peer_messages_sent_total":
+			messages = f
+		case "hashring_peer_requests_sent_total":
+			requests = f
+		}
+	}
+	return messages, requests
 }
 
 // backend is one running cmd/backend process.
@@ -381,15 +410,18 @@ func measure(o options, dir, mode string) (result, error) {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stderr = os.Stderr
+	m0, r0 := peerSent(target)
 	out, err := cmd.Output()
 	if err != nil {
 		return result{}, fmt.Errorf("load phase: %w", err)
 	}
+	m1, r1 := peerSent(target)
 	var lr loadResult
 	if err := json.Unmarshal(out, &lr); err != nil {
 		return result{}, fmt.Errorf("load phase answered %q: %w", out, err)
 	}
-	r := result{mode: mode, window: lr.Window, statuses: lr.Statuses, errors: lr.Errors, polls: lr.Polls}
+	r := result{mode: mode, window: lr.Window, statuses: lr.Statuses, errors: lr.Errors, polls: lr.Polls,
+		peerMessages: m1 - m0, peerRequests: r1 - r0}
 	if r.polls == 0 {
 		return r, errors.New("no poll answered in the window")
 	}

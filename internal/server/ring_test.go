@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +118,15 @@ func TestShutdownHandsSessionsOver(t *testing.T) {
 	resp.Body.Close()
 	if !bytes.Contains(body, []byte("hashring_replication_failures_total")) {
 		t.Fatalf("no replication failure counter in /metrics")
+	}
+	// and how many peer messages and requests it sent: some, in batches.
+	sent := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if name, v, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "hashring_peer_") {
+			sent[name], _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if m, r := sent["hashring_peer_messages_sent_total"], sent["hashring_peer_requests_sent_total"]; m < 1 || r < m {
+		t.Fatalf("peer messages %v, requests %v sent: want at least one message, and requests >= messages", m, r)
 	}
 }

@@ -125,7 +125,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "hashring_replication_failures_total",
 			Help: "Session changes whose copy did not reach the session's backup replica before the owner answered.",
-		}, func() float64 { return float64(ring.ReplicationFailures()) }))
+		}, func() float64 { return float64(ring.ReplicationFailures()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "hashring_peer_messages_sent_total",
+				Help: "Sealed messages sent to other replicas; each carries a batch of requests.",
+			}, func() float64 { m, _ := ring.PeerMessages(); return float64(m) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "hashring_peer_requests_sent_total",
+				Help: "Requests sent to other replicas, in batches (divided by hashring_peer_messages_sent_total: the mean batch size).",
+			}, func() float64 { _, r := ring.PeerMessages(); return float64(r) }))
 	}
 	key, err := clusterkey.New(cfg.ClusterSecretKey)
 	if err != nil {

@@ -162,7 +162,7 @@ func New(opts Options) (*Store, error) {
 	}
 	s.statics = newStaticCache(opts.CacheBytes)
 	// The batch envelope and the seal add a few bytes to the requests.
-	s.pipes = newPipes(s.maxPeerMessage() - 1024)
+	s.pipes = newPipes(s.maxPeerMessage()-1024, s.sendBatch)
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.rebuildLocked()

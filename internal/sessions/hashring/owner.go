@@ -80,6 +80,9 @@ func (s *Store) route(ctx context.Context, req *peerRequest) (*peerResponse, err
 			s.markDown(owner)
 			continue
 		}
+		if err == nil && resp.Copy != nil {
+			err = s.importCopy(ctx, owner, resp)
+		}
 		return resp, err
 	}
 	return nil, fmt.Errorf("%w: the session's owner kept changing", sessions.ErrUnavailable)
@@ -122,7 +125,7 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 		}
 	case opUseNonce:
 		if err = s.local.UseNonce(ctx, req.ID, req.Nonce); err == nil {
-			err = s.replicateChange(ctx, req.ID, req.Nonce)
+			err = s.replicateChange(ctx, req, resp, req.Nonce)
 		}
 	case opPoll:
 		// A non-owner that checked the signature with a cached static part
@@ -142,16 +145,16 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 				resp.Session = mutableOnly(resp.Session)
 			}
 			h := memory.NonceHash(req.Nonce)
-			err = s.replicate(ctx, memory.Record{Session: sess, Nonces: []uint64{h}, Partial: true,
+			err = s.replicateFor(ctx, req, resp, memory.Record{Session: sess, Nonces: []uint64{h}, Partial: true,
 				LastPoll: memory.PollMark{Nonce: h, Request: req.Req}})
 		}
 	case opComplete:
 		if err = s.local.Complete(ctx, req.ID, req.Response); err == nil {
-			err = s.replicateChange(ctx, req.ID, "")
+			err = s.replicateChange(ctx, req, resp, "")
 		}
 	case opDeny:
 		if err = s.local.Deny(ctx, req.ID, req.Reason); err == nil {
-			err = s.replicateChange(ctx, req.ID, "")
+			err = s.replicateChange(ctx, req, resp, "")
 		}
 	case opDelete:
 		if owned, _ := s.local.Holds(req.ID); !owned {
@@ -170,9 +173,9 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 }
 
 // replicateChange sends the session as it is now, with the nonce it used
-// (if any), to the replication target.
-func (s *Store) replicateChange(ctx context.Context, id, nonce string) error {
-	sess, ok := s.local.Peek(id)
+// (if any), to the replication target (replicateFor).
+func (s *Store) replicateChange(ctx context.Context, req *peerRequest, resp *peerResponse, nonce string) error {
+	sess, ok := s.local.Peek(req.ID)
 	if !ok {
 		return nil // expired meanwhile
 	}
@@ -180,7 +183,78 @@ func (s *Store) replicateChange(ctx context.Context, id, nonce string) error {
 	if nonce != "" {
 		rec.Nonces = []uint64{memory.NonceHash(nonce)}
 	}
+	return s.replicateFor(ctx, req, resp, rec)
+}
+
+// replicateFor copies rec, the change req made, to the replication
+// target before the owner answers req. When the target is the replica
+// that sent req (with two replicas, every forwarded request), the copy
+// goes back in the answer instead (resp.Copy): that replica imports it
+// before it answers its own caller (route), so the copy is in place
+// before anyone sees the answer, as with replicate, for one round trip
+// instead of two.
+func (s *Store) replicateFor(ctx context.Context, req *peerRequest, resp *peerResponse, rec memory.Record) error {
+	if req.From != "" && req.From != s.self && s.target(req.ID) == req.From {
+		w := toWireRecord(rec)
+		resp.Copy = &w
+		return nil
+	}
 	return s.replicate(ctx, rec)
+}
+
+// importCopy imports the copy that the owner peer sent back in resp
+// (replicateFor) and takes it off resp, so that it is not passed on. Its
+// errors are replicate's: ErrNonceUsed if this replica acts as owner of
+// the session too and saw the nonce; any other failure is counted and
+// costs availability nothing. A partial copy of a session not held here
+// yet is completed with the owner's whole record.
+func (s *Store) importCopy(ctx context.Context, owner string, resp *peerResponse) error {
+	w := resp.Copy
+	resp.Copy = nil
+	rec, ok := fromWireRecord(*w)
+	if !ok {
+		s.replicationFailed(owner, errBadOp)
+		return nil
+	}
+	err := s.local.Import(rec, false)
+	if errors.Is(err, sessions.ErrNotFound) {
+		err = s.fetchCopy(ctx, owner, rec.Session.ID)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, sessions.ErrNonceUsed):
+		return err
+	default:
+		s.replicationFailed(owner, err)
+	}
+	return nil
+}
+
+// fetchCopy asks owner for its whole record of id and keeps it as a copy.
+func (s *Store) fetchCopy(ctx context.Context, owner, id string) error {
+	resp, err := s.send(context.WithoutCancel(ctx), owner, &peerRequest{Op: opExport, ID: id})
+	if err != nil {
+		return err
+	}
+	if resp.Record == nil {
+		return nil // gone meanwhile
+	}
+	rec, ok := fromWireRecord(*resp.Record)
+	if !ok {
+		return errBadOp
+	}
+	return s.local.Import(rec, false)
+}
+
+// serveExport answers fetchCopy: the record held here, owned or a copy,
+// unchanged.
+func (s *Store) serveExport(id string) *peerResponse {
+	rec, _, ok := s.local.Export(id)
+	if !ok {
+		return &peerResponse{}
+	}
+	w := toWireRecord(rec)
+	return &peerResponse{Record: &w}
 }
 
 // target is where the copy of a session owned here goes: the ring's
@@ -247,6 +321,13 @@ func (s *Store) replicationFailed(peer string, err error) {
 // ReplicationFailures counts the mutations whose copy did not reach the
 // backup (hashring_replication_failures_total).
 func (s *Store) ReplicationFailures() uint64 { return s.replFailures.Load() }
+
+// PeerMessages returns how many messages this replica sent to peers and
+// how many requests they carried (hashring_peer_messages_sent_total,
+// hashring_peer_requests_sent_total): their ratio is the mean batch size.
+func (s *Store) PeerMessages() (messages, requests uint64) {
+	return s.pipes.messages.Load(), s.pipes.requests.Load()
+}
 
 func (s *Store) dropCopy(ctx context.Context, id string) {
 	if t := s.target(id); t != "" {

@@ -37,7 +37,7 @@ func (s *Store) maxPeerMessage() int64 {
 // sealed message.
 func (s *Store) call(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
 	pc := &pendingCall{body: mustJSON(req), done: make(chan struct{})}
-	s.pipes.send(s, peer, leafOp(req.Op), pc)
+	s.pipes.send(peer, leafOp(req.Op), pc)
 	select {
 	case <-pc.done:
 	case <-ctx.Done():
@@ -84,6 +84,8 @@ func (s *Store) checkAnswer(peer string, req *peerRequest, resp *peerResponse) (
 // roundTrip sends the encoded requests to peer in one sealed batch and
 // returns the answers, in order.
 func (s *Store) roundTrip(ctx context.Context, client *http.Client, peer string, reqs [][]byte) ([]*peerResponse, error) {
+	s.pipes.messages.Add(1)
+	s.pipes.requests.Add(uint64(len(reqs)))
 	msg := s.sealer.seal(encodeBatch(time.Now().UnixNano(), reqs), aadRequest)
 	reqNonce := msg[:gcmNonceSize]
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+PeerPath, bytes.NewReader(msg))
@@ -212,6 +214,8 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 		resp = &peerResponse{}
 	case opTransfer:
 		resp = s.serveTransfer(req.ID)
+	case opExport:
+		resp = s.serveExport(req.ID)
 	case opReplicate:
 		resp = s.serveRecords(req, false)
 	case opHandover:

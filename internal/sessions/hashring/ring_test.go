@@ -610,6 +610,67 @@ func TestOneRoundTripPerPoll(t *testing.T) {
 	}
 }
 
+// TestCopyComesBackToTheForwarder: with two replicas the forwarder of a
+// request is the session's backup, so the owner sends the copy back in
+// its answer: a forwarded poll costs one round trip in all (none from the
+// owner to its backup), and the forwarder holds the nonce before it
+// answers, so the owner's crash right after it neither loses the session
+// nor lets the nonce be used again. A forwarder that held no copy yet
+// fetches the owner's whole record (with the nonces used before).
+func TestCopyComesBackToTheForwarder(t *testing.T) {
+	rtA, rtB := &recordingTransport{}, &recordingTransport{}
+	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rtA})
+	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rtB})
+	joinRing(t, []*replica{a, b})
+	id := ownedBy(t, []*replica{a, b}, b, "piggyback")
+	if err := a.Create(ctx, testSession(id, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Static(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	trips := func() int {
+		rtA.mu.Lock()
+		rtB.mu.Lock()
+		defer rtA.mu.Unlock()
+		defer rtB.mu.Unlock()
+		return (len(rtA.bodies) + len(rtB.bodies)) / 2
+	}
+	heldAt := func(r *replica, nonce string) bool {
+		rec, owned, ok := r.Local().Export(id)
+		return ok && !owned && slices.Contains(rec.Nonces, memory.NonceHash(nonce))
+	}
+	before := trips()
+	if _, err := a.RecordPoll(ctx, id, "first", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := trips() - before; n != 1 {
+		t.Fatalf("a forwarded poll took %d round trips between the two replicas, want 1", n)
+	}
+	if !heldAt(a, "first") {
+		t.Fatal("the forwarder holds no copy with the poll's nonce when RecordPoll returns")
+	}
+
+	// A forwarder without a copy gets the whole record.
+	a.Local().Remove(id)
+	if _, err := a.RecordPoll(ctx, id, "second", 0); err != nil {
+		t.Fatal(err)
+	}
+	if !heldAt(a, "first") || !heldAt(a, "second") {
+		t.Fatal("the forwarder's copy, fetched whole, lacks a nonce used before")
+	}
+
+	b.stop()
+	for _, n := range []string{"first", "second"} {
+		if _, err := a.RecordPoll(ctx, id, n, 0); !errors.Is(err, sessions.ErrNonceUsed) {
+			t.Fatalf("nonce %q after the owner died: %v, want ErrNonceUsed", n, err)
+		}
+	}
+	if got, err := a.RecordPoll(ctx, id, "third", 0); err != nil || got.State != sessions.StatePending {
+		t.Fatalf("the session after its owner died: %v", err)
+	}
+}
+
 // TestPeerTrafficSealed: nothing of a session is readable on the wire.
 func TestPeerTrafficSealed(t *testing.T) {
 	rt := &recordingTransport{}

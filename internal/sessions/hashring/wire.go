@@ -43,6 +43,7 @@ const (
 	opReplicate = "replicate" // keep these records as backup copies
 	opHandover  = "handover"  // take these records as owner
 	opDropCopy  = "dropcopy"  // the owner deleted ID: drop your copy
+	opExport    = "export"    // send me (its backup) your whole record of ID
 )
 
 // peerBatch is the plaintext of a sealed message to a peer: the requests
@@ -186,6 +187,9 @@ type peerResponse struct {
 	// Errs answer replicate and handover: one wire error code per record
 	// ("" for success).
 	Errs []string `json:"es,omitempty"`
+	// Copy is the change the request made, for the requester to keep as
+	// the session's backup copy (replicateFor).
+	Copy *wireRecord `json:"cp,omitempty"`
 }
 
 // wireSession is a Session on the wire; times are Unix nanoseconds, 0 for
