@@ -83,6 +83,7 @@ type Store struct {
 	log     *slog.Logger
 	statics *staticCache
 	pipes   *pipes
+	workers *workers
 
 	// dialer probes whether a peer whose connection broke is gone.
 	dialer *net.Dialer
@@ -162,7 +163,8 @@ func New(opts Options) (*Store, error) {
 	}
 	s.statics = newStaticCache(opts.CacheBytes)
 	// The batch envelope and the seal add a few bytes to the requests.
-	s.pipes = newPipes(s.maxPeerMessage()-1024, s.sendBatch)
+	s.workers = newWorkers()
+	s.pipes = newPipes(s.maxPeerMessage()-1024, s.sendBatch, s.workers.Go)
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.rebuildLocked()
@@ -180,6 +182,7 @@ func (s *Store) Close() {
 	s.bg.Wait()
 	s.local.Close()
 	s.pipes.close()
+	s.workers.close()
 }
 
 // Owner returns the peer URL of the replica that owns session id in this

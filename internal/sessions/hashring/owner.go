@@ -146,7 +146,7 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 			}
 			h := memory.NonceHash(req.Nonce)
 			err = s.replicateFor(ctx, req, resp, memory.Record{Session: sess, Nonces: []uint64{h}, Partial: true,
-				LastPoll: memory.PollMark{Nonce: h, Request: req.Req}})
+				Mutable: true, LastPoll: memory.PollMark{Nonce: h, Request: req.Req}})
 		}
 	case opComplete:
 		if err = s.local.Complete(ctx, req.ID, req.Response); err == nil {
@@ -196,6 +196,9 @@ func (s *Store) replicateChange(ctx context.Context, req *peerRequest, resp *pee
 func (s *Store) replicateFor(ctx context.Context, req *peerRequest, resp *peerResponse, rec memory.Record) error {
 	if req.From != "" && req.From != s.self && s.target(req.ID) == req.From {
 		w := toWireRecord(rec)
+		if rec.Mutable && resp.Session != nil {
+			w.Session = nil // the same as the answer's: sent once
+		}
 		resp.Copy = &w
 		return nil
 	}
@@ -209,9 +212,12 @@ func (s *Store) replicateFor(ctx context.Context, req *peerRequest, resp *peerRe
 // costs availability nothing. A partial copy of a session not held here
 // yet is completed with the owner's whole record.
 func (s *Store) importCopy(ctx context.Context, owner string, resp *peerResponse) error {
-	w := resp.Copy
+	w := *resp.Copy
 	resp.Copy = nil
-	rec, ok := fromWireRecord(*w)
+	if w.Session == nil && w.Mutable {
+		w.Session = resp.Session
+	}
+	rec, ok := fromWireRecord(w)
 	if !ok {
 		s.replicationFailed(owner, errBadOp)
 		return nil

@@ -178,10 +178,10 @@ func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResp
 	var wg sync.WaitGroup
 	for i := 1; i < len(reqs); i++ {
 		wg.Add(1)
-		go func() {
+		s.workers.Go(func() {
 			defer wg.Done()
 			one(i)
-		}()
+		})
 	}
 	if len(reqs) > 0 {
 		one(0)

@@ -78,6 +78,8 @@ type pipes struct {
 	// sendBatch sends a batch and sets every call's answer or error
 	// (Store.sendBatch).
 	sendBatch func(peer string, batch []*pendingCall)
+	// spawn runs a function on another goroutine (Store.workers.Go).
+	spawn func(func())
 
 	mu     sync.Mutex
 	m      map[pipeKey]*pipe
@@ -96,8 +98,8 @@ type pipeKey struct {
 	leaf bool
 }
 
-func newPipes(maxBytes int64, sendBatch func(peer string, batch []*pendingCall)) *pipes {
-	return &pipes{maxBytes: maxBytes, sendBatch: sendBatch, m: map[pipeKey]*pipe{}}
+func newPipes(maxBytes int64, sendBatch func(peer string, batch []*pendingCall), spawn func(func())) *pipes {
+	return &pipes{maxBytes: maxBytes, sendBatch: sendBatch, spawn: spawn, m: map[pipeKey]*pipe{}}
 }
 
 func (ps *pipes) get(k pipeKey) *pipe {
@@ -212,10 +214,10 @@ func (ps *pipes) run(peer string, p *pipe, batch []*pendingCall) {
 		return
 	}
 	ps.wg.Add(1)
-	go func() {
+	ps.spawn(func() {
 		defer ps.wg.Done()
 		ps.drain(peer, p, next)
-	}()
+	})
 }
 
 // drain sends batch, then the batches queued meanwhile, until none is.

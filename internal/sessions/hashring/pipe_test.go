@@ -88,7 +88,7 @@ func TestStuckBatchOpensALane(t *testing.T) {
 			pc.resp = &peerResponse{}
 			close(pc.done)
 		}
-	})
+	}, func(f func()) { go f() })
 	call := func() *pendingCall {
 		pc := &pendingCall{body: []byte("{}"), done: make(chan struct{})}
 		go ps.send("peer", false, pc)

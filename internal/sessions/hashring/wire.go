@@ -153,18 +153,25 @@ type wireRecord struct {
 	// LastPoll is memory.Record.LastPoll: nonce hash and request ID.
 	LastPollNonce   uint64 `json:"ln,omitempty"`
 	LastPollRequest uint64 `json:"lr,omitempty"`
+	// Mutable is memory.Record.Mutable: Session has no fixed fields but
+	// the ID.
+	Mutable bool `json:"mu,omitempty"`
 }
 
 func toWireRecord(r memory.Record) wireRecord {
-	return wireRecord{Session: toWire(r.Session), Nonces: r.Nonces, Partial: r.Partial,
+	w := wireRecord{Session: toWire(r.Session), Nonces: r.Nonces, Partial: r.Partial, Mutable: r.Mutable,
 		LastPollNonce: r.LastPoll.Nonce, LastPollRequest: r.LastPoll.Request}
+	if r.Mutable {
+		mutableOnly(w.Session)
+	}
+	return w
 }
 
 func fromWireRecord(w wireRecord) (memory.Record, bool) {
 	if w.Session == nil {
 		return memory.Record{}, false
 	}
-	return memory.Record{Session: fromWire(w.Session), Nonces: w.Nonces, Partial: w.Partial,
+	return memory.Record{Session: fromWire(w.Session), Nonces: w.Nonces, Partial: w.Partial, Mutable: w.Mutable,
 		LastPoll: memory.PollMark{Nonce: w.LastPollNonce, Request: w.LastPollRequest}}, true
 }
 
@@ -188,7 +195,8 @@ type peerResponse struct {
 	// ("" for success).
 	Errs []string `json:"es,omitempty"`
 	// Copy is the change the request made, for the requester to keep as
-	// the session's backup copy (replicateFor).
+	// the session's backup copy (replicateFor). A mutable-only copy
+	// without a session stands for Session, the answer's own.
 	Copy *wireRecord `json:"cp,omitempty"`
 }
 

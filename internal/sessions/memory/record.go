@@ -21,6 +21,11 @@ type Record struct {
 	Partial bool
 	// LastPoll marks the poll that set Session.LastPollAt.
 	LastPoll PollMark
+	// Mutable says Session carries only the ID and the mutable fields (a
+	// change the owner sends its backup, which has the rest): Import
+	// merges it into the held record, keeping its fixed fields, and
+	// refuses it (ErrNotFound) when none is held, as a partial record.
+	Mutable bool
 }
 
 // ErrStaticMismatch: an imported record's fixed fields (ID, cluster ID,
@@ -133,8 +138,8 @@ func (s *Store) ids(copies bool) []string {
 //
 // The merge is a semilattice (see mergeInto): records pushed twice, out of
 // order or by several replicas give the same result. A record already
-// expired is ignored; a partial record of an unheld session is ErrNotFound
-// (send the full one); another session under the same ID is
+// expired is ignored; a partial or mutable-only record of an unheld
+// session is ErrNotFound (send the full one); another session under the same ID is
 // ErrStaticMismatch; beyond the bound on held records, ErrFull.
 func (s *Store) Import(rec Record, owned bool) error {
 	s.mu.Lock()
@@ -145,7 +150,7 @@ func (s *Store) Import(rec Record, owned bool) error {
 	}
 	e := s.held(rec.Session.ID, now)
 	if e == nil {
-		if rec.Partial {
+		if rec.Partial || rec.Mutable {
 			return sessions.ErrNotFound
 		}
 		if len(s.sessions) >= (copyBound+1)*s.limits.MaxSessions {
@@ -165,7 +170,7 @@ func (s *Store) Import(rec Record, owned bool) error {
 		}
 		return nil
 	}
-	if !sameStatic(e.s, rec.Session) {
+	if !rec.Mutable && !sameStatic(e.s, rec.Session) {
 		return ErrStaticMismatch
 	}
 	if !owned && !e.copy {

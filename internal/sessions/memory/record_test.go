@@ -116,6 +116,26 @@ func TestImportRefusesNonceOwnedHere(t *testing.T) {
 	if err := s.Import(forged, true); !errors.Is(err, ErrStaticMismatch) {
 		t.Fatalf("another session under the same ID: %v", err)
 	}
+
+	// A change without the fixed fields merges its mutable part and keeps
+	// the held fixed fields; of an unheld session it is refused.
+	change := Record{Session: sessions.Session{ID: "s", ExpiresAt: sess.ExpiresAt, LastPollAt: clock.Now().Add(time.Minute)},
+		Nonces: []uint64{NonceHash("k")}, Mutable: true}
+	if err := s.Import(change, false); err != nil {
+		t.Fatalf("a mutable-only change: %v", err)
+	}
+	got, _ := s.Get(ctx, "s")
+	if got.Secret != sess.Secret || got.ClusterID != sess.ClusterID || !got.CreatedAt.Equal(sess.CreatedAt) ||
+		!got.LastPollAt.Equal(change.Session.LastPollAt) {
+		t.Fatalf("after a mutable-only change: %+v (before %+v)", got, sess)
+	}
+	if err := s.UseNonce(ctx, "s", "k"); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("a nonce of a mutable-only change, used here: %v", err)
+	}
+	change.Session.ID = "unheld"
+	if err := s.Import(change, false); !errors.Is(err, sessions.ErrNotFound) {
+		t.Fatalf("a mutable-only record of an unheld session: %v, want ErrNotFound", err)
+	}
 }
 
 // Copies do not take the owner's share of MaxSessions, but are bounded.
@@ -183,6 +203,11 @@ func checkMergeOrderFree(t *testing.T, seed uint64, n, limit int) {
 		if !r.Session.DeliveredAt.IsZero() {
 			r.Session.ExpiresAt = r.Session.DeliveredAt.Add(grace)
 		}
+		if rng.IntN(2) == 0 { // a change sent without the fixed fields
+			r.Mutable = true
+			r.Session.ClusterID, r.Session.Secret, r.Session.CreatedAt = "", "", time.Time{}
+			r.Session.CallbackURL, r.Session.CallbackSessionID = "", ""
+		}
 		for j := rng.IntN(2 * limit); j > 0; j-- {
 			var b [8]byte
 			binary.BigEndian.PutUint64(b[:], uint64(rng.IntN(3*limit)))
@@ -197,6 +222,10 @@ func checkMergeOrderFree(t *testing.T, seed uint64, n, limit int) {
 			order = append(order, order[:n/2+1]...)
 		}
 		s := newStore(sessions.Limits{MaxNoncesPerSession: limit, Grace: grace}, func() time.Time { return start }, time.Hour)
+		// The backup holds the session (as created) before any change.
+		if err := s.Import(Record{Session: base}, false); err != nil {
+			t.Fatal(err)
+		}
 		for _, i := range order {
 			if err := s.Import(recs[i], false); err != nil {
 				t.Fatalf("Import: %v", err)
@@ -220,6 +249,9 @@ func checkMergeOrderFree(t *testing.T, seed uint64, n, limit int) {
 	// set is full): none is accepted again.
 	s := newStore(sessions.Limits{MaxNoncesPerSession: limit, Grace: grace}, func() time.Time { return start }, time.Hour)
 	defer s.Close()
+	if err := s.Import(Record{Session: base}, true); err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range recs {
 		if err := s.Import(r, true); err != nil {
 			t.Fatal(err)
