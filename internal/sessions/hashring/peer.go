@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -98,8 +99,7 @@ func (s *Store) roundTrip(ctx context.Context, client *http.Client, peer string,
 		return nil, err
 	}
 	defer res.Body.Close()
-	// Read to the end (within the limit), so the connection is reused.
-	body, err := io.ReadAll(io.LimitReader(res.Body, int64(len(reqs))*s.maxPeerMessage()+1))
+	body, err := readMessage(res.Body, res.ContentLength, int64(len(reqs))*s.maxPeerMessage())
 	if err != nil {
 		return nil, err
 	}
@@ -131,10 +131,9 @@ func (s *Store) servePeer(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxPeerMessage()))
+	body, err := readMessage(r.Body, r.ContentLength, s.maxPeerMessage())
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
+		if errors.Is(err, errTooLarge) {
 			http.Error(w, "peer message too large", http.StatusRequestEntityTooLarge)
 			return
 		}
@@ -157,8 +156,34 @@ func (s *Store) servePeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resps := s.serveBatch(r.Context(), batch.Reqs)
+	sealed := s.sealer.seal(mustJSON(peerBatchResponse{Resps: resps}), responseAAD(nonce))
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Write(s.sealer.seal(mustJSON(peerBatchResponse{Resps: resps}), responseAAD(nonce)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(sealed)))
+	w.Write(sealed)
+}
+
+var errTooLarge = errors.New("peer message too large")
+
+// readMessage reads a peer message of at most limit bytes, to its end (so
+// the connection is reused): into one buffer of its announced length when
+// it has one, as io.ReadAll grows its buffer step by step (a fifth of the
+// bytes a forwarded poll allocated).
+func readMessage(r io.Reader, length, limit int64) ([]byte, error) {
+	if length > limit {
+		return nil, errTooLarge
+	}
+	if length >= 0 {
+		buf := make([]byte, length)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err == nil && int64(len(buf)) > limit {
+		err = errTooLarge
+	}
+	return buf, err
 }
 
 // serveBatch answers the requests of a batch, in order. They come from

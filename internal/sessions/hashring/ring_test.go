@@ -789,6 +789,25 @@ func TestPeerAPIRefuses(t *testing.T) {
 		t.Fatalf("answers to an unknown op and a get: %s (%v)", plain, err)
 	}
 
+	// Without a Content-Length (chunked), the limit holds as well, and a
+	// valid batch is served.
+	for name, c := range map[string]struct {
+		body []byte
+		want int
+	}{
+		"chunked too large": {make([]byte, r.maxPeerMessage()+1), http.StatusRequestEntityTooLarge},
+		"chunked":           {valid(opGet, time.Now()), http.StatusOK},
+	} {
+		res, err := http.Post(r.url+PeerPath, "application/octet-stream", io.MultiReader(bytes.NewReader(c.body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != c.want {
+			t.Errorf("%s: status %d, want %d", name, res.StatusCode, c.want)
+		}
+	}
+
 	res, err = http.Get(r.url + PeerPath)
 	if err != nil {
 		t.Fatal(err)

@@ -61,12 +61,13 @@ func (s *sealer) seal(plaintext, aad []byte) []byte {
 }
 
 // open authenticates and decrypts msg, returning its nonce and plaintext.
+// It decrypts in place: the plaintext overwrites msg after the nonce.
 func (s *sealer) open(msg, aad []byte) (nonce, plaintext []byte, err error) {
 	if len(msg) < gcmNonceSize+s.aead.Overhead() {
 		return nil, nil, errSealed
 	}
 	nonce = msg[:gcmNonceSize]
-	plaintext, err = s.aead.Open(nil, nonce, msg[gcmNonceSize:], aad)
+	plaintext, err = s.aead.Open(msg[gcmNonceSize:gcmNonceSize], nonce, msg[gcmNonceSize:], aad)
 	if err != nil {
 		return nil, nil, errSealed
 	}
