@@ -283,26 +283,35 @@ func (s *Store) UseNonce(ctx context.Context, id, nonce string) error {
 // again after its answer was lost on the way (its owner died after spending
 // the nonce) is not refused as a replay of itself (memory.PollMark).
 //
-// The digest of the cached static part (the one Static returned, which the
-// caller checked the signature with) goes along; the owner then answers
-// only the mutable part, or stale_static if its session under this ID has
-// another static part (the caller checks the signature again).
+// The digest of the static part Static returned (which the caller checked
+// the signature with: the backup's copy held here, or the cached one) goes
+// along; the owner then answers only the mutable part, or stale_static if
+// its session under this ID has another static part (the caller checks
+// the signature again).
 func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval time.Duration) (sessions.Session, error) {
 	req := &peerRequest{Op: opPoll, ID: id, Nonce: nonce, Interval: int64(minInterval),
 		Req: mrand.Uint64() | 1} // never 0, which means "no request ID"
-	e, cached := s.statics.get(id)
-	if cached {
-		req.StaticDigest = e.digest
+	var static sessions.Session
+	fromCopy := false
+	if owned, held := s.local.Holds(id); held && !owned {
+		if st, err := s.local.Static(ctx, id); err == nil {
+			static, fromCopy, req.StaticDigest = st, true, staticOf(st).digest()
+		}
+	} else if e, ok := s.statics.get(id); ok {
+		static, req.StaticDigest = e.sess, e.digest
 	}
 	resp, err := s.route(ctx, req)
 	switch {
 	case errors.Is(err, sessions.ErrStaleStatic), errors.Is(err, sessions.ErrNotFound):
 		s.statics.remove(id)
+		if fromCopy && errors.Is(err, sessions.ErrStaleStatic) {
+			s.local.RemoveCopy(id) // of an earlier session under this ID
+		}
 		return sessions.Session{}, err
 	case err != nil:
 		return sessions.Session{}, err
-	case cached:
-		return withStatic(fromWire(resp.Session), e.sess), nil
+	case req.StaticDigest != nil:
+		return withStatic(fromWire(resp.Session), static), nil
 	}
 	return fromWire(resp.Session), nil
 }

@@ -117,8 +117,15 @@ func byURL(rs []*replica, url string) *replica {
 // A session deleted and created again under its ID with another secret
 // must not be combined with the old, cached static part.
 func TestStaleStaticPartNotUsed(t *testing.T) {
-	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
-	id := ownedBy(t, rs, rs[0], "again")
+	// Three replicas: rs[1] neither owns nor backs up the session, so it
+	// only caches its static part.
+	rs := startRing(t, 3, sessions.DefaultLimits, time.Now)
+	var id string
+	for i := 0; id == ""; i++ {
+		if c := ownedBy(t, rs, rs[0], fmt.Sprintf("again%d", i)); rs[0].view().backup(c) != rs[1].url {
+			id = c
+		}
+	}
 	old := testSession(id, time.Now())
 	if err := rs[1].Create(ctx, old); err != nil {
 		t.Fatal(err)
@@ -170,6 +177,46 @@ func TestStaleStaticPartNotUsed(t *testing.T) {
 		if got.Secret != old.Secret {
 			t.Fatal("Get combined the new session with the old session's cached secret")
 		}
+	}
+}
+
+// A backup's copy of an earlier session under the same ID (its drop was
+// lost) is not combined with the owner's session either: the poll checked
+// with it changes nothing, and the copy is dropped.
+func TestStaleCopyNotUsed(t *testing.T) {
+	rs := startRing(t, 2, sessions.DefaultLimits, time.Now)
+	id := ownedBy(t, rs, rs[0], "stalecopy")
+	old := testSession(id, time.Now())
+	if err := rs[0].Create(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	// Deleted and created again on the owner's store alone: the backup
+	// hears of neither.
+	if err := rs[0].Local().Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	fresh := old
+	fresh.Secret = "another-secret-0123456789abcdef"
+	if err := rs[0].Local().Create(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := rs[1].Static(ctx, id); err != nil || st.Secret != old.Secret {
+		t.Fatalf("Static from the backup's copy: %v (want the old secret)", err)
+	}
+	if _, err := rs[1].RecordPoll(ctx, id, "n1", time.Hour); !errors.Is(err, sessions.ErrStaleStatic) {
+		t.Fatalf("poll checked with a stale copy: %v, want ErrStaleStatic", err)
+	}
+	if got, _ := rs[0].Local().Get(ctx, id); !got.LastPollAt.IsZero() {
+		t.Fatal("a poll checked with a stale copy was recorded")
+	}
+	if _, held := rs[1].Local().Holds(id); held {
+		t.Fatal("the stale copy is still held")
+	}
+	if st, err := rs[1].Static(ctx, id); err != nil || st.Secret != fresh.Secret {
+		t.Fatalf("Static after stale_static: %v, secret fresh %v", err, st.Secret == fresh.Secret)
+	}
+	if _, err := rs[1].RecordPoll(ctx, id, "n1", time.Hour); err != nil {
+		t.Fatalf("poll with the owner's static part: %v", err)
 	}
 }
 

@@ -87,16 +87,18 @@ func (c *staticCache) len() int {
 }
 
 // Static returns the session's static part: from the local store where
-// it is held (as owner or as a backup copy), else from the cache, else
+// it is held (as owner or as the backup's copy, so with two replicas the
+// cache holds nothing the local store has), else from the cache, else
 // fetched once from the owner (route: a replica whose ring names it owner
 // but that does not hold the session yet takes it first).
 func (s *Store) Static(ctx context.Context, id string) (sessions.Session, error) {
-	if s.Owner(id) == s.self {
-		if st, err := s.local.Static(ctx, id); err == nil {
-			return st, nil
+	if st, err := s.local.Static(ctx, id); err == nil {
+		return st, nil
+	}
+	if s.Owner(id) != s.self {
+		if e, ok := s.statics.get(id); ok {
+			return e.sess, nil
 		}
-	} else if e, ok := s.statics.get(id); ok {
-		return e.sess, nil
 	}
 	v, err := s.statics.flight.Do(id, func() (any, error) {
 		resp, err := s.route(ctx, &peerRequest{Op: opStatic, ID: id})

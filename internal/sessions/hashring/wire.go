@@ -285,17 +285,15 @@ func (p staticPart) session() sessions.Session {
 // under the same ID with other fields has another digest, so a stale
 // cached static part is never combined with the new session's state.
 func (p staticPart) digest() []byte {
-	h := sha256.New()
-	for _, f := range []string{p.ID, p.ClusterID, p.Secret, p.CallbackURL, p.CallbackSessionID} {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
-		h.Write(n[:])
-		h.Write([]byte(f))
+	var buf [512]byte // on the stack for a session of the usual size: a non-owner digests its copy on every poll
+	b := buf[:0]
+	for _, f := range [...]string{p.ID, p.ClusterID, p.Secret, p.CallbackURL, p.CallbackSessionID} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(f)))
+		b = append(b, f...)
 	}
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(p.CreatedAt))
-	h.Write(n[:])
-	return h.Sum(nil)[:16]
+	b = binary.BigEndian.AppendUint64(b, uint64(p.CreatedAt))
+	sum := sha256.Sum256(b)
+	return sum[:16:16]
 }
 
 // codeMalformed answers a request of a batch that the owner cannot make

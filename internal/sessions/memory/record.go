@@ -109,6 +109,16 @@ func (s *Store) Remove(id string) {
 	}
 }
 
+// RemoveCopy drops session id if it is held as a backup copy.
+func (s *Store) RemoveCopy(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.sessions[id]; e != nil && e.copy {
+		e.wake()
+		s.dropLocked(id, e)
+	}
+}
+
 // Owned returns the IDs of the live sessions the store owns.
 func (s *Store) Owned() []string { return s.ids(false) }
 
