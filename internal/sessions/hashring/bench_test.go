@@ -133,7 +133,7 @@ func BenchmarkWirePoll(b *testing.B) {
 					reqs[k], _ = json.Marshal(&peerRequest{Op: opPoll, ID: sess.ID, Nonce: "bm9uY2Utbm9uY2Utbm9uY2U", Interval: int64(time.Second), StaticDigest: digest})
 				}
 				var batch peerBatch
-				if err := json.Unmarshal(encodeBatch(time.Now().UnixNano(), reqs), &batch); err != nil {
+				if err := json.Unmarshal(encodeBatch(time.Now().UnixNano(), Sender{}, reqs), &batch); err != nil {
 					b.Fatal(err)
 				}
 				resps := make([]*peerResponse, len(batch.Reqs))
@@ -155,7 +155,7 @@ func BenchmarkWirePoll(b *testing.B) {
 				for k := range reqs {
 					reqs[k] = mustJSON(&peerRequest{Op: opPoll, ID: sess.ID, Nonce: "bm9uY2Utbm9uY2Utbm9uY2U", Interval: int64(time.Second), StaticDigest: digest})
 				}
-				plain := encodeBatch(time.Now().UnixNano(), reqs)
+				plain := encodeBatch(time.Now().UnixNano(), Sender{}, reqs)
 				batch, err := decodeBatch(plain)
 				if err != nil {
 					b.Fatal(err)
@@ -176,7 +176,7 @@ func BenchmarkWirePoll(b *testing.B) {
 			for k := range reqs {
 				reqs[k] = mustJSON(&peerRequest{Op: opPoll, ID: sess.ID, Nonce: "bm9uY2Utbm9uY2Utbm9uY2U", Interval: int64(time.Second), StaticDigest: digest})
 			}
-			plain := encodeBatch(time.Now().UnixNano(), reqs)
+			plain := encodeBatch(time.Now().UnixNano(), Sender{}, reqs)
 			w := *sess
 			resp := mustJSON(peerBatchResponse{Resps: slices.Repeat([]*peerResponse{{Session: mutableOnly(&w)}}, n)})
 			replays := newReplayCache()

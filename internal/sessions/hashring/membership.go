@@ -154,9 +154,17 @@ func (s *Store) noteSender(from string, inc uint64, member, left bool) {
 	if from == "" || from == s.self || inc == 0 {
 		return // says nothing of who it is
 	}
+	// Nearly always a member this replica knows, as it knows it: nothing
+	// to change, under the read lock (every peer request and answer).
+	s.mu.RLock()
+	cur, known := s.m.members[from]
+	s.mu.RUnlock()
+	if !left && known && cur == inc {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cur, known := s.m.members[from]
+	cur, known = s.m.members[from]
 	switch {
 	case left:
 		if s.m.left[from] == inc && !known {
@@ -234,12 +242,12 @@ func (s *Store) peerDown(peer string, err error) bool {
 // send is call with this replica's identity filled in; it learns the
 // answering replica's membership from the answer.
 func (s *Store) send(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
-	req.From, req.Inc = s.self, s.inc
-	member, left := s.status()
+	// Who sends goes in the batch (Sender), and a join's Member in the
+	// request.
+	req.From, req.Inc, req.Left = "", 0, false
 	if req.Op != opJoin {
-		req.Member = member
+		req.Member = false
 	}
-	req.Left = left
 	resp, err := s.call(ctx, peer, req)
 	if err == nil && req.Op != opJoin {
 		s.noteSender(peer, resp.Inc, resp.Member, resp.Left)

@@ -54,8 +54,10 @@ func wireSize(rec memory.Record) int {
 // copy.
 func (s *Store) route(ctx context.Context, req *peerRequest) (*peerResponse, error) {
 	for attempt := 0; attempt < 4; attempt++ {
-		if resp, err, served := s.serveLocal(ctx, req); served {
-			return resp, err
+		if s.mayServeHere(req) {
+			if resp, err, served := s.serveLocal(ctx, req); served {
+				return resp, err
+			}
 		}
 		owner := s.view().owner(req.ID)
 		if owner == "" {
@@ -94,6 +96,18 @@ func (s *Store) createLocal(ctx context.Context, req *peerRequest) (*peerRespons
 		return nil, err
 	}
 	return &peerResponse{}, s.replicate(ctx, memory.Record{Session: sess})
+}
+
+// mayServeHere says whether serveLocal can serve req: the static part is
+// served from a copy too, everything else only by the owner. It spares a
+// request that will be forwarded the local store's work (a poll hashes
+// its nonce before it finds the session is not owned here).
+func (s *Store) mayServeHere(req *peerRequest) bool {
+	if req.Op == opStatic {
+		return true
+	}
+	owned, _ := s.local.Holds(req.ID)
+	return owned
 }
 
 // serveLocal runs req on the local store if it holds the session as

@@ -87,7 +87,8 @@ func (s *Store) checkAnswer(peer string, req *peerRequest, resp *peerResponse) (
 func (s *Store) roundTrip(ctx context.Context, client *http.Client, peer string, reqs [][]byte) ([]*peerResponse, error) {
 	s.pipes.messages.Add(1)
 	s.pipes.requests.Add(uint64(len(reqs)))
-	msg := s.sealer.seal(encodeBatch(time.Now().UnixNano(), reqs), aadRequest)
+	member, left := s.status()
+	msg := s.sealer.seal(encodeBatch(time.Now().UnixNano(), Sender{From: s.self, Inc: s.inc, Member: member, Left: left}, reqs), aadRequest)
 	reqNonce := msg[:gcmNonceSize]
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+PeerPath, bytes.NewReader(msg))
 	if err != nil {
@@ -156,7 +157,9 @@ func (s *Store) servePeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resps := s.serveBatch(r.Context(), batch.Reqs)
-	sealed := s.sealer.seal(mustJSON(peerBatchResponse{Resps: resps}), responseAAD(nonce))
+	member, left := s.status()
+	answer := peerBatchResponse{Sender: Sender{From: s.self, Inc: s.inc, Member: member, Left: left}, Resps: resps}
+	sealed := s.sealer.seal(mustJSON(answer), responseAAD(nonce))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.Itoa(len(sealed)))
 	w.Write(sealed)
@@ -256,8 +259,6 @@ func (s *Store) serveOp(ctx context.Context, req *peerRequest) (*peerResponse, e
 	if resp == nil {
 		resp = &peerResponse{}
 	}
-	resp.Member, resp.Left = s.status()
-	resp.Inc = s.inc
 	if err != nil {
 		resp.Err = errorCode(err)
 		var soon *sessions.TooSoonError

@@ -775,7 +775,7 @@ func TestPeerAPIRefuses(t *testing.T) {
 		for _, op := range ops {
 			reqs = append(reqs, mustJSON(&peerRequest{Op: op, ID: "target"}))
 		}
-		return encodeBatch(sent.UnixNano(), reqs)
+		return encodeBatch(sent.UnixNano(), Sender{}, reqs)
 	}
 	valid := func(op string, sent time.Time) []byte {
 		return r.sealer.seal(batchOf(sent, op), aadRequest)

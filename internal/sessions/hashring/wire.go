@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	jsoniter "github.com/json-iterator/go"
@@ -48,31 +47,48 @@ const (
 
 // peerBatch is the plaintext of a sealed message to a peer: the requests
 // of independent callers, sent together (group commit), under one seal,
-// one timestamp and one replay check.
+// one timestamp and one replay check, and who sent them.
 type peerBatch struct {
-	Sent int64          `json:"t"` // Unix nanoseconds, wall clock
+	Sent int64 `json:"t"` // Unix nanoseconds, wall clock
+	Sender
 	Reqs []*peerRequest `json:"q"`
 }
 
 // peerBatchResponse is the plaintext of the sealed answer to a batch: one
-// answer per request, in order.
+// answer per request, in order, and who answered.
 type peerBatchResponse struct {
+	Sender
 	Resps []*peerResponse `json:"a"`
+}
+
+// Sender says who sent a message: its peer URL, its incarnation (random
+// per process, so a restarted replica at the same URL is told apart),
+// whether it is a member of the ring (joined, not leaving) and whether it
+// left (neither: not joined yet). A batch and its answer carry it once,
+// for all their requests and answers (a join says in its request whether
+// it asks to be added). Replicas before this one put it in each request
+// and answer; those still count (fill).
+type Sender struct {
+	From   string `json:"f,omitempty"`
+	Inc    uint64 `json:"inc,omitempty"`
+	Member bool   `json:"m,omitempty"`
+	Left   bool   `json:"l,omitempty"`
 }
 
 // maxBatch bounds the requests of one batch, so that its answer stays
 // bounded too (maxBatch times an answer's limit).
 const maxBatch = 64
 
-// encodeBatch writes the batch of the encoded requests reqs.
-func encodeBatch(sent int64, reqs [][]byte) []byte {
-	n := 32
+// encodeBatch writes the batch of the encoded requests reqs, sent by from.
+func encodeBatch(sent int64, from Sender, reqs [][]byte) []byte {
+	head := mustJSON(peerBatch{Sent: sent, Sender: from})
+	head = head[:len(head)-len(`,"q":null}`)]
+	n := len(head) + 8
 	for _, r := range reqs {
 		n += len(r) + 1
 	}
 	b := make([]byte, 0, n)
-	b = append(b, `{"t":`...)
-	b = strconv.AppendInt(b, sent, 10)
+	b = append(b, head...)
 	b = append(b, `,"q":[`...)
 	for i, r := range reqs {
 		if i > 0 {
@@ -95,6 +111,15 @@ func decodeBatch(plain []byte) (*peerBatch, error) {
 	if len(b.Reqs) == 0 || len(b.Reqs) > maxBatch || slices.Contains(b.Reqs, nil) {
 		return nil, errBatch
 	}
+	for _, r := range b.Reqs {
+		if r.From == "" { // else from a replica of before batch senders
+			member := r.Member
+			r.From, r.Inc, r.Member, r.Left = b.From, b.Inc, b.Member, b.Left
+			if r.Op == opJoin {
+				r.Member = member // a hello, or "add me"
+			}
+		}
+	}
 	return &b, nil
 }
 
@@ -107,6 +132,11 @@ func decodeBatchResponse(plain []byte, n int) ([]*peerResponse, error) {
 	}
 	if len(b.Resps) != n || slices.Contains(b.Resps, nil) {
 		return nil, fmt.Errorf("peer answered %d answers to %d requests", len(b.Resps), n)
+	}
+	for _, r := range b.Resps {
+		if r.Inc == 0 { // else from a replica of before batch senders
+			r.Inc, r.Member, r.Left = b.Inc, b.Member, b.Left
+		}
 	}
 	return b.Resps, nil
 }
