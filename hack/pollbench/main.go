@@ -47,6 +47,7 @@ type options struct {
 	logLevel    string
 	repeat      int
 	maxRate     int
+	logDir      string
 }
 
 func main() {
@@ -63,6 +64,7 @@ func main() {
 	flag.StringVar(&o.loadCPU, "load-cpu", "1", "CPU list this load generator pins itself to (taskset -c); empty: not pinned")
 	flag.StringVar(&o.logLevel, "backend-log-level", "warn", "the backends' --log-level (info logs every request)")
 	flag.IntVar(&o.repeat, "repeat", 1, "measure each set-up this many times (alternating), to show the spread")
+	flag.StringVar(&o.logDir, "backend-logs", "", "also write each backend's output (with GODEBUG=gctrace=1, its GC cycles) to a file in this directory")
 	flag.IntVar(&o.maxRate, "max-rate", 80000, "most polls per second expected: the polls signed in advance last warmup+duration at this rate")
 	var load loadOptions
 	flag.StringVar(&load.file, "load-file", "", "(internal) run the load phase from this file of pre-signed requests")
@@ -239,8 +241,16 @@ func startBackend(o options, args []string, public string) (*backend, error) {
 	cmd := exec.Command("taskset", append([]string{"-c", o.backendCPU, o.backendPath}, args...)...)
 	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	b := &backend{cmd: cmd, public: public, logs: &bytes.Buffer{}, logsMu: &sync.Mutex{}, stopped: make(chan struct{})}
-	cmd.Stdout = lockedWriter{b.logsMu, b.logs}
-	cmd.Stderr = cmd.Stdout
+	var out io.Writer = lockedWriter{b.logsMu, b.logs}
+	if o.logDir != "" {
+		f, err := os.CreateTemp(o.logDir, "backend-*.log")
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close() // the child has its own descriptor
+		out = f
+	}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

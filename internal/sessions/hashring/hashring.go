@@ -218,9 +218,10 @@ func (e *OwnerUnavailableError) Is(target error) bool { return target == session
 
 func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
 	_, err := s.route(ctx, &peerRequest{Op: opCreate, ID: sess.ID, Session: toWire(sess)})
-	if err == nil && s.Owner(sess.ID) != s.self {
+	if _, held := s.local.Holds(sess.ID); err == nil && !held {
 		// This replica knows the static part already; a poll that lands
-		// here needs no static request.
+		// here needs no static request. (As the backup, it holds the copy
+		// already: with two replicas, always; nothing to cache twice.)
 		s.statics.add(newStaticEntry(sess))
 	}
 	return err

@@ -676,6 +676,11 @@ func TestCopyComesBackToTheForwarder(t *testing.T) {
 	if _, err := a.Static(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+	// The forwarder is the backup: it checks signatures with its copy, and
+	// caches nothing of what it holds.
+	if n := a.statics.len(); n != 0 {
+		t.Fatalf("the backup cached %d static parts of sessions it holds copies of", n)
+	}
 	trips := func() int {
 		rtA.mu.Lock()
 		rtB.mu.Lock()
