@@ -145,10 +145,7 @@ func (ps *pipes) send(peer string, leaf bool, pc *pendingCall) {
 	p := ps.get(pipeKey{peer, leaf})
 	p.mu.Lock()
 	p.queue = append(p.queue, pc)
-	batch := p.takeLocked(time.Now())
-	if batch == nil {
-		ps.armLocked(peer, p)
-	}
+	batch := ps.nextLocked(peer, p)
 	p.mu.Unlock()
 	if batch != nil {
 		ps.run(peer, p, batch)
@@ -179,6 +176,16 @@ func (p *pipe) takeLocked(now time.Time) []*pendingCall {
 	return batch
 }
 
+// nextLocked takes the batch that may go now, if any; else it makes sure
+// the queue goes when a lane opens (armLocked).
+func (ps *pipes) nextLocked(peer string, p *pipe) []*pendingCall {
+	batch := p.takeLocked(time.Now())
+	if batch == nil {
+		ps.armLocked(peer, p)
+	}
+	return batch
+}
+
 // armLocked makes sure that requests left queued go when a lane opens,
 // should the batch in flight stay unanswered until then.
 func (ps *pipes) armLocked(peer string, p *pipe) {
@@ -193,10 +200,7 @@ func (ps *pipes) armLocked(peer string, p *pipe) {
 		defer ps.wg.Done()
 		p.mu.Lock()
 		p.timer = nil
-		batch := p.takeLocked(time.Now())
-		if batch == nil {
-			ps.armLocked(peer, p)
-		}
+		batch := ps.nextLocked(peer, p)
 		p.mu.Unlock()
 		if batch != nil {
 			ps.drain(peer, p, batch)
@@ -233,11 +237,7 @@ func (ps *pipes) done(peer string, p *pipe) []*pendingCall {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inFlight--
-	next := p.takeLocked(time.Now())
-	if next == nil {
-		ps.armLocked(peer, p)
-	}
-	return next
+	return ps.nextLocked(peer, p)
 }
 
 // sendBatch sends one batch and sets every call's answer or error. It is
