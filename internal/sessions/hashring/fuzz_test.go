@@ -278,8 +278,9 @@ func (p *scriptedPeer) RoundTrip(r *http.Request) (*http.Response, error) {
 	if p.wrongNonce {
 		nonce = bytes.Repeat([]byte{1}, gcmNonceSize)
 	}
+	sealed := p.s.seal(p.plain, responseAAD(nonce))
 	return &http.Response{
-		StatusCode: p.status, Body: io.NopCloser(bytes.NewReader(p.s.seal(p.plain, responseAAD(nonce)))),
+		StatusCode: p.status, Body: io.NopCloser(bytes.NewReader(sealed)), ContentLength: int64(len(sealed)),
 		Header: http.Header{}, Request: r,
 	}, nil
 }
@@ -298,9 +299,16 @@ func FuzzPeerResponse(f *testing.F) {
 		`{"s":{"id":"x","c":"c","k":"k","ca":1,"ea":2,"st":1,"r":"e30=","da":3,"lp":4,"sd":"AAAA"}}`,
 		`{"s":{"id":"x","st":-9,"ea":-1}}`, `{"st":"eyJpZCI6IngifQ=="}`, `{"st":"bm90IGpzb24="}`, `null`, `[1]`, `{"e":1}`,
 		`{"e":"malformed"}`, `{"e":"stale_static"}`,
+		// A change's copy sent back in the answer (the non-owner is the
+		// backup): mutable-only with the answer's session, whole, or odd.
+		`{"s":{"id":"x","ea":4102444800000000000,"lp":4},"cp":{"s":null,"mu":true,"p":true,"n":[5],"ln":5,"lr":1}}`,
+		`{"s":{"id":"x","ea":4102444800000000000},"cp":{"s":{"id":"x","k":"k","ea":4102444800000000000},"n":[1,2]}}`,
+		`{"cp":{"s":null}}`, `{"cp":{"s":{"id":"other","ea":1},"mu":true}}`, `{"cp":null}`, `{"cp":[]}`,
 	} {
 		f.Add([]byte(`{"a":[`+s+`]}`), uint8(0), 200, false)
 	}
+	// A poll's answer carrying a whole copy of another session.
+	f.Add([]byte(`{"a":[{"s":{"id":"x","ea":4102444800000000000},"cp":{"s":{"id":"x","k":"k","ea":4102444800000000000},"n":[1,2]}}]}`), uint8(3), 200, false)
 	f.Add([]byte(`{"a":[{},{}]}`), uint8(1), 200, false)
 	f.Add([]byte(`{"a":[]}`), uint8(1), 200, false)
 	f.Add([]byte(`{}`), uint8(1), 200, false)
@@ -369,6 +377,12 @@ func FuzzPeerResponse(f *testing.F) {
 			got, opErr = st.Static(ctx, id)
 			if opErr == nil && got.ID != id {
 				t.Fatalf("static: answer %q gave the static part of %q", plain, got.ID)
+			}
+		}
+		// A copy in an answer is taken only for the session asked about.
+		for _, other := range []string{"x", "other"} {
+			if _, held := st.local.Holds(other); held {
+				t.Fatalf("%s of %s: answer %q left a copy of %s", name, id, plain, other)
 			}
 		}
 		var unavailable *OwnerUnavailableError

@@ -83,7 +83,7 @@ func (s *Store) route(ctx context.Context, req *peerRequest) (*peerResponse, err
 			continue
 		}
 		if err == nil && resp.Copy != nil {
-			err = s.importCopy(ctx, owner, resp)
+			err = s.importCopy(ctx, owner, req.ID, resp)
 		}
 		return resp, err
 	}
@@ -224,15 +224,16 @@ func (s *Store) replicateFor(ctx context.Context, req *peerRequest, resp *peerRe
 // errors are replicate's: ErrNonceUsed if this replica acts as owner of
 // the session too and saw the nonce; any other failure is counted and
 // costs availability nothing. A partial copy of a session not held here
-// yet is completed with the owner's whole record.
-func (s *Store) importCopy(ctx context.Context, owner string, resp *peerResponse) error {
+// yet is completed with the owner's whole record. A copy of another
+// session than the request's is not taken.
+func (s *Store) importCopy(ctx context.Context, owner, id string, resp *peerResponse) error {
 	w := *resp.Copy
 	resp.Copy = nil
 	if w.Session == nil && w.Mutable {
 		w.Session = resp.Session
 	}
 	rec, ok := fromWireRecord(w)
-	if !ok {
+	if !ok || rec.Session.ID != id {
 		s.replicationFailed(owner, errBadOp)
 		return nil
 	}
