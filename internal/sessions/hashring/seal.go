@@ -1,6 +1,7 @@
 package hashring
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hmac"
@@ -67,7 +68,10 @@ func (s *sealer) open(msg, aad []byte) (nonce, plaintext []byte, err error) {
 		return nil, nil, errSealed
 	}
 	nonce = msg[:gcmNonceSize]
-	plaintext, err = s.aead.Open(msg[gcmNonceSize:gcmNonceSize], nonce, msg[gcmNonceSize:], aad)
+	// The plaintext overwrites msg: additional data that shares its memory
+	// would be overwritten as it is read (crypto/cipher panics), so it is
+	// read from a copy (a few bytes per message).
+	plaintext, err = s.aead.Open(msg[gcmNonceSize:gcmNonceSize], nonce, msg[gcmNonceSize:], bytes.Clone(aad))
 	if err != nil {
 		return nil, nil, errSealed
 	}
