@@ -218,11 +218,10 @@ func (e *OwnerUnavailableError) Is(target error) bool { return target == session
 
 func (s *Store) Create(ctx context.Context, sess sessions.Session) error {
 	_, err := s.route(ctx, &peerRequest{Op: opCreate, ID: sess.ID, Session: toWire(sess)})
-	if _, held := s.local.Holds(sess.ID); err == nil && !held {
+	if err == nil {
 		// This replica knows the static part already; a poll that lands
-		// here needs no static request. (As the backup, it holds the copy
-		// already: with two replicas, always; nothing to cache twice.)
-		s.statics.add(newStaticEntry(sess))
+		// here needs no static request.
+		s.cacheStatic(newStaticEntry(sess))
 	}
 	return err
 }
@@ -264,7 +263,7 @@ func (s *Store) Get(ctx context.Context, id string) (sessions.Session, error) {
 		return sessions.Session{}, err
 	}
 	sess := fromWire(resp.Session)
-	s.statics.add(newStaticEntry(sess))
+	s.cacheStatic(newStaticEntry(sess))
 	return sess, nil
 }
 

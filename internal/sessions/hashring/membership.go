@@ -239,8 +239,10 @@ func (s *Store) peerDown(peer string, err error) bool {
 	return s.connectionDies(peer)
 }
 
-// send is call with this replica's identity filled in; it learns the
-// answering replica's membership from the answer.
+// send is call for a request of this replica's own (a forwarded one
+// loses the identity of the replica it came from: the batch says who
+// sends, Sender); it learns the answering replica's membership from the
+// answer.
 func (s *Store) send(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
 	// Who sends goes in the batch (Sender), and a join's Member in the
 	// request.

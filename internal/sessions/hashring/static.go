@@ -86,6 +86,16 @@ func (c *staticCache) len() int {
 	return c.lru.Len()
 }
 
+// cacheStatic caches e unless the local store holds its session (owned,
+// or the backup's copy, which Static answers from): the cache holds only
+// what the local store does not, so with two replicas, where every
+// replica holds every session, it stays empty.
+func (s *Store) cacheStatic(e *staticEntry) {
+	if _, held := s.local.Holds(e.sess.ID); !held {
+		s.statics.add(e)
+	}
+}
+
 // Static returns the session's static part: from the local store where
 // it is held (as owner or as the backup's copy, so with two replicas the
 // cache holds nothing the local store has), else from the cache, else
@@ -110,9 +120,7 @@ func (s *Store) Static(ctx context.Context, id string) (sessions.Session, error)
 			return nil, &OwnerUnavailableError{Owner: s.Owner(id), Op: opStatic, Err: errors.New("the owner answered with another session's static part or none")}
 		}
 		e := newStaticEntry(p.session())
-		if s.Owner(id) != s.self {
-			s.statics.add(e)
-		}
+		s.cacheStatic(e)
 		return e, nil
 	})
 	if err != nil {

@@ -81,6 +81,8 @@ const maxBatch = 64
 
 // encodeBatch writes the batch of the encoded requests reqs, sent by from.
 func encodeBatch(sent int64, from Sender, reqs [][]byte) []byte {
+	// The batch without requests ends in the requests' field, last in
+	// peerBatch: cut it off and write the encoded requests there.
 	head := mustJSON(peerBatch{Sent: sent, Sender: from})
 	head = head[:len(head)-len(`,"q":null}`)]
 	n := len(head) + 8
@@ -157,10 +159,9 @@ type peerRequest struct {
 	// stale_static, changing nothing, if its session has another one.
 	StaticDigest []byte `json:"sd,omitempty"`
 
-	// From, Inc, Member and Left say who sends: its peer URL, its
-	// incarnation (random per process, so a restarted replica at the same
-	// URL is told apart), whether it is a member of the ring (joined, not
-	// leaving) and whether it left (neither: not joined yet).
+	// From, Inc, Member and Left say who sent the request (see Sender):
+	// filled from its batch when decoded; sent only by replicas of before
+	// batch senders, and Member in a join ("add me" or a hello).
 	From   string `json:"f,omitempty"`
 	Inc    uint64 `json:"inc,omitempty"`
 	Member bool   `json:"m,omitempty"`

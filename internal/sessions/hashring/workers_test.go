@@ -27,7 +27,7 @@ func TestWorkersRunConcurrentlyAndCloseWaits(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("a function waited for a blocked one")
 	}
-	for i := 0; i < 100; i++ { // idle workers take these
+	for i := 0; i < 100; i++ {
 		w.Go(func() { ended.Add(1) })
 	}
 	closed := make(chan struct{})

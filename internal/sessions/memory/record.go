@@ -100,20 +100,15 @@ func (s *Store) Promote(id string) bool {
 }
 
 // Remove drops session id, owned or a copy.
-func (s *Store) Remove(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.sessions[id]; e != nil {
-		e.wake()
-		s.dropLocked(id, e)
-	}
-}
+func (s *Store) Remove(id string) { s.remove(id, false) }
 
 // RemoveCopy drops session id if it is held as a backup copy.
-func (s *Store) RemoveCopy(id string) {
+func (s *Store) RemoveCopy(id string) { s.remove(id, true) }
+
+func (s *Store) remove(id string, copyOnly bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.sessions[id]; e != nil && e.copy {
+	if e := s.sessions[id]; e != nil && (e.copy || !copyOnly) {
 		e.wake()
 		s.dropLocked(id, e)
 	}
