@@ -139,7 +139,9 @@ func (s *Store) ids(copies bool) []string {
 // refuses (ErrNonceUsed) a record that brings a nonce this store already
 // holds for a session it owns: two replicas both acting as owner of a
 // session for a moment (a join) cannot both accept one nonce, as each
-// sends what it accepts to the other before answering.
+// sends what it accepts to the other before answering. The one nonce a
+// poll spent is not refused when the held record already has that poll's
+// mark (samePoll).
 //
 // The merge is a semilattice (see mergeInto): records pushed twice, out of
 // order or by several replicas give the same result. A record already
@@ -180,7 +182,7 @@ func (s *Store) Import(rec Record, owned bool) error {
 	}
 	if !owned && !e.copy {
 		for _, h := range rec.Nonces {
-			if e.nonces.has(h) {
+			if e.nonces.has(h) && !e.samePoll(rec, h) {
 				return sessions.ErrNonceUsed
 			}
 		}
@@ -198,6 +200,17 @@ func (s *Store) Import(rec Record, owned bool) error {
 	}
 	s.noteExpiry(e.s.ExpiresAt)
 	return nil
+}
+
+// samePoll says whether nonce h of rec was spent by the very poll whose
+// mark e holds: its copy reaches a store that already took the poll's
+// outcome as owner (a handover from the replica that served it raced the
+// copy, or the forwarder got the session meanwhile). The request ID is
+// random per poll, as RecordPollRequest's replay of a retried poll
+// relies on too, so this is the same acceptance arriving twice, not a
+// second one.
+func (e *entry) samePoll(rec Record, h uint64) bool {
+	return rec.LastPoll.Request != 0 && rec.LastPoll.Nonce == h && rec.LastPoll == e.lastPoll
 }
 
 func sameStatic(a, b sessions.Session) bool {

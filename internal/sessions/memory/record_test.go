@@ -314,3 +314,59 @@ func TestPollSentAgainAfterMove(t *testing.T) {
 		}
 	}
 }
+
+// The copy of a poll can reach a store that already owns the session with
+// that poll in it: the replica that served the poll handed the session
+// over (it was stopping) before the copy arrived. That is the same
+// acceptance twice, not a used nonce (test/replicas' rolling restart once
+// answered such a fresh poll "nonce used"); a copy of another poll with
+// the same nonce is still refused.
+func TestImportTakesTheSamePollTwice(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.Start)
+	served, next := New(sessions.Limits{}, clock.Now), New(sessions.Limits{}, clock.Now)
+	defer served.Close()
+	defer next.Close()
+	if err := served.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	sess, err := served.RecordPollRequest(ctx, "s", "n", 0, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handed, _, _ := served.Demote("s")
+	if err := next.Import(handed, true); err != nil {
+		t.Fatal(err)
+	}
+	h := NonceHash("n")
+	copyOf := func(req uint64) Record {
+		return Record{Session: sess, Nonces: []uint64{h}, Partial: true, Mutable: true, LastPoll: PollMark{Nonce: h, Request: req}}
+	}
+	if err := next.Import(copyOf(7), false); err != nil {
+		t.Fatalf("the copy of the poll the handover brought: %v, want nil", err)
+	}
+	for _, req := range []uint64{8, 0} {
+		if err := next.Import(copyOf(req), false); !errors.Is(err, sessions.ErrNonceUsed) {
+			t.Fatalf("a copy of another poll (request %d) with the same nonce: %v, want ErrNonceUsed", req, err)
+		}
+	}
+	if _, err := next.RecordPollRequest(ctx, "s", "n", 0, 9); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("the nonce on the new owner: %v, want ErrNonceUsed", err)
+	}
+
+	// The new owner took a poll of its own with a nonce; a copy of a
+	// poll elsewhere with that nonce is refused, whatever its mark.
+	clock.Advance(time.Second)
+	if _, err := next.RecordPollRequest(ctx, "s", "m", 0, 21); err != nil {
+		t.Fatal(err)
+	}
+	hm := NonceHash("m")
+	if err := next.Import(Record{Session: sess, Nonces: []uint64{hm}, Partial: true, Mutable: true,
+		LastPoll: PollMark{Nonce: hm, Request: 22}}, false); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("a copy of another poll with the new owner's nonce: %v, want ErrNonceUsed", err)
+	}
+	// An earlier poll's mark is no excuse once a later poll replaced it.
+	if err := next.Import(copyOf(7), false); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("the first poll's copy after a later poll: %v, want ErrNonceUsed", err)
+	}
+}
