@@ -30,39 +30,20 @@ type Store struct {
 	limits sessions.Limits
 	now    func() time.Time
 
-	mu       sync.Mutex
-	sessions map[string]*entry
+	mu sync.Mutex
+	t  *table
 	// copies counts the entries held as backup copies (see Import).
 	copies int
 	// nextExpiry is no later than the earliest ExpiresAt of any held
 	// session, so a full store sweeps only when a sweep can free a slot.
 	nextExpiry time.Time
-	// peak is the largest len(sessions) since the map was last rebuilt:
-	// Go maps never shrink, so the janitor rebuilds a map that emptied.
+	// peak is the most sessions held since the table was last rebuilt:
+	// Go maps never shrink, so the janitor rebuilds a table that emptied.
 	peak int
 
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
-}
-
-type entry struct {
-	s sessions.Session
-	// nonces holds a 64-bit hash (NonceHash) of each used nonce: 8 bytes
-	// per nonce whatever its length (nonceSet). A collision (about 2^-44
-	// at 1024 nonces) could only refuse a fresh nonce, never accept a used
-	// one.
-	nonces nonceSet
-	// copy marks a backup copy held for another replica (a hashring
-	// owner): the sessions.Store methods treat it as not theirs to serve
-	// (ErrNotOwned) until Import or Promote makes it owned.
-	copy bool
-	// done is closed when the session leaves the pending state or is
-	// deleted, waking every Wait on it. It is made by the first Wait only:
-	// most sessions are never waited for.
-	done chan struct{}
-	// lastPoll marks the poll that set LastPollAt (see PollMark).
-	lastPoll PollMark
 }
 
 // PollMark identifies the poll that last spent a nonce of a session: the
@@ -74,16 +55,6 @@ type entry struct {
 type PollMark struct {
 	Nonce   uint64
 	Request uint64
-}
-
-// wake wakes the session's waiters. Call it (with the store's lock held)
-// on every change that ends pending: Complete, Deny, Delete, and a merge
-// that brings a final state.
-func (e *entry) wake() {
-	if e.done != nil {
-		close(e.done)
-		e.done = nil
-	}
 }
 
 // ErrNotOwned says the store holds the session only as a backup copy
@@ -119,7 +90,7 @@ func newStore(limits sessions.Limits, clock func() time.Time, every time.Duratio
 	s := &Store{
 		limits:   withDefaults(limits),
 		now:      clock,
-		sessions: make(map[string]*entry),
+		t:        newTable(),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -159,7 +130,7 @@ func (s *Store) Close() {
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.sessions)
+	return s.t.len()
 }
 
 func (s *Store) janitor(every time.Duration) {
@@ -182,27 +153,24 @@ func (s *Store) Sweep() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweepLocked(s.now())
-	if s.peak > 1024 && len(s.sessions) < s.peak/4 {
-		m := make(map[string]*entry, len(s.sessions))
-		for id, e := range s.sessions {
-			m[id] = e
-		}
-		s.sessions = m
-		s.peak = len(m)
+	if s.peak > 1024 && s.t.len() < s.peak/4 {
+		s.t = s.t.compacted()
+		s.peak = s.t.len()
 	}
 }
 
 func (s *Store) sweepLocked(now time.Time) {
 	var next time.Time
-	for id, e := range s.sessions {
-		if !now.Before(e.s.ExpiresAt) {
-			s.dropLocked(id, e)
-			continue
+	s.t.each(func(e *entry) {
+		exp := e.expiresAt()
+		if !now.Before(exp) {
+			s.dropLocked(e)
+			return
 		}
-		if next.IsZero() || e.s.ExpiresAt.Before(next) {
-			next = e.s.ExpiresAt
+		if next.IsZero() || exp.Before(next) {
+			next = exp
 		}
-	}
+	})
 	s.nextExpiry = next
 }
 
@@ -213,22 +181,22 @@ func (s *Store) noteExpiry(t time.Time) {
 	}
 }
 
-func (s *Store) dropLocked(id string, e *entry) {
-	delete(s.sessions, id)
+func (s *Store) dropLocked(e *entry) {
 	if e.copy {
 		s.copies--
 	}
+	s.t.remove(e)
 }
 
 // held returns the unexpired entry for id, owned or a copy, dropping it if
 // it expired.
 func (s *Store) held(id string, now time.Time) *entry {
-	e := s.sessions[id]
+	e := s.t.get(id)
 	if e == nil {
 		return nil
 	}
-	if !now.Before(e.s.ExpiresAt) {
-		s.dropLocked(id, e)
+	if !now.Before(e.expiresAt()) {
+		s.dropLocked(e)
 		return nil
 	}
 	return e
@@ -257,22 +225,20 @@ func (s *Store) Create(_ context.Context, sess sessions.Session) error {
 	// Backup copies do not count against MaxSessions (they are bounded
 	// apart, see Import): a replica's share of new sessions stays the same
 	// whatever copies it keeps for the others.
-	if len(s.sessions)-s.copies >= s.limits.MaxSessions {
+	if s.t.len()-s.copies >= s.limits.MaxSessions {
 		// Sweep only when some session may have expired: a full store of
 		// live sessions answers ErrFull in O(1).
 		if !s.nextExpiry.IsZero() && !now.Before(s.nextExpiry) {
 			s.sweepLocked(now)
 		}
-		if len(s.sessions)-s.copies >= s.limits.MaxSessions {
+		if s.t.len()-s.copies >= s.limits.MaxSessions {
 			return sessions.ErrFull
 		}
 	}
 	sess.Response = cloneBytes(sess.Response)
-	s.sessions[sess.ID] = &entry{s: sess}
+	s.t.add(sess)
 	s.noteExpiry(sess.ExpiresAt)
-	if len(s.sessions) > s.peak {
-		s.peak = len(s.sessions)
-	}
+	s.peak = max(s.peak, s.t.len())
 	return nil
 }
 
@@ -283,7 +249,7 @@ func (s *Store) Get(_ context.Context, id string) (sessions.Session, error) {
 	if err != nil {
 		return sessions.Session{}, err
 	}
-	return e.s, nil
+	return e.session(), nil
 }
 
 // Static returns the fields of the session fixed at Create. A backup copy
@@ -295,7 +261,7 @@ func (s *Store) Static(_ context.Context, id string) (sessions.Session, error) {
 	if e == nil {
 		return sessions.Session{}, sessions.ErrNotFound
 	}
-	return e.s.StaticPart(), nil
+	return e.static(), nil
 }
 
 func (s *Store) UseNonce(_ context.Context, id, nonce string) error {
@@ -342,11 +308,11 @@ func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterv
 	if e.nonces.has(h) {
 		if req != 0 && e.lastPoll == (PollMark{Nonce: h, Request: req}) {
 			s.deliverLocked(e, now)
-			return e.s, nil
+			return e.session(), nil
 		}
 		return sessions.Session{}, sessions.ErrNonceUsed
 	}
-	if last := e.s.LastPollAt; !last.IsZero() {
+	if last := fromNanos(e.lastPollAt); !last.IsZero() {
 		if wait := last.Add(minInterval).Sub(now); wait > 0 {
 			return sessions.Session{}, &sessions.TooSoonError{RetryAfter: wait}
 		}
@@ -354,26 +320,27 @@ func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterv
 	if err := s.useNonceLocked(e, h); err != nil {
 		return sessions.Session{}, err
 	}
-	e.s.LastPollAt = now
+	e.lastPollAt = nanos(now)
 	e.lastPoll = PollMark{Nonce: h, Request: req}
 	s.deliverLocked(e, now)
-	return e.s, nil
+	return e.session(), nil
 }
 
 // deliverLocked marks a completed session delivered the first time it is
 // handed out (by a poll or a Wait): its response stays for the grace
 // period from now.
 func (s *Store) deliverLocked(e *entry, now time.Time) {
-	if e.s.State == sessions.StateCompleted && e.s.DeliveredAt.IsZero() {
-		e.s.DeliveredAt = now
-		e.s.ExpiresAt = now.Add(s.limits.Grace)
-		s.noteExpiry(e.s.ExpiresAt)
+	if e.state == sessions.StateCompleted && e.delivered == 0 {
+		e.delivered = nanos(now)
+		e.expires = nanos(now.Add(s.limits.Grace))
+		s.noteExpiry(e.expiresAt())
 	}
 }
 
 // Wait waits on the session's done channel. The entry is looked up again
 // after waking: a session deleted and created again under the same ID is
-// another session, so its waiters get ErrNotFound.
+// another session (another gen, even at the same table position), so its
+// waiters get ErrNotFound.
 func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
 	s.mu.Lock()
 	now := s.now()
@@ -382,16 +349,16 @@ func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
 		s.mu.Unlock()
 		return sessions.Session{}, err
 	}
-	if e.s.State != sessions.StatePending {
+	if e.state != sessions.StatePending {
 		s.deliverLocked(e, now)
-		sess := e.s
+		sess := e.session()
 		s.mu.Unlock()
 		return sess, nil
 	}
 	if e.done == nil {
 		e.done = make(chan struct{})
 	}
-	done := e.done
+	done, gen := e.done, e.gen
 	s.mu.Unlock()
 
 	select {
@@ -404,11 +371,13 @@ func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
 	now = s.now()
 	if cur, err := s.live(id, now); err != nil {
 		return sessions.Session{}, err
-	} else if cur != e {
+	} else if cur.gen != gen {
 		return sessions.Session{}, sessions.ErrNotFound
+	} else {
+		e = cur
 	}
 	s.deliverLocked(e, now)
-	return e.s, nil
+	return e.session(), nil
 }
 
 func (s *Store) Complete(_ context.Context, id string, response []byte) error {
@@ -419,18 +388,18 @@ func (s *Store) Complete(_ context.Context, id string, response []byte) error {
 	if err != nil {
 		return err
 	}
-	if e.s.State != sessions.StatePending {
+	if e.state != sessions.StatePending {
 		return sessions.ErrNotPending
 	}
 	if len(response) > s.limits.MaxResponseBytes {
 		return sessions.ErrTooLarge
 	}
-	e.s.State = sessions.StateCompleted
+	e.state = sessions.StateCompleted
 	// A copy: the caller may reuse its buffer, and returned Sessions share
 	// this slice, which is never written again.
-	e.s.Response = cloneBytes(response)
-	if min := now.Add(s.limits.Grace); e.s.ExpiresAt.Before(min) {
-		e.s.ExpiresAt = min
+	e.response = cloneBytes(response)
+	if min := now.Add(s.limits.Grace); e.expiresAt().Before(min) {
+		e.expires = nanos(min)
 	}
 	e.wake()
 	return nil
@@ -443,11 +412,11 @@ func (s *Store) Deny(_ context.Context, id, reason string) error {
 	if err != nil {
 		return err
 	}
-	if e.s.State != sessions.StatePending {
+	if e.state != sessions.StatePending {
 		return sessions.ErrNotPending
 	}
-	e.s.State = sessions.StateDenied
-	e.s.DenyReason = reason
+	e.state = sessions.StateDenied
+	e.denyReason = reason
 	e.wake()
 	return nil
 }
@@ -457,12 +426,11 @@ func (s *Store) Deny(_ context.Context, id, reason string) error {
 func (s *Store) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.sessions[id]; e != nil {
+	if e := s.t.get(id); e != nil {
 		if e.copy {
 			return ErrNotOwned
 		}
-		e.wake()
-		s.dropLocked(id, e)
+		s.dropLocked(e)
 	}
 	return nil
 }

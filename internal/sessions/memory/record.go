@@ -40,7 +40,7 @@ var ErrStaticMismatch = errors.New("imported record is another session with the 
 const copyBound = 2
 
 func (e *entry) record() Record {
-	r := Record{Session: e.s, Nonces: make([]uint64, 0, e.nonces.len()), LastPoll: e.lastPoll}
+	r := Record{Session: e.session(), Nonces: make([]uint64, 0, e.nonces.len()), LastPoll: e.lastPoll}
 	for _, h := range e.nonces.slots {
 		if h != 0 {
 			r.Nonces = append(r.Nonces, h)
@@ -108,9 +108,8 @@ func (s *Store) RemoveCopy(id string) { s.remove(id, true) }
 func (s *Store) remove(id string, copyOnly bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.sessions[id]; e != nil && (e.copy || !copyOnly) {
-		e.wake()
-		s.dropLocked(id, e)
+	if e := s.t.get(id); e != nil && (e.copy || !copyOnly) {
+		s.dropLocked(e)
 	}
 }
 
@@ -125,11 +124,11 @@ func (s *Store) ids(copies bool) []string {
 	defer s.mu.Unlock()
 	now := s.now()
 	var ids []string
-	for id, e := range s.sessions {
-		if e.copy == copies && now.Before(e.s.ExpiresAt) {
-			ids = append(ids, id)
+	s.t.each(func(e *entry) {
+		if e.copy == copies && now.Before(e.expiresAt()) {
+			ids = append(ids, e.id())
 		}
-	}
+	})
 	return ids
 }
 
@@ -160,24 +159,22 @@ func (s *Store) Import(rec Record, owned bool) error {
 		if rec.Partial || rec.Mutable {
 			return sessions.ErrNotFound
 		}
-		if len(s.sessions) >= (copyBound+1)*s.limits.MaxSessions {
+		if s.t.len() >= (copyBound+1)*s.limits.MaxSessions {
 			return sessions.ErrFull
 		}
-		e = &entry{copy: !owned, lastPoll: rec.LastPoll}
-		e.s = rec.Session
-		e.s.Response = cloneBytes(rec.Session.Response)
+		sess := rec.Session
+		sess.Response = cloneBytes(sess.Response)
+		e = s.t.add(sess)
+		e.copy, e.lastPoll = !owned, rec.LastPoll
 		mergeNonces(&e.nonces, rec.Nonces, s.limits.MaxNoncesPerSession)
-		s.sessions[rec.Session.ID] = e
 		if e.copy {
 			s.copies++
 		}
-		s.noteExpiry(e.s.ExpiresAt)
-		if len(s.sessions) > s.peak {
-			s.peak = len(s.sessions)
-		}
+		s.noteExpiry(sess.ExpiresAt)
+		s.peak = max(s.peak, s.t.len())
 		return nil
 	}
-	if !rec.Mutable && !sameStatic(e.s, rec.Session) {
+	if !rec.Mutable && !sameStatic(e.static(), rec.Session) {
 		return ErrStaticMismatch
 	}
 	if !owned && !e.copy {
@@ -187,18 +184,19 @@ func (s *Store) Import(rec Record, owned bool) error {
 			}
 		}
 	}
-	wasPending := e.s.State == sessions.StatePending
-	e.lastPoll = mergePollMark(e.s.LastPollAt, e.lastPoll, rec.Session.LastPollAt, rec.LastPoll)
-	mergeInto(&e.s, rec.Session, s.limits.Grace)
-	if wasPending && e.s.State != sessions.StatePending {
-		e.wake()
+	held := e.session()
+	e.lastPoll = mergePollMark(held.LastPollAt, e.lastPoll, rec.Session.LastPollAt, rec.LastPoll)
+	mergeInto(&held, rec.Session, s.limits.Grace)
+	e.setMutable(held)
+	if held.State != sessions.StatePending {
+		e.wake() // if pending until now, its waiters are woken
 	}
 	mergeNonces(&e.nonces, rec.Nonces, s.limits.MaxNoncesPerSession)
 	if owned && e.copy {
 		e.copy = false
 		s.copies--
 	}
-	s.noteExpiry(e.s.ExpiresAt)
+	s.noteExpiry(held.ExpiresAt)
 	return nil
 }
 
@@ -334,5 +332,5 @@ func (s *Store) Peek(id string) (sessions.Session, bool) {
 	if e == nil {
 		return sessions.Session{}, false
 	}
-	return e.s, true
+	return e.session(), true
 }

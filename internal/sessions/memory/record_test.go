@@ -258,7 +258,7 @@ func checkMergeOrderFree(t *testing.T, seed uint64, n, limit int) {
 		}
 	}
 	_, _, _ = s.Export("s")
-	e := s.sessions["s"]
+	e := s.t.get("s")
 	for _, r := range recs {
 		for _, h := range r.Nonces {
 			if !e.nonces.has(h) && e.nonces.len() < limit {

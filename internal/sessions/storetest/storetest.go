@@ -83,6 +83,7 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"WaitEndsWithContext", testWaitEndsWithContext},
 		{"WaitFinalAtOnce", testWaitFinalAtOnce},
 		{"WaitDelete", testWaitDelete},
+		{"WaitDeleteCreateAgain", testWaitDeleteCreateAgain},
 		{"WaitMany", testWaitMany},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -155,6 +155,17 @@ func testWaitDelete(t *testing.T, e *env) {
 	wantErr(t, "Wait for a deleted session", result(t, ch).err, sessions.ErrNotFound)
 }
 
+// A session deleted and created again under its ID while a Wait is woken
+// is another session: the Wait answers ErrNotFound, not the new one.
+func testWaitDeleteCreateAgain(t *testing.T, e *env) {
+	s := e.create()
+	ch := e.waitAsync(e.ctx, s.ID)
+	stillWaiting(t, ch)
+	noErr(t, "Delete", e.store.Delete(e.ctx, s.ID))
+	noErr(t, "Create again", e.store.Create(e.ctx, s))
+	wantErr(t, "Wait for a session deleted and created again", result(t, ch).err, sessions.ErrNotFound)
+}
+
 func testWaitMany(t *testing.T, e *env) {
 	s := e.create()
 	other := e.create()

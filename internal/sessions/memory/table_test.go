@@ -1,0 +1,173 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/storetest"
+)
+
+// Entries whose IDs share a hash are chained: every one is found, and
+// removing any of them, first, middle or last of its chain, leaves the
+// others found. Checked against a map, with every ID on one of three
+// hashes, through random adds, removes and a compaction.
+func TestTableChains(t *testing.T) {
+	tb := newTable()
+	tb.hash = func(id string) uint64 { return uint64(len(id) % 3) }
+	want := map[string]string{} // ID → secret
+	rng := rand.New(rand.NewPCG(1, 2))
+	check := func(when string) {
+		t.Helper()
+		if tb.len() != len(want) {
+			t.Fatalf("%s: len %d, want %d", when, tb.len(), len(want))
+		}
+		for id, secret := range want {
+			e := tb.get(id)
+			if e == nil || e.session().Secret != secret {
+				t.Fatalf("%s: %s not found or wrong", when, id)
+			}
+		}
+		seen := 0
+		tb.each(func(e *entry) {
+			if _, ok := want[e.id()]; !ok {
+				t.Fatalf("%s: each gave %s, which was removed", when, e.id())
+			}
+			seen++
+		})
+		if seen != len(want) {
+			t.Fatalf("%s: each gave %d entries, want %d", when, seen, len(want))
+		}
+	}
+	for i := 0; i < 5000; i++ {
+		id := "s" + strconv.Itoa(rng.IntN(300))
+		if _, held := want[id]; held {
+			tb.remove(tb.get(id))
+			delete(want, id)
+		} else {
+			secret := fmt.Sprint(i)
+			tb.add(sessions.Session{ID: id, Secret: secret})
+			want[id] = secret
+		}
+		if tb.get("absent") != nil {
+			t.Fatal("found an ID never added")
+		}
+	}
+	check("after adds and removes")
+	if len(tb.chunks) != (len(want)+len(tb.free)+chunkSize-1)/chunkSize {
+		t.Fatalf("%d chunks for %d entries and %d free positions", len(tb.chunks), len(want), len(tb.free))
+	}
+	tb = tb.compacted()
+	check("after compaction")
+	if len(tb.free) != 0 {
+		t.Fatalf("%d free positions after compaction", len(tb.free))
+	}
+}
+
+// Every field of a session comes back from its entry, times in UTC.
+func TestEntryRoundTrip(t *testing.T) {
+	at := time.Date(2026, 11, 24, 10, 0, 0, 123, time.FixedZone("x", 3600))
+	in := sessions.Session{ID: "id", ClusterID: "cluster", Secret: "secret", CreatedAt: at,
+		ExpiresAt: at.Add(time.Hour), CallbackURL: "http://127.0.0.1:1/cb", CallbackSessionID: "cs",
+		State: sessions.StateDenied, Response: []byte("r"), DenyReason: "no",
+		DeliveredAt: at.Add(time.Minute), LastPollAt: at.Add(time.Second)}
+	tb := newTable()
+	out := tb.add(in).session()
+	if fmt.Sprint(out) != fmt.Sprint(withUTC(in)) {
+		t.Fatalf("round trip:\n%+v\nwant\n%+v", out, withUTC(in))
+	}
+	if st := tb.get("id").static(); fmt.Sprint(st) != fmt.Sprint(withUTC(in).StaticPart()) {
+		t.Fatalf("static part: %+v", st)
+	}
+	empty := tb.add(sessions.Session{ID: "e"}).session()
+	if !empty.CreatedAt.IsZero() || !empty.LastPollAt.IsZero() || empty.CallbackURL != "" {
+		t.Fatalf("zero fields: %+v", empty)
+	}
+}
+
+func withUTC(s sessions.Session) sessions.Session {
+	for _, p := range []*time.Time{&s.CreatedAt, &s.ExpiresAt, &s.DeliveredAt, &s.LastPollAt} {
+		*p = p.UTC()
+	}
+	return s
+}
+
+// A Wait woken by its session's removal, when another session took the
+// same position and ID before it ran again, answers ErrNotFound: a
+// position is reused, the session is not the one waited for.
+func TestWaitNotFooledByAReusedPosition(t *testing.T) {
+	clock := storetest.NewClock(storetest.Start)
+	s := New(sessions.Limits{}, clock.Now)
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Wait(ctx, "s")
+		errc <- err
+	}()
+	for waiting := false; !waiting; {
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+		waiting = s.t.get("s").done != nil
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	old := s.t.get("s")
+	s.dropLocked(old)
+	again := s.t.add(newSession("s", clock.Now(), time.Hour))
+	s.mu.Unlock()
+	if again != old {
+		t.Fatal("test setup: the new session did not take the removed one's position")
+	}
+	if err := <-errc; !errors.Is(err, sessions.ErrNotFound) {
+		t.Fatalf("Wait: %v, want ErrNotFound", err)
+	}
+}
+
+// TestTableKeepsTheHeapFlat measures what the collector has to trace per
+// held session: a store of 20,000 sessions with used nonces is about two
+// heap objects a session (its fixed strings, its nonce set), where a map
+// of pointers to entries with their own strings made six or more.
+func TestTableKeepsTheHeapFlat(t *testing.T) {
+	const n = 20000
+	clock := storetest.NewClock(storetest.Start)
+	s := New(sessions.Limits{MaxSessions: n}, clock.Now)
+	defer s.Close()
+	ctx := context.Background()
+	before := heapObjects()
+	for i := 0; i < n; i++ {
+		sess := newSession(fmt.Sprintf("session-%07d", i), clock.Now(), time.Hour)
+		// Strings of their own, as sessions made by a request have.
+		sess.ClusterID, sess.Secret = fmt.Sprint("cluster-", i), fmt.Sprint("secret-", i)
+		if err := s.Create(ctx, sess); err != nil {
+			t.Fatal(err)
+		}
+		for j := 0; j < 3; j++ {
+			if err := s.UseNonce(ctx, sess.ID, fmt.Sprint(i, "-", j)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	perSession := float64(heapObjects()-before) / n
+	t.Logf("%.2f heap objects per session", perSession)
+	if perSession > 2.5 {
+		t.Fatalf("%.2f heap objects per held session, want at most 2.5", perSession)
+	}
+	runtime.KeepAlive(s)
+}
+
+func heapObjects() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapObjects)
+}
