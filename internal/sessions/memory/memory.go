@@ -88,11 +88,11 @@ func newStore(limits sessions.Limits, clock func() time.Time, every time.Duratio
 		clock = time.Now
 	}
 	s := &Store{
-		limits:   withDefaults(limits),
-		now:      clock,
-		t:        newTable(),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		limits: withDefaults(limits),
+		now:    clock,
+		t:      newTable(),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
 	go s.janitor(every)
 	return s

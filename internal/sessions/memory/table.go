@@ -26,7 +26,7 @@ import (
 // tells apart.
 type table struct {
 	hash   func(id string) uint64 // seeded: IDs cannot be chosen to collide
-	index  map[uint64]int32 // hash of an ID → position of the first entry with that hash
+	index  map[uint64]int32       // hash of an ID → position of the first entry with that hash
 	chunks []*[chunkSize]entry
 	free   []int32 // positions of removed entries, reused first
 	n      int
@@ -110,7 +110,7 @@ func (t *table) remove(e *entry) {
 		}
 	}
 	t.free = append(t.free, e.pos)
-	e.wake() // its waiters find it gone
+	e.wake()     // its waiters find it gone
 	*e = entry{} // lets its strings, nonces and response go
 	t.n--
 }
