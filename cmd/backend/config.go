@@ -17,6 +17,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/server"
+	"github.com/kbprovider/backend/internal/sessions"
 )
 
 // envPrefix: every flag --some-name can also be given as the environment
@@ -338,8 +339,8 @@ func (r *rawFlags) validate() (*config, error) {
 	if r.maxConnectionsPerClient < 0 {
 		fail("--max-connections-per-client %d: must be 0 (no limit) or positive", r.maxConnectionsPerClient)
 	}
-	if r.maxPendingSessions <= 0 {
-		fail("--max-pending-sessions %d: must be positive", r.maxPendingSessions)
+	if r.maxPendingSessions <= 0 || r.maxPendingSessions > sessions.MaxSessionsBound {
+		fail("--max-pending-sessions %d: must be positive and at most %d", r.maxPendingSessions, sessions.MaxSessionsBound)
 	}
 	c.LongPoll = longpoll.Options{MaxWait: r.longPollMaxWait, MaxHeld: r.maxLongPolls}
 	errs = append(errs, c.LongPoll.Validate()...)

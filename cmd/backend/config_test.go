@@ -149,6 +149,7 @@ func TestInvalidConfig(t *testing.T) {
 		{[]string{"--poll-interval", "20m"}, nil, "must be shorter than --session-ttl"},
 		{[]string{"--grace-period", "-1s"}, nil, "--grace-period"},
 		{[]string{"--max-pending-sessions", "0"}, nil, "--max-pending-sessions"},
+		{[]string{"--max-pending-sessions", "100000001"}, nil, "at most 100000000"},
 		{[]string{"--long-poll-max-wait", "2m"}, nil, "--long-poll-max-wait 2m0s: want whole seconds from 0 (off) to 50s"},
 		{[]string{"--long-poll-max-wait", "1500ms"}, nil, "--long-poll-max-wait 1.5s: want whole seconds"},
 		{nil, map[string]string{"KUBE_BIND_MAX_LONG_POLLS": "0"}, "--max-long-polls 0: must be positive"},

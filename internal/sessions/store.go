@@ -187,7 +187,7 @@ func (e *TooSoonError) Is(target error) bool { return target == ErrTooSoon }
 // Limits bound what a store keeps, so memory stays bounded.
 type Limits struct {
 	// MaxSessions is the most sessions held at once; Create beyond it fails
-	// with ErrFull.
+	// with ErrFull. At most MaxSessionsBound.
 	MaxSessions int
 	// MaxNoncesPerSession bounds the used nonces remembered per session.
 	MaxNoncesPerSession int
@@ -196,6 +196,11 @@ type Limits struct {
 	// Grace is how long a delivered response stays available.
 	Grace time.Duration
 }
+
+// MaxSessionsBound is the largest MaxSessions a store takes (a memory
+// store indexes the sessions and copies it holds, up to three times
+// MaxSessions, with 32-bit positions); a larger one is taken as this.
+const MaxSessionsBound = 100_000_000
 
 // WaitMargin is how much before its context's deadline Store.Wait may
 // return a session that is still pending.

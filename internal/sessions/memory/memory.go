@@ -103,6 +103,7 @@ func withDefaults(l sessions.Limits) sessions.Limits {
 	if l.MaxSessions <= 0 {
 		l.MaxSessions = d.MaxSessions
 	}
+	l.MaxSessions = min(l.MaxSessions, sessions.MaxSessionsBound)
 	if l.MaxNoncesPerSession <= 0 {
 		l.MaxNoncesPerSession = d.MaxNoncesPerSession
 	}
