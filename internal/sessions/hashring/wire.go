@@ -250,37 +250,23 @@ type wireSession struct {
 	StaticDigest []byte `json:"sd,omitempty"`
 }
 
-func nanos(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func fromNanos(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
-}
-
 func toWire(s sessions.Session) *wireSession {
 	return &wireSession{
 		ID: s.ID, ClusterID: s.ClusterID, Secret: s.Secret,
-		CreatedAt: nanos(s.CreatedAt), ExpiresAt: nanos(s.ExpiresAt),
+		CreatedAt: memory.UnixNanos(s.CreatedAt), ExpiresAt: memory.UnixNanos(s.ExpiresAt),
 		CallbackURL: s.CallbackURL, CallbackSessionID: s.CallbackSessionID,
 		State: int(s.State), Response: s.Response, DenyReason: s.DenyReason,
-		DeliveredAt: nanos(s.DeliveredAt), LastPollAt: nanos(s.LastPollAt),
+		DeliveredAt: memory.UnixNanos(s.DeliveredAt), LastPollAt: memory.UnixNanos(s.LastPollAt),
 	}
 }
 
 func fromWire(w *wireSession) sessions.Session {
 	return sessions.Session{
 		ID: w.ID, ClusterID: w.ClusterID, Secret: w.Secret,
-		CreatedAt: fromNanos(w.CreatedAt), ExpiresAt: fromNanos(w.ExpiresAt),
+		CreatedAt: memory.FromUnixNanos(w.CreatedAt), ExpiresAt: memory.FromUnixNanos(w.ExpiresAt),
 		CallbackURL: w.CallbackURL, CallbackSessionID: w.CallbackSessionID,
 		State: sessions.State(w.State), Response: w.Response, DenyReason: w.DenyReason,
-		DeliveredAt: fromNanos(w.DeliveredAt), LastPollAt: fromNanos(w.LastPollAt),
+		DeliveredAt: memory.FromUnixNanos(w.DeliveredAt), LastPollAt: memory.FromUnixNanos(w.LastPollAt),
 	}
 }
 
@@ -303,12 +289,12 @@ type staticPart struct {
 }
 
 func staticOf(s sessions.Session) staticPart {
-	return staticPart{ID: s.ID, ClusterID: s.ClusterID, Secret: s.Secret, CreatedAt: nanos(s.CreatedAt),
+	return staticPart{ID: s.ID, ClusterID: s.ClusterID, Secret: s.Secret, CreatedAt: memory.UnixNanos(s.CreatedAt),
 		CallbackURL: s.CallbackURL, CallbackSessionID: s.CallbackSessionID}
 }
 
 func (p staticPart) session() sessions.Session {
-	return sessions.Session{ID: p.ID, ClusterID: p.ClusterID, Secret: p.Secret, CreatedAt: fromNanos(p.CreatedAt),
+	return sessions.Session{ID: p.ID, ClusterID: p.ClusterID, Secret: p.Secret, CreatedAt: memory.FromUnixNanos(p.CreatedAt),
 		CallbackURL: p.CallbackURL, CallbackSessionID: p.CallbackSessionID}
 }
 

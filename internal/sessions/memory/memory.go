@@ -313,7 +313,7 @@ func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterv
 		}
 		return sessions.Session{}, sessions.ErrNonceUsed
 	}
-	if last := fromNanos(e.lastPollAt); !last.IsZero() {
+	if last := FromUnixNanos(e.lastPollAt); !last.IsZero() {
 		if wait := last.Add(minInterval).Sub(now); wait > 0 {
 			return sessions.Session{}, &sessions.TooSoonError{RetryAfter: wait}
 		}
@@ -321,7 +321,7 @@ func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterv
 	if err := s.useNonceLocked(e, h); err != nil {
 		return sessions.Session{}, err
 	}
-	e.lastPollAt = nanos(now)
+	e.lastPollAt = UnixNanos(now)
 	e.lastPoll = PollMark{Nonce: h, Request: req}
 	s.deliverLocked(e, now)
 	return e.session(), nil
@@ -332,8 +332,8 @@ func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterv
 // period from now.
 func (s *Store) deliverLocked(e *entry, now time.Time) {
 	if e.state == sessions.StateCompleted && e.delivered == 0 {
-		e.delivered = nanos(now)
-		e.expires = nanos(now.Add(s.limits.Grace))
+		e.delivered = UnixNanos(now)
+		e.expires = UnixNanos(now.Add(s.limits.Grace))
 		s.noteExpiry(e.expiresAt())
 	}
 }
@@ -400,7 +400,7 @@ func (s *Store) Complete(_ context.Context, id string, response []byte) error {
 	// this slice, which is never written again.
 	e.response = cloneBytes(response)
 	if min := now.Add(s.limits.Grace); e.expiresAt().Before(min) {
-		e.expires = nanos(min)
+		e.expires = UnixNanos(min)
 	}
 	e.wake()
 	return nil

@@ -187,13 +187,13 @@ func (e *entry) setFixed(s sessions.Session) {
 		n += uint32(len(f))
 		e.ends[i] = n
 	}
-	e.created = nanos(s.CreatedAt)
+	e.created = UnixNanos(s.CreatedAt)
 }
 
 // setMutable sets the fields that change after Create from s. The
 // response is kept as it is: callers pass a slice nobody else writes.
 func (e *entry) setMutable(s sessions.Session) {
-	e.expires, e.delivered, e.lastPollAt = nanos(s.ExpiresAt), nanos(s.DeliveredAt), nanos(s.LastPollAt)
+	e.expires, e.delivered, e.lastPollAt = UnixNanos(s.ExpiresAt), UnixNanos(s.DeliveredAt), UnixNanos(s.LastPollAt)
 	e.state, e.response, e.denyReason = s.State, s.Response, s.DenyReason
 }
 
@@ -204,9 +204,9 @@ func (e *entry) session() sessions.Session {
 	return sessions.Session{
 		ID: f[:end[0]], ClusterID: f[end[0]:end[1]], Secret: f[end[1]:end[2]],
 		CallbackURL: f[end[2]:end[3]], CallbackSessionID: f[end[3]:],
-		CreatedAt: fromNanos(e.created), ExpiresAt: fromNanos(e.expires),
+		CreatedAt: FromUnixNanos(e.created), ExpiresAt: FromUnixNanos(e.expires),
 		State: e.state, Response: e.response, DenyReason: e.denyReason,
-		DeliveredAt: fromNanos(e.delivered), LastPollAt: fromNanos(e.lastPollAt),
+		DeliveredAt: FromUnixNanos(e.delivered), LastPollAt: FromUnixNanos(e.lastPollAt),
 	}
 }
 
@@ -216,11 +216,11 @@ func (e *entry) static() sessions.Session {
 	return sessions.Session{
 		ID: f[:end[0]], ClusterID: f[end[0]:end[1]], Secret: f[end[1]:end[2]],
 		CallbackURL: f[end[2]:end[3]], CallbackSessionID: f[end[3]:],
-		CreatedAt: fromNanos(e.created),
+		CreatedAt: FromUnixNanos(e.created),
 	}
 }
 
-func (e *entry) expiresAt() time.Time { return fromNanos(e.expires) }
+func (e *entry) expiresAt() time.Time { return FromUnixNanos(e.expires) }
 
 // wake wakes the session's waiters. Call it (with the store's lock held)
 // on every change that ends pending: Complete, Deny, Delete, and a merge
@@ -232,16 +232,17 @@ func (e *entry) wake() {
 	}
 }
 
-// nanos and fromNanos keep times as Unix nanoseconds, the zero time as 0;
-// times come back in UTC, without a monotonic reading.
-func nanos(t time.Time) int64 {
+// UnixNanos and FromUnixNanos keep times as Unix nanoseconds, the zero
+// time as 0; times come back in UTC, without a monotonic reading. The
+// hashring's wire form uses them too.
+func UnixNanos(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
 	}
 	return t.UnixNano()
 }
 
-func fromNanos(n int64) time.Time {
+func FromUnixNanos(n int64) time.Time {
 	if n == 0 {
 		return time.Time{}
 	}
