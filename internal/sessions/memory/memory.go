@@ -370,15 +370,15 @@ func (s *Store) Wait(ctx context.Context, id string) (sessions.Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now = s.now()
-	if cur, err := s.live(id, now); err != nil {
+	cur, err := s.live(id, now)
+	if err != nil {
 		return sessions.Session{}, err
-	} else if cur.gen != gen {
-		return sessions.Session{}, sessions.ErrNotFound
-	} else {
-		e = cur
 	}
-	s.deliverLocked(e, now)
-	return e.session(), nil
+	if cur.gen != gen {
+		return sessions.Session{}, sessions.ErrNotFound
+	}
+	s.deliverLocked(cur, now)
+	return cur.session(), nil
 }
 
 func (s *Store) Complete(_ context.Context, id string, response []byte) error {
