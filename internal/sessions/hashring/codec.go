@@ -8,7 +8,8 @@ import (
 )
 
 // Hand-written JSON codecs for the messages every forwarded poll and every
-// copy carries (peerRequest, peerResponse, wireRecord, wireSession): the
+// copy carries (the batches and their answers, peerRequest, peerResponse,
+// wireRecord, wireSession): the
 // same JSON as encoding/json writes and reads for their field tags (keys
 // as written, omitempty as tagged, []byte as base64), without the
 // reflection, and without hashing field names to find a field, which a
@@ -35,6 +36,18 @@ func init() {
 	}, nil)
 	jsoniter.RegisterTypeDecoderFunc("hashring.wireRecord", func(p unsafe.Pointer, it *jsoniter.Iterator) {
 		decodeRecord((*wireRecord)(p), it)
+	})
+	jsoniter.RegisterTypeEncoderFunc("hashring.peerBatch", func(p unsafe.Pointer, st *jsoniter.Stream) {
+		encodeBatchMessage((*peerBatch)(p), st)
+	}, nil)
+	jsoniter.RegisterTypeDecoderFunc("hashring.peerBatch", func(p unsafe.Pointer, it *jsoniter.Iterator) {
+		decodeBatchMessage((*peerBatch)(p), it)
+	})
+	jsoniter.RegisterTypeEncoderFunc("hashring.peerBatchResponse", func(p unsafe.Pointer, st *jsoniter.Stream) {
+		encodeBatchAnswer((*peerBatchResponse)(p), st)
+	}, nil)
+	jsoniter.RegisterTypeDecoderFunc("hashring.peerBatchResponse", func(p unsafe.Pointer, it *jsoniter.Iterator) {
+		decodeBatchAnswer((*peerBatchResponse)(p), it)
 	})
 	jsoniter.RegisterTypeEncoderFunc("hashring.wireSession", func(p unsafe.Pointer, st *jsoniter.Stream) {
 		encodeSession((*wireSession)(p), st)
@@ -90,9 +103,13 @@ func (w *objectWriter) bool(k string, v bool) {
 	}
 }
 
+// bytes writes v in base64 straight into the stream's buffer: base64
+// needs no JSON escaping, and a string of it would be garbage at once.
 func (w *objectWriter) bytes(k string, v []byte) {
 	if len(v) > 0 {
-		w.key(k).WriteString(base64.StdEncoding.EncodeToString(v))
+		st := w.key(k)
+		b := append(st.Buffer(), '"')
+		st.SetBuffer(append(base64.StdEncoding.AppendEncode(b, v), '"'))
 	}
 }
 
@@ -202,6 +219,70 @@ func encodeSession(s *wireSession, st *jsoniter.Stream) {
 	w.int64("lp", s.LastPollAt)
 	w.bytes("sd", s.StaticDigest)
 	w.close()
+}
+
+// encodeSender writes the fields of a batch's or an answer's sender.
+func (w *objectWriter) sender(from Sender) {
+	w.str("f", from.From, true)
+	w.uint64("inc", from.Inc)
+	w.bool("m", from.Member)
+	w.bool("l", from.Left)
+}
+
+func encodeBatchMessage(b *peerBatch, st *jsoniter.Stream) {
+	w := openObject(st)
+	w.key("t").WriteInt64(b.Sent)
+	w.sender(b.Sender)
+	st = w.key("q")
+	if b.Reqs == nil {
+		st.WriteNil()
+	} else {
+		st.WriteArrayStart()
+		for i, r := range b.Reqs {
+			if i > 0 {
+				st.WriteMore()
+			}
+			if r == nil {
+				st.WriteNil()
+			} else {
+				encodeRequest(r, st)
+			}
+		}
+		st.WriteArrayEnd()
+	}
+	w.close()
+}
+
+func encodeBatchAnswer(b *peerBatchResponse, st *jsoniter.Stream) {
+	w := openObject(st)
+	w.sender(b.Sender)
+	st = w.key("a")
+	if b.Resps == nil {
+		st.WriteNil()
+	} else {
+		st.WriteArrayStart()
+		for i, r := range b.Resps {
+			if i > 0 {
+				st.WriteMore()
+			}
+			if r == nil {
+				st.WriteNil()
+			} else {
+				encodeResponse(r, st)
+			}
+		}
+		st.WriteArrayEnd()
+	}
+	w.close()
+}
+
+// encodeRequestJSON encodes r with its codec directly, without the
+// reflection that finds it: done for every request sent.
+func encodeRequestJSON(r *peerRequest) []byte {
+	st := wireJSON.BorrowStream(nil)
+	defer wireJSON.ReturnStream(st)
+	encodeRequest(r, st)
+	return append([]byte(nil), st.Buffer()...)
 }
 
 // The decoders read keys exactly as the encoders write them and skip
@@ -380,6 +461,75 @@ func decodeSession(s *wireSession, it *jsoniter.Iterator) {
 	})
 }
 
+// readSender reads a field of a batch's or an answer's sender; false if
+// k is not one.
+func readSender(it *jsoniter.Iterator, k string, from *Sender) bool {
+	switch k {
+	case "f":
+		readString(it, &from.From)
+	case "inc":
+		readUint64(it, &from.Inc)
+	case "m":
+		readBool(it, &from.Member)
+	case "l":
+		readBool(it, &from.Left)
+	default:
+		return false
+	}
+	return true
+}
+
+func decodeBatchMessage(b *peerBatch, it *jsoniter.Iterator) {
+	it.ReadObjectCB(func(it *jsoniter.Iterator, k string) bool {
+		switch {
+		case k == "t":
+			readInt64(it, &b.Sent)
+		case k == "q":
+			b.Reqs = readList(it, b.Reqs[:0], decodeRequest)
+		case !readSender(it, k, &b.Sender):
+			it.Skip()
+		}
+		return it.Error == nil
+	})
+}
+
+func decodeBatchAnswer(b *peerBatchResponse, it *jsoniter.Iterator) {
+	it.ReadObjectCB(func(it *jsoniter.Iterator, k string) bool {
+		switch {
+		case k == "a":
+			b.Resps = readList(it, b.Resps[:0], decodeResponse)
+		case !readSender(it, k, &b.Sender):
+			it.Skip()
+		}
+		return it.Error == nil
+	})
+}
+
+// readList reads an array of objects into list (null: nil; a null
+// element: a nil pointer, which the batch's checks refuse).
+func readList[T any](it *jsoniter.Iterator, list []*T, decode func(*T, *jsoniter.Iterator)) []*T {
+	if it.ReadNil() {
+		return nil
+	}
+	if !next(it, jsoniter.ArrayValue) {
+		return list
+	}
+	if list == nil {
+		list = make([]*T, 0, 16) // [] is not null
+	}
+	it.ReadArrayCB(func(it *jsoniter.Iterator) bool {
+		if it.ReadNil() {
+			list = append(list, nil)
+			return true
+		}
+		v := new(T)
+		decode(v, it)
+		list = append(list, v)
+		return it.Error == nil
+	})
+	return list
+}
+
 // next reports whether the value is there to read: false after reading a
 // null (which leaves a scalar as it is), or after a value of another type
 // (reported as an error, as encoding/json does).
@@ -428,10 +578,16 @@ func readBytes(it *jsoniter.Iterator, v *[]byte) {
 	if !next(it, jsoniter.StringValue) {
 		return
 	}
-	b, err := base64.StdEncoding.DecodeString(it.ReadString())
+	// Read in place (no string of it), decoded into one buffer. Base64 as
+	// replicas write it has no escapes; one with escapes is refused (the
+	// backslash is no base64), never misread.
+	b, err := base64.StdEncoding.AppendDecode(nil, it.ReadStringAsSlice())
 	if err != nil {
 		it.ReportError("decode peer message", "invalid base64")
 		return
+	}
+	if b == nil {
+		b = []byte{} // "" is not null
 	}
 	*v = b
 }

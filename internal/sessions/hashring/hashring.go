@@ -293,10 +293,8 @@ func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval ti
 		Req: mrand.Uint64() | 1} // never 0, which means "no request ID"
 	var static sessions.Session
 	fromCopy := false
-	if owned, held := s.local.Holds(id); held && !owned {
-		if st, err := s.local.Static(ctx, id); err == nil {
-			static, fromCopy, req.StaticDigest = st, true, staticOf(st).digest()
-		}
+	if st, digest, owned, held := s.local.StaticOf(id); held && !owned {
+		static, fromCopy, req.StaticDigest = st, true, digest[:]
 	} else if e, ok := s.statics.get(id); ok {
 		static, req.StaticDigest = e.sess, e.digest
 	}

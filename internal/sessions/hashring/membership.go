@@ -9,8 +9,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/golang/groupcache/consistenthash"
 )
 
 // Membership. Candidates are the replicas this one may talk to: SetPeers
@@ -36,23 +34,17 @@ const historyLen = 8
 // without each member (whose owner of an ID is that ID's backup).
 type ringView struct {
 	nodes   []string
-	hash    *consistenthash.Map
-	without map[string]*consistenthash.Map
+	hash    *ring
+	without map[string]*ring
 }
 
 func newRingView(nodes []string) *ringView {
-	v := &ringView{nodes: nodes, hash: buildRing(nodes), without: make(map[string]*consistenthash.Map, len(nodes))}
+	v := &ringView{nodes: nodes, hash: newRing(nodes, virtualNodes), without: make(map[string]*ring, len(nodes))}
 	for i, n := range nodes {
 		rest := append(slices.Clone(nodes[:i]), nodes[i+1:]...)
-		v.without[n] = buildRing(rest)
+		v.without[n] = newRing(rest, virtualNodes)
 	}
 	return v
-}
-
-func buildRing(nodes []string) *consistenthash.Map {
-	m := consistenthash.New(virtualNodes, nil)
-	m.Add(nodes...)
-	return m
 }
 
 // owner is the first member on the ring for id ("" for an empty ring).
@@ -60,7 +52,7 @@ func (v *ringView) owner(id string) string {
 	if len(v.nodes) == 0 {
 		return ""
 	}
-	return v.hash.Get(id)
+	return v.hash.get(id)
 }
 
 // backup is the member that would own id if its owner were gone ("" with
@@ -69,7 +61,7 @@ func (v *ringView) backup(id string) string {
 	if len(v.nodes) < 2 {
 		return ""
 	}
-	return v.without[v.owner(id)].Get(id)
+	return v.without[v.owner(id)].get(id)
 }
 
 type membership struct {
@@ -225,6 +217,9 @@ func refused(err error) bool {
 // connection to a process that died) says nothing by itself, so it is
 // probed with a fresh connection: refused means gone.
 func (s *Store) peerDown(peer string, err error) bool {
+	if err == nil {
+		return false // before errors.As, whose target escapes: every answered call
+	}
 	var ou *OwnerUnavailableError
 	if !errors.As(err, &ou) {
 		return false

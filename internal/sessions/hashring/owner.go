@@ -125,7 +125,8 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 	case opState:
 		if sess, err = s.local.Get(ctx, req.ID); err == nil {
 			w := mutableOnly(toWire(sess))
-			w.StaticDigest = staticOf(sess).digest()
+			d := memory.StaticDigest(sess)
+			w.StaticDigest = d[:]
 			resp.Session = w
 		}
 	case opStatic:
@@ -147,13 +148,11 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 		// (an ID used again) changes nothing here. It then needs only the
 		// mutable part back.
 		if len(req.StaticDigest) > 0 {
-			if owned, _ := s.local.Holds(req.ID); owned {
-				if st, ok := s.local.Peek(req.ID); ok && string(staticOf(st).digest()) != string(req.StaticDigest) {
-					return nil, sessions.ErrStaleStatic, true
-				}
-			}
+			sess, err = s.local.RecordPollChecked(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req, req.StaticDigest)
+		} else {
+			sess, err = s.local.RecordPollRequest(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req)
 		}
-		if sess, err = s.local.RecordPollRequest(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req); err == nil {
+		if err == nil {
 			resp.Session = toWire(sess)
 			if len(req.StaticDigest) > 0 {
 				resp.Session = mutableOnly(resp.Session)

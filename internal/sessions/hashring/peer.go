@@ -37,7 +37,7 @@ func (s *Store) maxPeerMessage() int64 {
 // idle, else together with the others that queued meanwhile, in one
 // sealed message.
 func (s *Store) call(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
-	pc := &pendingCall{body: mustJSON(req), done: make(chan struct{})}
+	pc := &pendingCall{body: encodeRequestJSON(req), done: make(chan struct{})}
 	s.pipes.send(peer, leafOp(req.Op), pc)
 	select {
 	case <-pc.done:
@@ -59,7 +59,7 @@ func (s *Store) callAlone(ctx context.Context, client *http.Client, peer string,
 	if client == nil {
 		client = s.client
 	}
-	resps, err := s.roundTrip(ctx, client, peer, [][]byte{mustJSON(req)})
+	resps, err := s.roundTrip(ctx, client, peer, [][]byte{encodeRequestJSON(req)})
 	if err != nil {
 		return nil, s.unavailable(peer, req.Op, err)
 	}
@@ -190,8 +190,12 @@ func readMessage(r io.Reader, length, limit int64) ([]byte, error) {
 }
 
 // serveBatch answers the requests of a batch, in order. They come from
-// independent callers, so they run concurrently: one that waits for
-// another replica does not hold up the rest.
+// independent callers, so a request that may wait for another replica
+// runs on a goroutine of its own, so as not to hold up the rest; the
+// others (answered from this replica's store alone) are served here, one
+// after the other, which spares each a switch to another goroutine: with
+// many requests to a batch, that was most of what scheduling cost the
+// receiver.
 func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResponse {
 	resps := make([]*peerResponse, len(reqs))
 	one := func(i int) {
@@ -203,19 +207,49 @@ func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResp
 		}
 		resps[i] = resp
 	}
+	here := make([]bool, len(reqs))
 	var wg sync.WaitGroup
-	for i := 1; i < len(reqs); i++ {
+	for i, req := range reqs {
+		if here[i] = s.answersAtOnce(req); here[i] {
+			continue
+		}
 		wg.Add(1)
 		s.workers.Go(func() {
 			defer wg.Done()
 			one(i)
 		})
 	}
-	if len(reqs) > 0 {
-		one(0)
+	for i := range reqs {
+		if here[i] {
+			one(i)
+		}
 	}
 	wg.Wait()
 	return resps
+}
+
+// answersAtOnce says whether req will be answered without waiting for
+// another replica, as far as can be told before serving it: a leaf
+// operation, or one on a session owned here whose change, if it makes
+// one, goes back in the answer (replicateFor) or nowhere. Should the
+// session move meanwhile, the request is still answered correctly, only
+// after the wait.
+func (s *Store) answersAtOnce(req *peerRequest) bool {
+	switch req.Op {
+	case opWait:
+		return false
+	case opGet, opState, opStatic, opPoll, opUseNonce, opComplete, opDeny:
+		if owned, _ := s.local.Holds(req.ID); !owned {
+			return false
+		}
+		switch req.Op {
+		case opGet, opState, opStatic:
+			return true
+		}
+		t := s.target(req.ID)
+		return t == "" || t == req.From
+	}
+	return leafOp(req.Op)
 }
 
 var errBadOp = errors.New("malformed peer request")

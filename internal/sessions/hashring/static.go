@@ -9,6 +9,7 @@ import (
 	"github.com/golang/groupcache/singleflight"
 
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
 )
 
 // staticCache holds the static parts of sessions other replicas own, so a
@@ -46,7 +47,8 @@ func newStaticCache(maxBytes int64) *staticCache {
 
 func newStaticEntry(s sessions.Session) *staticEntry {
 	s = s.StaticPart()
-	return &staticEntry{sess: s, digest: staticOf(s).digest(),
+	d := memory.StaticDigest(s)
+	return &staticEntry{sess: s, digest: d[:],
 		size: int64(len(s.ID)*2 + len(s.ClusterID) + len(s.Secret) + len(s.CallbackURL) + len(s.CallbackSessionID) + staticEntryOverhead)}
 }
 

@@ -142,7 +142,7 @@ func (s *Store) waitAt(ctx context.Context, owner, id string) (sessions.Session,
 // returns the session as the owner answered it.
 func (s *Store) callWait(ctx context.Context, peer, id string, d time.Duration) (sessions.Session, error) {
 	req := &peerRequest{Op: opWait, ID: id, Interval: int64(d)}
-	resps, err := s.roundTrip(ctx, s.waitClient, peer, [][]byte{mustJSON(req)})
+	resps, err := s.roundTrip(ctx, s.waitClient, peer, [][]byte{encodeRequestJSON(req)})
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("session owner did not answer", "peer", peer, "op", opWait, "error", err)

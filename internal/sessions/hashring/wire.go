@@ -1,8 +1,6 @@
 package hashring
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -296,21 +294,6 @@ func staticOf(s sessions.Session) staticPart {
 func (p staticPart) session() sessions.Session {
 	return sessions.Session{ID: p.ID, ClusterID: p.ClusterID, Secret: p.Secret, CreatedAt: memory.FromUnixNanos(p.CreatedAt),
 		CallbackURL: p.CallbackURL, CallbackSessionID: p.CallbackSessionID}
-}
-
-// digest identifies a static part: a session deleted and created again
-// under the same ID with other fields has another digest, so a stale
-// cached static part is never combined with the new session's state.
-func (p staticPart) digest() []byte {
-	var buf [512]byte // on the stack for a session of the usual size: a non-owner digests its copy on every poll
-	b := buf[:0]
-	for _, f := range [...]string{p.ID, p.ClusterID, p.Secret, p.CallbackURL, p.CallbackSessionID} {
-		b = binary.BigEndian.AppendUint64(b, uint64(len(f)))
-		b = append(b, f...)
-	}
-	b = binary.BigEndian.AppendUint64(b, uint64(p.CreatedAt))
-	sum := sha256.Sum256(b)
-	return sum[:16:16]
 }
 
 // codeMalformed answers a request of a batch that the owner cannot make

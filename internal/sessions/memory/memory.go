@@ -265,6 +265,20 @@ func (s *Store) Static(_ context.Context, id string) (sessions.Session, error) {
 	return e.static(), nil
 }
 
+// StaticOf returns the fixed fields of session id, owned or a backup
+// copy, with their StaticDigest, and whether it is owned: what a hashring
+// replica needs of a poll's session before it serves or forwards it, in
+// one lookup.
+func (s *Store) StaticOf(id string) (static sessions.Session, digest [16]byte, owned, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held(id, s.now())
+	if e == nil {
+		return sessions.Session{}, [16]byte{}, false, false
+	}
+	return e.static(), e.digest, !e.copy, true
+}
+
 func (s *Store) UseNonce(_ context.Context, id, nonce string) error {
 	h := NonceHash(nonce)
 	s.mu.Lock()
@@ -295,6 +309,21 @@ func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval ti
 // non-zero req is that poll sent again, not a replay: it is answered with
 // the session as it is now and changes nothing.
 func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterval time.Duration, req uint64) (sessions.Session, error) {
+	return s.recordPoll(id, nonce, minInterval, req, nil)
+}
+
+// RecordPollChecked is RecordPollRequest for a poll whose signature was
+// checked with fixed fields taken from elsewhere (a backup's copy, a
+// cache), whose StaticDigest is static: a session with other fixed fields
+// (its ID used again) answers sessions.ErrStaleStatic and changes nothing.
+func (s *Store) RecordPollChecked(_ context.Context, id, nonce string, minInterval time.Duration, req uint64, static []byte) (sessions.Session, error) {
+	if static == nil {
+		static = []byte{} // checked: matches no digest
+	}
+	return s.recordPoll(id, nonce, minInterval, req, static)
+}
+
+func (s *Store) recordPoll(id, nonce string, minInterval time.Duration, req uint64, static []byte) (sessions.Session, error) {
 	h := NonceHash(nonce)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -302,6 +331,9 @@ func (s *Store) RecordPollRequest(_ context.Context, id, nonce string, minInterv
 	e, err := s.live(id, now)
 	if err != nil {
 		return sessions.Session{}, err
+	}
+	if static != nil && string(static) != string(e.digest[:]) {
+		return sessions.Session{}, sessions.ErrStaleStatic
 	}
 	// A replayed nonce is refused as such even when it comes too soon; a
 	// poll refused as too soon changes nothing, not even the nonce set, so

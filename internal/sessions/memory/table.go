@@ -1,6 +1,8 @@
 package memory
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"hash/maphash"
 	"time"
 
@@ -147,8 +149,9 @@ func (t *table) compacted() *table {
 // the collector follows few pointers per session; session() puts them
 // back together without copying.
 type entry struct {
-	fixed string    // ID, ClusterID, Secret, CallbackURL, CallbackSessionID, back to back
-	ends  [4]uint32 // where the first four end in fixed
+	fixed  string    // ID, ClusterID, Secret, CallbackURL, CallbackSessionID, back to back
+	ends   [4]uint32 // where the first four end in fixed
+	digest [16]byte  // StaticDigest of the fixed fields
 
 	created, expires, delivered, lastPollAt int64
 	state                                   sessions.State
@@ -189,6 +192,7 @@ func (e *entry) setFixed(s sessions.Session) {
 		e.ends[i] = n
 	}
 	e.created = UnixNanos(s.CreatedAt)
+	e.digest = StaticDigest(s)
 }
 
 // setMutable sets the fields that change after Create from s. The
@@ -227,6 +231,25 @@ func (e *entry) wake() {
 		close(e.done)
 		e.done = nil
 	}
+}
+
+// StaticDigest identifies a session's fixed fields (ID, cluster ID,
+// secret, creation time, callback fields): a session deleted and created
+// again under the same ID with other fields has another digest. Hashring
+// replicas compare it to tell whether the fixed part they checked a
+// signature with is the owner's, so its form is part of their wire
+// protocol. A store keeps it with each session (computed once, not on
+// every poll).
+func StaticDigest(s sessions.Session) [16]byte {
+	var buf [512]byte // on the stack for a session of the usual size
+	b := buf[:0]
+	for _, f := range [...]string{s.ID, s.ClusterID, s.Secret, s.CallbackURL, s.CallbackSessionID} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(f)))
+		b = append(b, f...)
+	}
+	b = binary.BigEndian.AppendUint64(b, uint64(UnixNanos(s.CreatedAt)))
+	sum := sha256.Sum256(b)
+	return [16]byte(sum[:16])
 }
 
 // UnixNanos and FromUnixNanos keep times as Unix nanoseconds, the zero

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -170,4 +171,57 @@ func heapObjects() int64 {
 	runtime.GC()
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapObjects)
+}
+
+// TestStaticDigestKeepsItsForm: replicas of different versions compare
+// digests (a poll's static check), so the form must not change.
+func TestStaticDigestKeepsItsForm(t *testing.T) {
+	s := sessions.Session{ID: "gIwYVk68a15BcN0GhjeAbWsFWbI", ClusterID: "c-1", Secret: "s3cr3t",
+		CreatedAt: time.Unix(1764000000, 123456789), CallbackURL: "http://127.0.0.1:8080/callback", CallbackSessionID: "cb-7"}
+	d := StaticDigest(s)
+	if got, want := hex.EncodeToString(d[:]), "cc8d2463582e61ccd006de7f9c5091ff"; got != want {
+		t.Fatalf("StaticDigest = %s, want %s", got, want)
+	}
+	changed := s
+	changed.CallbackSessionID = "cb-8"
+	if StaticDigest(changed) == d {
+		t.Fatal("a changed callback session ID kept the digest")
+	}
+	st := New(sessions.DefaultLimits, nil)
+	defer st.Close()
+	s.ExpiresAt = time.Now().Add(time.Hour)
+	if err := st.Create(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if _, held, owned, ok := st.StaticOf(s.ID); !ok || !owned || held != d {
+		t.Fatalf("StaticOf = %x owned %v ok %v, want %x owned", held, owned, ok, d)
+	}
+}
+
+// A poll checked with another session's fixed fields changes nothing:
+// its nonce stays fresh for the right one.
+func TestRecordPollCheckedRefusesAnotherStatic(t *testing.T) {
+	ctx := context.Background()
+	st := New(sessions.DefaultLimits, nil)
+	defer st.Close()
+	s := sessions.Session{ID: "s", Secret: "new", CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}
+	if err := st.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	old := s
+	old.Secret = "old"
+	stale := StaticDigest(old)
+	for _, d := range [][]byte{stale[:], nil, {1, 2, 3}} {
+		if _, err := st.RecordPollChecked(ctx, "s", "n", 0, 1, d); !errors.Is(err, sessions.ErrStaleStatic) {
+			t.Fatalf("digest %x: err = %v, want ErrStaleStatic", d, err)
+		}
+	}
+	d := StaticDigest(s)
+	got, err := st.RecordPollChecked(ctx, "s", "n", 0, 1, d[:])
+	if err != nil || got.LastPollAt.IsZero() {
+		t.Fatalf("matching digest: %v, last poll %v", err, got.LastPollAt)
+	}
+	if _, err := st.RecordPollChecked(ctx, "s", "n", 0, 2, d[:]); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("the nonce again: err = %v, want ErrNonceUsed", err)
+	}
 }
