@@ -293,10 +293,25 @@ func (s *Store) RecordPoll(ctx context.Context, id, nonce string, minInterval ti
 		Req: mrand.Uint64() | 1} // never 0, which means "no request ID"
 	var static sessions.Session
 	fromCopy := false
-	if st, digest, owned, held := s.local.StaticOf(id); held && !owned {
+	st, digest, owned, held := s.local.StaticOf(id)
+	switch {
+	case owned:
+		// Served here, as route would, without the wire form of the
+		// answer that route's callers on other replicas need.
+		sess, err := s.recordPollHere(ctx, req)
+		if err == nil {
+			return sess, s.replicate(ctx, pollCopy(sess, req))
+		}
+		if !errors.Is(err, sessions.ErrNotFound) && !errors.Is(err, memory.ErrNotOwned) {
+			return sessions.Session{}, err
+		}
+		// Moved or ended meanwhile: route finds where.
+	case held:
 		static, fromCopy, req.StaticDigest = st, true, digest[:]
-	} else if e, ok := s.statics.get(id); ok {
-		static, req.StaticDigest = e.sess, e.digest
+	default:
+		if e, ok := s.statics.get(id); ok {
+			static, req.StaticDigest = e.sess, e.digest
+		}
 	}
 	resp, err := s.route(ctx, req)
 	switch {

@@ -143,23 +143,12 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 			err = s.replicateChange(ctx, req, resp, req.Nonce)
 		}
 	case opPoll:
-		// A non-owner that checked the signature with a cached static part
-		// sends its digest: a poll checked with another session's secret
-		// (an ID used again) changes nothing here. It then needs only the
-		// mutable part back.
-		if len(req.StaticDigest) > 0 {
-			sess, err = s.local.RecordPollChecked(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req, req.StaticDigest)
-		} else {
-			sess, err = s.local.RecordPollRequest(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req)
-		}
-		if err == nil {
+		if sess, err = s.recordPollHere(ctx, req); err == nil {
 			resp.Session = toWire(sess)
 			if len(req.StaticDigest) > 0 {
 				resp.Session = mutableOnly(resp.Session)
 			}
-			h := memory.NonceHash(req.Nonce)
-			err = s.replicateFor(ctx, req, resp, memory.Record{Session: sess, Nonces: []uint64{h}, Partial: true,
-				Mutable: true, LastPoll: memory.PollMark{Nonce: h, Request: req.Req}})
+			err = s.replicateFor(ctx, req, resp, pollCopy(sess, req))
 		}
 	case opComplete:
 		if err = s.local.Complete(ctx, req.ID, req.Response); err == nil {
@@ -183,6 +172,26 @@ func (s *Store) serveLocal(ctx context.Context, req *peerRequest) (resp *peerRes
 		return nil, nil, false
 	}
 	return resp, err, true
+}
+
+// recordPollHere records req's poll on the local store, which answers
+// ErrNotOwned or ErrNotFound if it does not hold the session as owner. A
+// non-owner that checked the signature with a cached static part sends
+// its digest: a poll checked with another session's secret (an ID used
+// again) changes nothing here.
+func (s *Store) recordPollHere(ctx context.Context, req *peerRequest) (sessions.Session, error) {
+	if len(req.StaticDigest) > 0 {
+		return s.local.RecordPollChecked(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req, req.StaticDigest)
+	}
+	return s.local.RecordPollRequest(ctx, req.ID, req.Nonce, time.Duration(req.Interval), req.Req)
+}
+
+// pollCopy is what the backup gets of a recorded poll: the mutable part,
+// the nonce and the poll's mark.
+func pollCopy(sess sessions.Session, req *peerRequest) memory.Record {
+	h := memory.NonceHash(req.Nonce)
+	return memory.Record{Session: sess, Nonces: []uint64{h}, Partial: true, Mutable: true,
+		LastPoll: memory.PollMark{Nonce: h, Request: req.Req}}
 }
 
 // replicateChange sends the session as it is now, with the nonce it used

@@ -240,6 +240,12 @@ func TestOwnerCrashBackupServes(t *testing.T) {
 		if _, err := rs[2].RecordPoll(ctx, id, "used", 0); err != nil {
 			t.Fatal(err)
 		}
+		// On the owner itself (its own store, then the copy to the
+		// backup before the answer).
+		got, err := dead.RecordPoll(ctx, id, "used-at-owner", 0)
+		if err != nil || got.Secret == "" || got.LastPollAt.IsZero() {
+			t.Fatalf("a poll on the owner: %v, secret %q, last poll %v", err, got.Secret, got.LastPollAt)
+		}
 	}
 	resp := []byte(`{"kind":"BindingResponse","n":1}`)
 	if err := rs[1].Complete(ctx, done, resp); err != nil {
@@ -249,8 +255,10 @@ func TestOwnerCrashBackupServes(t *testing.T) {
 
 	for _, r := range rs[1:] {
 		for _, id := range []string{pending, done} {
-			if _, err := r.RecordPoll(ctx, id, "used", 0); !errors.Is(err, sessions.ErrNonceUsed) {
-				t.Fatalf("a nonce used before the crash, on %s after it: %v, want ErrNonceUsed", id, err)
+			for _, nonce := range []string{"used", "used-at-owner"} {
+				if _, err := r.RecordPoll(ctx, id, nonce, 0); !errors.Is(err, sessions.ErrNonceUsed) {
+					t.Fatalf("nonce %s used before the crash, on %s after it: %v, want ErrNonceUsed", nonce, id, err)
+				}
 			}
 		}
 	}
