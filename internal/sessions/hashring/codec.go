@@ -233,47 +233,36 @@ func encodeBatchMessage(b *peerBatch, st *jsoniter.Stream) {
 	w := openObject(st)
 	w.key("t").WriteInt64(b.Sent)
 	w.sender(b.Sender)
-	st = w.key("q")
-	if b.Reqs == nil {
-		st.WriteNil()
-	} else {
-		st.WriteArrayStart()
-		for i, r := range b.Reqs {
-			if i > 0 {
-				st.WriteMore()
-			}
-			if r == nil {
-				st.WriteNil()
-			} else {
-				encodeRequest(r, st)
-			}
-		}
-		st.WriteArrayEnd()
-	}
+	writeList(w.key("q"), b.Reqs, encodeRequest)
 	w.close()
 }
 
 func encodeBatchAnswer(b *peerBatchResponse, st *jsoniter.Stream) {
 	w := openObject(st)
 	w.sender(b.Sender)
-	st = w.key("a")
-	if b.Resps == nil {
-		st.WriteNil()
-	} else {
-		st.WriteArrayStart()
-		for i, r := range b.Resps {
-			if i > 0 {
-				st.WriteMore()
-			}
-			if r == nil {
-				st.WriteNil()
-			} else {
-				encodeResponse(r, st)
-			}
-		}
-		st.WriteArrayEnd()
-	}
+	writeList(w.key("a"), b.Resps, encodeResponse)
 	w.close()
+}
+
+// writeList writes list as an array (nil: null; a nil element: null), as
+// readList reads it.
+func writeList[T any](st *jsoniter.Stream, list []*T, encode func(*T, *jsoniter.Stream)) {
+	if list == nil {
+		st.WriteNil()
+		return
+	}
+	st.WriteArrayStart()
+	for i, v := range list {
+		if i > 0 {
+			st.WriteMore()
+		}
+		if v == nil {
+			st.WriteNil()
+		} else {
+			encode(v, st)
+		}
+	}
+	st.WriteArrayEnd()
 }
 
 // encodeRequestJSON encodes r with its codec directly, without the
