@@ -221,7 +221,7 @@ func encodeSession(s *wireSession, st *jsoniter.Stream) {
 	w.close()
 }
 
-// encodeSender writes the fields of a batch's or an answer's sender.
+// sender writes the fields of a batch's or an answer's sender.
 func (w *objectWriter) sender(from Sender) {
 	w.str("f", from.From, true)
 	w.uint64("inc", from.Inc)

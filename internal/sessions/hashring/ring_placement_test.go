@@ -5,8 +5,11 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/golang/groupcache/consistenthash"
+
+	"github.com/kbprovider/backend/internal/sessions"
 )
 
 // TestRingPlacesAsConsistentHash: the ring names the owner groupcache's
@@ -79,4 +82,40 @@ func randomID(r *rand.Rand) string {
 		b[i] = chars[r.IntN(len(chars))]
 	}
 	return string(b)
+}
+
+// TestAnswersAtOnce: what a batch's receiver serves on its own goroutine
+// (nothing to wait for) and what on a worker.
+func TestAnswersAtOnce(t *testing.T) {
+	rs := startRing(t, 3, sessions.DefaultLimits, time.Now)
+	owner := rs[0]
+	id := ownedBy(t, rs, owner, "at-once")
+	if err := rs[1].Create(ctx, testSession(id, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	backup := owner.view().backup(id)
+	other := rs[1].url
+	if other == backup {
+		other = rs[2].url
+	}
+	for _, c := range []struct {
+		at   *replica
+		req  peerRequest
+		want bool
+	}{
+		{owner, peerRequest{Op: opPoll, ID: id, From: backup}, true},     // the copy goes back in the answer
+		{owner, peerRequest{Op: opPoll, ID: id, From: other}, false},     // the copy goes to the backup first
+		{owner, peerRequest{Op: opComplete, ID: id, From: other}, false}, // likewise
+		{owner, peerRequest{Op: opGet, ID: id, From: other}, true},
+		{owner, peerRequest{Op: opWait, ID: id, From: backup}, false},
+		{owner, peerRequest{Op: opCreate, ID: id, From: backup}, false},
+		{owner, peerRequest{Op: opReplicate, From: other}, true},
+		{owner, peerRequest{Op: opJoin, From: other}, true},
+		{rs[1], peerRequest{Op: opPoll, ID: id, From: rs[2].url}, false}, // not owned there: forwarded
+		{owner, peerRequest{Op: opPoll, ID: "nobody", From: backup}, false},
+	} {
+		if got := c.at.answersAtOnce(&c.req); got != c.want {
+			t.Errorf("%s of %s from %s at %s: %v, want %v", c.req.Op, c.req.ID, c.req.From, c.at.url, got, c.want)
+		}
+	}
 }
