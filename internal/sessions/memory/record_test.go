@@ -18,13 +18,8 @@ import (
 // move is refused after it, and the copy serves nothing until promoted.
 func TestExportImportKeepsNonces(t *testing.T) {
 	ctx := context.Background()
-	clock := storetest.NewClock(storetest.Start)
-	a, b := New(sessions.Limits{}, clock.Now), New(sessions.Limits{}, clock.Now)
-	defer a.Close()
-	defer b.Close()
-	if err := a.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
-		t.Fatal(err)
-	}
+	st, clock := storesWithSession(t, 2)
+	a, b := st[0], st[1]
 	if _, err := a.RecordPoll(ctx, "s", "n1", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -84,13 +79,9 @@ func TestExportImportKeepsNonces(t *testing.T) {
 // A backup that owns the session refuses a pushed nonce it already holds:
 // the overlap of two replicas acting as owner cannot accept a nonce twice.
 func TestImportRefusesNonceOwnedHere(t *testing.T) {
-	clock := storetest.NewClock(storetest.Start)
-	s := New(sessions.Limits{}, clock.Now)
-	defer s.Close()
+	st, clock := storesWithSession(t, 1)
+	s := st[0]
 	ctx := context.Background()
-	if err := s.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
-		t.Fatal(err)
-	}
 	if err := s.UseNonce(ctx, "s", "n"); err != nil {
 		t.Fatal(err)
 	}
@@ -274,13 +265,8 @@ func checkMergeOrderFree(t *testing.T, seed uint64, n, limit int) {
 // replaying the signed request) and an older poll's request are refused.
 func TestPollSentAgainAfterMove(t *testing.T) {
 	ctx := context.Background()
-	clock := storetest.NewClock(storetest.Start)
-	owner, backup := New(sessions.Limits{}, clock.Now), New(sessions.Limits{}, clock.Now)
-	defer owner.Close()
-	defer backup.Close()
-	if err := owner.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
-		t.Fatal(err)
-	}
+	st, clock := storesWithSession(t, 2)
+	owner, backup := st[0], st[1]
 	if _, err := owner.RecordPollRequest(ctx, "s", "n1", 0, 11); err != nil {
 		t.Fatal(err)
 	}
@@ -323,13 +309,8 @@ func TestPollSentAgainAfterMove(t *testing.T) {
 // the same nonce is still refused.
 func TestImportTakesTheSamePollTwice(t *testing.T) {
 	ctx := context.Background()
-	clock := storetest.NewClock(storetest.Start)
-	served, next := New(sessions.Limits{}, clock.Now), New(sessions.Limits{}, clock.Now)
-	defer served.Close()
-	defer next.Close()
-	if err := served.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
-		t.Fatal(err)
-	}
+	st, clock := storesWithSession(t, 2)
+	served, next := st[0], st[1]
 	sess, err := served.RecordPollRequest(ctx, "s", "n", 0, 7)
 	if err != nil {
 		t.Fatal(err)
@@ -369,4 +350,20 @@ func TestImportTakesTheSamePollTwice(t *testing.T) {
 	if err := next.Import(copyOf(7), false); !errors.Is(err, sessions.ErrNonceUsed) {
 		t.Fatalf("the first poll's copy after a later poll: %v, want ErrNonceUsed", err)
 	}
+}
+
+// storesWithSession returns n stores on one test clock, closed when the
+// test ends, the first holding session "s" (an hour to live).
+func storesWithSession(t *testing.T, n int) ([]*Store, *storetest.Clock) {
+	t.Helper()
+	clock := storetest.NewClock(storetest.Start)
+	st := make([]*Store, n)
+	for i := range st {
+		st[i] = New(sessions.Limits{}, clock.Now)
+		t.Cleanup(st[i].Close)
+	}
+	if err := st[0].Create(context.Background(), newSession("s", clock.Now(), time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	return st, clock
 }

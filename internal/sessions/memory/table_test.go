@@ -103,13 +103,9 @@ func withUTC(s sessions.Session) sessions.Session {
 // same position and ID before it ran again, answers ErrNotFound: a
 // position is reused, the session is not the one waited for.
 func TestWaitNotFooledByAReusedPosition(t *testing.T) {
-	clock := storetest.NewClock(storetest.Start)
-	s := New(sessions.Limits{}, clock.Now)
-	defer s.Close()
+	st, clock := storesWithSession(t, 1)
+	s := st[0]
 	ctx := context.Background()
-	if err := s.Create(ctx, newSession("s", clock.Now(), time.Hour)); err != nil {
-		t.Fatal(err)
-	}
 	errc := make(chan error, 1)
 	go func() {
 		_, err := s.Wait(ctx, "s")
