@@ -326,7 +326,7 @@ func FuzzPeerResponse(f *testing.F) {
 		f.Fatal(err)
 	}
 	peer := &scriptedPeer{s: s}
-	st, err := New(Options{Self: "http://self:1", Key: testKey, Transport: peer, Logger: slog.New(slog.DiscardHandler)})
+	st, err := New(Options{Self: "http://self:1", Key: testKey, Transport: peer, NoStreams: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -64,6 +64,14 @@ type Options struct {
 	// Logger logs peer failures (default: slog.Default()). It never logs
 	// secrets.
 	Logger *slog.Logger
+	// NoStreams sends every batch to a peer as an HTTP message through
+	// Transport, as replicas before streams did (stream.go), and refuses
+	// the streams of other replicas: for tests that watch the messages,
+	// and a way back should streams misbehave.
+	NoStreams bool
+	// Dial opens the connections of streams to peers (default: a
+	// net.Dialer).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // PeerPath is where PeerHandler serves the peer API. v2: messages carry
@@ -84,6 +92,10 @@ type Store struct {
 	statics *staticCache
 	pipes   *pipes
 	workers *workers
+	// senders are the streams this replica sends on (nil: NoStreams);
+	// receivers those it serves.
+	senders   *senders
+	receivers *receivers
 
 	// dialer probes whether a peer whose connection broke is gone.
 	dialer *net.Dialer
@@ -165,6 +177,15 @@ func New(opts Options) (*Store, error) {
 	// The batch envelope and the seal add a few bytes to the requests.
 	s.workers = newWorkers()
 	s.pipes = newPipes(s.maxPeerMessage()-1024, s.sendBatch, s.workers.Go)
+	s.receivers = newReceivers()
+	if opts.NoStreams {
+		s.receivers.closed = true
+	} else {
+		if opts.Dial == nil {
+			opts.Dial = (&net.Dialer{Timeout: opts.PeerTimeout / 2, KeepAlive: 30 * time.Second}).DialContext
+		}
+		s.senders = newSenders(sealer, opts.Dial, opts.PeerTimeout, s.maxPeerMessage(), opts.Logger)
+	}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.rebuildLocked()
@@ -175,13 +196,15 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the resync loop and the local store's janitor, and waits
-// for the peer calls in flight.
+// Close stops the resync loop and the local store's janitor, waits for
+// the peer calls in flight, and closes the streams to and from peers.
 func (s *Store) Close() {
 	s.stopBg()
 	s.bg.Wait()
 	s.local.Close()
 	s.pipes.close()
+	s.senders.close()
+	s.receivers.close()
 	s.workers.close()
 }
 

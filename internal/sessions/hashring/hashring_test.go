@@ -35,6 +35,13 @@ func (r *replica) stop() {
 
 func startReplica(t testing.TB, limits sessions.Limits, clock func() time.Time, opts Options) *replica {
 	t.Helper()
+	return startReplicaServing(t, limits, clock, opts, nil)
+}
+
+// startReplicaServing is startReplica with the peer handler wrapped by
+// wrap (nil: as it is).
+func startReplicaServing(t testing.TB, limits sessions.Limits, clock func() time.Time, opts Options, wrap func(http.Handler) http.Handler) *replica {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +64,11 @@ func startReplica(t testing.TB, limits sessions.Limits, clock func() time.Time, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: s.PeerHandler(), ReadHeaderTimeout: 5 * time.Second}
+	h := s.PeerHandler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		srv.Close()

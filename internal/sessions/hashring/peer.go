@@ -37,8 +37,9 @@ func (s *Store) maxPeerMessage() int64 {
 // idle, else together with the others that queued meanwhile, in one
 // sealed message.
 func (s *Store) call(ctx context.Context, peer string, req *peerRequest) (*peerResponse, error) {
-	pc := &pendingCall{body: encodeRequestJSON(req), done: make(chan struct{})}
-	s.pipes.send(peer, leafOp(req.Op), pc)
+	pc := &pendingCall{body: encodeRequestJSON(req), leaf: leafOp(req.Op), done: make(chan struct{})}
+	// On a stream, leaf requests need no pipe of their own (stream.go).
+	s.pipes.send(peer, pc.leaf && !s.senders.up(peer), pc)
 	select {
 	case <-pc.done:
 	case <-ctx.Done():
@@ -123,6 +124,10 @@ func (s *Store) PeerHandler() http.Handler {
 }
 
 func (s *Store) servePeer(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == PeerStreamPath {
+		s.serveStream(w, r)
+		return
+	}
 	if r.URL.Path != PeerPath {
 		http.NotFound(w, r)
 		return
@@ -198,15 +203,7 @@ func readMessage(r io.Reader, length, limit int64) ([]byte, error) {
 // receiver.
 func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResponse {
 	resps := make([]*peerResponse, len(reqs))
-	one := func(i int) {
-		resp, err := s.serveOp(ctx, reqs[i])
-		if err != nil {
-			// A request this replica cannot make sense of (malformed, or
-			// an op of a newer version): that request fails, not its batch.
-			resp = &peerResponse{Err: codeMalformed}
-		}
-		resps[i] = resp
-	}
+	one := func(i int) { resps[i] = s.serveOne(ctx, reqs[i]) }
 	here := make([]bool, len(reqs))
 	var wg sync.WaitGroup
 	for i, req := range reqs {
@@ -226,6 +223,17 @@ func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResp
 	}
 	wg.Wait()
 	return resps
+}
+
+// serveOne answers one request of a batch.
+func (s *Store) serveOne(ctx context.Context, req *peerRequest) *peerResponse {
+	resp, err := s.serveOp(ctx, req)
+	if err != nil {
+		// A request this replica cannot make sense of (malformed, or an op
+		// of a newer version): that request fails, not its batch.
+		return &peerResponse{Err: codeMalformed}
+	}
+	return resp
 }
 
 // answersAtOnce says whether req will be answered without waiting for

@@ -14,8 +14,9 @@ import (
 // --peer-listen-address): the public routes are never served there, and
 // the peer API never on the public listener.
 type PeerServer struct {
-	srv *http.Server
-	ln  net.Listener
+	srv       *http.Server
+	ln        net.Listener
+	receivers *receivers
 }
 
 // ListenPeers listens on addr for the peer API of s, so that a port in use
@@ -28,7 +29,7 @@ func (s *Store) ListenPeers(addr string, log *slog.Logger) (*PeerServer, error) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &PeerServer{ln: ln, srv: &http.Server{
+	return &PeerServer{ln: ln, receivers: s.receivers, srv: &http.Server{
 		Handler:           s.PeerHandler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -51,13 +52,22 @@ func (p *PeerServer) Serve() error {
 	return nil
 }
 
-// Shutdown stops the peer API after its in-flight requests. Call it after
-// the public server stopped: until then, other replicas may still forward
+// Shutdown stops the peer API after its in-flight requests: it stops
+// listening, and asks the replicas that send on streams to stop, then
+// waits for them to close their streams once answered. Call it after the
+// public server stopped: until then, other replicas may still forward
 // requests for the sessions this one owns.
-func (p *PeerServer) Shutdown(ctx context.Context) error { return p.srv.Shutdown(ctx) }
+func (p *PeerServer) Shutdown(ctx context.Context) error {
+	err := p.srv.Shutdown(ctx)
+	if serr := p.receivers.shutdown(ctx); err == nil {
+		err = serr
+	}
+	return err
+}
 
 // Close stops the peer API at once (also when it never served).
 func (p *PeerServer) Close() {
 	p.srv.Close()
 	p.ln.Close()
+	p.receivers.close()
 }

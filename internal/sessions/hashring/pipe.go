@@ -57,6 +57,7 @@ func leafOp(op string) bool {
 // pendingCall is a request waiting for its answer.
 type pendingCall struct {
 	body []byte // the encoded peerRequest
+	leaf bool   // leafOp
 	resp *peerResponse
 	err  error
 	done chan struct{} // closed once resp or err is set
@@ -240,10 +241,41 @@ func (ps *pipes) done(peer string, p *pipe) []*pendingCall {
 	return ps.nextLocked(peer, p)
 }
 
-// sendBatch sends one batch and sets every call's answer or error. It is
-// bounded by the peer client's timeout, not by any one caller's context:
-// the batch serves them all.
+// sendBatch sends one batch and sets every call's answer or error, or
+// for a stream, the answers of the requests the peer served at once (the
+// others are set when they come). It is bounded by the peer timeout, not
+// by any one caller's context: the batch serves them all.
 func (s *Store) sendBatch(peer string, batch []*pendingCall) {
+	if st := s.senders.get(peer); st != nil && st.send(s, batch) {
+		return
+	}
+	// A batch made for a stream that closed meanwhile may hold leaf
+	// requests and others: as HTTP messages, the leaf ones must not wait
+	// for the others (leafOp).
+	var leaf, other []*pendingCall
+	for _, pc := range batch {
+		if pc.leaf {
+			leaf = append(leaf, pc)
+		} else {
+			other = append(other, pc)
+		}
+	}
+	if len(leaf) == 0 || len(other) == 0 {
+		s.sendMessage(peer, batch)
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	s.workers.Go(func() {
+		defer wg.Done()
+		s.sendMessage(peer, leaf)
+	})
+	s.sendMessage(peer, other)
+	wg.Wait()
+}
+
+// sendMessage sends batch as one HTTP message.
+func (s *Store) sendMessage(peer string, batch []*pendingCall) {
 	bodies := make([][]byte, len(batch))
 	for i, pc := range batch {
 		bodies[i] = pc.body

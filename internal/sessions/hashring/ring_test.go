@@ -605,7 +605,7 @@ func (rt *recordingTransport) RoundTrip(r *http.Request) (*http.Response, error)
 // trip, and many concurrent polls share round trips (group commit).
 func TestOneRoundTripPerPoll(t *testing.T) {
 	rt := &recordingTransport{}
-	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rt})
+	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rt, NoStreams: true})
 	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
 	c := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
 	joinRing(t, []*replica{a, b, c})
@@ -679,8 +679,8 @@ func TestOneRoundTripPerPoll(t *testing.T) {
 // fetches the owner's whole record (with the nonces used before).
 func TestCopyComesBackToTheForwarder(t *testing.T) {
 	rtA, rtB := &recordingTransport{}, &recordingTransport{}
-	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rtA})
-	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rtB})
+	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rtA, NoStreams: true})
+	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rtB, NoStreams: true})
 	joinRing(t, []*replica{a, b})
 	id := ownedBy(t, []*replica{a, b}, b, "piggyback")
 	if err := a.Create(ctx, testSession(id, time.Now())); err != nil {
@@ -750,7 +750,7 @@ func TestCopyComesBackToTheForwarder(t *testing.T) {
 // TestPeerTrafficSealed: nothing of a session is readable on the wire.
 func TestPeerTrafficSealed(t *testing.T) {
 	rt := &recordingTransport{}
-	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rt})
+	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{Transport: rt, NoStreams: true})
 	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
 	rs := []*replica{a, b}
 	joinRing(t, rs)

@@ -54,11 +54,18 @@ var (
 
 // seal returns nonce || ciphertext of plaintext under aad.
 func (s *sealer) seal(plaintext, aad []byte) []byte {
-	out := make([]byte, gcmNonceSize, gcmNonceSize+len(plaintext)+s.aead.Overhead())
-	if _, err := rand.Read(out); err != nil {
+	return s.sealTo(make([]byte, 0, gcmNonceSize+len(plaintext)+s.aead.Overhead()), plaintext, aad)
+}
+
+// sealTo appends nonce || ciphertext of plaintext under aad to dst.
+func (s *sealer) sealTo(dst, plaintext, aad []byte) []byte {
+	start := len(dst)
+	dst = append(dst, make([]byte, gcmNonceSize)...)
+	nonce := dst[start:]
+	if _, err := rand.Read(nonce); err != nil {
 		panic(err) // crypto/rand never fails on supported platforms
 	}
-	return s.aead.Seal(out, out, plaintext, aad)
+	return s.aead.Seal(dst, nonce, plaintext, aad)
 }
 
 // open authenticates and decrypts msg, returning its nonce and plaintext.

@@ -133,12 +133,17 @@ func decodeBatchResponse(plain []byte, n int) ([]*peerResponse, error) {
 	if len(b.Resps) != n || slices.Contains(b.Resps, nil) {
 		return nil, fmt.Errorf("peer answered %d answers to %d requests", len(b.Resps), n)
 	}
+	b.fillSender()
+	return b.Resps, nil
+}
+
+// fillSender gives each answer the answering replica's membership.
+func (b *peerBatchResponse) fillSender() {
 	for _, r := range b.Resps {
-		if r.Inc == 0 { // else from a replica of before batch senders
+		if r != nil && r.Inc == 0 { // else from a replica of before batch senders
 			r.Inc, r.Member, r.Left = b.Inc, b.Member, b.Left
 		}
 	}
-	return b.Resps, nil
 }
 
 // peerRequest is one request to a session's owner, in a batch.
