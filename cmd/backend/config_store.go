@@ -20,6 +20,7 @@ type storeFlags struct {
 	peerListenAddress, peerSelfURL string
 	peers, peerService, peerPort   string
 	peerKey, peerKeyFile           string
+	peerStreams                    bool
 	podIP                          string // from the environment (POD_IP), for the default self URL
 }
 
@@ -33,6 +34,7 @@ func (r *storeFlags) register(fs *flag.FlagSet) {
 	s(&r.peerPort, "peer-port-name", "", "hashring: name of the peer port in --peer-service's EndpointSlices (default: their only port)")
 	s(&r.peerKey, "peer-key", "", "hashring: base64 key of at least 32 bytes authenticating and encrypting peer traffic; the same on every replica (prefer --peer-key-file)")
 	s(&r.peerKeyFile, "peer-key-file", "", "hashring: file holding the base64 peer key, e.g. a mounted Kubernetes Secret")
+	fs.BoolVar(&r.peerStreams, "peer-streams", true, "hashring: send peer requests over long-lived streams where the peer serves them; false sends (and accepts) only one HTTP message per batch, as replicas before streams did")
 }
 
 // validate checks the store flags; errors name the flag.
@@ -141,6 +143,7 @@ func (r *storeFlags) validate() (server.StoreConfig, []error) {
 			c.PeerKey = b
 		}
 	}
+	c.NoPeerStreams = !r.peerStreams
 	return c, errs
 }
 

@@ -35,7 +35,7 @@ func TestHashringConfig(t *testing.T) {
 	}, nil)
 	s := c.Store
 	if s.Kind != server.StoreHashring || s.PeerListenAddress != "127.0.0.1:8091" || s.PeerSelfURL != "http://127.0.0.1:8091" ||
-		!slices.Equal(s.Peers, []string{"http://127.0.0.1:8091", "http://127.0.0.1:8092"}) || !bytes.Equal(s.PeerKey, key) {
+		!slices.Equal(s.Peers, []string{"http://127.0.0.1:8091", "http://127.0.0.1:8092"}) || !bytes.Equal(s.PeerKey, key) || s.NoPeerStreams {
 		t.Errorf("static hashring: %+v", s)
 	}
 
@@ -56,9 +56,9 @@ func TestHashringConfig(t *testing.T) {
 
 	// An explicit self URL wins over POD_IP; IPv6 pod IPs are bracketed.
 	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-self-url=http://replica-0.peers:8091",
-		"--peer-key-file", keyFile}, map[string]string{"POD_IP": "10.1.2.3"})
-	if c.Store.PeerSelfURL != "http://replica-0.peers:8091" {
-		t.Errorf("explicit self: %s", c.Store.PeerSelfURL)
+		"--peer-key-file", keyFile, "--peer-streams=false"}, map[string]string{"POD_IP": "10.1.2.3"})
+	if c.Store.PeerSelfURL != "http://replica-0.peers:8091" || !c.Store.NoPeerStreams {
+		t.Errorf("explicit self, no streams: %+v", c.Store)
 	}
 	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key-file", keyFile},
 		map[string]string{"POD_IP": "fd00::5"})

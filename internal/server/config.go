@@ -117,6 +117,9 @@ type StoreConfig struct {
 	// PeerKey authenticates and encrypts peer traffic (at least
 	// hashring.MinKeyBytes). Never logged.
 	PeerKey []byte
+	// NoPeerStreams sends peer requests as HTTP messages only
+	// (hashring.Options.NoStreams).
+	NoPeerStreams bool
 }
 
 // ExternalURLFor returns the configured external URL, or one derived from

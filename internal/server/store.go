@@ -32,10 +32,11 @@ func (s *Server) newSessionStore() ([]health.Check, error) {
 	sc := s.cfg.Store
 	log := s.log.With("component", "hashring")
 	ring, err := hashring.New(hashring.Options{
-		Self:   sc.PeerSelfURL,
-		Key:    sc.PeerKey,
-		Limits: limits,
-		Logger: log,
+		Self:      sc.PeerSelfURL,
+		Key:       sc.PeerKey,
+		Limits:    limits,
+		Logger:    log,
+		NoStreams: sc.NoPeerStreams,
 	})
 	if err != nil {
 		return nil, err

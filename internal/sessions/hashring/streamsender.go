@@ -240,7 +240,7 @@ func (st *senderStream) send(s *Store, batch []*pendingCall) bool {
 		bodies[i] = pc.body
 	}
 	member, left := s.status()
-	plain := encodeBatch(time.Now().UnixNano(), Sender{From: s.self, Inc: s.inc, Member: member, Left: left}, bodies)
+	plain := appendBatch([]byte{frameBatch}, time.Now().UnixNano(), Sender{From: s.self, Inc: s.inc, Member: member, Left: left}, bodies)
 	sb := &streamBatch{calls: batch, left: len(batch), acked: make(chan struct{})}
 
 	st.wmu.Lock()
@@ -262,7 +262,7 @@ func (st *senderStream) send(s *Store, batch []*pendingCall) bool {
 	}
 	st.mu.Unlock()
 	st.waad = streamAAD(st.waad, st.id, dirToReceiver, seq)
-	frame := st.ss.sealer.sealFrame(append([]byte{frameBatch}, plain...), st.waad)
+	frame := st.ss.sealer.sealFrame(plain, st.waad)
 	st.conn.SetWriteDeadline(time.Now().Add(st.ss.timeout))
 	_, err := st.conn.Write(frame)
 	st.wmu.Unlock()
@@ -310,7 +310,10 @@ func (st *senderStream) readLoop() {
 		}
 		if now := time.Now(); now.Sub(lastSweep) > st.ss.timeout/2 {
 			lastSweep = now
-			st.sweep(now)
+			if !st.sweep(now) {
+				st.close(os.ErrDeadlineExceeded)
+				return
+			}
 		}
 		if st.idleDone() {
 			return
@@ -402,35 +405,37 @@ func (st *senderStream) expire() bool {
 	now := time.Now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if len(st.batches) == 0 {
-		return false // idle
+	if len(st.batches) == 0 || !st.sweepLocked(now) {
+		return false // idle, or the receiver reads no more
 	}
-	for _, sb := range st.batches {
-		if !sb.ack && now.Sub(sb.sent) >= st.ss.timeout {
-			return false
-		}
-	}
-	st.sweepLocked(now)
 	st.armLocked(now)
 	return true
 }
 
 // sweep fails the requests that waited longer than the peer timeout:
 // served on a worker of the receiver, they may wait for a replica that is
-// gone; their callers get what an HTTP message's timeout gave them.
-func (st *senderStream) sweep(now time.Time) {
+// gone; their callers get what an HTTP message's timeout gave them. It
+// reports false if a batch waited that long for its ack: the receiver
+// acks in order, as it reads, so it reads no more, and the stream must
+// close.
+func (st *senderStream) sweep(now time.Time) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	st.sweepLocked(now)
+	return st.sweepLocked(now)
 }
 
-func (st *senderStream) sweepLocked(now time.Time) {
+func (st *senderStream) sweepLocked(now time.Time) bool {
 	for seq, sb := range st.batches {
-		if sb.ack && now.Sub(sb.sent) >= st.ss.timeout {
-			sb.fail(os.ErrDeadlineExceeded)
-			delete(st.batches, seq)
+		if now.Sub(sb.sent) < st.ss.timeout {
+			continue
 		}
+		if !sb.ack {
+			return false
+		}
+		sb.fail(os.ErrDeadlineExceeded)
+		delete(st.batches, seq)
 	}
+	return true
 }
 
 // idleDone closes the stream once it is closing (goaway) and every

@@ -79,15 +79,20 @@ const maxBatch = 64
 
 // encodeBatch writes the batch of the encoded requests reqs, sent by from.
 func encodeBatch(sent int64, from Sender, reqs [][]byte) []byte {
+	return appendBatch(nil, sent, from, reqs)
+}
+
+// appendBatch appends the batch to dst (a stream frame's kind).
+func appendBatch(dst []byte, sent int64, from Sender, reqs [][]byte) []byte {
 	// The batch without requests ends in the requests' field, last in
 	// peerBatch: cut it off and write the encoded requests there.
 	head := mustJSON(peerBatch{Sent: sent, Sender: from})
 	head = head[:len(head)-len(`,"q":null}`)]
-	n := len(head) + 8
+	n := len(dst) + len(head) + 8
 	for _, r := range reqs {
 		n += len(r) + 1
 	}
-	b := make([]byte, 0, n)
+	b := append(make([]byte, 0, n), dst...)
 	b = append(b, head...)
 	b = append(b, `,"q":[`...)
 	for i, r := range reqs {
