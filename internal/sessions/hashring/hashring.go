@@ -11,7 +11,8 @@
 // leave it, handing their sessions over, when they stop (membership.go);
 // a session moves with its nonces (owner.go). Other replicas forward
 // every operation to the owner over an authenticated, encrypted peer API,
-// in batches (pipe.go). The part of a session that never changes (ID,
+// in batches (pipe.go), on long-lived streams where the peer serves them
+// (stream.go). The part of a session that never changes (ID,
 // cluster ID, secret, creation time) is cached by the other replicas
 // (static.go), so a poll's signature is checked where it arrives and the
 // poll costs one round trip to the owner.

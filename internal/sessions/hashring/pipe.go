@@ -45,7 +45,9 @@ const laneAfter = 10 * time.Millisecond
 // kind of batch, two owners copying to each other could each fill its
 // pipe to the other with batches that wait for the other's copies: a
 // deadlock until the peer timeout. Leaf batches wait for nothing, so they
-// always drain.
+// always drain. On a stream a batch counts as answered at its ack, which
+// waits for none of its requests that wait for another replica
+// (stream.go), so there leaf requests share the session pipe (call).
 func leafOp(op string) bool {
 	switch op {
 	case opReplicate, opHandover, opDropCopy, opTransfer, opExport, opJoin, opLeave:
@@ -252,17 +254,23 @@ func (s *Store) sendBatch(peer string, batch []*pendingCall) {
 	// A batch made for a stream that closed meanwhile may hold leaf
 	// requests and others: as HTTP messages, the leaf ones must not wait
 	// for the others (leafOp).
-	var leaf, other []*pendingCall
+	leaves := 0
+	for _, pc := range batch {
+		if pc.leaf {
+			leaves++
+		}
+	}
+	if leaves == 0 || leaves == len(batch) {
+		s.sendMessage(peer, batch)
+		return
+	}
+	leaf, other := make([]*pendingCall, 0, leaves), make([]*pendingCall, 0, len(batch)-leaves)
 	for _, pc := range batch {
 		if pc.leaf {
 			leaf = append(leaf, pc)
 		} else {
 			other = append(other, pc)
 		}
-	}
-	if len(leaf) == 0 || len(other) == 0 {
-		s.sendMessage(peer, batch)
-		return
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -754,18 +754,7 @@ func TestPeerTrafficSealed(t *testing.T) {
 	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{})
 	rs := []*replica{a, b}
 	joinRing(t, rs)
-	id := ownedBy(t, rs, b, "sealed")
-	s := testSession(id, time.Now())
-	if err := a.Create(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	resp := []byte(`{"kubeconfig":"c2VydmljZS1hY2NvdW50LXRva2Vu"}`)
-	if err := a.Complete(ctx, id, resp); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.RecordPoll(ctx, id, "nonce-visible?", 0); err != nil {
-		t.Fatal(err)
-	}
+	id, secrets := sendSecrets(t, rs, a, b, "sealed")
 	if _, err := a.Get(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -775,12 +764,31 @@ func TestPeerTrafficSealed(t *testing.T) {
 		t.Fatalf("only %d bodies recorded", len(rt.bodies))
 	}
 	for _, body := range rt.bodies {
-		for _, secret := range []string{s.Secret, id, s.ClusterID, "c2VydmljZS1hY2NvdW50LXRva2Vu", "nonce-visible?"} {
+		for _, secret := range secrets {
 			if bytes.Contains(body, []byte(secret)) {
 				t.Fatalf("peer traffic shows %q in clear", secret)
 			}
 		}
 	}
+}
+
+// sendSecrets makes a send b what nobody may read on the wire: a session
+// b owns, created, completed with a kubeconfig and polled through a. It
+// returns the session's ID and the strings that must not show in clear.
+func sendSecrets(t *testing.T, rs []*replica, a, b *replica, prefix string) (string, []string) {
+	t.Helper()
+	id := ownedBy(t, rs, b, prefix)
+	s := testSession(id, time.Now())
+	if err := a.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Complete(ctx, id, []byte(`{"kubeconfig":"c2VydmljZS1hY2NvdW50LXRva2Vu"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RecordPoll(ctx, id, "nonce-visible?", 0); err != nil {
+		t.Fatal(err)
+	}
+	return id, []string{s.Secret, id, s.ClusterID, "c2VydmljZS1hY2NvdW50LXRva2Vu", "nonce-visible?"}
 }
 
 // TestPeerAPIRefuses: without the key, replayed, tampered, stale, wrong

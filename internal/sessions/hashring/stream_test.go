@@ -399,18 +399,7 @@ func TestStreamTrafficSealedAndBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStream(t, a, b, warm)
-	id := ownedBy(t, rs, b, "sealed-stream")
-	s := testSession(id, time.Now())
-	if err := a.Create(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	resp := []byte(`{"kubeconfig":"c2VydmljZS1hY2NvdW50LXRva2Vu"}`)
-	if err := a.Complete(ctx, id, resp); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.RecordPoll(ctx, id, "nonce-visible?", 0); err != nil {
-		t.Fatal(err)
-	}
+	id, secrets := sendSecrets(t, rs, a, b, "sealed-stream")
 	rec.mu.Lock()
 	var out, in []byte
 	for i := range rec.out {
@@ -421,7 +410,7 @@ func TestStreamTrafficSealedAndBound(t *testing.T) {
 	if len(out) < 500 || len(in) < 500 {
 		t.Fatalf("only %d bytes out and %d in recorded", len(out), len(in))
 	}
-	for _, secret := range []string{s.Secret, id, s.ClusterID, "c2VydmljZS1hY2NvdW50LXRva2Vu", "nonce-visible?"} {
+	for _, secret := range secrets {
 		if bytes.Contains(out, []byte(secret)) || bytes.Contains(in, []byte(secret)) {
 			t.Fatalf("stream traffic shows %q in clear", secret)
 		}
@@ -587,5 +576,46 @@ func TestStreamSilentReceiverTimesOut(t *testing.T) {
 	}
 	if a.senders.up(b.url) {
 		t.Fatal("the stream to a silent receiver is still used")
+	}
+}
+
+// TestMixedBatchGoesAsTwoMessages: a batch made for a stream (leaf and
+// session requests together) that must go as HTTP messages goes as two,
+// its leaf requests apart, and every request gets its own answer.
+func TestMixedBatchGoesAsTwoMessages(t *testing.T) {
+	a := startReplica(t, sessions.DefaultLimits, time.Now, Options{NoStreams: true})
+	b := startReplica(t, sessions.DefaultLimits, time.Now, Options{NoStreams: true})
+	rs := []*replica{a, b}
+	joinRing(t, rs)
+	id := ownedBy(t, rs, b, "mixed")
+	if err := a.Create(ctx, testSession(id, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []*peerRequest{
+		{Op: opGet, ID: id},
+		{Op: opJoin, From: a.url},
+		{Op: opUseNonce, ID: id, Nonce: "mixed-1"},
+		{Op: opExport, ID: id},
+	}
+	batch := make([]*pendingCall, len(reqs))
+	for i, req := range reqs {
+		batch[i] = &pendingCall{body: encodeRequestJSON(req), leaf: leafOp(req.Op), done: make(chan struct{})}
+	}
+	before, _ := a.PeerMessages()
+	a.sendBatch(b.url, batch)
+	if after, _ := a.PeerMessages(); after-before != 2 {
+		t.Fatalf("a mixed batch went as %d messages, want 2", after-before)
+	}
+	for i, pc := range batch {
+		<-pc.done
+		if pc.err != nil || pc.resp == nil || pc.resp.Err != "" {
+			t.Fatalf("request %d (%s): %+v %v", i, reqs[i].Op, pc.resp, pc.err)
+		}
+	}
+	if batch[0].resp.Session == nil || batch[0].resp.Session.ID != id || batch[3].resp.Record == nil {
+		t.Fatalf("the answers are not each request's own: get %+v, export %+v", batch[0].resp.Session, batch[3].resp)
+	}
+	if err := b.Local().UseNonce(ctx, id, "mixed-1"); !errors.Is(err, sessions.ErrNonceUsed) {
+		t.Fatalf("the nonce of the mixed batch at the owner: %v", err)
 	}
 }
