@@ -193,7 +193,10 @@ func (ss *senders) upgrade(conn net.Conn, host string, p *senderPeer) (*senderSt
 		return nil, fmt.Errorf("%w: a malformed challenge", errNoStream)
 	}
 	limited.off = true
-	conn.SetDeadline(time.Time{})
+	conn.SetWriteDeadline(time.Time{})
+	// Idle until the first batch: closed by this side before the
+	// receiver's idle timeout, as after any batch (armLocked).
+	conn.SetReadDeadline(time.Now().Add(streamSenderIdle))
 	return &senderStream{
 		ss: ss, peer: p, conn: conn, br: br,
 		id:      append(nonce[:], challenge...),
