@@ -96,6 +96,9 @@ func (s *Store) serveStream(w http.ResponseWriter, r *http.Request) {
 	conn.SetDeadline(time.Now().Add(streamAuthTimeout))
 	st.conn, st.br = conn, brw.Reader
 	st.id = append(nonce, challenge[:]...)
+	// Held until the upgrade's answer is written: a goaway (shutdown) that
+	// finds the stream registered must not go before it.
+	st.wmu.Lock()
 	rs.mu.Lock()
 	closed := rs.closed // shut down since the check
 	if !closed {
@@ -103,12 +106,12 @@ func (s *Store) serveStream(w http.ResponseWriter, r *http.Request) {
 	}
 	rs.mu.Unlock()
 	if closed {
+		st.wmu.Unlock()
 		conn.Close()
 		return
 	}
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + streamProtocol + "\r\n" +
 		headerStreamChallenge + ": " + base64.RawURLEncoding.EncodeToString(challenge[:]) + "\r\n\r\n")
-	st.wmu.Lock() // a goaway is written after the upgrade's answer
 	err = brw.Flush()
 	conn.SetWriteDeadline(time.Time{})
 	st.wmu.Unlock()
