@@ -164,7 +164,8 @@ func TestLinkOfDeadOwnerIs410(t *testing.T) {
 		}
 	}
 	link := be.signedURL(ps, be.ext.String()+"/authorize")
-	bSrv.Close()                   // the owner dies
+	bSrv.Close() // the owner dies: its listener, its streams and its store
+	b.Close()
 	a.Local().Remove(ps.SessionID) // with the backup's copy
 
 	resp, body := be.send(be.jar(), http.MethodGet, link)

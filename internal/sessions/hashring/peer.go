@@ -118,7 +118,9 @@ func (s *Store) roundTrip(ctx context.Context, client *http.Client, peer string,
 // PeerHandler serves the peer API. Mount it on its own listener (the
 // --peer-listen-address), never on the public one: only replicas holding
 // the shared key can use it, but it has no business being reachable from
-// outside the cluster.
+// outside the cluster. The streams it upgrades leave the http.Server
+// (hijacked): they end with PeerServer.Shutdown or Close, or Store.Close,
+// not with the http.Server's Close.
 func (s *Store) PeerHandler() http.Handler {
 	return http.HandlerFunc(s.servePeer)
 }
