@@ -190,6 +190,12 @@ func (s *Store) status() (member, left bool) {
 	return s.m.joined && !s.m.leaving, s.m.leaving
 }
 
+// sender is what this replica says of itself in each message and answer.
+func (s *Store) sender() Sender {
+	member, left := s.status()
+	return Sender{From: s.self, Inc: s.inc, Member: member, Left: left}
+}
+
 // markDown takes a member that refused a connection out of the ring.
 func (s *Store) markDown(peer string) {
 	s.mu.Lock()

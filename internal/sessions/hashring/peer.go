@@ -88,8 +88,7 @@ func (s *Store) checkAnswer(peer string, req *peerRequest, resp *peerResponse) (
 func (s *Store) roundTrip(ctx context.Context, client *http.Client, peer string, reqs [][]byte) ([]*peerResponse, error) {
 	s.pipes.messages.Add(1)
 	s.pipes.requests.Add(uint64(len(reqs)))
-	member, left := s.status()
-	msg := s.sealer.seal(encodeBatch(time.Now().UnixNano(), Sender{From: s.self, Inc: s.inc, Member: member, Left: left}, reqs), aadRequest)
+	msg := s.sealer.seal(encodeBatch(time.Now().UnixNano(), s.sender(), reqs), aadRequest)
 	reqNonce := msg[:gcmNonceSize]
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+PeerPath, bytes.NewReader(msg))
 	if err != nil {
@@ -164,8 +163,7 @@ func (s *Store) servePeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resps := s.serveBatch(r.Context(), batch.Reqs)
-	member, left := s.status()
-	answer := peerBatchResponse{Sender: Sender{From: s.self, Inc: s.inc, Member: member, Left: left}, Resps: resps}
+	answer := peerBatchResponse{Sender: s.sender(), Resps: resps}
 	sealed := s.sealer.seal(mustJSON(answer), responseAAD(nonce))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.Itoa(len(sealed)))
@@ -204,26 +202,41 @@ func readMessage(r io.Reader, length, limit int64) ([]byte, error) {
 // many requests to a batch, that was most of what scheduling cost the
 // receiver.
 func (s *Store) serveBatch(ctx context.Context, reqs []*peerRequest) []*peerResponse {
-	resps := make([]*peerResponse, len(reqs))
-	one := func(i int) { resps[i] = s.serveOne(ctx, reqs[i]) }
-	here := make([]bool, len(reqs))
+	later := make([]*peerResponse, len(reqs))
 	var wg sync.WaitGroup
-	for i, req := range reqs {
-		if here[i] = s.answersAtOnce(req); here[i] {
-			continue
-		}
+	resps := s.serveAtOnce(ctx, reqs, func(i int) {
 		wg.Add(1)
 		s.workers.Go(func() {
 			defer wg.Done()
-			one(i)
+			later[i] = s.serveOne(ctx, reqs[i])
 		})
-	}
-	for i := range reqs {
-		if here[i] {
-			one(i)
+	})
+	wg.Wait()
+	for i, resp := range later {
+		if resp != nil {
+			resps[i] = resp
 		}
 	}
-	wg.Wait()
+	return resps
+}
+
+// serveAtOnce hands each request of a batch that may wait for another
+// replica to elsewhere (which serves it on a worker), then serves the
+// others here, in order. Their answers are in the slice it returns; the
+// others' places in it are nil.
+func (s *Store) serveAtOnce(ctx context.Context, reqs []*peerRequest, elsewhere func(i int)) []*peerResponse {
+	resps := make([]*peerResponse, len(reqs))
+	here := make([]bool, len(reqs))
+	for i, req := range reqs {
+		if here[i] = s.answersAtOnce(req); !here[i] {
+			elsewhere(i)
+		}
+	}
+	for i, req := range reqs {
+		if here[i] {
+			resps[i] = s.serveOne(ctx, req)
+		}
+	}
 	return resps
 }
 

@@ -56,6 +56,15 @@ func leafOp(op string) bool {
 	return false
 }
 
+// bodiesOf returns the encoded requests of batch.
+func bodiesOf(batch []*pendingCall) [][]byte {
+	bodies := make([][]byte, len(batch))
+	for i, pc := range batch {
+		bodies[i] = pc.body
+	}
+	return bodies
+}
+
 // pendingCall is a request waiting for its answer.
 type pendingCall struct {
 	body []byte // the encoded peerRequest
@@ -284,11 +293,7 @@ func (s *Store) sendBatch(peer string, batch []*pendingCall) {
 
 // sendMessage sends batch as one HTTP message.
 func (s *Store) sendMessage(peer string, batch []*pendingCall) {
-	bodies := make([][]byte, len(batch))
-	for i, pc := range batch {
-		bodies[i] = pc.body
-	}
-	resps, err := s.roundTrip(context.Background(), s.client, peer, bodies)
+	resps, err := s.roundTrip(context.Background(), s.client, peer, bodiesOf(batch))
 	for i, pc := range batch {
 		if err != nil {
 			pc.err = err

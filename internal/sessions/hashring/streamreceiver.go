@@ -175,32 +175,21 @@ func (st *receiverStream) serve() {
 func (st *receiverStream) serveBatch(seq uint64, reqs []*peerRequest) {
 	s := st.s
 	ctx := context.Background() // each request is bounded by the peer timeouts of the calls it makes
-	resps := make([]*peerResponse, len(reqs))
-	here := make([]bool, len(reqs))
-	for i, req := range reqs {
-		if here[i] = s.answersAtOnce(req); here[i] {
-			continue
-		}
+	resps := s.serveAtOnce(ctx, reqs, func(i int) {
 		st.slots <- struct{}{} // at most maxStreamWorkers: this reader waits for a slot
 		st.work.Add(1)
 		s.workers.Go(func() {
 			defer st.work.Done()
-			resp := s.serveOne(ctx, req)
+			resp := s.serveOne(ctx, reqs[i])
 			<-st.slots
 			st.write(answerFrame(frameLater, seq, i, st.answer([]*peerResponse{resp})))
 		})
-	}
-	for i, req := range reqs {
-		if here[i] {
-			resps[i] = s.serveOne(ctx, req)
-		}
-	}
+	})
 	st.write(answerFrame(frameAck, seq, 0, st.answer(resps)))
 }
 
 func (st *receiverStream) answer(resps []*peerResponse) *peerBatchResponse {
-	member, left := st.s.status()
-	return &peerBatchResponse{Sender: Sender{From: st.s.self, Inc: st.s.inc, Member: member, Left: left}, Resps: resps}
+	return &peerBatchResponse{Sender: st.s.sender(), Resps: resps}
 }
 
 // write seals and writes one frame to the sender. A sender that does not

@@ -238,12 +238,7 @@ type streamBatch struct {
 // It reports false if it wrote nothing: the stream was closing or closed,
 // and the batch is the caller's to send otherwise.
 func (st *senderStream) send(s *Store, batch []*pendingCall) bool {
-	bodies := make([][]byte, len(batch))
-	for i, pc := range batch {
-		bodies[i] = pc.body
-	}
-	member, left := s.status()
-	plain := appendBatch([]byte{frameBatch}, time.Now().UnixNano(), Sender{From: s.self, Inc: s.inc, Member: member, Left: left}, bodies)
+	plain := appendBatch([]byte{frameBatch}, time.Now().UnixNano(), s.sender(), bodiesOf(batch))
 	sb := &streamBatch{calls: batch, left: len(batch), acked: make(chan struct{})}
 
 	st.wmu.Lock()
