@@ -3,9 +3,13 @@ package hashring
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -203,5 +207,56 @@ func FuzzStreamSender(f *testing.F) {
 			t.Fatalf("%d requests done, the batch counts %d", answered, 3-sb.left)
 		}
 		st.close(errStreamClosed)
+	})
+}
+
+// FuzzStreamUpgradeRequest: any method and Connection, Upgrade and nonce
+// headers on the stream path. Only a POST that asks for this protocol
+// with a nonce of 16 bytes gets past the checks (to 501 here: a recorder
+// cannot be hijacked); anything else is 405, 426 or 400. None keeps a
+// stream slot.
+func FuzzStreamUpgradeRequest(f *testing.F) {
+	good := base64.RawURLEncoding.EncodeToString(make([]byte, streamNonceBytes))
+	f.Add(http.MethodPost, "Upgrade", streamProtocol, good)
+	f.Add(http.MethodPost, "keep-alive, UPGRADE", strings.ToUpper(streamProtocol), good)
+	f.Add(http.MethodGet, "Upgrade", streamProtocol, good)
+	f.Add(http.MethodPost, "upgrades", streamProtocol, good)
+	f.Add(http.MethodPost, "Upgrade", "websocket", good)
+	f.Add(http.MethodPost, "Upgrade", streamProtocol, good+"=")
+	f.Add(http.MethodPost, "Upgrade", streamProtocol, "AAAA")
+	r, err := New(Options{Self: "http://127.0.0.1:1", Key: testKey, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(r.Close)
+	h := r.PeerHandler()
+	f.Fuzz(func(t *testing.T, method, connection, upgrade, nonce string) {
+		req, err := http.NewRequest(method, "http://peer"+PeerStreamPath, nil)
+		if err != nil {
+			return // not a method net/http would read
+		}
+		req.Header.Set("Connection", connection)
+		req.Header.Set("Upgrade", upgrade)
+		req.Header.Set(headerStreamNonce, nonce)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		asks := false
+		for _, tok := range strings.Split(connection, ",") {
+			asks = asks || strings.EqualFold(strings.Trim(tok, " \t"), "upgrade")
+		}
+		n, nerr := base64.RawURLEncoding.DecodeString(nonce)
+		valid := method == http.MethodPost && asks && strings.EqualFold(upgrade, streamProtocol) && nerr == nil && len(n) == streamNonceBytes
+		switch {
+		case valid && w.Code != http.StatusNotImplemented:
+			t.Fatalf("a well-formed upgrade (%q %q %q %q): %d", method, connection, upgrade, nonce, w.Code)
+		case !valid && w.Code != http.StatusMethodNotAllowed && w.Code != http.StatusUpgradeRequired && w.Code != http.StatusBadRequest:
+			t.Fatalf("a malformed upgrade (%q %q %q %q): %d", method, connection, upgrade, nonce, w.Code)
+		}
+		r.receivers.mu.Lock()
+		held := r.receivers.n
+		r.receivers.mu.Unlock()
+		if held != 0 {
+			t.Fatalf("%d stream slots held after the request", held)
+		}
 	})
 }

@@ -122,11 +122,12 @@ func (s *Store) serveStream(w http.ResponseWriter, r *http.Request) {
 	st.serve()
 }
 
-// headerHasToken says whether a comma-separated header lists token.
+// headerHasToken says whether a comma-separated header lists token
+// (between optional spaces and tabs, RFC 9110's OWS).
 func headerHasToken(h http.Header, name, token string) bool {
 	for _, v := range h.Values(name) {
 		for part := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(part), token) {
+			if strings.EqualFold(strings.Trim(part, " \t"), token) {
 				return true
 			}
 		}
