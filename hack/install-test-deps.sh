@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need besides the Go-built binaries
-# (hack/install-test-binaries.sh): Debian's chromium for the browser tests and
+# (hack/install-test-binaries.sh): Debian's chromium for the browser tests,
+# nftables for the tests that drop a replica's packets, and
 # the npm packages of the test OpenID Connect provider (npm ci, from its lock
 # file). Returns at once when everything is already there.
 #
@@ -18,14 +19,24 @@ esac
 
 log() { printf '[install-test-deps %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if [ "$browser" = yes ] && [ ! -x /usr/bin/chromium ]; then
-  log "installing chromium from Debian's packages"
-  sudo_cmd=()
+# apt_install PACKAGE...: from Debian's packages, as root or with sudo.
+apt_install() {
+  log "installing $* from Debian's packages"
+  local sudo_cmd=()
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo_cmd[@]}" apt-get update -qq >/dev/null
-  "${sudo_cmd[@]}" apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "$@" >/dev/null
+}
+
+if [ "$browser" = yes ] && [ ! -x /usr/bin/chromium ]; then
+  apt_install chromium
   log "installed $(/usr/bin/chromium --version 2>/dev/null || echo chromium)"
+fi
+
+# nftables: the replica tests drop a replica's packets (timeouts, not
+# refusals) with rules on loopback addresses only.
+if [ "$browser" = yes ] && ! command -v nft >/dev/null 2>&1; then
+  apt_install nftables
 fi
 
 for dir in test/oidcprovider; do

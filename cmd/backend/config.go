@@ -2,7 +2,6 @@ package main
 
 import (
 	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,13 +10,13 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/server"
-	"github.com/kbprovider/backend/internal/sessions"
 )
 
 // envPrefix: every flag --some-name can also be given as the environment
@@ -39,9 +38,9 @@ var noEnv = map[string]bool{"version": true, "help": true}
 type config struct {
 	server.Config
 
-	// CookieKeysGenerated says which keys were made up at random because
-	// none was configured (they differ per process and per restart);
-	// ClusterSecretKeyGenerated likewise.
+	// CookieKeysGenerated says which keys were made up at random (one
+	// key each) because none was configured (they differ per process and
+	// per restart); ClusterSecretKeyGenerated likewise.
 	CookieKeysGenerated       []string
 	ClusterSecretKeyGenerated bool
 
@@ -65,7 +64,7 @@ type rawFlags struct {
 	prettyName, namespacePrefix, consumerScope            string
 	kubeconfig, kubeContext                               string
 	sessionTTL, pollInterval, gracePeriod, shutdownTimout time.Duration
-	maxPendingSessions                                    int
+	maxPolledSessions                                     int
 	longPollMaxWait                                       time.Duration
 	maxLongPolls                                          int
 	maxConnections, maxConnectionsPerClient               int
@@ -94,16 +93,16 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	s(&r.oidcClientSecret, "oidc-issuer-client-secret", "", "OAuth2 client secret (prefer --oidc-issuer-client-secret-file)")
 	s(&r.oidcClientSecretFile, "oidc-issuer-client-secret-file", "", "file holding the OAuth2 client secret, e.g. a mounted Kubernetes Secret")
 	s(&r.oidcCallbackURL, "oidc-callback-url", "", "redirect URL registered at the OpenID Connect provider (default: <external-url>/callback)")
-	s(&r.oidcAllowedUsers, "oidc-allowed-users", "", "comma-separated subjects or e-mail addresses allowed to bind (default: everybody the provider accepts)")
+	s(&r.oidcAllowedUsers, "oidc-allowed-users", "", "comma-separated subjects (preferred) or e-mail addresses allowed to bind; an address matches only when the ID token says email_verified: true (default: everybody the provider accepts)")
 	s(&r.oidcAllowedGroups, "oidc-allowed-groups", "", "comma-separated groups whose members may bind (default: everybody the provider accepts)")
 
-	s(&r.cookieSigningKey, "cookie-signing-key", "", "base64 key (32 or 64 bytes) signing cookies and login state; all replicas need the same (default: random per process)")
-	s(&r.cookieSigningKeyFile, "cookie-signing-key-file", "", "file holding the base64 cookie signing key")
-	s(&r.cookieEncryptionKey, "cookie-encryption-key", "", "base64 key (16, 24 or 32 bytes) encrypting cookies; all replicas need the same (default: random per process)")
-	s(&r.cookieEncryptionKeyFile, "cookie-encryption-key-file", "", "file holding the base64 cookie encryption key")
+	s(&r.cookieSigningKey, "cookie-signing-key", "", "base64 key (32 or 64 bytes) signing cookies and login state; all replicas need the same; several keys (whitespace-separated): the first is current, the others are still accepted, a rotation (default: random per process)")
+	s(&r.cookieSigningKeyFile, "cookie-signing-key-file", "", "file holding base64 cookie signing keys, one per line: the first is current, the others (a previous key during a rotation) are still accepted")
+	s(&r.cookieEncryptionKey, "cookie-encryption-key", "", "base64 key (16, 24 or 32 bytes) encrypting cookies; all replicas need the same; several keys (whitespace-separated): the first is current, the others are still accepted, a rotation (default: random per process)")
+	s(&r.cookieEncryptionKeyFile, "cookie-encryption-key-file", "", "file holding base64 cookie encryption keys, one per line: the first is current, the others (a previous key during a rotation) are still accepted")
 
-	s(&r.clusterSecretKey, "cluster-secret-key", "", "base64 key (32 to 64 bytes) from which cluster secrets are derived; all replicas need the same, and it must survive restarts and upgrades (default: random per process)")
-	s(&r.clusterSecretKeyFile, "cluster-secret-key-file", "", "file holding the base64 cluster secret key")
+	s(&r.clusterSecretKey, "cluster-secret-key", "", "base64 key (32 to 64 bytes) from which cluster secrets are derived; all replicas need the same, and it must survive restarts and upgrades; several keys (whitespace-separated): the first issues secrets, all prove them, a rotation (default: random per process)")
+	s(&r.clusterSecretKeyFile, "cluster-secret-key-file", "", "file holding base64 cluster secret keys, one per line: the first issues cluster secrets, the others (previous keys during a rotation) still prove theirs")
 	r.credentials.register(fs)
 
 	s(&r.externalAddress, "external-address", "", "API server address put into issued kubeconfigs (default: the provider cluster's)")
@@ -119,7 +118,7 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	d(&r.sessionTTL, "session-ttl", 10*time.Minute, "how long a binding session lives after creation")
 	d(&r.pollInterval, "poll-interval", 2*time.Second, "poll interval advertised to clients and enforced (with a small jitter tolerance)")
 	d(&r.gracePeriod, "grace-period", 60*time.Second, "how long a delivered BindingResponse stays available to further polls")
-	i(&r.maxPendingSessions, "max-pending-sessions", 10000, "most sessions held at once, per replica (with the hashring, a replica's limit counts the sessions it owns); beyond it session creation answers 503")
+	i(&r.maxPolledSessions, "max-polled-sessions", 100000, "most sessions whose poll pace and nonces a replica remembers (about 40 MB at most); beyond it the least recently polled session is forgotten")
 	d(&r.longPollMaxWait, "long-poll-max-wait", longpoll.DefaultMaxWait, "longest a poll that asks with \"Prefer: wait=N\" is held until its session ends (whole seconds, at most 50s); advertised in discovery as longPollMaxWait; 0 turns long polling off")
 	i(&r.maxLongPolls, "max-long-polls", longpoll.DefaultMaxHeld, "most polls held open at once, per replica; beyond it a poll that asks to wait is answered at once")
 	i(&r.maxConnections, "max-connections", 4096, "most connections served at once; beyond it new ones wait in the listen backlog (0: no limit). Keep it below the open-file limit (ulimit -n)")
@@ -182,7 +181,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (*c
 	if r.version {
 		return &config{ShowVersion: true}, nil
 	}
-	r.store.podIP = getenv("POD_IP")
+	r.store.podIP, r.store.podNamespace = getenv("POD_IP"), getenv("POD_NAMESPACE")
 	r.podNamespace, r.podName = getenv("POD_NAMESPACE"), getenv("POD_NAME")
 	return r.validate()
 }
@@ -223,7 +222,7 @@ func (r *rawFlags) validate() (*config, error) {
 		SessionTTL:         r.sessionTTL,
 		PollInterval:       r.pollInterval,
 		GracePeriod:        r.gracePeriod,
-		MaxPendingSessions: r.maxPendingSessions,
+		MaxPolledSessions:  r.maxPolledSessions,
 		MaxConnections:     r.maxConnections,
 		MaxConnsPerClient:  r.maxConnectionsPerClient,
 		ShutdownTimeout:    r.shutdownTimout,
@@ -270,26 +269,26 @@ func (r *rawFlags) validate() (*config, error) {
 		}
 	}
 
-	c.CookieSigningKey, err = cookieKey("cookie-signing-key", r.cookieSigningKey, r.cookieSigningKeyFile, 32, 64)
+	c.CookieSigningKeys, err = keyList("cookie-signing-key", r.cookieSigningKey, r.cookieSigningKeyFile, 32, 64)
 	if err != nil {
 		errs = append(errs, err)
-	} else if c.CookieSigningKey == nil {
-		c.CookieSigningKey = randomKey(32)
+	} else if c.CookieSigningKeys == nil {
+		c.CookieSigningKeys = [][]byte{randomKey(32)}
 		c.CookieKeysGenerated = append(c.CookieKeysGenerated, "cookie-signing-key")
 	}
-	c.CookieEncryptionKey, err = cookieKey("cookie-encryption-key", r.cookieEncryptionKey, r.cookieEncryptionKeyFile, 16, 24, 32)
+	c.CookieEncryptionKeys, err = keyList("cookie-encryption-key", r.cookieEncryptionKey, r.cookieEncryptionKeyFile, 16, 24, 32)
 	if err != nil {
 		errs = append(errs, err)
-	} else if c.CookieEncryptionKey == nil {
-		c.CookieEncryptionKey = randomKey(32)
+	} else if c.CookieEncryptionKeys == nil {
+		c.CookieEncryptionKeys = [][]byte{randomKey(32)}
 		c.CookieKeysGenerated = append(c.CookieKeysGenerated, "cookie-encryption-key")
 	}
 
-	c.ClusterSecretKey, err = cookieKey("cluster-secret-key", r.clusterSecretKey, r.clusterSecretKeyFile, 32, 48, 64)
+	c.ClusterSecretKeys, err = keyList("cluster-secret-key", r.clusterSecretKey, r.clusterSecretKeyFile, 32, 48, 64)
 	if err != nil {
 		errs = append(errs, err)
-	} else if c.ClusterSecretKey == nil {
-		c.ClusterSecretKey, c.ClusterSecretKeyGenerated = randomKey(32), true
+	} else if c.ClusterSecretKeys == nil {
+		c.ClusterSecretKeys, c.ClusterSecretKeyGenerated = [][]byte{randomKey(32)}, true
 	}
 	var credErrs []error
 	c.Credentials, credErrs = r.credentials.validate()
@@ -339,8 +338,8 @@ func (r *rawFlags) validate() (*config, error) {
 	if r.maxConnectionsPerClient < 0 {
 		fail("--max-connections-per-client %d: must be 0 (no limit) or positive", r.maxConnectionsPerClient)
 	}
-	if r.maxPendingSessions <= 0 || r.maxPendingSessions > sessions.MaxSessionsBound {
-		fail("--max-pending-sessions %d: must be positive and at most %d", r.maxPendingSessions, sessions.MaxSessionsBound)
+	if r.maxPolledSessions <= 0 || r.maxPolledSessions > maxPolledSessionsBound {
+		fail("--max-polled-sessions %d: must be positive and at most %d", r.maxPolledSessions, maxPolledSessionsBound)
 	}
 	c.LongPoll = longpoll.Options{MaxWait: r.longPollMaxWait, MaxHeld: r.maxLongPolls}
 	errs = append(errs, c.LongPoll.Validate()...)
@@ -410,28 +409,48 @@ func valueOrFile(name, value, file string) (string, error) {
 	return v, nil
 }
 
-// cookieKey decodes a base64 key (standard or URL alphabet, padded or not)
-// of one of the given lengths; nil when none is configured.
-func cookieKey(name, value, file string, lengths ...int) ([]byte, error) {
+// maxPolledSessionsBound bounds --max-polled-sessions: beyond it the
+// nonce bound of the admission table decides anyway.
+const maxPolledSessionsBound = 10_000_000
+
+// keyList decodes the keys of --name (or --name-file): base64 keys
+// (standard or URL alphabet, padded or not) separated by white space, one
+// per line in a file, each of one of the given lengths. The first is the
+// current key, the others are previous ones (a rotation). nil when none
+// is configured. Errors name the key's position when there are several,
+// never its value.
+func keyList(name, value, file string, lengths ...int) ([][]byte, error) {
 	v, err := valueOrFile(name, value, file)
 	if err != nil || v == "" {
 		return nil, err
 	}
-	var key []byte
-	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
-		if key, err = enc.DecodeString(v); err == nil {
-			break
+	fields := strings.Fields(v)
+	var keys [][]byte
+	var errs []error
+	for i, f := range fields {
+		which, notBase64 := "", "not base64"
+		if len(fields) > 1 {
+			which = fmt.Sprintf("key %d ", i+1)
+			notBase64 = which + "is not base64"
+		}
+		key, ok := decodeBase64(f)
+		switch {
+		case !ok:
+			errs = append(errs, fmt.Errorf("--%s: %s; make one with: openssl rand -base64 32", name, notBase64))
+		case !slices.Contains(lengths, len(key)):
+			errs = append(errs, fmt.Errorf("--%s: %sdecodes to %d bytes, want %s", name, which, len(key), joinInts(lengths)))
+		default:
+			keys = append(keys, key)
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("--%s: not base64; make one with: openssl rand -base64 32", name)
-	}
-	for _, l := range lengths {
-		if len(key) == l {
-			return key, nil
+	if len(errs) > 0 {
+		// openssl rand -base64 64 breaks its output over two lines.
+		if whole, ok := decodeBase64(strings.Join(fields, "")); len(fields) > 1 && ok && slices.Contains(lengths, len(whole)) {
+			errs = append(errs, fmt.Errorf("--%s: one key per line; is a key broken over several lines? Make one with: openssl rand -base64 %d | tr -d '\\n'", name, len(whole)))
 		}
+		return nil, errors.Join(errs...)
 	}
-	return nil, fmt.Errorf("--%s: decodes to %d bytes, want %s", name, len(key), joinInts(lengths))
+	return keys, nil
 }
 
 func randomKey(n int) []byte {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/server"
-	"github.com/kbprovider/backend/internal/sessions/hashring"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 )
 
 // storeFlags are the session store flags as given.
@@ -20,21 +20,22 @@ type storeFlags struct {
 	peerListenAddress, peerSelfURL string
 	peers, peerService, peerPort   string
 	peerKey, peerKeyFile           string
-	peerStreams                    bool
+	namespace                      string
 	podIP                          string // from the environment (POD_IP), for the default self URL
+	podNamespace                   string // from the environment (POD_NAMESPACE), the default namespace
 }
 
 func (r *storeFlags) register(fs *flag.FlagSet) {
 	s := fs.StringVar
-	s(&r.kind, "session-store", server.StoreMemory, "where sessions live: memory (one replica) or hashring (several replicas share sessions over the peer API; see docs/sessions-hashring.md)")
+	s(&r.kind, "session-store", server.StoreMemory, "where sessions live: memory (one replica, lost on restart) or hashring (records in the provider cluster, read by every replica; sessions placed on the replicas with groupcache; see docs/sessions.md)")
+	s(&r.namespace, "session-namespace", "", "hashring: namespace of the session records (Secrets; default: $POD_NAMESPACE)")
 	s(&r.peerListenAddress, "peer-listen-address", "", "hashring: address (host:port, fixed port) to serve the peer API on, never the public one, e.g. :8091")
-	s(&r.peerSelfURL, "peer-self-url", "", "hashring: this replica's peer URL as the other replicas reach it (default: http://$POD_IP:<peer port> when POD_IP is set, else http://<peer-listen-address host>:<port>)")
+	s(&r.peerSelfURL, "peer-self-url", "", "hashring: this replica's peer URL as the other replicas reach it (default: https://$POD_IP:<peer port> when POD_IP is set, else https://<peer-listen-address host>:<port>)")
 	s(&r.peers, "peers", "", "hashring: comma-separated peer URLs of every replica, this one included (a static ring; or use --peer-service)")
 	s(&r.peerService, "peer-service", "", "hashring: namespace/name of the headless Service whose EndpointSlices list the replicas (the ring follows replicas that come and go)")
 	s(&r.peerPort, "peer-port-name", "", "hashring: name of the peer port in --peer-service's EndpointSlices (default: their only port)")
-	s(&r.peerKey, "peer-key", "", "hashring: base64 key of at least 32 bytes authenticating and encrypting peer traffic; the same on every replica (prefer --peer-key-file)")
-	s(&r.peerKeyFile, "peer-key-file", "", "hashring: file holding the base64 peer key, e.g. a mounted Kubernetes Secret")
-	fs.BoolVar(&r.peerStreams, "peer-streams", true, "hashring: send peer requests over long-lived streams where the peer serves them; false sends (and accepts) only one HTTP message per batch, as replicas before streams did")
+	s(&r.peerKey, "peer-key", "", "hashring: base64 key of at least 32 bytes from which the peers' TLS identity and the session keys are derived; the same on every replica (prefer --peer-key-file)")
+	s(&r.peerKeyFile, "peer-key-file", "", "hashring: file holding base64 peer keys, one per line, e.g. a mounted Kubernetes Secret: the first is current, the others (a previous key during a rotation) are still trusted")
 }
 
 // validate checks the store flags; errors name the flag.
@@ -49,6 +50,7 @@ func (r *storeFlags) validate() (server.StoreConfig, []error) {
 		for _, f := range [][2]string{
 			{"peer-listen-address", r.peerListenAddress}, {"peer-self-url", r.peerSelfURL}, {"peers", r.peers},
 			{"peer-service", r.peerService}, {"peer-port-name", r.peerPort}, {"peer-key", r.peerKey}, {"peer-key-file", r.peerKeyFile},
+			{"session-namespace", r.namespace},
 		} {
 			if f[1] != "" {
 				fail("--%s: only used with --session-store=hashring", f[0])
@@ -59,6 +61,16 @@ func (r *storeFlags) validate() (server.StoreConfig, []error) {
 	default:
 		fail("--session-store %q: want memory or hashring", r.kind)
 		return c, errs
+	}
+
+	switch c.Namespace = r.namespace; {
+	case c.Namespace == "":
+		c.Namespace = r.podNamespace
+		if c.Namespace == "" {
+			fail("--session-namespace is required with --session-store=hashring outside a pod (no POD_NAMESPACE)")
+		}
+	case !dnsLabel(c.Namespace):
+		fail("--session-namespace %q: want a namespace name", r.namespace)
 	}
 
 	// The peer listener needs a fixed port: the others find this replica by it.
@@ -91,12 +103,12 @@ func (r *storeFlags) validate() (server.StoreConfig, []error) {
 		if net.ParseIP(r.podIP) == nil {
 			fail("POD_IP %q is not an IP address; set --peer-self-url", r.podIP)
 		} else {
-			c.PeerSelfURL = "http://" + net.JoinHostPort(r.podIP, port)
+			c.PeerSelfURL = "https://" + net.JoinHostPort(r.podIP, port)
 		}
 	case host == "" || isUnspecified(host):
 		fail("--peer-self-url is required: --peer-listen-address %q names no host the other replicas could reach, and POD_IP is not set", r.peerListenAddress)
 	default:
-		c.PeerSelfURL = "http://" + net.JoinHostPort(host, port)
+		c.PeerSelfURL = "https://" + net.JoinHostPort(host, port)
 	}
 
 	if r.peers != "" && r.peerService != "" {
@@ -126,39 +138,41 @@ func (r *storeFlags) validate() (server.StoreConfig, []error) {
 	}
 	c.PeerPortName = r.peerPort
 
-	key, err := valueOrFile("peer-key", r.peerKey, r.peerKeyFile)
-	switch {
-	case err != nil:
+	keys, err := valueOrFile("peer-key", r.peerKey, r.peerKeyFile)
+	if err != nil {
 		errs = append(errs, err)
-	case key == "":
+	} else if keys == "" {
 		fail("--peer-key-file (or --peer-key) is required with --session-store=hashring; make one with: openssl rand -base64 32")
-	default:
+	}
+	for i, key := range strings.Fields(keys) {
 		b, ok := decodeBase64(key)
 		switch {
 		case !ok:
-			fail("--peer-key: not base64; make one with: openssl rand -base64 32")
-		case len(b) < hashring.MinKeyBytes:
-			fail("--peer-key: decodes to %d bytes, want at least %d", len(b), hashring.MinKeyBytes)
+			fail("--peer-key: key %d is not base64; make one with: openssl rand -base64 32", i+1)
+		case len(b) < sessionkey.MinKeyLen:
+			fail("--peer-key: key %d decodes to %d bytes, want at least %d", i+1, len(b), sessionkey.MinKeyLen)
 		default:
-			c.PeerKey = b
+			c.PeerKeys = append(c.PeerKeys, b)
 		}
 	}
-	c.NoPeerStreams = !r.peerStreams
 	return c, errs
 }
 
-// parsePeerURL accepts a peer base URL: http(s)://host:port, nothing more,
+// parsePeerURL accepts a peer base URL: https://host:port, nothing more,
 // and returns it in the form the ring compares (no trailing slash).
 func parsePeerURL(raw string) (string, error) {
 	u, err := parseHTTPURL(raw)
 	if err != nil {
 		return "", err
 	}
+	if u.Scheme != "https" {
+		return "", fmt.Errorf("want https: peers talk TLS, with certificates derived from the peer key")
+	}
 	if strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" {
 		return "", fmt.Errorf("want scheme://host:port only, no path or query")
 	}
 	if u.Port() == "" {
-		return "", fmt.Errorf("want an explicit port, e.g. http://10.0.0.5:8091")
+		return "", fmt.Errorf("want an explicit port, e.g. https://10.0.0.5:8091")
 	}
 	// The host must be an IP address or a DNS name as it is: the URL
 	// parser also takes percent-escapes in a host, which would decode into

@@ -15,7 +15,7 @@ import (
 
 func TestStoreDefaultsToMemory(t *testing.T) {
 	c := mustParse(t, nil, nil)
-	if c.Store.Kind != server.StoreMemory || c.Store.PeerKey != nil || len(c.CallbackAllowList) != 0 {
+	if c.Store.Kind != server.StoreMemory || c.Store.PeerKeys != nil || len(c.CallbackAllowList) != 0 {
 		t.Errorf("store defaults: %+v, allow list %v", c.Store, c.CallbackAllowList)
 	}
 }
@@ -29,13 +29,14 @@ func TestHashringConfig(t *testing.T) {
 
 	// Static peers, self URL derived from the listen address.
 	c := mustParse(t, []string{
-		"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091",
-		"--peers", "http://127.0.0.1:8091/, http://127.0.0.1:8092",
+		"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--session-namespace=kube-bind",
+		"--peers", "https://127.0.0.1:8091/, https://127.0.0.1:8092",
 		"--peer-key-file", keyFile,
 	}, nil)
 	s := c.Store
-	if s.Kind != server.StoreHashring || s.PeerListenAddress != "127.0.0.1:8091" || s.PeerSelfURL != "http://127.0.0.1:8091" ||
-		!slices.Equal(s.Peers, []string{"http://127.0.0.1:8091", "http://127.0.0.1:8092"}) || !bytes.Equal(s.PeerKey, key) || s.NoPeerStreams {
+	if s.Kind != server.StoreHashring || s.PeerListenAddress != "127.0.0.1:8091" || s.PeerSelfURL != "https://127.0.0.1:8091" ||
+		!slices.Equal(s.Peers, []string{"https://127.0.0.1:8091", "https://127.0.0.1:8092"}) || len(s.PeerKeys) != 1 ||
+		!bytes.Equal(s.PeerKeys[0], key) || s.Namespace != "kube-bind" {
 		t.Errorf("static hashring: %+v", s)
 	}
 
@@ -47,23 +48,35 @@ func TestHashringConfig(t *testing.T) {
 		"KUBE_BIND_PEER_PORT_NAME":      "peer",
 		"KUBE_BIND_PEER_KEY":            base64.RawURLEncoding.EncodeToString(key[:32]),
 		"POD_IP":                        "10.1.2.3",
+		"POD_NAMESPACE":                 "kube-bind",
 	})
 	s = c.Store
-	if s.PeerSelfURL != "http://10.1.2.3:8091" || s.PeerServiceNamespace != "kube-bind" || s.PeerServiceName != "backend-peers" ||
-		s.PeerPortName != "peer" || len(s.Peers) != 0 || !bytes.Equal(s.PeerKey, key[:32]) {
+	if s.PeerSelfURL != "https://10.1.2.3:8091" || s.PeerServiceNamespace != "kube-bind" || s.PeerServiceName != "backend-peers" ||
+		s.PeerPortName != "peer" || len(s.Peers) != 0 || len(s.PeerKeys) != 1 || !bytes.Equal(s.PeerKeys[0], key[:32]) || s.Namespace != "kube-bind" {
 		t.Errorf("discovery hashring: %+v", s)
 	}
 
 	// An explicit self URL wins over POD_IP; IPv6 pod IPs are bracketed.
-	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-self-url=http://replica-0.peers:8091",
-		"--peer-key-file", keyFile, "--peer-streams=false"}, map[string]string{"POD_IP": "10.1.2.3"})
-	if c.Store.PeerSelfURL != "http://replica-0.peers:8091" || !c.Store.NoPeerStreams {
-		t.Errorf("explicit self, no streams: %+v", c.Store)
+	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-self-url=https://replica-0.peers:8091",
+		"--peer-key-file", keyFile}, map[string]string{"POD_IP": "10.1.2.3", "POD_NAMESPACE": "ns"})
+	if c.Store.PeerSelfURL != "https://replica-0.peers:8091" {
+		t.Errorf("explicit self: %+v", c.Store)
 	}
 	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key-file", keyFile},
-		map[string]string{"POD_IP": "fd00::5"})
-	if c.Store.PeerSelfURL != "http://[fd00::5]:8091" {
+		map[string]string{"POD_IP": "fd00::5", "POD_NAMESPACE": "ns"})
+	if c.Store.PeerSelfURL != "https://[fd00::5]:8091" {
 		t.Errorf("IPv6 self: %s", c.Store.PeerSelfURL)
+	}
+
+	// A rotation: two keys in the file, the current one first.
+	next := bytes.Repeat([]byte{7}, 32)
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(next)+"\n"+base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c = mustParse(t, []string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key-file", keyFile},
+		map[string]string{"POD_NAMESPACE": "ns"})
+	if len(c.Store.PeerKeys) != 2 || !bytes.Equal(c.Store.PeerKeys[0], next) || !bytes.Equal(c.Store.PeerKeys[1], key) {
+		t.Errorf("two peer keys: %d", len(c.Store.PeerKeys))
 	}
 
 	c = mustParse(t, []string{"--callback-allowed-urls", "https://cli.example.com/cb, http://10.0.0.1:9000"}, nil)
@@ -74,7 +87,7 @@ func TestHashringConfig(t *testing.T) {
 
 func TestInvalidStoreConfig(t *testing.T) {
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32))
-	ok := []string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + key}
+	ok := []string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + key, "--session-namespace=ns"}
 	with := func(extra ...string) []string { return append(slices.Clone(ok), extra...) }
 	for _, c := range []struct {
 		args []string
@@ -82,7 +95,7 @@ func TestInvalidStoreConfig(t *testing.T) {
 		want string
 	}{
 		{[]string{"--session-store=redis"}, nil, `--session-store "redis": want memory or hashring`},
-		{[]string{"--peers=http://a:1"}, nil, "--peers: only used with --session-store=hashring"},
+		{[]string{"--peers=https://a:1"}, nil, "--peers: only used with --session-store=hashring"},
 		{[]string{"--peer-key-file=/x"}, nil, "--peer-key-file: only used with --session-store=hashring"},
 		{[]string{"--session-store=hashring", "--peer-key=" + key}, nil, "--peer-listen-address is required"},
 		{[]string{"--session-store=hashring", "--peer-listen-address=8091", "--peer-key=" + key}, nil, `--peer-listen-address "8091": want host:port`},
@@ -91,24 +104,28 @@ func TestInvalidStoreConfig(t *testing.T) {
 		{[]string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key=" + key}, nil, "--peer-self-url is required"},
 		{[]string{"--session-store=hashring", "--peer-listen-address=:8091", "--peer-key=" + key}, map[string]string{"POD_IP": "pod"}, `POD_IP "pod" is not an IP address`},
 		{with("--peer-self-url=10.0.0.1:8091"), nil, "--peer-self-url"},
-		{with("--peer-self-url=http://10.0.0.1"), nil, "want an explicit port"},
-		{with("--peer-self-url=http://10.0.0.1:8091/sessions"), nil, "no path or query"},
+		{with("--peer-self-url=https://10.0.0.1"), nil, "want an explicit port"},
+		{with("--peer-self-url=https://10.0.0.1:8091/sessions"), nil, "no path or query"},
+		{with("--peer-self-url=http://10.0.0.1:8091"), nil, "want https"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + key}, nil, "--session-namespace is required"},
+		{with("--session-namespace=Not_A_Namespace"), nil, "--session-namespace"},
+		{[]string{"--session-namespace=ns"}, nil, "--session-namespace: only used with --session-store=hashring"},
 		// Found by FuzzParseConfig: percent-escapes in the host decode into
 		// a peer URL that does not parse back.
 		{[]string{"--session-store=hashring", "--peer-key=" + key, "--peer-listen-address=10.0.0.5.\r\r//10.0.0.508091dh@@:8091"}, nil,
 			"--peer-listen-address \"10.0.0.5.\\r\\r//10.0.0.508091dh@@:8091\": want an IP address or a DNS name"},
-		{with("--peer-self-url=http://10.0.0.5.%0D%0D%2F%2F10.0.0.5%40:8091"), nil, "--peer-self-url"},
-		{with("--peers=http://127.0.0.1:8091,http://a%2Fb:8092"), nil, "--peers"},
-		{with("--peer-self-url=http://10.0.0.1:+8091"), nil, "--peer-self-url"},
-		{with("--peers=http://127.0.0.1:8092,http://127.0.0.1:8093"), nil, "--peers must list this replica's own peer URL http://127.0.0.1:8091"},
-		{with("--peers=http://127.0.0.1:8091,ftp://x:1"), nil, `--peers: "ftp://x:1"`},
-		{with("--peers=http://127.0.0.1:8091", "--peer-service=ns/svc"), nil, "give only one"},
+		{with("--peer-self-url=https://10.0.0.5.%0D%0D%2F%2F10.0.0.5%40:8091"), nil, "--peer-self-url"},
+		{with("--peers=https://127.0.0.1:8091,https://a%2Fb:8092"), nil, "--peers"},
+		{with("--peer-self-url=https://10.0.0.1:+8091"), nil, "--peer-self-url"},
+		{with("--peers=https://127.0.0.1:8092,https://127.0.0.1:8093"), nil, "--peers must list this replica's own peer URL https://127.0.0.1:8091"},
+		{with("--peers=https://127.0.0.1:8091,ftp://x:1"), nil, `--peers: "ftp://x:1"`},
+		{with("--peers=https://127.0.0.1:8091", "--peer-service=ns/svc"), nil, "give only one"},
 		{with("--peer-service=svc"), nil, `--peer-service "svc": want namespace/name`},
 		{with("--peer-service=ns/Svc_1"), nil, "--peer-service"},
 		{with("--peer-port-name=peer"), nil, "--peer-port-name: only used with --peer-service"},
 		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091"}, nil, "--peer-key-file (or --peer-key) is required"},
-		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + base64.StdEncoding.EncodeToString(make([]byte, 31))}, nil, "decodes to 31 bytes, want at least 32"},
-		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=not base64!"}, nil, "--peer-key: not base64"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + base64.StdEncoding.EncodeToString(make([]byte, 31))}, nil, "key 1 decodes to 31 bytes, want at least 32"},
+		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=not-base64!"}, nil, "--peer-key: key 1 is not base64"},
 		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + key, "--peer-key-file=/x"}, nil, "give only one"},
 		{[]string{"--callback-allowed-urls=cli.example.com"}, nil, `--callback-allowed-urls: "cli.example.com"`},
 		{[]string{"--callback-allowed-urls=https://x/cb?y=1"}, nil, "--callback-allowed-urls"},

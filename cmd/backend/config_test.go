@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -32,14 +33,15 @@ func TestDefaults(t *testing.T) {
 	if c.ListenAddress != ":8080" || c.ExternalURL != nil || c.PrettyName != "kube-bind provider" ||
 		c.NamespacePrefix != "kube-bind-" || c.ConsumerScope != "Namespaced" ||
 		c.SessionTTL != 10*time.Minute || c.PollInterval != 2*time.Second || c.GracePeriod != time.Minute ||
-		c.MaxPendingSessions != 10000 || c.LogLevel != slog.LevelInfo || c.LogFormat != "json" ||
+		c.MaxPolledSessions != 100000 || c.LogLevel != slog.LevelInfo || c.LogFormat != "json" ||
 		c.LongPoll.MaxWait != 30*time.Second || c.LongPoll.MaxHeld != 1000 {
 		t.Errorf("defaults: %+v", c)
 	}
-	if len(c.CookieSigningKey) != 32 || len(c.CookieEncryptionKey) != 32 || len(c.CookieKeysGenerated) != 2 {
-		t.Errorf("cookie keys not generated: %d %d %v", len(c.CookieSigningKey), len(c.CookieEncryptionKey), c.CookieKeysGenerated)
+	if len(c.CookieSigningKeys) != 1 || len(c.CookieSigningKeys[0]) != 32 || len(c.CookieEncryptionKeys) != 1 || len(c.CookieEncryptionKeys[0]) != 32 ||
+		len(c.CookieKeysGenerated) != 2 {
+		t.Errorf("cookie keys not generated: %d %d %v", len(c.CookieSigningKeys), len(c.CookieEncryptionKeys), c.CookieKeysGenerated)
 	}
-	if c2 := mustParse(t, nil, nil); bytes.Equal(c.CookieSigningKey, c2.CookieSigningKey) {
+	if c2 := mustParse(t, nil, nil); bytes.Equal(c.CookieSigningKeys[0], c2.CookieSigningKeys[0]) {
 		t.Error("generated keys are not random")
 	}
 }
@@ -48,8 +50,8 @@ func TestDefaults(t *testing.T) {
 // configured one; the credential flags' defaults and values.
 func TestClusterKeyAndCredentials(t *testing.T) {
 	c := mustParse(t, nil, nil)
-	if len(c.ClusterSecretKey) != 32 || !c.ClusterSecretKeyGenerated {
-		t.Errorf("cluster secret key not generated: %d bytes, generated %v", len(c.ClusterSecretKey), c.ClusterSecretKeyGenerated)
+	if len(c.ClusterSecretKeys) != 1 || len(c.ClusterSecretKeys[0]) != 32 || !c.ClusterSecretKeyGenerated {
+		t.Errorf("cluster secret key not generated: %d keys, generated %v", len(c.ClusterSecretKeys), c.ClusterSecretKeyGenerated)
 	}
 	if c.Credentials != (credentials.Policy{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute}) {
 		t.Errorf("credential defaults %+v", c.Credentials)
@@ -57,8 +59,8 @@ func TestClusterKeyAndCredentials(t *testing.T) {
 	key := bytes.Repeat([]byte{9}, 48)
 	c = mustParse(t, []string{"--credential-lifetime=10m", "--credential-rotation-point=0.05", "--credential-overlap=20s"},
 		map[string]string{"KUBE_BIND_CLUSTER_SECRET_KEY": base64.StdEncoding.EncodeToString(key)})
-	if !bytes.Equal(c.ClusterSecretKey, key) || c.ClusterSecretKeyGenerated {
-		t.Errorf("cluster secret key %x (generated %v)", c.ClusterSecretKey, c.ClusterSecretKeyGenerated)
+	if !reflect.DeepEqual(c.ClusterSecretKeys, [][]byte{key}) || c.ClusterSecretKeyGenerated {
+		t.Errorf("cluster secret keys %x (generated %v)", c.ClusterSecretKeys, c.ClusterSecretKeyGenerated)
 	}
 	if c.Credentials != (credentials.Policy{Lifetime: 10 * time.Minute, RotationPoint: 0.05, Overlap: 20 * time.Second}) {
 		t.Errorf("credentials %+v", c.Credentials)
@@ -112,9 +114,65 @@ func TestSecretsFromFiles(t *testing.T) {
 		"--oidc-issuer-client-secret-file=" + write("secret", "s3cret\n"),
 		"--cookie-signing-key-file=" + write("sign", base64.StdEncoding.EncodeToString(sign)+"\n"),
 	}, map[string]string{"KUBE_BIND_COOKIE_ENCRYPTION_KEY": base64.RawURLEncoding.EncodeToString(enc)})
-	if c.OIDCClientSecret != "s3cret" || !bytes.Equal(c.CookieSigningKey, sign) || !bytes.Equal(c.CookieEncryptionKey, enc) ||
+	if c.OIDCClientSecret != "s3cret" || !reflect.DeepEqual(c.CookieSigningKeys, [][]byte{sign}) || !reflect.DeepEqual(c.CookieEncryptionKeys, [][]byte{enc}) ||
 		len(c.CookieKeysGenerated) != 0 {
-		t.Errorf("secrets: %q %x %x %v", c.OIDCClientSecret, c.CookieSigningKey, c.CookieEncryptionKey, c.CookieKeysGenerated)
+		t.Errorf("secrets: %q %x %x %v", c.OIDCClientSecret, c.CookieSigningKeys, c.CookieEncryptionKeys, c.CookieKeysGenerated)
+	}
+}
+
+// Key rotation: each of the three keys takes several base64 keys, one per
+// line in its file (or separated by white space in its value), the first
+// current; each key is checked on its own, and an error names the flag
+// and the key's position, never the key.
+func TestKeyLists(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, lines ...string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	newSign, oldSign := bytes.Repeat([]byte{1}, 64), bytes.Repeat([]byte{2}, 32)
+	newEnc, oldEnc, olderEnc := bytes.Repeat([]byte{3}, 16), bytes.Repeat([]byte{4}, 32), bytes.Repeat([]byte{5}, 24)
+	newCluster, oldCluster := bytes.Repeat([]byte{6}, 48), bytes.Repeat([]byte{7}, 32)
+	c := mustParse(t, []string{
+		"--cookie-signing-key-file=" + write("sign", b64(newSign), b64(oldSign)),
+		"--cluster-secret-key-file=" + write("cluster", "", "  "+b64(newCluster)+"\r", base64.RawURLEncoding.EncodeToString(oldCluster)),
+	}, map[string]string{"KUBE_BIND_COOKIE_ENCRYPTION_KEY": b64(newEnc) + " " + b64(oldEnc) + "\n" + b64(olderEnc)})
+	if !reflect.DeepEqual(c.CookieSigningKeys, [][]byte{newSign, oldSign}) ||
+		!reflect.DeepEqual(c.CookieEncryptionKeys, [][]byte{newEnc, oldEnc, olderEnc}) ||
+		!reflect.DeepEqual(c.ClusterSecretKeys, [][]byte{newCluster, oldCluster}) ||
+		len(c.CookieKeysGenerated) != 0 || c.ClusterSecretKeyGenerated {
+		t.Errorf("keys: %x %x %x, generated %v %v", c.CookieSigningKeys, c.CookieEncryptionKeys, c.ClusterSecretKeys, c.CookieKeysGenerated, c.ClusterSecretKeyGenerated)
+	}
+
+	short := b64(bytes.Repeat([]byte{9}, 20))
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"--cookie-signing-key-file=" + write("short2", b64(newSign), short)}, nil,
+			[]string{"--cookie-signing-key: key 2 decodes to 20 bytes, want 32 or 64"}},
+		{[]string{"--cluster-secret-key", b64(newCluster) + " " + short}, nil,
+			[]string{"--cluster-secret-key: key 2 decodes to 20 bytes, want 32 or 48 or 64"}},
+		{nil, map[string]string{"KUBE_BIND_COOKIE_ENCRYPTION_KEY": "!!!notbase64 " + b64(newEnc) + " " + short}, []string{
+			"--cookie-encryption-key: key 1 is not base64", "--cookie-encryption-key: key 3 decodes to 20 bytes, want 16 or 24 or 32"}},
+		// openssl rand -base64 64 breaks its output after 64 characters.
+		{[]string{"--cookie-signing-key-file=" + write("wrapped", b64(newSign)[:64], b64(newSign)[64:])}, nil, []string{
+			"--cookie-signing-key: key 1 decodes to 48 bytes", "is a key broken over several lines? Make one with: openssl rand -base64 64 | tr -d '\\n'"}},
+	} {
+		_, err := parseConfig(c.args, env(c.env), io.Discard)
+		for _, want := range c.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("parseConfig(%q, %v) = %v, want an error containing %q", c.args, c.env, err, want)
+			}
+		}
+		if err != nil && (strings.Contains(err.Error(), short) || strings.Contains(err.Error(), b64(newSign)[:20])) {
+			t.Errorf("error %q shows a key", err)
+		}
 	}
 }
 
@@ -132,7 +190,7 @@ func TestInvalidConfig(t *testing.T) {
 		{[]string{"--external-url", "https://x/?q=1"}, nil, "must not have a query"},
 		{nil, map[string]string{"KUBE_BIND_EXTERNAL_URL": "::"}, "--external-url"},
 		{nil, map[string]string{"KUBE_BIND_POLL_INTERVAL": "soon"}, `invalid value "soon" for KUBE_BIND_POLL_INTERVAL (--poll-interval): want a duration`},
-		{nil, map[string]string{"KUBE_BIND_MAX_PENDING_SESSIONS": "many"}, "want a whole number"},
+		{nil, map[string]string{"KUBE_BIND_MAX_POLLED_SESSIONS": "many"}, "want a whole number"},
 		{nil, map[string]string{"KUBE_BIND_COOKIE_SIGNING_KEY": "short"}, "--cookie-signing-key"},
 		{[]string{"--listen-address", "8080"}, nil, "--listen-address"},
 		{[]string{"--oidc-issuer-url", "https://idp"}, nil, "--oidc-issuer-client-id is required"},
@@ -148,8 +206,8 @@ func TestInvalidConfig(t *testing.T) {
 		{[]string{"--poll-interval", "0s"}, nil, "--poll-interval 0s: must be positive"},
 		{[]string{"--poll-interval", "20m"}, nil, "must be shorter than --session-ttl"},
 		{[]string{"--grace-period", "-1s"}, nil, "--grace-period"},
-		{[]string{"--max-pending-sessions", "0"}, nil, "--max-pending-sessions"},
-		{[]string{"--max-pending-sessions", "100000001"}, nil, "at most 100000000"},
+		{[]string{"--max-polled-sessions", "0"}, nil, "--max-polled-sessions"},
+		{[]string{"--max-polled-sessions", "10000001"}, nil, "at most 10000000"},
 		{[]string{"--long-poll-max-wait", "2m"}, nil, "--long-poll-max-wait 2m0s: want whole seconds from 0 (off) to 50s"},
 		{[]string{"--long-poll-max-wait", "1500ms"}, nil, "--long-poll-max-wait 1.5s: want whole seconds"},
 		{nil, map[string]string{"KUBE_BIND_MAX_LONG_POLLS": "0"}, "--max-long-polls 0: must be positive"},

@@ -11,17 +11,19 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/server"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/testutil/certs"
 )
 
@@ -40,10 +42,14 @@ func FuzzParseConfig(f *testing.F) {
 	dir := f.TempDir()
 	pair := certs.NewServingPair(f, "fuzz")
 	for name, content := range map[string]string{
-		"secret":    "s3cret\n",
-		"sign":      base64.StdEncoding.EncodeToString([]byte(strings.Repeat("s", 32))) + "\n",
-		"enc":       base64.RawURLEncoding.EncodeToString([]byte(strings.Repeat("e", 16))),
-		"peer":      base64.StdEncoding.EncodeToString([]byte(strings.Repeat("p", 48))),
+		"secret": "s3cret\n",
+		"sign":   base64.StdEncoding.EncodeToString([]byte(strings.Repeat("s", 32))) + "\n",
+		"enc":    base64.RawURLEncoding.EncodeToString([]byte(strings.Repeat("e", 16))),
+		"peer":   base64.StdEncoding.EncodeToString([]byte(strings.Repeat("p", 48))),
+		// Rotations: two keys, the current first; a short second key.
+		"sign2":     base64.StdEncoding.EncodeToString([]byte(strings.Repeat("S", 64))) + "\n" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("s", 32))) + "\n",
+		"cluster2":  base64.RawURLEncoding.EncodeToString([]byte(strings.Repeat("C", 48))) + "\r\n" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("c", 32))),
+		"short2":    base64.StdEncoding.EncodeToString([]byte(strings.Repeat("e", 16))) + "\n" + base64.StdEncoding.EncodeToString([]byte("short")),
 		"short":     base64.StdEncoding.EncodeToString([]byte("short")),
 		"empty":     "",
 		"ca.pem":    string(pair.CertPEM),
@@ -61,18 +67,20 @@ func FuzzParseConfig(f *testing.F) {
 	for _, s := range []struct{ args, env string }{
 		{"", ""},
 		{"--external-url=https://bind.example.com/kb/\n--oidc-issuer-url=https://idp.example.com\n--oidc-issuer-client-id=backend\n--oidc-issuer-client-secret-file=secret\n--cookie-signing-key-file=sign\n--cookie-encryption-key-file=enc", ""},
-		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:8091\n--peers=http://10.0.0.5:8091,http://10.0.0.6:8091\n--peer-key-file=peer", ""},
+		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:8091\n--peers=https://10.0.0.5:8091,https://10.0.0.6:8091\n--peer-key-file=peer\n--session-namespace=kube-bind", ""},
 		// The sign of p=+41234 (issue 13, defect 1) in the peer port:
 		// accepted by Atoi, it made the peer URL http://10.0.0.5:+8091,
 		// which no replica can parse.
 		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:+8091\n--peer-key-file=peer", ""},
-		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-service=kube-bind/peers\n--peer-port-name=peer", "KUBE_BIND_PEER_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))) + "\nPOD_IP=10.0.0.9"},
+		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-service=kube-bind/peers\n--peer-port-name=peer", "KUBE_BIND_PEER_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))) + "\nPOD_IP=10.0.0.9\nPOD_NAMESPACE=kube-bind"},
 		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-self-url=https://peer.example.com:443/", "KUBE_BIND_PEER_KEY_FILE=short"},
 		{"--callback-allowed-urls=https://cli.example.com/kube-bind, http://10.0.0.7:8000\n--namespace-prefix=tenant-", ""},
 		{"--callback-allowed-urls=https://u@cli.example.com/?q\n--namespace-prefix=Kube_", ""},
 		{"--tls-cert-file=tls.crt\n--tls-key-file=tls.key\n--external-ca-file=ca.pem\n--external-address=https://api.example.com:6443", ""},
-		{"--poll-interval=20m\n--session-ttl=10m\n--log-level=DEBUG\n--log-format=Text\n--consumer-scope=cluster", "KUBE_BIND_MAX_PENDING_SESSIONS=5"},
+		{"--poll-interval=20m\n--session-ttl=10m\n--log-level=DEBUG\n--log-format=Text\n--consumer-scope=cluster", "KUBE_BIND_MAX_POLLED_SESSIONS=5"},
 		{"--cookie-signing-key=c2hvcnQ", "KUBE_BIND_COOKIE_ENCRYPTION_KEY=topsecretvalue"},
+		{"--cookie-signing-key-file=sign2\n--cluster-secret-key-file=cluster2", "KUBE_BIND_COOKIE_ENCRYPTION_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("e", 32))) + " " + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("E", 24)))},
+		{"--cookie-encryption-key-file=short2", "KUBE_BIND_CLUSTER_SECRET_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("c", 32))) + " topsecretvalue"},
 		{"--leader-election-namespace=kube-bind\n--leader-election-lease-name=Bad_Name", "POD_NAME=backend-0"},
 		{"--version", ""},
 		{"--help", ""},
@@ -80,9 +88,15 @@ func FuzzParseConfig(f *testing.F) {
 	} {
 		f.Add(s.args, s.env)
 	}
-	store := memory.New(sessions.DefaultLimits, nil)
-	f.Cleanup(store.Close)
 	key, err := clusterkey.New(make([]byte, 32))
+	if err != nil {
+		f.Fatal(err)
+	}
+	keys, err := sessionkey.New(make([]byte, 32))
+	if err != nil {
+		f.Fatal(err)
+	}
+	svc, err := bindservice.New(bindservice.Config{Store: memory.New(sessions.DefaultLimits, nil), Keys: keys, ClusterKey: key})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -125,7 +139,7 @@ func FuzzParseConfig(f *testing.F) {
 				envm[envName("cookie-signing-key")], envm[envName("cookie-encryption-key")], envm[envName("oidc-issuer-client-secret")], envm[envName("peer-key")],
 				envm[envName("cluster-secret-key")]})
 		} else if !c.ShowVersion {
-			wantValidConfig(t, c, store, key)
+			wantValidConfig(t, c, svc)
 		}
 
 		// The same flags through the environment.
@@ -153,13 +167,13 @@ func FuzzParseConfig(f *testing.F) {
 		if err == nil {
 			for _, cc := range []*config{c, c2} {
 				if cc.ClusterSecretKeyGenerated {
-					cc.ClusterSecretKey = nil
+					cc.ClusterSecretKeys = nil
 				}
 				for _, g := range cc.CookieKeysGenerated {
 					if g == "cookie-signing-key" {
-						cc.CookieSigningKey = nil
+						cc.CookieSigningKeys = nil
 					} else {
-						cc.CookieEncryptionKey = nil
+						cc.CookieEncryptionKeys = nil
 					}
 				}
 			}
@@ -172,6 +186,12 @@ func FuzzParseConfig(f *testing.F) {
 
 func wantNoSecret(t *testing.T, err error, input string, secrets []string) {
 	t.Helper()
+	// A value may hold several keys (a rotation): none may show.
+	for _, s := range slices.Clone(secrets) {
+		if f := strings.Fields(s); len(f) > 1 {
+			secrets = append(secrets, f...)
+		}
+	}
 	for _, s := range secrets {
 		if len(s) >= 6 && strings.Count(input, s) == 1 && strings.Contains(err.Error(), s) {
 			t.Fatalf("error %q shows the secret %q", err, s)
@@ -179,7 +199,7 @@ func wantNoSecret(t *testing.T, err error, input string, secrets []string) {
 	}
 }
 
-func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *clusterkey.Key) {
+func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 	t.Helper()
 	if _, _, err := net.SplitHostPort(c.ListenAddress); err != nil {
 		t.Fatalf("listen address %q", c.ListenAddress)
@@ -195,14 +215,27 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *cluster
 	if c.OIDCIssuerURL != "" && (c.OIDCClientID == "" || c.OIDCClientSecret == "") {
 		t.Fatal("an issuer without client ID or secret")
 	}
-	if n := len(c.CookieSigningKey); n != 32 && n != 64 {
-		t.Fatalf("signing key of %d bytes", n)
+	for _, l := range []struct {
+		name    string
+		keys    [][]byte
+		lengths []int
+	}{
+		{"signing", c.CookieSigningKeys, []int{32, 64}},
+		{"encryption", c.CookieEncryptionKeys, []int{16, 24, 32}},
+		{"cluster secret", c.ClusterSecretKeys, []int{32, 48, 64}},
+	} {
+		if len(l.keys) == 0 {
+			t.Fatalf("no %s key", l.name)
+		}
+		for i, k := range l.keys {
+			if !slices.Contains(l.lengths, len(k)) {
+				t.Fatalf("%s key %d of %d bytes", l.name, i+1, len(k))
+			}
+		}
 	}
-	if n := len(c.CookieEncryptionKey); n != 16 && n != 24 && n != 32 {
-		t.Fatalf("encryption key of %d bytes", n)
-	}
-	if n := len(c.ClusterSecretKey); n != 32 && n != 48 && n != 64 {
-		t.Fatalf("cluster secret key of %d bytes", n)
+	// Their owners accept them.
+	if _, err := clusterkey.New(c.ClusterSecretKeys[0], c.ClusterSecretKeys[1:]...); err != nil {
+		t.Fatalf("accepted cluster secret keys clusterkey refuses: %v", err)
 	}
 	if c.PrettyName == "" || strings.TrimSpace(c.PrettyName) != c.PrettyName {
 		t.Fatalf("pretty name %q", c.PrettyName)
@@ -213,7 +246,7 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *cluster
 	if c.ConsumerScope != "Namespaced" && c.ConsumerScope != "Cluster" {
 		t.Fatalf("scope %q", c.ConsumerScope)
 	}
-	if c.SessionTTL <= 0 || c.PollInterval <= 0 || c.PollInterval >= c.SessionTTL || c.GracePeriod <= 0 || c.MaxPendingSessions <= 0 || c.ShutdownTimeout <= 0 {
+	if c.SessionTTL <= 0 || c.PollInterval <= 0 || c.PollInterval >= c.SessionTTL || c.GracePeriod <= 0 || c.MaxPolledSessions <= 0 || c.ShutdownTimeout <= 0 {
 		t.Fatalf("durations and limits: %+v", c)
 	}
 	if errs := c.LongPoll.Validate(); len(errs) > 0 {
@@ -230,13 +263,14 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *cluster
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		t.Fatal("one TLS file without the other")
 	}
-	// The browser handler parses the allow-list again: it must agree.
+	// The browser handler parses the allow-list and checks the cookie keys
+	// again: it must agree.
 	if _, err := browser.New(browser.Config{
-		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Store: store,
-		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil), ClusterKey: key,
-		CookieHashKey: make([]byte, 32), CookieBlockKey: make([]byte, 32), CallbackAllowList: c.CallbackAllowList,
+		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc,
+		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil),
+		CookieHashKeys: c.CookieSigningKeys, CookieBlockKeys: c.CookieEncryptionKeys, CallbackAllowList: c.CallbackAllowList,
 	}); err != nil {
-		t.Fatalf("accepted an allow-list the browser handler refuses: %v", err)
+		t.Fatalf("accepted an allow-list or cookie keys the browser handler refuses: %v", err)
 	}
 	s := c.Store
 	switch s.Kind {
@@ -258,8 +292,16 @@ func wantValidConfig(t *testing.T, c *config, store sessions.Store, key *cluster
 	if len(s.Peers) > 0 && !containsString(s.Peers, s.PeerSelfURL) {
 		t.Fatalf("peers %v without self %s", s.Peers, s.PeerSelfURL)
 	}
-	if len(s.PeerKey) < hashring.MinKeyBytes {
-		t.Fatalf("peer key of %d bytes", len(s.PeerKey))
+	if len(s.PeerKeys) == 0 {
+		t.Fatal("a hashring without a peer key")
+	}
+	for _, k := range s.PeerKeys {
+		if len(k) < sessionkey.MinKeyLen {
+			t.Fatalf("peer key of %d bytes", len(k))
+		}
+	}
+	if !dnsLabel(s.Namespace) {
+		t.Fatalf("session namespace %q", s.Namespace)
 	}
 	if (s.PeerServiceName == "") != (s.PeerServiceNamespace == "") || s.PeerServiceName != "" && (!dnsLabel(s.PeerServiceName) || !dnsLabel(s.PeerServiceNamespace)) {
 		t.Fatalf("peer service %q/%q", s.PeerServiceNamespace, s.PeerServiceName)

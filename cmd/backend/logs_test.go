@@ -45,6 +45,7 @@ current-context: c
 		"--peer-listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)),
 		"--peer-key", procs.RandomKey(t, 32),
 		"--peer-service", "kube-bind/backend-peers",
+		"--session-namespace", "kube-bind",
 		"--kubeconfig", kubeconfig,
 		"--log-format", "json")
 	logs := startProcess(t, cmd)

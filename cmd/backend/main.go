@@ -15,8 +15,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"k8s.io/klog/v2"
@@ -83,10 +86,37 @@ func warnDefaults(cfg *config, logger *slog.Logger) {
 	for _, k := range cfg.CookieKeysGenerated {
 		logger.Warn("--"+k+" not set: using a random key; browser logins break on restart, and replicas must share one key", "flag", k)
 	}
+	if cfg.ExternalURL != nil && plainHTTPOffLoopback(cfg.ExternalURL) {
+		logger.Warn("--external-url is http on a host that is not this machine (loopback): tokens and cookies would travel "+
+			"unencrypted between browsers or clients and the backend (session secrets, the login cookie, the kubeconfig of "+
+			"each binding); use https (TLS at the ingress or --tls-cert-file)", "flag", "external-url", "external_url", cfg.ExternalURL.String())
+	}
+	if cfg.OIDCIssuerURL != "" {
+		if u, err := url.Parse(cfg.OIDCIssuerURL); err == nil && plainHTTPOffLoopback(u) {
+			logger.Warn("--oidc-issuer-url is http on a host that is not this machine (loopback): tokens and cookies would travel "+
+				"unencrypted between the backend and the identity provider, and to the browsers logging in there (the client "+
+				"secret, codes, ID tokens, the provider's session cookies); use https", "flag", "oidc-issuer-url", "issuer_url", cfg.OIDCIssuerURL)
+		}
+	}
 	if cfg.ClusterSecretKeyGenerated {
 		logger.Warn("--cluster-secret-key not set: using a random key; the cluster secrets issued now stop proving their cluster IDs on restart "+
 			"(those clients then bind into new provider namespaces), and replicas must share one key; for local use only", "flag", "cluster-secret-key")
 	}
+}
+
+// plainHTTPOffLoopback reports whether u is http on a host that is not
+// loopback (localhost, 127.0.0.0/8, ::1): what travels to it crosses a
+// network unencrypted. http on loopback is for the demo and the tests.
+func plainHTTPOffLoopback(u *url.URL) bool {
+	if !strings.EqualFold(u.Scheme, "http") {
+		return false
+	}
+	host := strings.TrimSuffix(u.Hostname(), ".")
+	if strings.EqualFold(host, "localhost") {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.Unmap().IsLoopback()
 }
 
 func newLogger(cfg *config, w io.Writer) *slog.Logger {

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -146,17 +145,20 @@ func TestBindWritesFiles(t *testing.T) {
 		t.Errorf("printed URL %s is not the provider's authenticatedURL", u)
 	}
 	sid := sessionOf(t, u)
-	sess, err := b.Store.Get(context.Background(), sid)
+	sess, err := b.Sessions.Open(sid)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// No cluster ID was presented: the backend issued the one it derives
+	// from the session ID.
+	clusterID, _ := b.Sessions.SettleCluster(sess, "")
 	r, _ := hmac.RequestFromURL("GET", u, nil)
 	if !hmac.Verify(sess.Secret, r, u.Query().Get(hmac.ParamSignature)) {
 		t.Error("printed URL's signature does not verify with the session's secret")
 	}
 	resp := pollbackend.BindingResponse(t, sid, "kube-bind-cli", "mangodbs.mangodb.com")
 	time.Sleep(300 * time.Millisecond) // let it poll while pending
-	if err := b.Store.Complete(context.Background(), sid, resp); err != nil {
+	if err := b.Complete(sid, resp); err != nil {
 		t.Fatal(err)
 	}
 	if code := p.wait(t); code != 0 {
@@ -179,7 +181,7 @@ func TestBindWritesFiles(t *testing.T) {
 		t.Errorf("kubeconfig\n%s\nwant\n%s", got, br.Kubeconfig)
 	}
 	stderr := p.errText()
-	for _, want := range []string{"namespace kube-bind-cli", "--cluster-id " + sess.ClusterID, "Test Provider"} {
+	for _, want := range []string{"namespace kube-bind-cli", "--cluster-id " + clusterID, "Test Provider"} {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, stderr)
 		}
@@ -220,7 +222,7 @@ func TestBindToStdoutWithClusterID(t *testing.T) {
 	cwd := t.TempDir()
 	p := start(t, cwd, b.ExportURL, "-o", "-", "--cluster-id", "aB3xY9", "-v")
 	sid := sessionOf(t, p.authURL(t))
-	sess, err := b.Store.Get(context.Background(), sid)
+	sess, err := b.Sessions.Open(sid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +231,7 @@ func TestBindToStdoutWithClusterID(t *testing.T) {
 	}
 	resp := pollbackend.BindingResponse(t, sid, "ns-stdout", "a.example.org", "b.example.org")
 	time.Sleep(300 * time.Millisecond)
-	if err := b.Store.Complete(context.Background(), sid, resp); err != nil {
+	if err := b.Complete(sid, resp); err != nil {
 		t.Fatal(err)
 	}
 	if code := p.wait(t); code != 0 {
@@ -252,7 +254,7 @@ func TestDenied(t *testing.T) {
 	out := t.TempDir()
 	p := start(t, t.TempDir(), "--output-dir", out, b.ExportURL)
 	sid := sessionOf(t, p.authURL(t))
-	if err := b.Store.Deny(context.Background(), sid, "the user cancelled"); err != nil {
+	if err := b.Deny(sid, "the user cancelled"); err != nil {
 		t.Fatal(err)
 	}
 	if code := p.wait(t); code != 1 {
@@ -324,7 +326,7 @@ func TestUsageErrors(t *testing.T) {
 		})
 	}
 	// Nothing of these reached the backend.
-	if n := b.Store.Len(); n != 0 {
+	if n := b.SessionsCreated(); n != 0 {
 		t.Errorf("usage errors created %d sessions", n)
 	}
 }
@@ -365,7 +367,7 @@ current-context: c
 	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "does not answer") || !strings.Contains(p.errText(), server) {
 		t.Fatalf("exit code %d, want 1 saying the cluster at %s does not answer; stderr:\n%s", code, server, p.errText())
 	}
-	if strings.Contains(p.errText(), "http://") || b.Store.Len() != 0 {
-		t.Errorf("a session was opened or a URL printed before the cluster was checked (%d sessions):\n%s", b.Store.Len(), p.errText())
+	if n := b.SessionsCreated(); strings.Contains(p.errText(), "http://") || n != 0 {
+		t.Errorf("a session was opened or a URL printed before the cluster was checked (%d sessions):\n%s", n, p.errText())
 	}
 }

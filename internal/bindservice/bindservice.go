@@ -1,9 +1,14 @@
 // Package bindservice owns the life of a binding session, whichever HTTP
-// route drives it: it creates sessions (POST /sessions for the poll flow,
-// GET /authorize for the callback flow), provisions the consumer on bind,
-// fills the BindingResponse and completes the session with it, or denies
-// the session. The handlers in internal/httpapi and
+// route drives it: it issues sessions (POST /sessions for the poll flow,
+// GET /authorize for the callback flow), checks the requests made with
+// them, admits polls, provisions the consumer on bind, records the
+// outcome and hands it to the polls. The handlers in internal/httpapi and
 // internal/httpapi/browser only parse requests, call it and render.
+//
+// A pending session is not stored anywhere: its ID and secret are derived
+// with sessionkey, so any replica checks it, after any restart. What is
+// stored (sessions.Store) is what happens to it: the outcome, its first
+// delivery, the single-use marks of its links, and the pace of its polls.
 package bindservice
 
 import (
@@ -16,8 +21,8 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/clusterkey"
-	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -35,13 +40,18 @@ type Catalog interface {
 
 // Config configures a Service.
 type Config struct {
-	// Store keeps the sessions. Required.
+	// Store keeps outcomes, marks and poll pace. Required.
 	Store sessions.Store
+	// Keys derive session IDs and secrets. Required.
+	Keys *sessionkey.Keys
 	// ClusterKey issues cluster IDs and their secrets. Required.
 	ClusterKey *clusterkey.Key
 	// SessionTTL is how long a session lives (default sessions.DefaultTTL).
 	SessionTTL time.Duration
-	// Now is the clock of creation times (default time.Now).
+	// Grace is how long a delivered response is served again (default
+	// sessions.DefaultLimits.Grace); the store must keep records as long.
+	Grace time.Duration
+	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Catalog and Provisioner are needed for Select and Bind only.
 	Catalog     Catalog
@@ -53,11 +63,14 @@ type Service struct{ cfg Config }
 
 // New checks cfg and returns the service.
 func New(cfg Config) (*Service, error) {
-	if cfg.Store == nil || cfg.ClusterKey == nil {
-		return nil, errors.New("bindservice: Store and ClusterKey are required")
+	if cfg.Store == nil || cfg.Keys == nil || cfg.ClusterKey == nil {
+		return nil, errors.New("bindservice: Store, Keys and ClusterKey are required")
 	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = sessions.DefaultTTL
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = sessions.DefaultLimits.Grace
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -68,63 +81,116 @@ func New(cfg Config) (*Service, error) {
 // SessionTTL is the life of the sessions the service creates.
 func (s *Service) SessionTTL() time.Duration { return s.cfg.SessionTTL }
 
-// ErrBusy: the store holds as many sessions as it may; try again later
-// (sessions.ErrFull).
-var ErrBusy = sessions.ErrFull
-
-// CreatePollSession creates a session of the poll flow (§1). A presented
-// cluster ID that is empty or not of a format this backend accepts
-// (ids.ValidClusterID) is replaced by a new one derived from the session
-// ID, and clusterSecret is its secret; a presented one is kept without a
-// secret (it is used only if the link proves it, see clusterkey).
-func (s *Service) CreatePollSession(ctx context.Context, presentedClusterID string) (sess sessions.Session, clusterSecret string, err error) {
-	sess = s.newSession()
-	sess.ClusterID = presentedClusterID
-	if !ids.ValidClusterID(sess.ClusterID) {
-		sess.ClusterID = s.cfg.ClusterKey.NewClusterID(sess.ID)
-		clusterSecret = s.cfg.ClusterKey.Secret(sess.ClusterID)
-	}
-	if err := s.create(ctx, sess); err != nil {
-		return sessions.Session{}, "", err
-	}
-	return sess, clusterSecret, nil
+// Session is a session as its ID says, with the callback-flow fields its
+// login carries along.
+type Session struct {
+	sessionkey.Session
+	// CallbackURL and CallbackSessionID are set for sessions of the
+	// callback flow of released CLIs: where to redirect the browser, and
+	// the CLI's own session ID to echo back.
+	CallbackURL       string
+	CallbackSessionID string
+	// Ended: opened by OpenPoll after ExpiresAt, within the grace period;
+	// only a response delivered before ExpiresAt is still served.
+	Ended bool
 }
 
-// CreateCallbackSession creates the session of a callback-flow login: the
-// released CLI's cluster ID and session ID, and the checked callback URL
-// the response goes to.
-func (s *Service) CreateCallbackSession(ctx context.Context, clusterID, callbackURL, cliSessionID string) (sessions.Session, error) {
-	sess := s.newSession()
-	sess.ClusterID = clusterID
-	sess.CallbackURL = callbackURL
-	sess.CallbackSessionID = cliSessionID
-	if err := s.create(ctx, sess); err != nil {
-		return sessions.Session{}, err
+// CreatePollSession issues a session of the poll flow (protocol §3). It
+// returns the cluster ID the session will bind with unless its link
+// proves the presented one, and the cluster secret of a new cluster ID
+// ("" when the client presented one: that one's secret is the client's).
+func (s *Service) CreatePollSession(presentedClusterID string) (sess Session, clusterID, clusterSecret string) {
+	sess.Session = s.cfg.Keys.Issue(sessionkey.FlowPoll, presentedClusterID, s.cfg.Now().Add(s.cfg.SessionTTL))
+	if sess.ClusterID != "" {
+		return sess, sess.ClusterID, ""
 	}
-	return sess, nil
+	clusterID = clusterkey.NewClusterID(sess.ID)
+	return sess, clusterID, s.cfg.ClusterKey.Secret(clusterID)
 }
 
-func (s *Service) newSession() sessions.Session {
+// CreateCallbackSession issues the session of a callback-flow login: the
+// released CLI's session ID and the checked callback URL the response
+// goes to travel with the login, not in any store.
+func (s *Service) CreateCallbackSession(callbackURL, cliSessionID string) Session {
+	return Session{
+		Session:     s.cfg.Keys.Issue(sessionkey.FlowCallback, "", s.cfg.Now().Add(s.cfg.SessionTTL)),
+		CallbackURL: callbackURL, CallbackSessionID: cliSessionID,
+	}
+}
+
+var (
+	// ErrUnknownSession: the ID is not one this backend issued.
+	ErrUnknownSession = errors.New("not a session of this backend")
+	// ErrExpired: the session ended (expired, or its key was retired).
+	ErrExpired = errors.New("the session expired")
+)
+
+// Open checks a session ID: ErrUnknownSession, ErrExpired, or the session.
+func (s *Service) Open(id string) (Session, error) { return s.open(id, 0) }
+
+// OpenPoll is Open for a poll: a session that expired less than the
+// grace period ago is still opened (Ended), so that a response first
+// delivered just before the expiry gets its whole grace period.
+func (s *Service) OpenPoll(id string) (Session, error) { return s.open(id, s.cfg.Grace) }
+
+// open opens a session until its expiry plus grace.
+func (s *Service) open(id string, grace time.Duration) (Session, error) {
+	ks, err := s.cfg.Keys.Open(id)
 	now := s.cfg.Now()
-	expires := now.Add(s.cfg.SessionTTL)
-	return sessions.Session{
-		ID:        ids.NewExpiringSessionID(expires),
-		Secret:    ids.NewSessionSecret(),
-		CreatedAt: now,
-		ExpiresAt: expires,
-		State:     sessions.StatePending,
+	switch {
+	case errors.Is(err, sessionkey.ErrUnknownKey):
+		return Session{}, ErrExpired
+	case err != nil:
+		return Session{}, ErrUnknownSession
+	case !now.Before(ks.ExpiresAt.Add(grace)):
+		return Session{}, ErrExpired
 	}
+	return Session{Session: ks, Ended: !now.Before(ks.ExpiresAt)}, nil
 }
 
-// create stores sess: ErrBusy at the limit, else the store's error.
-// (sessions.ErrExists would need a collision of 128 random bits; it is
-// a store failure like any other.)
-func (s *Service) create(ctx context.Context, sess sessions.Session) error {
-	if err := s.cfg.Store.Create(ctx, sess); err != nil {
-		if errors.Is(err, sessions.ErrFull) {
-			return ErrBusy
-		}
-		return fmt.Errorf("creating a session: %w", err)
+// UseLink spends the nonce of an authorize link: sessions.ErrNonceUsed if
+// the link was opened before, on any replica.
+func (s *Service) UseLink(ctx context.Context, sess Session, nonce string) error {
+	return s.cfg.Store.UseOnce(ctx, "link\n"+sess.ID+"\n"+nonce, sess.ExpiresAt)
+}
+
+// UseLoginState spends a login state (oidc.Config.UseOnce), kept for a
+// session's life.
+func (s *Service) UseLoginState(ctx context.Context, key string) error {
+	return s.cfg.Store.UseOnce(ctx, "login-state\n"+key, s.cfg.Now().Add(s.cfg.SessionTTL))
+}
+
+// Outcome is what the session ended with so far (the zero Outcome while
+// pending).
+func (s *Service) Outcome(ctx context.Context, sess Session) (sessions.Outcome, error) {
+	return s.cfg.Store.Outcome(ctx, sess.ID)
+}
+
+// AdmitPoll admits a poll of sess with nonce (sessions.Store.AdmitPoll).
+func (s *Service) AdmitPoll(ctx context.Context, sess Session, nonce string, minInterval time.Duration) error {
+	return s.cfg.Store.AdmitPoll(ctx, sess.ID, nonce, sess.ExpiresAt.Add(s.cfg.Grace), minInterval)
+}
+
+// Wait holds until sess has an outcome or ctx ends (long polls).
+func (s *Service) Wait(ctx context.Context, sess Session) (sessions.Outcome, error) {
+	return s.cfg.Store.Wait(ctx, sess.ID)
+}
+
+// ErrDelivered: the response was delivered longer than the grace period
+// ago; it is never served again.
+var ErrDelivered = errors.New("the response was delivered and its grace period is over")
+
+// Deliver returns nil when a completed session's response may be handed
+// to a poll now: within the grace period after its first delivery (which
+// this call records if it is the first), and only if that was before the
+// session expired. Else ErrDelivered.
+func (s *Service) Deliver(ctx context.Context, sess Session) error {
+	first, err := s.cfg.Store.Deliver(ctx, sess.ID, sess.ExpiresAt)
+	if err != nil {
+		return err
+	}
+	if !first.Before(sess.ExpiresAt) || s.cfg.Now().After(first.Add(s.cfg.Grace)) {
+		return ErrDelivered
 	}
 	return nil
 }
@@ -139,6 +205,9 @@ func (e *SelectionError) Error() string { return e.Problem }
 // dropping repeats and keeping the order. Nothing may be provisioned
 // unless every one is exported: else a *SelectionError.
 func (s *Service) Select(picked []string) ([]binding.Resource, []string, error) {
+	if s.cfg.Catalog == nil || s.cfg.Provisioner == nil {
+		return nil, nil, ErrNoProvider
+	}
 	if len(picked) == 0 {
 		return nil, nil, &SelectionError{"Pick at least one API."}
 	}
@@ -172,12 +241,21 @@ var (
 	// ErrProvisioning: the provider cluster could not set the consumer
 	// up (the cause is wrapped; nothing the user did).
 	ErrProvisioning = errors.New("provisioning failed")
+	// ErrNoProvider: the service was built without a catalog and a
+	// provisioner, so it binds nothing.
+	ErrNoProvider = errors.New("bindservice: no catalog and provisioner configured")
 )
 
 // Bind provisions consumer with resources under clusterID, fills the
 // response for sess's flow (the CLI's session ID in the callback flow)
-// and completes sess with it. It returns the BindingResponse as stored.
-func (s *Service) Bind(ctx context.Context, sess sessions.Session, consumer binding.Consumer, clusterID string, resources []binding.Resource) ([]byte, error) {
+// and records it as the session's outcome. It returns the BindingResponse.
+// Provisioning is idempotent, so a bind that two replicas run at once
+// (the form sent twice) provisions the same objects and records one
+// outcome.
+func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource) ([]byte, error) {
+	if s.cfg.Provisioner == nil {
+		return nil, ErrNoProvider
+	}
 	resp, err := s.cfg.Provisioner.Provision(ctx, consumer, clusterID, resources)
 	var ne *binding.NotExportedError
 	if errors.As(err, &ne) {
@@ -196,7 +274,12 @@ func (s *Service) Bind(ctx context.Context, sess sessions.Session, consumer bind
 	if err != nil {
 		return nil, fmt.Errorf("encoding the binding response: %w", err)
 	}
-	switch err := s.cfg.Store.Complete(ctx, sess.ID, body); {
+	if sess.Flow == sessionkey.FlowCallback {
+		// Its response goes to the CLI's callback at once, never to a
+		// poll: nothing to record.
+		return body, nil
+	}
+	switch err := s.cfg.Store.Complete(ctx, sess.ID, sess.ExpiresAt, body); {
 	case errors.Is(err, sessions.ErrNotPending):
 		return nil, ErrAlreadyDone
 	case err != nil:
@@ -205,11 +288,25 @@ func (s *Service) Bind(ctx context.Context, sess sessions.Session, consumer bind
 	return body, nil
 }
 
-// Deny ends a pending session with reason, which its poll reports. A
-// session that is not pending any more is left as it is (nil).
-func (s *Service) Deny(ctx context.Context, sid, reason string) error {
-	if err := s.cfg.Store.Deny(ctx, sid, reason); err != nil && !errors.Is(err, sessions.ErrNotPending) {
+// Deny ends a pending poll session with reason, which its poll reports. A
+// session that is not pending any more is left as it is (nil), and a
+// callback-flow session has nobody polling to tell.
+func (s *Service) Deny(ctx context.Context, sess Session, reason string) error {
+	if sess.Flow == sessionkey.FlowCallback {
+		return nil
+	}
+	if err := s.cfg.Store.Deny(ctx, sess.ID, sess.ExpiresAt, reason); err != nil && !errors.Is(err, sessions.ErrNotPending) {
 		return err
 	}
 	return nil
+}
+
+// SettleCluster returns the cluster ID a poll session binds with: the one
+// issued to it when it presented none; the presented one when proof
+// proves its cluster secret for this session (proven); else a new one.
+func (s *Service) SettleCluster(sess Session, proof string) (clusterID string, proven bool) {
+	if sess.ClusterID != "" && s.cfg.ClusterKey.Proven(sess.ID, sess.ClusterID, proof) {
+		return sess.ClusterID, true
+	}
+	return clusterkey.NewClusterID(sess.ID), false
 }

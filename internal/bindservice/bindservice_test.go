@@ -12,18 +12,31 @@ import (
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
+	"github.com/kbprovider/backend/internal/testutil/fakeclock"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
 func newService(t *testing.T, limits sessions.Limits, p Provisioner) (*Service, *memory.Store, *clusterkey.Key) {
 	t.Helper()
-	store := memory.New(limits, nil)
-	t.Cleanup(store.Close)
+	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	return newServiceAt(t, limits, p, clock)
+}
+
+func newServiceAt(t *testing.T, limits sessions.Limits, p Provisioner, clock *fakeclock.Clock) (*Service, *memory.Store, *clusterkey.Key) {
+	t.Helper()
+	store := memory.New(limits, clock.Now)
 	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Store: store, ClusterKey: key, SessionTTL: time.Minute, Catalog: catalog{}, Provisioner: p})
+	keys, err := sessionkey.New(bytes.Repeat([]byte("s"), 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Store: store, Keys: keys, ClusterKey: key, SessionTTL: time.Minute, Grace: limits.Grace,
+		Now: clock.Now, Catalog: catalog{}, Provisioner: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,27 +62,92 @@ func (p provisioner) Provision(_ context.Context, c binding.Consumer, _ string, 
 }
 
 func TestCreatePollSession(t *testing.T) {
+	s, store, key := newService(t, sessions.Limits{}, nil)
+	sess, clusterID, secret := s.CreatePollSession("")
+	if !clusterkey.Issued(sess.ID, clusterID) || secret != key.Secret(clusterID) || sess.ClusterID != "" {
+		t.Fatalf("no cluster ID presented: %+v, cluster %q, secret %q; want an issued ID with its secret", sess, clusterID, secret)
+	}
+	opened, err := s.Open(sess.ID)
+	if err != nil || opened.Secret != sess.Secret || !opened.ExpiresAt.Equal(sess.ExpiresAt) {
+		t.Fatalf("Open of a new session: %+v, %v", opened, err)
+	}
+	earlier := clusterID // presented again by a client that bound before
+	presented, got, secret := s.CreatePollSession(earlier)
+	if got != earlier || secret != "" || presented.ClusterID != earlier {
+		t.Fatalf("presented cluster ID: %+v, cluster %q, secret %q; want it kept, no secret", presented, got, secret)
+	}
+	if o, d, m := store.Len(); o+d+m != 0 {
+		t.Fatalf("creating sessions stored %d records, want none", o+d+m)
+	}
+}
+
+// Open tells a session that is not ours from one that ended.
+func TestOpen(t *testing.T) {
+	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	s, _, _ := newServiceAt(t, sessions.Limits{}, nil, clock)
+	sess, _, _ := s.CreatePollSession("")
+	if _, err := s.Open("not-a-session"); !errors.Is(err, ErrUnknownSession) {
+		t.Errorf("a malformed ID: %v, want ErrUnknownSession", err)
+	}
+	other, _ := sessionkey.New(bytes.Repeat([]byte("o"), 32))
+	if _, err := s.Open(other.Issue(sessionkey.FlowPoll, "", clock.Now().Add(time.Minute)).ID); !errors.Is(err, ErrExpired) {
+		t.Errorf("an ID of another key: %v, want ErrExpired", err)
+	}
+	clock.Advance(time.Minute)
+	if _, err := s.Open(sess.ID); !errors.Is(err, ErrExpired) {
+		t.Errorf("after the TTL: %v, want ErrExpired", err)
+	}
+}
+
+// Deliver serves a response within the grace period after its first
+// delivery, and never after.
+func TestDeliverGrace(t *testing.T) {
 	ctx := context.Background()
-	s, store, key := newService(t, sessions.Limits{MaxSessions: 2}, nil)
-	sess, secret, err := s.CreatePollSession(ctx, "")
-	if err != nil || !key.Issued(sess.ID, sess.ClusterID) || secret != key.Secret(sess.ClusterID) {
-		t.Fatalf("no cluster ID presented: %+v, secret %q, %v; want an issued ID with its secret", sess, secret, err)
+	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
+	sess, _, _ := s.CreatePollSession("")
+	if err := s.Deliver(ctx, sess); !errors.Is(err, sessions.ErrNotPending) {
+		t.Fatalf("Deliver of a pending session: %v", err)
 	}
-	if got, err := store.Get(ctx, sess.ID); err != nil || got.State != sessions.StatePending || got.ExpiresAt.Sub(got.CreatedAt) != time.Minute {
-		t.Fatalf("stored: %+v, %v", got, err)
+	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{}`)); err != nil {
+		t.Fatal(err)
 	}
-	earlier := sess.ClusterID // presented again by a client that bound before
-	presented, secret, err := s.CreatePollSession(ctx, earlier)
-	if err != nil || presented.ClusterID != earlier || secret != "" {
-		t.Fatalf("presented cluster ID: %+v, secret %q, %v; want it kept, no secret", presented, secret, err)
+	clock.Advance(10 * time.Second)
+	if err := s.Deliver(ctx, sess); err != nil {
+		t.Fatalf("first delivery: %v", err)
 	}
-	if _, _, err := s.CreatePollSession(ctx, ""); !errors.Is(err, ErrBusy) {
-		t.Fatalf("at the limit: %v, want ErrBusy", err)
+	clock.Advance(29 * time.Second)
+	if err := s.Deliver(ctx, sess); err != nil {
+		t.Fatalf("within the grace period: %v", err)
+	}
+	clock.Advance(2 * time.Second)
+	if err := s.Deliver(ctx, sess); !errors.Is(err, ErrDelivered) {
+		t.Fatalf("after the grace period: %v, want ErrDelivered", err)
+	}
+}
+
+func TestSettleCluster(t *testing.T) {
+	s, _, key := newService(t, sessions.Limits{}, nil)
+	fresh, issued, _ := s.CreatePollSession("")
+	if id, proven := s.SettleCluster(fresh, ""); id != issued || proven {
+		t.Errorf("no cluster presented: %q %v, want the issued %q", id, proven, issued)
+	}
+	presented, _, _ := s.CreatePollSession(issued)
+	proof := bindproof.ClusterProof(key.Secret(issued), presented.ID)
+	if id, proven := s.SettleCluster(presented, proof); id != issued || !proven {
+		t.Errorf("with its proof: %q %v", id, proven)
+	}
+	if id, proven := s.SettleCluster(presented, bindproof.ClusterProof(key.Secret(issued), fresh.ID)); id == issued || proven {
+		t.Errorf("with another session's proof: %q %v, want a new ID", id, proven)
 	}
 }
 
 func TestSelect(t *testing.T) {
-	s, _, _ := newService(t, sessions.Limits{}, nil)
+	none, _, _ := newService(t, sessions.Limits{}, nil)
+	if _, _, err := none.Select([]string{"mangodbs.mangodb.com"}); !errors.Is(err, ErrNoProvider) {
+		t.Errorf("without a provisioner: %v, want ErrNoProvider", err)
+	}
+	s, _, _ := newService(t, sessions.Limits{}, provisioner{})
 	res, names, err := s.Select([]string{"mangodbs.mangodb.com", "mangodbs.mangodb.com"})
 	if err != nil || len(res) != 1 || res[0] != (binding.Resource{Group: "mangodb.com", Resource: "mangodbs"}) || len(names) != 1 {
 		t.Fatalf("one API twice: %v %v %v", res, names, err)
@@ -90,16 +168,13 @@ func TestBind(t *testing.T) {
 	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
 
 	s, store, _ := newService(t, sessions.Limits{}, provisioner{})
-	poll, _, _ := s.CreatePollSession(ctx, "")
-	cb, err := s.CreateCallbackSession(ctx, "Zx81QpAbCd", "http://localhost:41234/callback", "cli-session")
-	if err != nil {
-		t.Fatal(err)
-	}
+	poll, pollCluster, _ := s.CreatePollSession("")
+	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
 	for _, c := range []struct {
-		sess    sessions.Session
+		sess    Session
 		wantSID string
 	}{{poll, poll.ID}, {cb, "cli-session"}} {
-		body, err := s.Bind(ctx, c.sess, consumer, c.sess.ClusterID, res)
+		body, err := s.Bind(ctx, c.sess, consumer, pollCluster, res)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,35 +185,83 @@ func TestBind(t *testing.T) {
 		if g := resp.Authentication.OAuth2CodeGrant; g == nil || g.SessionID != c.wantSID || g.ID != consumer.ID() {
 			t.Errorf("code grant %+v, want session %s and consumer %s", g, c.wantSID, consumer.ID())
 		}
-		stored, _ := store.Get(ctx, c.sess.ID)
-		if stored.State != sessions.StateCompleted || !bytes.Equal(stored.Response, body) {
-			t.Errorf("stored session %v, response kept: %v", stored.State, bytes.Equal(stored.Response, body))
+		stored, _ := store.Outcome(ctx, c.sess.ID)
+		if c.sess.Flow == sessionkey.FlowCallback {
+			// Handed to the CLI's callback at once: nothing recorded.
+			if stored.State != sessions.StatePending {
+				t.Errorf("a callback-flow bind recorded %v", stored.State)
+			}
+			continue
 		}
-		if _, err := s.Bind(ctx, c.sess, consumer, c.sess.ClusterID, res); !errors.Is(err, ErrAlreadyDone) {
+		if stored.State != sessions.StateCompleted || !bytes.Equal(stored.Response, body) {
+			t.Errorf("stored outcome %v, response kept: %v", stored.State, bytes.Equal(stored.Response, body))
+		}
+		if _, err := s.Bind(ctx, c.sess, consumer, pollCluster, res); !errors.Is(err, ErrAlreadyDone) {
 			t.Errorf("second bind: %v, want ErrAlreadyDone", err)
 		}
-		if err := s.Deny(ctx, c.sess.ID, "too late"); err != nil {
+		if err := s.Deny(ctx, c.sess, "too late"); err != nil {
 			t.Errorf("deny of a completed session: %v, want nil (left as it is)", err)
 		}
 	}
 
 	failing, store, _ := newService(t, sessions.Limits{}, provisioner{err: errors.New("apiserver away")})
-	sess, _, _ := failing.CreatePollSession(ctx, "")
-	if _, err := failing.Bind(ctx, sess, consumer, sess.ClusterID, res); !errors.Is(err, ErrProvisioning) {
+	sess, cluster, _ := failing.CreatePollSession("")
+	if _, err := failing.Bind(ctx, sess, consumer, cluster, res); !errors.Is(err, ErrProvisioning) {
 		t.Errorf("provisioning failure: %v, want ErrProvisioning", err)
 	}
 	gone, _, _ := newService(t, sessions.Limits{}, provisioner{err: &binding.NotExportedError{Group: "mangodb.com", Resource: "mangodbs"}})
 	var se *SelectionError
-	if _, err := gone.Bind(ctx, sess, consumer, sess.ClusterID, res); !errors.As(err, &se) {
+	if _, err := gone.Bind(ctx, sess, consumer, cluster, res); !errors.As(err, &se) {
 		t.Errorf("API no longer exported: %v, want a SelectionError", err)
 	}
-	if got, _ := store.Get(ctx, sess.ID); got.State != sessions.StatePending {
+	if got, _ := store.Outcome(ctx, sess.ID); got.State != sessions.StatePending {
 		t.Errorf("session after failed binds: %v, want pending", got.State)
 	}
-	if err := failing.Deny(ctx, sess.ID, "cancelled"); err != nil {
+	if err := failing.Deny(ctx, sess, "cancelled"); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := store.Get(ctx, sess.ID); got.State != sessions.StateDenied || got.DenyReason != "cancelled" {
+	if got, _ := store.Outcome(ctx, sess.ID); got.State != sessions.StateDenied || got.DenyReason != "cancelled" {
 		t.Errorf("denied session: %v %q", got.State, got.DenyReason)
+	}
+}
+
+// A response first delivered just before the session expires keeps its
+// whole grace period; one never delivered before the expiry is not served.
+func TestDeliverAroundExpiry(t *testing.T) {
+	ctx := context.Background()
+	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
+	early, _, _ := s.CreatePollSession("")
+	late, _, _ := s.CreatePollSession("")
+	for _, sess := range []Session{early, late} {
+		if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Minute - time.Second)
+	if err := s.Deliver(ctx, early); err != nil {
+		t.Fatalf("delivery a second before the expiry: %v", err)
+	}
+	clock.Advance(20 * time.Second)
+	polled, err := s.OpenPoll(early.ID)
+	if err != nil || !polled.Ended {
+		t.Fatalf("OpenPoll within the grace after the expiry: %+v, %v", polled, err)
+	}
+	if err := s.Deliver(ctx, polled); err != nil {
+		t.Fatalf("within the grace of a delivery made before the expiry: %v", err)
+	}
+	if _, err := s.Open(early.ID); !errors.Is(err, ErrExpired) {
+		t.Fatalf("Open after the expiry: %v, want ErrExpired", err)
+	}
+	lateSess, err := s.OpenPoll(late.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Deliver(ctx, lateSess); !errors.Is(err, ErrDelivered) {
+		t.Fatalf("first delivery after the expiry: %v, want ErrDelivered", err)
+	}
+	clock.Advance(15 * time.Second)
+	if _, err := s.OpenPoll(early.ID); !errors.Is(err, ErrExpired) {
+		t.Fatalf("OpenPoll after expiry plus grace: %v, want ErrExpired", err)
 	}
 }

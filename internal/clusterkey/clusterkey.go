@@ -1,20 +1,29 @@
 // Package clusterkey is the backend's side of cluster-ID proofs
-// (docs/protocol.md §3): from one key shared by all replicas it derives,
-// without storing anything,
+// (docs/protocol.md §3). Without storing anything it gives
 //
-//   - the cluster ID a session gets when it presents none:
-//     lowercase-base32(first 16 bytes of HMAC-SHA256(key, "kube-bind session cluster id\n" + sessionID));
-//   - the cluster secret issued with it, and checked later through the
-//     client's proof (package bindproof):
+//   - the cluster ID a session gets when it presents none, a function of
+//     the session ID alone (no key):
+//     lowercase-base32(first 16 bytes of SHA-256("kube-bind session cluster id\n" + sessionID));
+//   - the cluster secret issued with it, derived from a key shared by all
+//     replicas, and checked later through the client's proof (package
+//     bindproof):
 //     base64url-without-padding(HMAC-SHA256(key, "kube-bind cluster secret\n" + clusterID)).
 //
 // Deriving the new ID from the session ID lets /authorize tell, from the
 // session alone, whether the session's cluster ID was issued to it (no
 // proof needed) or presented by the client (a proof is needed), so no
-// session store format changes. The key must be stable across restarts and
-// upgrades: a new key invalidates every cluster secret issued before, and
-// clients holding one get a new cluster ID (a new provider namespace) on
-// their next bind.
+// session store format changes. Session IDs carry 128 random bits, so the
+// new ID is as unpredictable as the session ID; a cluster ID is no secret
+// anyway. Because no key enters it, a session created on a replica that
+// has one key and bound on a replica that has another gets the same
+// cluster ID.
+//
+// The key rotates: New takes the current key, which derives the secrets
+// issued from now on, and previous keys, whose secrets are still proven.
+// A key dropped from the list invalidates every cluster secret issued
+// with it, and clients holding one get a new cluster ID (a new provider
+// namespace) on their next bind; so keep a previous key as long as the
+// clients it issued secrets to may come back.
 package clusterkey
 
 import (
@@ -23,6 +32,7 @@ import (
 	"encoding/base32"
 	"encoding/base64"
 	"errors"
+	"fmt"
 
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
@@ -37,47 +47,67 @@ const (
 
 var lowerBase32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
-// Key derives cluster IDs and cluster secrets. Safe for concurrent use.
-type Key struct{ key []byte }
-
-// New returns a Key; key must have at least MinKeyLen bytes.
-func New(key []byte) (*Key, error) {
-	if len(key) < MinKeyLen {
-		return nil, errors.New("clusterkey: the key must have at least 32 bytes")
-	}
-	return &Key{key: append([]byte(nil), key...)}, nil
-}
-
-func (k *Key) mac(label, s string) []byte {
-	m := hmac.New(sha256.New, k.key)
-	m.Write([]byte(label))
-	m.Write([]byte(s))
-	return m.Sum(nil)
-}
-
 // NewClusterID is the cluster ID issued to session sessionID when it
 // presents none: 26 characters of a-z and 2-7, the format of
-// ids.NewClusterID.
-func (k *Key) NewClusterID(sessionID string) string {
-	return lowerBase32.EncodeToString(k.mac(newClusterSalt, sessionID)[:16])
+// ids.NewClusterID. It depends on the session ID only.
+func NewClusterID(sessionID string) string {
+	sum := sha256.Sum256([]byte(newClusterSalt + sessionID))
+	return lowerBase32.EncodeToString(sum[:16])
 }
 
 // Issued reports whether clusterID is the one NewClusterID issued to
 // sessionID, i.e. the session did not present it.
-func (k *Key) Issued(sessionID, clusterID string) bool {
-	return hmac.Equal([]byte(k.NewClusterID(sessionID)), []byte(clusterID))
+func Issued(sessionID, clusterID string) bool {
+	return hmac.Equal([]byte(NewClusterID(sessionID)), []byte(clusterID))
 }
 
-// Secret is the cluster secret of clusterID (43 characters, 256 bits).
+// Key derives cluster secrets with the current key and proves them with
+// the current and the previous keys. Safe for concurrent use.
+type Key struct{ keys [][]byte } // keys[0] is current
+
+// New returns a Key. current derives the secrets issued from now on;
+// previous (during a rotation) still prove the secrets they issued. Every
+// key must have at least MinKeyLen bytes.
+func New(current []byte, previous ...[]byte) (*Key, error) {
+	k := &Key{}
+	for i, key := range append([][]byte{current}, previous...) {
+		if len(key) < MinKeyLen {
+			if i == 0 {
+				return nil, errors.New("clusterkey: the key must have at least 32 bytes")
+			}
+			return nil, fmt.Errorf("clusterkey: previous key %d must have at least 32 bytes", i)
+		}
+		k.keys = append(k.keys, append([]byte(nil), key...))
+	}
+	return k, nil
+}
+
+func secret(key []byte, clusterID string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(secretLabel))
+	m.Write([]byte(clusterID))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// Secret is the cluster secret of clusterID (43 characters, 256 bits),
+// derived with the current key.
 func (k *Key) Secret(clusterID string) string {
-	return base64.RawURLEncoding.EncodeToString(k.mac(secretLabel, clusterID))
+	return secret(k.keys[0], clusterID)
 }
 
 // Proven reports whether proof is the cluster proof of clusterID for
-// sessionID: bindproof.ClusterProof(Secret(clusterID), sessionID).
+// sessionID, bindproof.ClusterProof(secret, sessionID), with the secret
+// of clusterID under any of the keys. Every key is tried, so the time
+// taken does not tell which one matched.
 func (k *Key) Proven(sessionID, clusterID, proof string) bool {
 	if proof == "" {
 		return false
 	}
-	return bindproof.VerifyClusterProof(k.Secret(clusterID), sessionID, proof)
+	ok := false
+	for _, key := range k.keys {
+		if bindproof.VerifyClusterProof(secret(key, clusterID), sessionID, proof) {
+			ok = true
+		}
+	}
+	return ok
 }

@@ -74,14 +74,26 @@ func Sign(secret string, r Request) string {
 	return base64.RawURLEncoding.EncodeToString(mac(sum[:0], secret, r))
 }
 
-// Verify reports whether sig is the signature of r under secret. The
-// comparison takes constant time in the signature's content.
+// sigEncoding is the one spelling of a signature: base64url without
+// padding, strict (the unused low bits of the last character must be
+// zero), so that a MAC has exactly one accepted spelling.
+var sigEncoding = base64.RawURLEncoding.Strict()
+
+// sigLen is the length of a signature: 32 bytes in unpadded base64.
+var sigLen = base64.RawURLEncoding.EncodedLen(sha256.Size)
+
+// Verify reports whether sig is the signature of r under secret, spelled
+// exactly as Sign spells it: 43 characters of base64url without padding,
+// canonical. Padding ('='), the standard alphabet ('+', '/'), non-zero
+// unused bits in the last character and line breaks (which decoders
+// otherwise skip) are refused. The comparison takes constant time in the
+// signature's content.
 func Verify(secret string, r Request, sig string) bool {
 	var got [sha256.Size + 3]byte // room for a decoder that overshoots
-	if base64.RawURLEncoding.DecodedLen(len(sig)) != sha256.Size {
+	if len(sig) != sigLen {
 		return false
 	}
-	n, err := base64.RawURLEncoding.Decode(got[:], []byte(sig))
+	n, err := sigEncoding.Decode(got[:], []byte(sig))
 	if err != nil || n != sha256.Size {
 		return false
 	}

@@ -89,6 +89,48 @@ func TestVerifyRefusesChanges(t *testing.T) {
 	}
 }
 
+// otherSpellings returns the other ways to write sig that a lenient
+// base64 decoder reads as the same 32 bytes: each other value of the two
+// unused low bits of the last character, with padding, in the standard
+// alphabet, and with a line break inside (which decoders skip).
+func otherSpellings(sig string) []string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	var out []string
+	if i := strings.IndexByte(alphabet, sig[len(sig)-1]); i >= 0 {
+		for bits := 1; bits < 4; bits++ {
+			out = append(out, sig[:len(sig)-1]+string(alphabet[i^bits]))
+		}
+	}
+	std := strings.NewReplacer("-", "+", "_", "/").Replace(sig)
+	out = append(out, sig+"=", std+"=", sig[:10]+"\n"+sig[10:], sig[:10]+"\r\n"+sig[10:len(sig)-1])
+	if std != sig {
+		out = append(out, std)
+	}
+	return out
+}
+
+// One signature has exactly one accepted spelling (issue 23): base64url
+// without padding, canonical (the unused bits of the last character are
+// zero), 43 characters.
+func TestVerifyAcceptsOneSpelling(t *testing.T) {
+	for _, v := range vectors {
+		r := request(t, v.method, v.url, v.body)
+		if !Verify(vectorSecret, r, v.sig) {
+			t.Fatalf("%s: the canonical spelling does not verify", v.name)
+		}
+		for _, other := range otherSpellings(v.sig) {
+			if Verify(vectorSecret, r, other) {
+				t.Errorf("%s: the spelling %q of %q verifies", v.name, other, v.sig)
+			}
+		}
+	}
+	// The first and third vectors use both URL-safe characters, so the
+	// standard alphabet is tried on them.
+	if !strings.ContainsAny(vectors[0].sig, "-_") || !strings.ContainsAny(vectors[2].sig, "-_") {
+		t.Fatal("the vectors no longer exercise the URL-safe alphabet")
+	}
+}
+
 func TestCanonicalHostAndCase(t *testing.T) {
 	r := request(t, "get", vectors[0].url, "")
 	r.Scheme, r.Host = "HTTPS", "BIND.example.com:443"
@@ -151,6 +193,44 @@ func FuzzSignVerify(f *testing.F) {
 		r3.Body = append([]byte(body), 'x')
 		if Verify(vectorSecret, r3, sig) {
 			t.Fatal("signature survives a body change")
+		}
+		// At most one spelling of a MAC verifies.
+		for _, other := range otherSpellings(sig) {
+			if Verify(vectorSecret, r, other) {
+				t.Fatalf("the spelling %q of %q verifies", other, sig)
+			}
+		}
+	})
+}
+
+// FuzzVerify: any string as the signature h of a request. {h} in spelling
+// becomes the request's signature and {h-1} that signature without its
+// last character, so that the fuzzer varies spellings of a genuine MAC.
+//
+// Property: at most one spelling of a given MAC verifies — whatever
+// verifies is exactly Sign's output.
+func FuzzVerify(f *testing.F) {
+	for _, v := range vectors {
+		for _, spelling := range []string{"{h}", "{h}=", "{h}==", "{h-1}A", "{h-1}B", "{h-1}D", "{h-1}", "{h}\n", "\n{h-1}", "{h-1}+", "{h-1}/"} {
+			f.Add(v.method, v.url, v.body, spelling)
+		}
+		for _, other := range otherSpellings(v.sig) {
+			f.Add(v.method, v.url, v.body, other)
+		}
+	}
+	f.Fuzz(func(t *testing.T, method, rawURL, body, spelling string) {
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			return
+		}
+		r, err := RequestFromURL(method, u, []byte(body))
+		if err != nil {
+			return
+		}
+		sig := Sign(vectorSecret, r)
+		cand := strings.NewReplacer("{h}", sig, "{h-1}", sig[:len(sig)-1]).Replace(spelling)
+		if Verify(vectorSecret, r, cand) && cand != sig {
+			t.Fatalf("the spelling %q of %q verifies", cand, sig)
 		}
 	})
 }

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
-	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -42,12 +40,7 @@ func BenchmarkPollPending(b *testing.B) {
 	const batch = 10000
 	var sess []v1alpha1.PollSession
 	newSession := func() v1alpha1.PollSession {
-		now := e.clock.Now()
-		s := sessions.Session{ID: ids.NewSessionID(), ClusterID: ids.NewClusterID(), Secret: ids.NewSessionSecret(),
-			CreatedAt: now, ExpiresAt: now.Add(100000 * time.Hour)}
-		if err := e.store.Create(context.Background(), s); err != nil {
-			b.Fatal(err)
-		}
+		s, _, _ := e.svc.CreatePollSession(ids.NewClusterID())
 		return v1alpha1.PollSession{SessionID: s.ID, SessionSecret: s.Secret}
 	}
 	pollURL, _ := url.Parse(testExternal + "/poll")
@@ -91,7 +84,7 @@ func BenchmarkPollPending(b *testing.B) {
 // the real router and memory store, answered 201.
 func BenchmarkCreateSession(b *testing.B) {
 	info := slog.LevelInfo
-	e := newEnv(b, envOpts{limits: sessions.Limits{MaxSessions: 1 << 30}, logLevel: &info})
+	e := newEnv(b, envOpts{logLevel: &info})
 	body := `{"clusterID":"` + ids.NewClusterID() + `"}`
 	const batch = 10000
 	reqs := make([]*http.Request, 0, batch)

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/sessions/storetest"
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
@@ -96,34 +96,39 @@ type browserEnv struct {
 	idpMu       sync.Mutex
 	idpRequests map[string]int
 	catalog     *staticCatalog
-	// sessions is the store the router uses.
-	sessions sessions.Store
 }
 
 type browserOpts struct {
 	limits sessions.Limits
-	// store, if set, keeps the sessions instead of a memory store (env.store
-	// is then nil).
-	store sessions.Store
 	// oidc adjusts the Authenticator's configuration.
 	oidc func(*oidc.Config)
+	// https makes the external URL https (same host and port), as behind
+	// a TLS-terminating ingress; the test server stays plain http (see
+	// tlsJar).
+	https bool
 }
 
 func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 	t.Helper()
 	srv, idp := sharedServer(t)
 	ext, _ := url.Parse(srv.URL)
-	clock := storetest.NewClock(time.Now())
-	var mem *memory.Store
-	store := o.store
-	if store == nil {
-		mem = memory.New(o.limits, clock.Now)
-		t.Cleanup(mem.Close)
-		store = mem
+	if o.https {
+		ext.Scheme = "https"
 	}
+	clock := storetest.NewClock(time.Now())
+	store := memory.New(o.limits, clock.Now)
+	key, err := clusterkey.New(testClusterKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := sessionkey.New(testSessionKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := newService(t, store, keys, key, 0, o.limits.Grace, clock.Now)
 	logs := &procs.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	be := &browserEnv{idp: idp, idpRequests: map[string]int{}, catalog: &staticCatalog{}, sessions: store}
+	be := &browserEnv{idp: idp, idpRequests: map[string]int{}, catalog: &staticCatalog{}}
 
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	idpURL, _ := url.Parse(idp.IssuerURL)
@@ -133,7 +138,9 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		ClientSecret: idp.ClientSecret,
 		RedirectURL:  srv.URL + "/callback",
 		SigningKey:   []byte("0123456789abcdef0123456789abcdef-browser-test"),
-		UseOnce:      browser.StateOnce(store),
+		// As internal/server sets it.
+		SecureCookies: ext.Scheme == "https",
+		UseOnce:       browser.StateOnce(svc),
 		HTTPClient: &http.Client{Timeout: 30 * time.Second, Transport: roundTripper(func(r *http.Request) (*http.Response, error) {
 			if r.URL.Host == idpURL.Host {
 				be.idpMu.Lock()
@@ -156,18 +163,13 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		t.Fatal(err)
 	}
 	be.login = login
-	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bh := testBrowser(t, ext, store, key, login, be.catalog, logger, clock.Now)
+	bh := testBrowser(t, ext, svc, login, be.catalog, logger, clock.Now)
 	reg := prometheus.NewRegistry()
 	h, err := New(Config{
-		ClusterKey:   key,
 		ExternalURL:  ext,
 		PrettyName:   "MangoDB Inc.",
 		PollInterval: time.Second,
-		Store:        store,
+		Sessions:     svc,
 		Logger:       logger,
 		Metrics:      reg,
 		Readiness:    nil,
@@ -178,7 +180,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		t.Fatal(err)
 	}
 	shared.handler.Store(&h)
-	be.env = &env{t: t, ext: ext, store: mem, clock: clock, reg: reg, handler: h, srv: srv, logs: logs}
+	be.env = &env{t: t, ext: ext, store: store, svc: svc, keys: keys, clock: clock, reg: reg, handler: h, srv: srv, logs: logs, key: key}
 	return be
 }
 
@@ -225,6 +227,24 @@ func (be *browserEnv) jar() *http.Client {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
+// tlsJar is jar for an https external URL: the client sees https (its
+// jar keeps and sends Secure cookies), and its requests to the external
+// host reach the plain-http test server, as through a TLS-terminating
+// ingress.
+func (be *browserEnv) tlsJar() *http.Client {
+	c := be.jar()
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	be.t.Cleanup(transport.CloseIdleConnections)
+	c.Transport = roundTripper(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Scheme == "https" && r.URL.Host == be.ext.Host {
+			r = r.Clone(r.Context())
+			r.URL.Scheme = "http"
+		}
+		return transport.RoundTrip(r)
+	})
+	return c
+}
+
 // send sends method to u with client and returns the answer and its body.
 func (be *browserEnv) send(client *http.Client, method, u string) (*http.Response, string) {
 	be.t.Helper()
@@ -262,14 +282,10 @@ func (be *browserEnv) loginCallback(authURL string) (*http.Client, *url.URL) {
 	return client, back
 }
 
-// sessionState returns the store's state of session id.
-func (be *browserEnv) sessionState(id string) sessions.Session {
+// sessionState returns the store's outcome of session id.
+func (be *browserEnv) sessionState(id string) sessions.Outcome {
 	be.t.Helper()
-	s, err := be.sessions.Get(context.Background(), id)
-	if err != nil {
-		be.t.Fatalf("session %s: %v", id, err)
-	}
-	return s
+	return be.outcome(id)
 }
 
 // hangingServer accepts connections and never answers; it closes them

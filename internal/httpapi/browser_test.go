@@ -21,17 +21,22 @@ func TestAuthorizeCallbackPortDigitsOnly(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "port number") {
 			t.Errorf("p=%q: %d, want 400 naming the port:\n%s", p, resp.StatusCode, body)
 		}
-		if n := be.store.Len(); n != 0 {
-			t.Fatalf("p=%q: the store holds %d sessions, want none", p, n)
+		if got := be.stored(); got != [3]int{} {
+			t.Fatalf("p=%q: the store holds %v (outcomes, deliveries, marks), want nothing", p, got)
 		}
-		if c := resp.Header.Get("Set-Cookie"); c != "" {
-			t.Errorf("p=%q: a refused link set a cookie: %s", p, c)
+		if c := resp.Header.Get("Set-Cookie"); c != "" || resp.Header.Get("Location") != "" {
+			t.Errorf("p=%q: a refused link set a cookie (%s) or redirected (%s)", p, c, resp.Header.Get("Location"))
 		}
 	}
-	// A good port goes on to the identity provider.
+	// A good port goes on to the identity provider, with the login's
+	// cookie; a callback-flow session is derived, so nothing is stored.
 	link := be.ext.String() + "/authorize?" + url.Values{"p": {"41234"}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
-	if resp, body := be.send(be.jar(), http.MethodGet, link); resp.StatusCode != http.StatusSeeOther || be.store.Len() != 1 {
-		t.Fatalf("p=41234: %d (store %d sessions), want 303 and one session:\n%s", resp.StatusCode, be.store.Len(), body)
+	resp, body := be.send(be.jar(), http.MethodGet, link)
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), be.idp.IssuerURL) || resp.Header.Get("Set-Cookie") == "" {
+		t.Fatalf("p=41234: %d to %q, want 303 to the identity provider with a cookie:\n%s", resp.StatusCode, resp.Header.Get("Location"), body)
+	}
+	if got := be.stored(); got != [3]int{} {
+		t.Errorf("p=41234: the store holds %v, want nothing", got)
 	}
 }
 
@@ -51,10 +56,19 @@ func TestHeadHasNoSideEffects(t *testing.T) {
 		if s := be.sessionState(ps.SessionID); s.State != sessions.StatePending {
 			t.Fatalf("session after HEAD: %v", s.State)
 		}
-		// The GET that follows is the first use of the link.
+		marks := be.stored()[2]
+		resp, _ = be.send(client, http.MethodHead, link)
+		if resp.StatusCode != http.StatusOK || be.stored()[2] != marks {
+			t.Fatalf("second HEAD: %d, marks %d -> %d; want 200 and the nonce unspent", resp.StatusCode, marks, be.stored()[2])
+		}
+		// The GET that follows is the first use of the link: it spends
+		// the nonce, and a GET after it finds it spent.
 		resp, body := be.send(client, http.MethodGet, link)
-		if resp.StatusCode != http.StatusSeeOther {
-			t.Fatalf("GET after HEAD: %d, want 303 to the identity provider:\n%s", resp.StatusCode, body)
+		if resp.StatusCode != http.StatusSeeOther || be.stored()[2] != marks+1 {
+			t.Fatalf("GET after HEAD: %d, marks %d -> %d; want 303 to the identity provider and the nonce spent:\n%s", resp.StatusCode, marks, be.stored()[2], body)
+		}
+		if resp, body := be.send(be.jar(), http.MethodGet, link); resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "already used") {
+			t.Fatalf("second GET: %d, want 401 already used:\n%s", resp.StatusCode, body)
 		}
 		// HEAD of a link that is not good answers what its GET answers.
 		resp, _ = be.send(be.jar(), http.MethodHead, link[:len(link)-2]+"xx")
@@ -64,14 +78,14 @@ func TestHeadHasNoSideEffects(t *testing.T) {
 	})
 
 	t.Run("callback-flow link", func(t *testing.T) {
-		before := be.store.Len()
+		before := be.stored()
 		link := be.ext.String() + "/authorize?" + url.Values{"p": {"41234"}, "s": {"aB3dE9"}, "c": {"Zx81Qp"}}.Encode()
 		resp, _ := be.send(be.jar(), http.MethodHead, link)
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("Set-Cookie") != "" {
-			t.Fatalf("HEAD: %d, Set-Cookie %q", resp.StatusCode, resp.Header.Get("Set-Cookie"))
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Set-Cookie") != "" || resp.Header.Get("Location") != "" {
+			t.Fatalf("HEAD: %d, Set-Cookie %q, Location %q", resp.StatusCode, resp.Header.Get("Set-Cookie"), resp.Header.Get("Location"))
 		}
-		if n := be.store.Len(); n != before {
-			t.Fatalf("HEAD created a session: %d -> %d", before, n)
+		if got := be.stored(); got != before {
+			t.Fatalf("HEAD changed the store: %v -> %v", before, got)
 		}
 	})
 

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/hmac"
@@ -21,6 +23,7 @@ import (
 	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/sessions/storetest"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -31,15 +34,43 @@ import (
 const testExternal = "https://bind.example.com"
 
 type env struct {
-	t       testing.TB
-	ext     *url.URL
-	store   *memory.Store
+	t     testing.TB
+	ext   *url.URL
+	store *memory.Store
+	// svc is the session service both the API and the browser part use.
+	svc     *bindservice.Service
+	keys    *sessionkey.Keys
 	clock   *storetest.Clock
 	reg     *prometheus.Registry
 	handler http.Handler
 	srv     *httptest.Server
 	logs    *procs.Buffer
 	key     *clusterkey.Key
+}
+
+// testSessionKey is the session key of the tests' backends; testClusterKey
+// their cluster key.
+var (
+	testSessionKey = bytes.Repeat([]byte("s"), sessionkey.MinKeyLen)
+	testClusterKey = bytes.Repeat([]byte("k"), 32)
+)
+
+// newService returns the session service of a test backend over store,
+// with keys (nil: testSessionKey alone).
+func newService(t testing.TB, store sessions.Store, keys *sessionkey.Keys, key *clusterkey.Key, ttl, grace time.Duration, now func() time.Time) *bindservice.Service {
+	t.Helper()
+	if keys == nil {
+		var err error
+		if keys, err = sessionkey.New(testSessionKey); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: key,
+		SessionTTL: ttl, Grace: grace, Now: now, Catalog: &staticCatalog{}, Provisioner: refusingProvisioner{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
 }
 
 type envOpts struct {
@@ -56,6 +87,11 @@ type envOpts struct {
 	logLevel *slog.Level
 	// longPoll holds polls that ask to wait (nil: long polling off).
 	longPoll *longpoll.Holder
+	// keys derive the session IDs (default: testSessionKey alone).
+	keys *sessionkey.Keys
+	// wrap, if set, wraps the memory store the handler uses (env.store
+	// stays the memory store underneath).
+	wrap func(sessions.Store) sessions.Store
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
@@ -69,29 +105,36 @@ func newEnv(t testing.TB, o envOpts) *env {
 	}
 	clock := storetest.NewClock(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
 	store := memory.New(o.limits, clock.Now)
-	t.Cleanup(store.Close)
 	logs := &procs.Buffer{}
 	level := slog.LevelDebug
 	if o.logLevel != nil {
 		level = *o.logLevel
 	}
 	reg := prometheus.NewRegistry()
-	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
+	key, err := clusterkey.New(testClusterKey)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var used sessions.Store = store
+	if o.wrap != nil {
+		used = o.wrap(store)
+	}
+	if o.keys == nil {
+		if o.keys, err = sessionkey.New(testSessionKey); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc := newService(t, used, o.keys, key, o.ttl, o.limits.Grace, clock.Now)
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 	var bh *browser.Handler
 	if o.login != nil {
-		bh = testBrowser(t, ext, store, key, o.login, &staticCatalog{}, logger, clock.Now)
+		bh = testBrowser(t, ext, svc, o.login, &staticCatalog{}, logger, clock.Now)
 	}
 	h, err := New(Config{
-		ClusterKey:   key,
 		ExternalURL:  ext,
 		PrettyName:   "MangoDB Inc.",
 		PollInterval: o.interval,
-		SessionTTL:   o.ttl,
-		Store:        store,
+		Sessions:     svc,
 		Logger:       logger,
 		Metrics:      reg,
 		Readiness:    o.readiness,
@@ -102,7 +145,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, ext: ext, store: store, clock: clock, reg: reg, handler: h, logs: logs, key: key}
+	e := &env{t: t, ext: ext, store: store, svc: svc, keys: o.keys, clock: clock, reg: reg, handler: h, logs: logs, key: key}
 	if _, ok := t.(*testing.T); ok {
 		e.srv = httptest.NewServer(h)
 		t.Cleanup(e.srv.Close)
@@ -226,25 +269,66 @@ func wantCommonHeaders(t testing.TB, resp *http.Response) {
 // testBrowser is the browser part of the handler tests: the real handler
 // with the given identity provider and catalog, and a provisioner that
 // refuses.
-func testBrowser(t testing.TB, ext *url.URL, store sessions.Store, key *clusterkey.Key, login browser.Login,
+func testBrowser(t testing.TB, ext *url.URL, svc *bindservice.Service, login browser.Login,
 	catalog browser.Catalog, logger *slog.Logger, now func() time.Time) *browser.Handler {
 	t.Helper()
 	bh, err := browser.New(browser.Config{
-		ClusterKey:     key,
-		ExternalURL:    ext,
-		ProviderName:   "MangoDB Inc.",
-		Store:          store,
-		SessionTTL:     10 * time.Minute,
-		Login:          login,
-		Catalog:        catalog,
-		Provisioner:    refusingProvisioner{},
-		CookieHashKey:  []byte("0123456789abcdef0123456789abcdef-cookie-hash"),
-		CookieBlockKey: []byte("0123456789abcdef"),
-		Logger:         logger.With("component", "browser"),
-		Now:            now,
+		ExternalURL:     ext,
+		ProviderName:    "MangoDB Inc.",
+		Sessions:        svc,
+		Login:           login,
+		Catalog:         catalog,
+		Provisioner:     refusingProvisioner{},
+		CookieHashKeys:  [][]byte{[]byte("0123456789abcdef0123456789abcdef-cookie-hash")},
+		CookieBlockKeys: [][]byte{[]byte("0123456789abcdef")},
+		Logger:          logger.With("component", "browser"),
+		Now:             now,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return bh
+}
+
+// open opens session id with the backend's service.
+func (e *env) open(id string) bindservice.Session {
+	e.t.Helper()
+	sess, err := e.svc.Open(id)
+	if err != nil {
+		e.t.Fatalf("session %s: %v", id, err)
+	}
+	return sess
+}
+
+// complete records response as the outcome of session id, as a bind in
+// the browser does.
+func (e *env) complete(id string, response []byte) {
+	e.t.Helper()
+	if err := e.store.Complete(context.Background(), id, e.open(id).ExpiresAt, response); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// deny denies session id with reason, as a cancel in the browser does.
+func (e *env) deny(id, reason string) {
+	e.t.Helper()
+	if err := e.svc.Deny(context.Background(), e.open(id), reason); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// outcome returns the store's outcome of session id.
+func (e *env) outcome(id string) sessions.Outcome {
+	e.t.Helper()
+	o, err := e.store.Outcome(context.Background(), id)
+	if err != nil {
+		e.t.Fatalf("outcome of %s: %v", id, err)
+	}
+	return o
+}
+
+// stored returns what the store holds: outcomes, deliveries, marks.
+func (e *env) stored() [3]int {
+	o, d, m := e.store.Len()
+	return [3]int{o, d, m}
 }

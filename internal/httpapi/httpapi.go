@@ -6,7 +6,6 @@
 package httpapi
 
 import (
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/longpoll"
@@ -59,10 +57,9 @@ type Config struct {
 	PrettyName string
 	// PollInterval is the advertised poll interval (default 2s).
 	PollInterval time.Duration
-	// SessionTTL is how long a session lives after creation (default 10m).
-	SessionTTL time.Duration
-	// Store keeps the sessions. Required.
-	Store sessions.Store
+	// Sessions issues, checks and ends sessions; the browser part must
+	// use the same one. Required.
+	Sessions *bindservice.Service
 	// Logger receives access and error logs (default: discard).
 	Logger *slog.Logger
 	// Metrics is the registry the handler's metrics are registered in and
@@ -75,12 +72,8 @@ type Config struct {
 	// and /bind (under the external URL's path prefix). While it is nil,
 	// /authorize answers 503.
 	Browser *browser.Handler
-	// ClusterKey derives new cluster IDs and their cluster secrets; the
-	// browser part must use the same one. Default: a random key (tests
-	// only: secrets then die with the process).
-	ClusterKey *clusterkey.Key
-	// Now is the clock for session creation times (default time.Now); use
-	// the store's clock so both agree.
+	// Now is the clock of Retry-After answers (default time.Now); use
+	// the one Sessions has.
 	Now func() time.Time
 	// OnDelivered, if set, is called with the BindingResponse each time a
 	// poll hands it out (binding.DeliveryMarker records it; it must not
@@ -108,20 +101,14 @@ func New(cfg Config) (http.Handler, error) {
 	if err := validateExternalURL(cfg.ExternalURL); err != nil {
 		return nil, err
 	}
-	if cfg.Store == nil {
-		return nil, errors.New("httpapi: Config.Store is required")
+	if cfg.Sessions == nil {
+		return nil, errors.New("httpapi: Config.Sessions is required")
 	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
 	if cfg.PollInterval < 0 {
 		return nil, fmt.Errorf("httpapi: poll interval %s is negative", cfg.PollInterval)
-	}
-	if cfg.SessionTTL == 0 {
-		cfg.SessionTTL = DefaultSessionTTL
-	}
-	if cfg.SessionTTL < 0 {
-		return nil, fmt.Errorf("httpapi: session TTL %s is negative", cfg.SessionTTL)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -132,16 +119,7 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.ClusterKey == nil {
-		key := make([]byte, clusterkey.MinKeyLen)
-		_, _ = rand.Read(key)
-		cfg.ClusterKey, _ = clusterkey.New(key)
-	}
 	m, err := newMetrics(cfg.Metrics, cfg.LongPoll)
-	if err != nil {
-		return nil, err
-	}
-	svc, err := bindservice.New(bindservice.Config{Store: cfg.Store, ClusterKey: cfg.ClusterKey, SessionTTL: cfg.SessionTTL, Now: cfg.Now})
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +127,7 @@ func New(cfg Config) (http.Handler, error) {
 	prefix := strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/")
 	s := &server{
 		cfg:          cfg,
-		bind:         svc,
+		bind:         cfg.Sessions,
 		log:          cfg.Logger,
 		metrics:      m,
 		scheme:       strings.ToLower(cfg.ExternalURL.Scheme),

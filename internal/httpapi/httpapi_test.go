@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -61,19 +63,22 @@ func TestExport(t *testing.T) {
 }
 
 func TestNewValidatesConfig(t *testing.T) {
-	store := newEnv(t, envOpts{}).store
+	svc := newEnv(t, envOpts{}).svc
 	for _, raw := range []string{"ftp://x", "https://", "https://u:p@x", "https://x/?a=b", "https://x/#f"} {
 		u, _ := url.Parse(raw)
-		if _, err := New(Config{ExternalURL: u, Store: store}); err == nil {
+		if _, err := New(Config{ExternalURL: u, Sessions: svc}); err == nil {
 			t.Errorf("New accepted external URL %q", raw)
 		}
 	}
 	u, _ := url.Parse("https://x")
 	if _, err := New(Config{ExternalURL: u}); err == nil {
-		t.Error("New accepted a config without a store")
+		t.Error("New accepted a config without a session service")
 	}
-	if _, err := New(Config{ExternalURL: u, Store: store, PollInterval: -time.Second}); err == nil {
+	if _, err := New(Config{ExternalURL: u, Sessions: svc, PollInterval: -time.Second}); err == nil {
 		t.Error("New accepted a negative poll interval")
+	}
+	if _, err := New(Config{ExternalURL: u, Sessions: svc}); err != nil {
+		t.Errorf("New refused a valid config: %v", err)
 	}
 }
 
@@ -93,18 +98,26 @@ func TestCreateSession(t *testing.T) {
 		t.Errorf("cluster ID %q is not of the issued format", ps.ClusterID)
 	}
 	// A new cluster ID comes with its secret, derived from the backend's key.
-	if !e.key.Issued(ps.SessionID, ps.ClusterID) || ps.ClusterSecret != e.key.Secret(ps.ClusterID) || len(ps.ClusterSecret) != 43 {
+	if !clusterkey.Issued(ps.SessionID, ps.ClusterID) || ps.ClusterSecret != e.key.Secret(ps.ClusterID) || len(ps.ClusterSecret) != 43 {
 		t.Errorf("cluster ID %q with secret %q: not the ones derived for the session", ps.ClusterID, ps.ClusterSecret)
 	}
 	if want := e.clock.Now().Add(7 * time.Minute); !ps.ExpiresAt.Equal(want) {
 		t.Errorf("expiresAt %s, want %s", ps.ExpiresAt, want)
 	}
-	stored, err := e.store.Get(context.Background(), ps.SessionID)
+	// Nothing is stored: the ID says what the session is, and its secret
+	// is derived from the backend's key.
+	sess, err := e.svc.Open(ps.SessionID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stored.Secret != ps.SessionSecret || stored.ClusterID != ps.ClusterID || stored.State != sessions.StatePending {
-		t.Errorf("stored session %+v does not match the answer", stored)
+	if sess.Secret != ps.SessionSecret || sess.Flow != sessionkey.FlowPoll || sess.ClusterID != "" || !sess.ExpiresAt.Equal(ps.ExpiresAt) {
+		t.Errorf("session %+v as its ID says does not match the answer %+v", sess.Session, ps)
+	}
+	if got := e.stored(); got != [3]int{} {
+		t.Errorf("creating a session stored %v (outcomes, deliveries, marks), want nothing", got)
+	}
+	if o := e.outcome(ps.SessionID); o.State != sessions.StatePending {
+		t.Errorf("a new session is %v, want pending", o.State)
 	}
 	if ps2 := e.createSession(""); ps2.SessionID == ps.SessionID || ps2.SessionSecret == ps.SessionSecret || ps2.ClusterID == ps.ClusterID {
 		t.Error("two sessions share an ID, secret or cluster ID")
@@ -157,9 +170,8 @@ func TestCreateSessionBadRequests(t *testing.T) {
 			}
 		})
 	}
-	if e.store.Len() != 0 {
-		t.Errorf("bad requests stored %d sessions", e.store.Len())
-	}
+	// None counted as a session created.
+	e.wantMetrics("kube_bind_backend_sessions_created_total 0")
 }
 
 func TestCreateSessionBodyLimit(t *testing.T) {
@@ -175,23 +187,34 @@ func TestCreateSessionBodyLimit(t *testing.T) {
 	wantError(t, e.do("POST", "/sessions", strings.NewReader(fiveK)), 413, "request_too_large")
 	// Without Content-Length (chunked), the limit holds while reading.
 	wantError(t, e.do("POST", "/sessions", struct{ *strings.Reader }{strings.NewReader(fiveK)}), 413, "request_too_large")
-	if e.store.Len() != 1 {
-		t.Errorf("store holds %d sessions, want 1", e.store.Len())
-	}
+	e.wantMetrics("kube_bind_backend_sessions_created_total 1")
 }
 
-func TestCreateSessionFull(t *testing.T) {
-	e := newEnv(t, envOpts{limits: sessions.Limits{MaxSessions: 2}, ttl: time.Minute})
-	e.createSession("")
-	e.createSession("")
-	resp := e.do("POST", "/sessions", nil)
-	wantError(t, resp, 503, "temporarily_unavailable")
-	if ra := resp.Header.Get("Retry-After"); ra != "30" {
-		t.Errorf("Retry-After %q, want 30", ra)
+// A session is derived from keys, not stored: however many are created,
+// and however small the store's limits, POST /sessions answers 201 (never
+// 503 "full"), and the store holds nothing for them. A session presenting
+// a cluster ID carries it in its ID.
+func TestCreateSessionNeverFull(t *testing.T) {
+	e := newEnv(t, envOpts{limits: sessions.Limits{MaxPolledSessions: 2, MaxNoncesPerSession: 2}, ttl: time.Minute})
+	seen := map[string]bool{}
+	for i := 0; i < 200; i++ {
+		body := ""
+		if i%2 == 1 {
+			body = `{"clusterID":"aB3dE9"}`
+		}
+		ps := e.createSession(body)
+		if seen[ps.SessionID] {
+			t.Fatalf("session ID %s issued twice", ps.SessionID)
+		}
+		seen[ps.SessionID] = true
+		if i%2 == 1 && e.open(ps.SessionID).ClusterID != "aB3dE9" {
+			t.Fatalf("session %s does not carry the presented cluster ID", ps.SessionID)
+		}
 	}
-	// Once sessions expired, there is room again.
-	e.clock.Advance(time.Minute)
-	e.createSession("")
+	if got := e.stored(); got != [3]int{} {
+		t.Errorf("200 sessions stored %v (outcomes, deliveries, marks), want nothing", got)
+	}
+	e.wantMetrics("kube_bind_backend_sessions_created_total 200")
 }
 
 func TestNotFoundAndMethodNotAllowed(t *testing.T) {
@@ -296,8 +319,8 @@ func TestBrowserRoutes(t *testing.T) {
 			t.Errorf("%s %s: no Cache-Control: no-store", c.method, c.path)
 		}
 	}
-	if e.store.Len() != 0 || login.begun.Load() != 0 {
-		t.Fatalf("refused requests made %d sessions and %d logins", e.store.Len(), login.begun.Load())
+	if got := e.stored(); got != [3]int{} || login.begun.Load() != 0 {
+		t.Fatalf("refused requests stored %v (outcomes, deliveries, marks) and began %d logins", got, login.begun.Load())
 	}
 	metrics := string(readAll(t, e.do("GET", "/metrics", nil)))
 	for _, want := range []string{`code="400",route="/authorize"`, `code="405",route="/bind"`, `code="404",route="unmatched"`} {

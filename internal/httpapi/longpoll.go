@@ -3,6 +3,7 @@ package httpapi
 import (
 	"net/http"
 
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
 )
@@ -12,7 +13,7 @@ import (
 // and returns the session to answer with. A poll that does not ask, or
 // that finds every slot taken, is answered at once with pending, as are
 // polls whose wait fails: the client's next poll finds out more.
-func (s *server) longPoll(w http.ResponseWriter, r *http.Request, pending sessions.Session) sessions.Session {
+func (s *server) longPoll(w http.ResponseWriter, r *http.Request, sess bindservice.Session, pending sessions.Outcome) sessions.Outcome {
 	d, ok := s.cfg.LongPoll.Wanted(r.Header)
 	if !ok {
 		return pending
@@ -23,10 +24,10 @@ func (s *server) longPoll(w http.ResponseWriter, r *http.Request, pending sessio
 	}
 	defer done()
 	w.Header().Set("Preference-Applied", longpoll.Applied(d))
-	sess, err := s.cfg.Store.Wait(ctx, pending.ID)
+	outcome, err := s.bind.Wait(ctx, sess)
 	if err != nil {
-		s.log.Info("long poll ended without news; answering pending", "session", pending.ID, "error", err)
+		s.log.Info("long poll ended without news; answering pending", "session", sess.ID, "error", err)
 		return pending
 	}
-	return sess
+	return outcome
 }

@@ -69,9 +69,7 @@ func TestLongPollAnsweredOnComplete(t *testing.T) {
 	ch := e.pollAsync(ps, "wait=20")
 	held(t, ch)
 	want := []byte(`{"apiVersion":"kube-bind.io/v1alpha1","kind":"BindingResponse"}`)
-	if err := e.store.Complete(t.Context(), ps.SessionID, want); err != nil {
-		t.Fatal(err)
-	}
+	e.complete(ps.SessionID, want)
 	resp := answer(t, ch)
 	if took := time.Since(start); took >= 20*time.Second {
 		t.Fatalf("answered after %s, not when the session completed", took)
@@ -84,8 +82,8 @@ func TestLongPollAnsweredOnComplete(t *testing.T) {
 	if got := resp.Header.Get("Preference-Applied"); got != "wait=20" {
 		t.Errorf("Preference-Applied %q, want wait=20", got)
 	}
-	if s, _ := e.store.Get(t.Context(), ps.SessionID); s.DeliveredAt.IsZero() {
-		t.Error("the response a long poll handed out does not count as delivered")
+	if first, err := e.store.Deliver(t.Context(), ps.SessionID, e.open(ps.SessionID).ExpiresAt); err != nil || !first.Equal(e.clock.Now()) || e.stored()[1] != 1 {
+		t.Errorf("the response a long poll handed out does not count as delivered (%s, %v)", first, err)
 	}
 	e.wantMetrics(`kube_bind_backend_polls_total{outcome="completed"} 1`, "kube_bind_backend_long_polls_held 0")
 }
@@ -95,9 +93,7 @@ func TestLongPollAnsweredOnDeny(t *testing.T) {
 	ps := e.createSession("")
 	ch := e.pollAsync(ps, "respond-async, wait=25")
 	held(t, ch)
-	if err := e.store.Deny(t.Context(), ps.SessionID, "the user cancelled"); err != nil {
-		t.Fatal(err)
-	}
+	e.deny(ps.SessionID, "the user cancelled")
 	if msg := wantError(t, answer(t, ch), 403, v1alpha1.ErrorAccessDenied); !strings.Contains(msg, "the user cancelled") {
 		t.Errorf("message %q", msg)
 	}
@@ -164,9 +160,7 @@ func TestLongPollLimit(t *testing.T) {
 	}
 	wantError(t, resp, 403, v1alpha1.ErrorAuthorizationPending)
 	e.wantMetrics("kube_bind_backend_long_polls_refused_total 1", "kube_bind_backend_long_polls_held 1")
-	if err := e.store.Complete(t.Context(), first.SessionID, []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
+	e.complete(first.SessionID, []byte(`{}`))
 	if resp := answer(t, ch); resp.StatusCode != 200 {
 		t.Fatalf("held poll: %d", resp.StatusCode)
 	}
@@ -174,9 +168,7 @@ func TestLongPollLimit(t *testing.T) {
 	e.clock.Advance(2 * time.Second)
 	ch = e.pollAsync(second, "wait=30")
 	held(t, ch)
-	if err := e.store.Complete(t.Context(), second.SessionID, []byte(`{}`)); err != nil {
-		t.Fatal(err)
-	}
+	e.complete(second.SessionID, []byte(`{}`))
 	if resp := answer(t, ch); resp.StatusCode != 200 || resp.Header.Get("Preference-Applied") != "wait=30" {
 		t.Fatalf("held poll after the slot was freed: %d %q", resp.StatusCode, resp.Header.Get("Preference-Applied"))
 	}

@@ -19,7 +19,6 @@ var pollOutcomes = []string{
 
 type metrics struct {
 	sessionsCreated prometheus.Counter
-	sessionsRefused *prometheus.CounterVec
 	polls           map[string]prometheus.Counter
 	duration        *prometheus.HistogramVec
 
@@ -40,10 +39,6 @@ func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error
 			Namespace: "kube_bind_backend", Name: "sessions_created_total",
 			Help: "Poll sessions created.",
 		}),
-		sessionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kube_bind_backend", Name: "sessions_refused_total",
-			Help: "Session creations refused, by reason (full: the pending-session limit was reached).",
-		}, []string{"reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kube_bind_backend", Name: "http_request_duration_seconds",
 			Help:    "Latency of HTTP requests by route and status code.",
@@ -59,7 +54,7 @@ func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error
 	for _, o := range pollOutcomes {
 		m.polls[o] = pollsVec.WithLabelValues(o)
 	}
-	collectors := []prometheus.Collector{m.sessionsCreated, m.sessionsRefused, pollsVec, m.duration}
+	collectors := []prometheus.Collector{m.sessionsCreated, pollsVec, m.duration}
 	if lp != nil {
 		collectors = append(collectors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -68,14 +68,24 @@ func named(route string, h http.HandlerFunc) http.HandlerFunc {
 // routeUnmatched labels requests no route matched.
 const routeUnmatched = "unmatched"
 
-// middleware wraps every request: Cache-Control: no-store on every answer,
-// a bound on request bodies, panic recovery, access log and metrics.
+// middleware wraps every request: Cache-Control: no-store on every answer
+// (and Strict-Transport-Security behind TLS), a bound on request bodies,
+// panic recovery, access log and metrics.
 func (s *server) middleware(next http.Handler) http.Handler {
+	// HSTS when the external URL is https, whatever the request came in
+	// over (a TLS-terminating ingress forwards plain http): browsers then
+	// refuse to reach this host without TLS. Not includeSubDomains: the
+	// provider's other hosts are not ours to pin. Never over plain http,
+	// where it would mean nothing and break local use.
+	hsts := s.scheme == "https"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := recorders.Get().(*recorder)
 		*rec = recorder{ResponseWriter: w, status: http.StatusOK, route: routeUnmatched}
 		w.Header()["Cache-Control"] = hdrNoStore
+		if hsts {
+			w.Header()["Strict-Transport-Security"] = hdrHSTS
+		}
 
 		if r.Body != nil && r.Body != http.NoBody {
 			if r.ContentLength > maxOtherBody {

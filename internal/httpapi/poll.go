@@ -1,15 +1,16 @@
 package httpapi
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"net/url"
 	"time"
 
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -63,56 +64,55 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	}
 
 	ctx := r.Context()
-	// The signature is checked with the session's static part, which a
-	// replica of a hashring may hold in its cache: a forged poll never
-	// reaches the session's owner, and a genuine one costs one round trip
-	// to it (RecordPoll). If the owner's session is not the one the cache
-	// knew (its ID was used again), the check is made once more with the
-	// owner's.
-	var sess sessions.Session
-	for attempt := 0; ; attempt++ {
-		static, err := s.cfg.Store.Static(ctx, sid)
-		if err != nil {
+	sess, err := s.bind.OpenPoll(sid)
+	if err != nil || sess.Flow != sessionkey.FlowPoll {
+		// Unknown, expired, or a session of the callback flow: nobody
+		// outside holds the latter's secret, and its result goes to the
+		// CLI's callback, so it is nothing to poll.
+		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "the session expired or is unknown to the backend; start over")
+		return
+	}
+	req := hmac.Request{Scheme: s.scheme, Host: s.host, Method: r.Method, Path: r.URL.EscapedPath(), Query: q, Body: body}
+	if !hmac.Verify(sess.Secret, req, sig) {
+		s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
+			"the signature h does not match this request; sign it with the session secret for the URL "+
+				"the backend advertises as pollURL")
+		return
+	}
+	if err := s.bind.AdmitPoll(ctx, sess, nonce, s.minPollGap); err != nil {
+		s.pollRefused(w, sess, err)
+		return
+	}
+	outcome, err := s.bind.Outcome(ctx, sess)
+	if err != nil {
+		s.storeError(w, err)
+		return
+	}
+	if sess.Ended && outcome.State != sessions.StateCompleted {
+		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "the session expired; start over")
+		return
+	}
+	if outcome.State == sessions.StatePending {
+		outcome = s.longPoll(w, r, sess, outcome)
+	}
+	switch outcome.State {
+	case sessions.StateCompleted:
+		switch err := s.bind.Deliver(ctx, sess); {
+		case errors.Is(err, bindservice.ErrDelivered):
+			s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken,
+				"the binding response was delivered and its grace period is over; start over")
+			return
+		case err != nil:
 			s.storeError(w, err)
 			return
 		}
-		if static.Secret == "" || static.CallbackURL != "" {
-			// A session of the callback flow: nobody outside holds its secret
-			// (it is made only to key the session's static part), and its
-			// result goes to the CLI's callback, so it is nothing to poll.
-			s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "there is no poll session with this ID; start over")
-			return
-		}
-		req := hmac.Request{Scheme: s.scheme, Host: s.host, Method: r.Method, Path: r.URL.EscapedPath(), Query: q, Body: body}
-		if !hmac.Verify(static.Secret, req, sig) {
-			s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
-				"the signature h does not match this request; sign it with the session secret for the URL "+
-					"the backend advertises as pollURL")
-			return
-		}
-		sess, err = s.cfg.Store.RecordPoll(ctx, sid, nonce, s.minPollGap)
-		if errors.Is(err, sessions.ErrStaleStatic) && attempt == 0 {
-			continue
-		}
-		if err != nil {
-			s.pollRefused(ctx, w, sid, err)
-			return
-		}
-		break
-	}
-
-	if sess.State == sessions.StatePending {
-		sess = s.longPoll(w, r, sess)
-	}
-	switch sess.State {
-	case sessions.StateCompleted:
 		s.metrics.poll("completed")
-		writeJSONBytes(w, http.StatusOK, sess.Response)
+		writeJSONBytes(w, http.StatusOK, outcome.Response)
 		if s.cfg.OnDelivered != nil {
-			s.cfg.OnDelivered(sess.Response)
+			s.cfg.OnDelivered(outcome.Response)
 		}
 	case sessions.StateDenied:
-		reason := sess.DenyReason
+		reason := outcome.DenyReason
 		if reason == "" {
 			reason = "the user cancelled or the provider refused this user"
 		}
@@ -123,8 +123,8 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// pollRefused answers a poll whose RecordPoll failed.
-func (s *server) pollRefused(ctx context.Context, w http.ResponseWriter, sid string, err error) {
+// pollRefused answers a poll that was not admitted.
+func (s *server) pollRefused(w http.ResponseWriter, sess bindservice.Session, err error) {
 	var soon *sessions.TooSoonError
 	switch {
 	case errors.As(err, &soon):
@@ -136,13 +136,8 @@ func (s *server) pollRefused(ctx context.Context, w http.ResponseWriter, sid str
 			"the nonce n was used before; sign every request with a fresh nonce")
 	case errors.Is(err, sessions.ErrTooManyNonces):
 		// No later poll of this session can succeed: wait for it to
-		// expire and start over. Rare, so the expiry is looked up here
-		// rather than carried by every poll.
-		wait := int64(1)
-		if sess, err := s.cfg.Store.Get(ctx, sid); err == nil {
-			wait = ceilSeconds(sess.ExpiresAt.Sub(s.cfg.Now()))
-		}
-		retryAfter(w.Header(), wait)
+		// expire and start over.
+		retryAfter(w.Header(), ceilSeconds(sess.ExpiresAt.Sub(s.cfg.Now())))
 		s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
 			"this session has made as many signed requests as it may; start over once it expired")
 	default:
@@ -168,17 +163,12 @@ func (s *server) pollError(w http.ResponseWriter, status int, code, message stri
 	writeError(w, status, code, message)
 }
 
-// storeError answers a failed store lookup: an unknown or expired session
-// is 410; anything else is the store's trouble, not the client's.
+// storeError answers a failed store call: the store's trouble, not the
+// client's, so 503 and the client polls again.
 func (s *server) storeError(w http.ResponseWriter, err error) {
-	if errors.Is(err, sessions.ErrNotFound) {
-		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken,
-			"the session expired or is unknown to the backend; start over")
-		return
-	}
 	if errors.Is(err, sessions.ErrUnavailable) {
-		// A replica holding the session is slow or restarting: the
-		// session is not lost, the client polls again.
+		// The provider cluster is briefly unreachable: the session is
+		// not lost, the client polls again.
 		s.log.Warn("session store briefly unavailable", "error", err)
 	} else {
 		s.log.Error("session store failed", "error", err)

@@ -1,8 +1,12 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"errors"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -10,6 +14,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -70,14 +75,86 @@ func TestPollReusedNonce(t *testing.T) {
 	}
 }
 
+// A session ID that is malformed, not this backend's, from a retired key or
+// past its expiry is 410 expired_token: the client starts over.
 func TestPollUnknownAndExpired(t *testing.T) {
 	e := newEnv(t, envOpts{ttl: time.Minute})
 	ghost := v1alpha1.PollSession{SessionID: "Zr7Q2mWbX9kLp3VtZr7Q2m", SessionSecret: strings.Repeat("k", 43)}
 	wantError(t, e.poll(ghost), 410, "expired_token")
 
+	// Well formed, with the secret its key derives, but the key is not
+	// this backend's (another backend's, or one retired since).
+	other, err := sessionkey.New(bytes.Repeat([]byte("o"), sessionkey.MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := other.Issue(sessionkey.FlowPoll, "", e.clock.Now().Add(time.Minute))
+	wantError(t, e.poll(v1alpha1.PollSession{SessionID: foreign.ID, SessionSecret: foreign.Secret}), 410, "expired_token")
+
+	// The shape of an ID of this backend with its key, of a flow that
+	// does not exist: not one of ours.
 	ps := e.createSession("")
-	e.clock.Advance(time.Minute)
+	raw, err := base64.RawURLEncoding.DecodeString(ps.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[0] = 9
+	bogus := base64.RawURLEncoding.EncodeToString(raw)
+	wantError(t, e.poll(v1alpha1.PollSession{SessionID: bogus, SessionSecret: ps.SessionSecret}), 410, "expired_token")
+
+	// A genuine session polled before its end, then at its end, and after
+	// the grace period too.
+	e.clock.Advance(time.Minute - 2*time.Second)
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+	e.clock.Advance(2 * time.Second)
 	wantError(t, e.poll(ps), 410, "expired_token")
+	e.clock.Advance(time.Hour)
+	wantError(t, e.poll(ps), 410, "expired_token")
+}
+
+// At the session's end only a response first delivered before it is
+// still served, for the rest of its grace period; one not delivered by
+// then, and a pending session, are 410.
+func TestPollAtTheSessionsEnd(t *testing.T) {
+	e := newEnv(t, envOpts{ttl: time.Minute, limits: sessions.Limits{Grace: 30 * time.Second}})
+	delivered, undelivered, pending := e.createSession(""), e.createSession(""), e.createSession("")
+	response := []byte(`{"kind":"BindingResponse"}`)
+	e.complete(delivered.SessionID, response)
+	e.complete(undelivered.SessionID, response)
+	e.clock.Advance(time.Minute - 10*time.Second)
+	if resp := e.poll(delivered); resp.StatusCode != 200 {
+		t.Fatalf("delivery before the end: %d", resp.StatusCode)
+	}
+	e.clock.Advance(10 * time.Second) // the end
+	if b := readAll(t, e.poll(delivered)); string(b) != string(response) {
+		t.Fatalf("after the end, 10s into the grace period of its delivery: %s", b)
+	}
+	wantError(t, e.poll(undelivered), 410, "expired_token")
+	wantError(t, e.poll(pending), 410, "expired_token")
+	e.clock.Advance(21 * time.Second) // 31s after the delivery
+	wantError(t, e.poll(delivered), 410, "expired_token")
+}
+
+// A session issued by a key that was rotated out is 410; while the old key
+// is still among the previous keys, its sessions go on.
+func TestPollKeyRotation(t *testing.T) {
+	oldKey, newKey := bytes.Repeat([]byte("1"), 32), bytes.Repeat([]byte("2"), 32)
+	keysOf := func(current []byte, previous ...[]byte) *sessionkey.Keys {
+		k, err := sessionkey.New(current, previous...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	before := newEnv(t, envOpts{keys: keysOf(oldKey)})
+	ps := before.createSession("")
+	during := newEnv(t, envOpts{keys: keysOf(newKey, oldKey)})
+	wantError(t, during.poll(ps), 403, "authorization_pending")
+	if fresh := during.createSession(""); fresh.SessionSecret == ps.SessionSecret || during.open(fresh.SessionID).Secret != fresh.SessionSecret {
+		t.Error("the new key does not issue the new sessions")
+	}
+	after := newEnv(t, envOpts{keys: keysOf(newKey)})
+	wantError(t, after.poll(ps), 410, "expired_token")
 }
 
 func TestPollBadSignature(t *testing.T) {
@@ -194,9 +271,7 @@ func TestPollCompletedGraceThenGone(t *testing.T) {
 
 	response := []byte(`{"apiVersion":"kube-bind.io/v1alpha1","kind":"BindingResponse","authentication":{"oauth2CodeGrant":{"sid":"` +
 		ps.SessionID + `","id":"https://issuer/alice"}},"kubeconfig":"YXBpVmVyc2lvbjogdjEK","requests":[]}`)
-	if err := e.store.Complete(context.Background(), ps.SessionID, response); err != nil {
-		t.Fatal(err)
-	}
+	e.complete(ps.SessionID, response)
 	e.clock.Advance(2 * time.Second)
 	for i := 0; i < 3; i++ {
 		resp := e.poll(ps)
@@ -207,20 +282,69 @@ func TestPollCompletedGraceThenGone(t *testing.T) {
 		wantCommonHeaders(t, resp)
 		e.clock.Advance(20 * time.Second) // 0s, 20s, 40s into the grace period
 	}
+	if got := e.stored(); got[1] != 1 {
+		t.Errorf("store holds %d deliveries, want the first one", got[1])
+	}
 	e.clock.Advance(time.Second) // 61s after the first delivery
+	wantError(t, e.poll(ps), 410, "expired_token")
+	e.clock.Advance(2 * time.Second)
+	wantError(t, e.poll(ps), 410, "expired_token")
+}
+
+// The grace period runs from the first delivery, whichever replica made
+// it: another replica sharing the store (its own service, the same keys)
+// serves the response within it and refuses it after it.
+func TestPollGraceAcrossReplicas(t *testing.T) {
+	e := newEnv(t, envOpts{limits: sessions.Limits{Grace: 60 * time.Second}})
+	svc2 := newService(t, e.store, nil, e.key, 0, 60*time.Second, e.clock.Now)
+	h2, err := New(Config{ExternalURL: e.ext, PrettyName: "replica 2", Sessions: svc2, Now: e.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll2 := func(ps v1alpha1.PollSession) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		h2.ServeHTTP(w, httptest.NewRequest("GET", e.pollURL(ps), nil))
+		return w
+	}
+	ps := e.createSession("")
+	response := []byte(`{"kind":"BindingResponse"}`)
+	e.complete(ps.SessionID, response)
+	if resp := e.poll(ps); resp.StatusCode != 200 {
+		t.Fatalf("first delivery: %d", resp.StatusCode)
+	}
+	e.clock.Advance(59 * time.Second)
+	if w := poll2(ps); w.Code != 200 || w.Body.String() != string(response) {
+		t.Fatalf("replica 2 within the grace period: %d %s", w.Code, w.Body)
+	}
+	e.clock.Advance(2 * time.Second)
+	if w := poll2(ps); w.Code != 410 || !strings.Contains(w.Body.String(), "expired_token") {
+		t.Fatalf("replica 2 after the grace period of replica 1's delivery: %d %s", w.Code, w.Body)
+	}
+
+	// The first delivery made by replica 2 counts on replica 1 too.
+	ps = e.createSession("")
+	e.complete(ps.SessionID, response)
+	if w := poll2(ps); w.Code != 200 {
+		t.Fatalf("first delivery on replica 2: %d %s", w.Code, w.Body)
+	}
+	e.clock.Advance(61 * time.Second)
 	wantError(t, e.poll(ps), 410, "expired_token")
 }
 
 func TestPollDenied(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	ps := e.createSession("")
-	if err := e.store.Deny(context.Background(), ps.SessionID, "user alice is not in an allowed group"); err != nil {
-		t.Fatal(err)
-	}
+	e.deny(ps.SessionID, "user alice is not in an allowed group")
 	msg := wantError(t, e.poll(ps), 403, "access_denied")
 	if !strings.Contains(msg, "alice is not in an allowed group") {
 		t.Errorf("message %q lacks the reason", msg)
 	}
+	// A denial is final: a later bind cannot complete it.
+	if err := e.store.Complete(context.Background(), ps.SessionID, e.open(ps.SessionID).ExpiresAt, []byte(`{}`)); !errors.Is(err, sessions.ErrNotPending) {
+		t.Errorf("Complete after Deny: %v, want ErrNotPending", err)
+	}
+	e.clock.Advance(2 * time.Second)
+	wantError(t, e.poll(ps), 403, "access_denied")
 }
 
 func TestPollTooManyNonces(t *testing.T) {
@@ -237,15 +361,15 @@ func TestPollTooManyNonces(t *testing.T) {
 	}
 }
 
+// A session of the callback flow is nothing to poll: 410, even signed with
+// the secret its key derives (which nobody outside knows).
 func TestPollCallbackSessionNotPollable(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	now := e.clock.Now()
-	// A callback-flow session has no secret: an empty key must not verify.
-	s := sessions.Session{ID: "cbSessionIDcbSessionID", ClusterID: "aB3dE9", CreatedAt: now, ExpiresAt: now.Add(time.Minute),
-		CallbackURL: "http://127.0.0.1:1234/callback", CallbackSessionID: "xyz123"}
-	if err := e.store.Create(context.Background(), s); err != nil {
-		t.Fatal(err)
+	s := e.svc.CreateCallbackSession("http://127.0.0.1:1234/callback", "xyz123")
+	if s.Flow != sessionkey.FlowCallback {
+		t.Fatalf("callback session of flow %d", s.Flow)
 	}
+	wantError(t, e.poll(v1alpha1.PollSession{SessionID: s.ID, SessionSecret: s.Secret}), 410, "expired_token")
 	wantError(t, e.poll(v1alpha1.PollSession{SessionID: s.ID, SessionSecret: ""}), 410, "expired_token")
 }
 
@@ -255,7 +379,7 @@ func TestLogsKeepSecrets(t *testing.T) {
 	u := e.pollURL(ps)
 	wantError(t, e.do("GET", u, nil), 403, "authorization_pending")
 	response := `{"kubeconfig":"c2VjcmV0LWt1YmVjb25maWc="}`
-	e.store.Complete(context.Background(), ps.SessionID, []byte(response))
+	e.complete(ps.SessionID, []byte(response))
 	e.clock.Advance(2 * time.Second)
 	if resp := e.poll(ps); resp.StatusCode != 200 {
 		t.Fatalf("poll: %d", resp.StatusCode)

@@ -12,9 +12,11 @@ import (
 // directly (never modified afterwards) so that the hot poll path does not
 // allocate a slice per header.
 var (
-	hdrJSON      = []string{"application/json; charset=utf-8"}
-	hdrText      = []string{"text/plain; charset=utf-8"}
-	hdrNoStore   = []string{"no-store"}
+	hdrJSON    = []string{"application/json; charset=utf-8"}
+	hdrText    = []string{"text/plain; charset=utf-8"}
+	hdrNoStore = []string{"no-store"}
+	// hdrHSTS pins HTTPS for a year, this host only.
+	hdrHSTS      = []string{"max-age=31536000"}
 	hdrNoSniff   = []string{"nosniff"}
 	retryAfterS  = [...][]string{{"0"}, {"1"}, {"2"}, {"3"}, {"4"}, {"5"}, {"6"}, {"7"}, {"8"}, {"9"}, {"10"}}
 	hdrRetry30   = []string{"30"}

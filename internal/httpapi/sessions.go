@@ -9,8 +9,6 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -38,32 +36,15 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 			`the body must be empty or {"clusterID": "<id>"}: `+err.Error())
 		return
 	}
-	sess, clusterSecret, err := s.bind.CreatePollSession(r.Context(), req.ClusterID)
-	switch {
-	case err == nil:
-	case errors.Is(err, bindservice.ErrBusy):
-		s.metrics.sessionsRefused.WithLabelValues("full").Inc()
-		w.Header()[retryAfterKy] = hdrRetry30
-		writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
-			"the backend holds as many pending sessions as it is configured for; try again later")
-		return
-	default:
-		if errors.Is(err, sessions.ErrUnavailable) {
-			s.log.Warn("creating a session: store briefly unavailable", "error", err)
-		} else {
-			s.log.Error("creating a session failed", "error", err)
-		}
-		w.Header()[retryAfterKy] = hdrRetry5
-		writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
-			"the session store is unavailable; try again shortly")
-		return
-	}
+	// Nothing is stored: the session is derived from keys, so creating
+	// one costs no memory and cannot fail.
+	sess, clusterID, clusterSecret := s.bind.CreatePollSession(req.ClusterID)
 	s.metrics.sessionsCreated.Inc()
 	writeJSON(w, http.StatusCreated, v1alpha1.PollSession{
 		APIVersion:    v1alpha1.GroupVersion,
 		Kind:          v1alpha1.KindPollSession,
 		SessionID:     sess.ID,
-		ClusterID:     sess.ClusterID,
+		ClusterID:     clusterID,
 		SessionSecret: sess.Secret,
 		ExpiresAt:     sess.ExpiresAt.UTC().Truncate(1e9),
 		ClusterSecret: clusterSecret,

@@ -2,96 +2,180 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
-// flakyStore answers ErrUnavailable (a replica slow or restarting) while
-// down is set, like the hashring does for a session whose holder does not
-// answer.
+// flakyStore fails every call with err while it is set (the provider
+// cluster briefly unreachable: ErrUnavailable), and passes calls to the
+// store underneath otherwise. only, if set before use, limits the
+// failures to the named methods.
 type flakyStore struct {
 	sessions.Store
-	down atomic.Bool
+	only map[string]bool
+	fail atomic.Pointer[error]
 }
 
-func (f *flakyStore) err() error {
-	if f.down.Load() {
-		return fmt.Errorf("%w: the replica holding this session did not answer", sessions.ErrUnavailable)
+var _ sessions.Store = (*flakyStore)(nil)
+
+var errBriefly = fmt.Errorf("%w: the provider cluster did not answer", sessions.ErrUnavailable)
+
+func (f *flakyStore) down(err error) { f.fail.Store(&err) }
+func (f *flakyStore) up()            { f.fail.Store(nil) }
+
+func (f *flakyStore) err(method string) error {
+	if p := f.fail.Load(); p != nil && (f.only == nil || f.only[method]) {
+		return *p
 	}
 	return nil
 }
 
-func (f *flakyStore) Create(ctx context.Context, s sessions.Session) error {
-	if err := f.err(); err != nil {
+func (f *flakyStore) Outcome(ctx context.Context, id string) (sessions.Outcome, error) {
+	if err := f.err("Outcome"); err != nil {
+		return sessions.Outcome{}, err
+	}
+	return f.Store.Outcome(ctx, id)
+}
+
+func (f *flakyStore) Complete(ctx context.Context, id string, expires time.Time, response []byte) error {
+	if err := f.err("Complete"); err != nil {
 		return err
 	}
-	return f.Store.Create(ctx, s)
+	return f.Store.Complete(ctx, id, expires, response)
 }
 
-func (f *flakyStore) Get(ctx context.Context, id string) (sessions.Session, error) {
-	if err := f.err(); err != nil {
-		return sessions.Session{}, err
+func (f *flakyStore) Deny(ctx context.Context, id string, expires time.Time, reason string) error {
+	if err := f.err("Deny"); err != nil {
+		return err
 	}
-	return f.Store.Get(ctx, id)
+	return f.Store.Deny(ctx, id, expires, reason)
 }
 
-// Static and RecordPoll are what a poll asks the store (one hop on a
-// hashring): both fail while down.
-func (f *flakyStore) Static(ctx context.Context, id string) (sessions.Session, error) {
-	if err := f.err(); err != nil {
-		return sessions.Session{}, err
+func (f *flakyStore) Deliver(ctx context.Context, id string, expires time.Time) (time.Time, error) {
+	if err := f.err("Deliver"); err != nil {
+		return time.Time{}, err
 	}
-	return f.Store.Static(ctx, id)
+	return f.Store.Deliver(ctx, id, expires)
 }
 
-func (f *flakyStore) RecordPoll(ctx context.Context, id, nonce string, d time.Duration) (sessions.Session, error) {
-	if err := f.err(); err != nil {
-		return sessions.Session{}, err
+func (f *flakyStore) UseOnce(ctx context.Context, key string, expires time.Time) error {
+	if err := f.err("UseOnce"); err != nil {
+		return err
 	}
-	return f.Store.RecordPoll(ctx, id, nonce, d)
+	return f.Store.UseOnce(ctx, key, expires)
 }
 
-// A store that is briefly unavailable is 503 with Retry-After, logged as a
-// warning, for creating and for polling: never 410 (the session is not
-// lost), never an ERROR.
-func TestUnavailableStoreIs503(t *testing.T) {
-	e := newEnv(t, envOpts{ttl: time.Minute})
-	flaky := &flakyStore{Store: e.store}
-	logs := &procs.Buffer{}
-	h, err := New(Config{ClusterKey: e.key, ExternalURL: e.ext, PrettyName: "x", SessionTTL: time.Minute,
-		Store: flaky, Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: e.clock.Now})
-	if err != nil {
-		t.Fatal(err)
+func (f *flakyStore) AdmitPoll(ctx context.Context, id, nonce string, expires time.Time, minInterval time.Duration) error {
+	if err := f.err("AdmitPoll"); err != nil {
+		return err
 	}
-	record := func(method, target string) *httptest.ResponseRecorder {
-		r := httptest.NewRecorder()
-		h.ServeHTTP(r, httptest.NewRequest(method, target, nil))
-		return r
+	return f.Store.AdmitPoll(ctx, id, nonce, expires, minInterval)
+}
+
+func (f *flakyStore) Wait(ctx context.Context, id string) (sessions.Outcome, error) {
+	if err := f.err("Wait"); err != nil {
+		return sessions.Outcome{}, err
 	}
-	ps := e.createSession("")
-	flaky.down.Store(true)
-	for name, target := range map[string][2]string{
-		"poll":   {"GET", e.pollURL(ps)},
-		"create": {"POST", e.ext.String() + "/sessions"},
-	} {
-		r := record(target[0], target[1])
-		if r.Code != 503 || r.Header().Get("Retry-After") == "" || !strings.Contains(r.Body.String(), "temporarily_unavailable") {
-			t.Errorf("%s while the store is unavailable: %d %q %s", name, r.Code, r.Header().Get("Retry-After"), r.Body)
+	return f.Store.Wait(ctx, id)
+}
+
+func flakyEnv(t *testing.T, only ...string) (*env, *flakyStore) {
+	flaky := &flakyStore{}
+	if len(only) > 0 {
+		flaky.only = map[string]bool{}
+		for _, m := range only {
+			flaky.only[m] = true
 		}
 	}
-	if strings.Contains(logs.String(), `"level":"ERROR"`) {
-		t.Errorf("an unavailable store was logged as an error:\n%s", logs)
+	e := newEnv(t, envOpts{ttl: time.Minute, wrap: func(s sessions.Store) sessions.Store {
+		flaky.Store = s
+		return flaky
+	}})
+	return e, flaky
+}
+
+// A store that is briefly unavailable makes a poll 503 with Retry-After,
+// logged as a warning: never 410 (the session is not lost), never an
+// ERROR. Creating a session asks no store, so it goes on.
+func TestUnavailableStoreIs503(t *testing.T) {
+	e, flaky := flakyEnv(t)
+	ps := e.createSession("")
+	flaky.down(errBriefly)
+	resp := e.poll(ps)
+	wantError(t, resp, 503, "temporarily_unavailable")
+	if resp.Header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
 	}
-	flaky.down.Store(false)
-	if r := record("GET", e.pollURL(ps)); r.Code != 403 {
-		t.Errorf("poll once the store is back: %d, want 403 pending: %s", r.Code, r.Body)
+	// POST /sessions needs no store: 201 while it is down.
+	e.createSession("")
+	if strings.Contains(e.logs.String(), `"level":"ERROR"`) {
+		t.Errorf("an unavailable store was logged as an error:\n%s", e.logs)
+	}
+	e.wantMetrics(`kube_bind_backend_polls_total{outcome="unavailable"} 1`)
+	flaky.up()
+	e.clock.Advance(2 * time.Second)
+	wantError(t, e.poll(ps), 403, "authorization_pending")
+}
+
+// Each store call a poll makes answers 503 when it is unavailable; the
+// one that records the first delivery too, so that no response is handed
+// out whose delivery was not recorded.
+func TestUnavailableAtEachStepOfAPoll(t *testing.T) {
+	for _, method := range []string{"AdmitPoll", "Outcome", "Deliver"} {
+		t.Run(method, func(t *testing.T) {
+			e, flaky := flakyEnv(t, method)
+			ps := e.createSession("")
+			e.complete(ps.SessionID, []byte(`{"kind":"BindingResponse"}`))
+			flaky.down(errBriefly)
+			wantError(t, e.poll(ps), 503, "temporarily_unavailable")
+			if got := e.stored(); got[1] != 0 {
+				t.Errorf("a refused poll recorded a delivery: %v", got)
+			}
+			flaky.up()
+			e.clock.Advance(2 * time.Second)
+			if resp := e.poll(ps); resp.StatusCode != 200 {
+				t.Fatalf("poll once the store is back: %d %s", resp.StatusCode, readAll(t, resp))
+			}
+		})
+	}
+}
+
+// Another failure of the store is a 503 too (the client polls again),
+// but logged as an error: an operator must look at it.
+func TestFailingStoreIs503AndAnError(t *testing.T) {
+	e, flaky := flakyEnv(t)
+	ps := e.createSession("")
+	flaky.down(errors.New("the store broke"))
+	wantError(t, e.poll(ps), 503, "temporarily_unavailable")
+	if !strings.Contains(e.logs.String(), `"level":"ERROR"`) {
+		t.Errorf("a failing store was not logged as an error:\n%s", e.logs)
+	}
+}
+
+// While the store is unavailable, a long poll that asked to wait is
+// answered pending (its wait failed), not held and not 5xx.
+func TestUnavailableDuringLongPoll(t *testing.T) {
+	flaky := &flakyStore{only: map[string]bool{"Wait": true}}
+	e := newEnv(t, envOpts{longPoll: longpoll.New(longpoll.Options{MaxWait: 30 * time.Second, MaxHeld: 10}), wrap: func(s sessions.Store) sessions.Store {
+		flaky.Store = s
+		return flaky
+	}})
+	ps := e.createSession("")
+	flaky.down(errBriefly)
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest("GET", e.pollURL(ps), nil)
+	r.Header.Set("Prefer", "wait=20")
+	start := time.Now()
+	e.handler.ServeHTTP(w, r)
+	if w.Code != 403 || !strings.Contains(w.Body.String(), "authorization_pending") || time.Since(start) > 10*time.Second {
+		t.Fatalf("long poll while Wait fails: %d after %s: %s", w.Code, time.Since(start), w.Body)
 	}
 }

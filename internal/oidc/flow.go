@@ -40,7 +40,7 @@ func (a *Authenticator) Begin(w http.ResponseWriter, r *http.Request, flowState 
 		Exp:   now.Add(a.cfg.StateTTL).Unix(),
 		Data:  flowState,
 	}
-	state, err := signState(a.stateKey, payload)
+	state, err := signState(a.stateKeys[0], payload)
 	if err != nil {
 		return "", err
 	}
@@ -63,7 +63,7 @@ func (a *Authenticator) Begin(w http.ResponseWriter, r *http.Request, flowState 
 // ErrBrowserMismatch and ErrStateUsed.
 func (a *Authenticator) Finish(w http.ResponseWriter, r *http.Request) (Identity, []byte, error) {
 	q := r.URL.Query()
-	p, err := parseState(a.stateKey, q.Get("state"), a.cfg.Clock())
+	p, err := parseState(a.stateKeys, q.Get("state"), a.cfg.Clock())
 	if err != nil {
 		return Identity{}, nil, err
 	}
@@ -157,10 +157,12 @@ func (a *Authenticator) verifyIDToken(ctx context.Context, prov *gooidc.Provider
 	}
 	id := Identity{Issuer: idt.Issuer, Subject: idt.Subject}
 	_ = json.Unmarshal(claims["email"], &id.Email)
-	emailVerified := true
-	if v, ok := claims["email_verified"]; ok {
-		_ = json.Unmarshal(v, &emailVerified)
-	}
+	// The address counts as verified only when the provider says so with
+	// the JSON boolean true: absent, false, "true", 1 or null is not
+	// (OpenID Connect Core §5.1 makes email_verified a boolean; a
+	// provider that leaves it out has not verified the address).
+	var ev any
+	emailVerified := json.Unmarshal(claims["email_verified"], &ev) == nil && ev == true
 	// Groups come as a list, or from some providers as one string.
 	if g, ok := claims[a.cfg.GroupsClaim]; ok {
 		if json.Unmarshal(g, &id.Groups) != nil {
@@ -194,6 +196,15 @@ func (a *Authenticator) allowed(id Identity, emailVerified bool) bool {
 	return false
 }
 
+// HostCookiePrefix starts the name of every cookie the backend sets over
+// https. A browser accepts a cookie so named only with Secure, Path=/ and
+// no Domain, from the host itself: no other host of the domain (a sibling
+// or the parent) can set, shadow or overwrite it. Over plain http (local
+// development) browsers refuse such cookies, so the plain names are kept.
+const HostCookiePrefix = "__Host-"
+
+// cookie is the browser-binding cookie of login id. Path=/ and no Domain:
+// a __Host- cookie needs both (HostCookiePrefix).
 func (a *Authenticator) cookie(id, value string, maxAge int) *http.Cookie {
 	return &http.Cookie{
 		Name:     a.cfg.CookiePrefix + id,

@@ -33,6 +33,9 @@ type tokenIdP struct {
 
 	mu    sync.Mutex
 	codes map[string]string // code -> nonce
+	// extra claims go into every ID token issued, over the usual ones;
+	// a nil value removes a claim.
+	extra map[string]any
 }
 
 func newTokenIdP(t testing.TB) *tokenIdP {
@@ -66,21 +69,32 @@ func newTokenIdP(t testing.TB) *tokenIdP {
 			w.Write([]byte(`{"error":"invalid_grant"}`))
 			return
 		}
-		json.NewEncoder(w).Encode(map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 60, "id_token": p.idToken(t, nonce)})
+		p.mu.Lock()
+		extra := p.extra
+		p.mu.Unlock()
+		json.NewEncoder(w).Encode(map[string]any{"access_token": "at", "token_type": "Bearer", "expires_in": 60, "id_token": p.idToken(t, nonce, extra)})
 	})
 	p.srv = httptest.NewServer(mux)
 	t.Cleanup(p.srv.Close)
 	return p
 }
 
-func (p *tokenIdP) idToken(t testing.TB, nonce string) string {
+func (p *tokenIdP) idToken(t testing.TB, nonce string, extra map[string]any) string {
 	b64 := base64.RawURLEncoding.EncodeToString
 	header, _ := json.Marshal(map[string]string{"alg": "RS256", "kid": "k1", "typ": "JWT"})
 	now := time.Now()
-	claims, _ := json.Marshal(map[string]any{
+	c := map[string]any{
 		"iss": p.srv.URL, "sub": "alice", "aud": "backend", "nonce": nonce, "email": "alice@example.com",
 		"iat": now.Unix(), "exp": now.Add(time.Hour).Unix(),
-	})
+	}
+	for k, v := range extra {
+		if v == nil {
+			delete(c, k)
+		} else {
+			c[k] = v
+		}
+	}
+	claims, _ := json.Marshal(c)
 	signed := b64(header) + "." + b64(claims)
 	sum := sha256.Sum256([]byte(signed))
 	sig, err := rsa.SignPKCS1v15(rand.Reader, p.key, crypto.SHA256, sum[:])
@@ -166,7 +180,7 @@ func FuzzFinishCallbackQuery(f *testing.F) {
 		verifier := randomString(32)
 		p := statePayload{ID: randomString(16), Bind: bindingOf(verifier), Nonce: randomString(16), Exp: now.Add(time.Hour).Unix(), Data: []byte("flow-data")}
 		p.Data = append(p.Data, p.ID...)
-		state, err := signState(a.stateKey, p)
+		state, err := signState(a.stateKeys[0], p)
 		if err != nil {
 			t.Fatal(err)
 		}

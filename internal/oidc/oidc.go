@@ -38,27 +38,36 @@ type Config struct {
 	// GroupsClaim names the ID-token claim holding the groups; default "groups".
 	GroupsClaim string
 
-	// SigningKey signs the state (the backend's cookie signing key); at
-	// least 32 bytes. A key derived from it is used, never the key itself.
+	// SigningKey signs the state (the backend's current cookie signing
+	// key); at least 32 bytes. A key derived from it is used, never the
+	// key itself.
 	SigningKey []byte
-	// SecureCookies sets the Secure flag; set it when the external URL is https.
+	// PreviousSigningKeys (during a rotation) still verify the states
+	// they signed, so logins begun on a replica with the old key finish
+	// on one with the new key; at least 32 bytes each.
+	PreviousSigningKeys [][]byte
+	// SecureCookies sets the Secure flag and puts HostCookiePrefix in front
+	// of CookiePrefix; set it when the external URL is https.
 	SecureCookies bool
-	// CookiePrefix names the browser-binding cookies; default "kbp_oidc_".
+	// CookiePrefix names the browser-binding cookies; default "kbp_oidc_",
+	// "__Host-kbp_oidc_" with SecureCookies.
 	CookiePrefix string
 	// StateTTL is how long a user has at the identity provider; default 10m.
 	StateTTL time.Duration
 
 	// AllowedUsers and AllowedGroups restrict who may log in. When both are
 	// empty everybody the identity provider accepts may; otherwise a user
-	// must be listed in AllowedUsers (by subject, or by email unless the
-	// token says email_verified=false) or be in one of AllowedGroups.
+	// must be listed in AllowedUsers (by subject, or by e-mail address
+	// only when the ID token's email_verified is the boolean true) or be
+	// in one of AllowedGroups. Prefer subjects and groups: an address is
+	// only as good as the provider's verification of it.
 	AllowedUsers  []string
 	AllowedGroups []string
 
 	// UseOnce marks a state as used and fails if it was used before; it is
 	// given the flow state Begin was called with and a key unique to the
 	// flow. Wire it to a store shared by all replicas (e.g. the session
-	// store's UseNonce). When nil, an in-process set is used, which is
+	// store's UseOnce). When nil, an in-process set is used, which is
 	// enough for a single replica only.
 	UseOnce func(ctx context.Context, flowState []byte, key string) error
 
@@ -128,9 +137,11 @@ func (e *ProviderError) Error() string {
 
 // Authenticator runs logins. Safe for concurrent use.
 type Authenticator struct {
-	cfg      Config
-	stateKey []byte
-	log      *slog.Logger
+	cfg Config
+	// stateKeys are derived from the signing keys, the current first:
+	// it signs, and all of them verify.
+	stateKeys [][]byte
+	log       *slog.Logger
 
 	mu       sync.Mutex
 	provider *gooidc.Provider
@@ -160,6 +171,11 @@ func New(cfg Config) (*Authenticator, error) {
 	if len(cfg.SigningKey) < 32 {
 		return nil, errors.New("oidc: the signing key must be at least 32 bytes")
 	}
+	for i, k := range cfg.PreviousSigningKeys {
+		if len(k) < 32 {
+			return nil, fmt.Errorf("oidc: previous signing key %d must be at least 32 bytes", i+1)
+		}
+	}
 	if len(cfg.Scopes) == 0 {
 		cfg.Scopes = []string{gooidc.ScopeOpenID, "email", "profile", "groups"}
 	}
@@ -168,6 +184,10 @@ func New(cfg Config) (*Authenticator, error) {
 	}
 	if cfg.CookiePrefix == "" {
 		cfg.CookiePrefix = "kbp_oidc_"
+	}
+	if cfg.SecureCookies && !strings.HasPrefix(cfg.CookiePrefix, HostCookiePrefix) {
+		// Begin sets the cookie and Finish reads it under this one name.
+		cfg.CookiePrefix = HostCookiePrefix + cfg.CookiePrefix
 	}
 	if cfg.StateTTL <= 0 {
 		cfg.StateTTL = 10 * time.Minute
@@ -190,13 +210,17 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.UseOnce == nil {
 		cfg.UseOnce = newMemoryOnce(cfg.Clock, cfg.StateTTL, 100_000).use
 	}
-	m := hmac.New(sha256.New, cfg.SigningKey)
-	m.Write([]byte("kube-bind-backend oidc state key"))
+	var stateKeys [][]byte
+	for _, k := range append([][]byte{cfg.SigningKey}, cfg.PreviousSigningKeys...) {
+		m := hmac.New(sha256.New, k)
+		m.Write([]byte("kube-bind-backend oidc state key"))
+		stateKeys = append(stateKeys, m.Sum(nil))
+	}
 	return &Authenticator{
-		cfg:      cfg,
-		stateKey: m.Sum(nil),
-		log:      cfg.Logger,
-		lastErr:  errors.New("not tried yet"),
+		cfg:       cfg,
+		stateKeys: stateKeys,
+		log:       cfg.Logger,
+		lastErr:   errors.New("not tried yet"),
 	}, nil
 }
 

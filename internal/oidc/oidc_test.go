@@ -218,7 +218,7 @@ func TestLoginAgainstRealProvider(t *testing.T) {
 		enc, sig, _ := strings.Cut(state, ".")
 
 		// The attacker's own payload, signed with a key of their own.
-		p, err := parseState(e.auth.Load().stateKey, state, time.Now())
+		p, err := parseState(e.auth.Load().stateKeys, state, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -481,10 +481,66 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 	if _, err := New(short); err == nil {
 		t.Error("short signing key accepted")
 	}
+	shortPrevious := good
+	shortPrevious.PreviousSigningKeys = [][]byte{signingKey, []byte("short")}
+	if _, err := New(shortPrevious); err == nil || !strings.Contains(err.Error(), "previous signing key 2") {
+		t.Errorf("short previous signing key: %v", err)
+	}
 	noSecret := good
 	noSecret.ClientSecret = ""
 	if _, err := New(noSecret); err == nil || !strings.Contains(err.Error(), "ClientSecret") {
 		t.Errorf("missing secret: %v", err)
+	}
+}
+
+// A rotation of the signing key: a login begun on a replica with the old
+// key (its state signed with it) finishes on a replica that has the new
+// key and still the old one, not on one that has dropped the old key; a
+// state signed with the new key is refused where only the old one is
+// known.
+func TestSigningKeyRotation(t *testing.T) {
+	oldKey, newKey := signingKey, []byte("fedcba9876543210fedcba9876543210-new-key")
+	auth := func(current []byte, previous ...[]byte) *Authenticator {
+		t.Helper()
+		a, err := New(Config{IssuerURL: "https://idp", ClientID: "c", ClientSecret: "s", RedirectURL: "https://b/callback",
+			SigningKey: current, PreviousSigningKeys: previous})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	before, during, after := auth(oldKey), auth(newKey, oldKey), auth(newKey)
+	now := time.Now()
+	p := statePayload{ID: "id", Bind: bindingOf("cookie"), Nonce: "n", Exp: now.Add(time.Minute).Unix(), Data: []byte("flow")}
+	sign := func(a *Authenticator) string {
+		s, err := signState(a.stateKeys[0], p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	oldState, newState := sign(before), sign(during)
+	if newState != sign(after) || oldState == newState {
+		t.Fatal("states are not signed with the current key")
+	}
+	for _, c := range []struct {
+		name  string
+		a     *Authenticator
+		state string
+		ok    bool
+	}{
+		{"old state, [new, old]", during, oldState, true},
+		{"new state, [new, old]", during, newState, true},
+		{"old state, [new]", after, oldState, false},
+		{"new state, [old]", before, newState, false},
+	} {
+		got, err := parseState(c.a.stateKeys, c.state, now)
+		if c.ok && (err != nil || string(got.Data) != "flow") {
+			t.Errorf("%s: %+v, %v", c.name, got, err)
+		}
+		if !c.ok && !errors.Is(err, ErrInvalidState) {
+			t.Errorf("%s: %v, want ErrInvalidState", c.name, err)
+		}
 	}
 }
 

@@ -51,8 +51,11 @@ func stateMAC(key []byte, enc string) []byte {
 	return m.Sum(nil)
 }
 
-// parseState checks the state's signature and expiry and returns its payload.
-func parseState(key []byte, state string, now time.Time) (statePayload, error) {
+// parseState checks the state's signature, made with any of keys (the
+// current key and those of a rotation), and its expiry, and returns its
+// payload. Every key is tried, so the time taken does not tell which
+// one signed.
+func parseState(keys [][]byte, state string, now time.Time) (statePayload, error) {
 	var p statePayload
 	if state == "" || len(state) > maxStateLen {
 		return p, ErrInvalidState
@@ -64,7 +67,16 @@ func parseState(key []byte, state string, now time.Time) (statePayload, error) {
 	// The decoder skips \r and \n; insisting on the canonical encoding
 	// keeps one state from having several accepted spellings.
 	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil || base64.RawURLEncoding.EncodeToString(got) != sig || !hmac.Equal(got, stateMAC(key, enc)) {
+	if err != nil || base64.RawURLEncoding.EncodeToString(got) != sig {
+		return p, ErrInvalidState
+	}
+	signed := false
+	for _, key := range keys {
+		if hmac.Equal(got, stateMAC(key, enc)) {
+			signed = true
+		}
+	}
+	if !signed {
 		return p, ErrInvalidState
 	}
 	body, err := base64.RawURLEncoding.DecodeString(enc)

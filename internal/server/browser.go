@@ -4,7 +4,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/oidc"
@@ -23,7 +22,7 @@ type browserPart struct {
 // handler, the delivery marker and the provider-side controllers. Without
 // an identity provider configured it builds none of them: discovery,
 // sessions and polls still work, and /authorize answers 503.
-func (s *Server) newBrowser(reg *prometheus.Registry, key *clusterkey.Key) (browserPart, error) {
+func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 	cfg := s.cfg
 	if cfg.OIDCIssuerURL == "" || cfg.OIDCClientID == "" {
 		s.log.Warn("browser login disabled: --oidc-issuer-url and --oidc-issuer-client-id are not set; /authorize answers 503 until it is configured",
@@ -49,18 +48,22 @@ func (s *Server) newBrowser(reg *prometheus.Registry, key *clusterkey.Key) (brow
 	if err != nil {
 		return browserPart{}, err
 	}
+	if s.sessions, err = s.newSessionService(catalog, provisioner); err != nil {
+		return browserPart{}, err
+	}
 	login, err := oidc.New(oidc.Config{
-		IssuerURL:     cfg.OIDCIssuerURL,
-		ClientID:      cfg.OIDCClientID,
-		ClientSecret:  cfg.OIDCClientSecret,
-		RedirectURL:   cfg.callbackURL(s.ext),
-		SigningKey:    cfg.CookieSigningKey,
-		SecureCookies: s.ext.Scheme == "https",
-		AllowedUsers:  cfg.OIDCAllowedUsers,
-		AllowedGroups: cfg.OIDCAllowedGroups,
+		IssuerURL:           cfg.OIDCIssuerURL,
+		ClientID:            cfg.OIDCClientID,
+		ClientSecret:        cfg.OIDCClientSecret,
+		RedirectURL:         cfg.callbackURL(s.ext),
+		SigningKey:          currentKey(cfg.CookieSigningKeys),
+		PreviousSigningKeys: previousKeys(cfg.CookieSigningKeys),
+		SecureCookies:       s.ext.Scheme == "https",
+		AllowedUsers:        cfg.OIDCAllowedUsers,
+		AllowedGroups:       cfg.OIDCAllowedGroups,
 		// The login may take as long as the session it belongs to.
 		StateTTL: cfg.SessionTTL,
-		UseOnce:  browser.StateOnce(s.store),
+		UseOnce:  browser.StateOnce(s.sessions),
 		Logger:   s.log.With("component", "oidc"),
 	})
 	if err != nil {
@@ -72,14 +75,12 @@ func (s *Server) newBrowser(reg *prometheus.Registry, key *clusterkey.Key) (brow
 	handler, err := browser.New(browser.Config{
 		ExternalURL:       s.ext,
 		ProviderName:      cfg.PrettyName,
-		Store:             s.store,
-		SessionTTL:        cfg.SessionTTL,
+		Sessions:          s.sessions,
 		Login:             login,
 		Catalog:           catalog,
 		Provisioner:       provisioner,
-		ClusterKey:        key,
-		CookieHashKey:     cfg.CookieSigningKey,
-		CookieBlockKey:    cfg.CookieEncryptionKey,
+		CookieHashKeys:    cfg.CookieSigningKeys,
+		CookieBlockKeys:   cfg.CookieEncryptionKeys,
 		CallbackAllowList: cfg.CallbackAllowList,
 		Logger:            s.log.With("component", "browser"),
 		OnDelivered:       marker.Delivered,
@@ -95,4 +96,20 @@ func (s *Server) newBrowser(reg *prometheus.Registry, key *clusterkey.Key) (brow
 		loop{"oidc discovery", login.Run},
 		loop{"delivery marker", marker.Run})
 	return browserPart{handler: handler, checks: []health.Check{login, catalog}, onDelivered: marker.Delivered}, nil
+}
+
+// currentKey and previousKeys split a key list, the current key first,
+// into the current key and the previous ones (nil, nil for none).
+func currentKey(keys [][]byte) []byte {
+	if len(keys) == 0 {
+		return nil
+	}
+	return keys[0]
+}
+
+func previousKeys(keys [][]byte) [][]byte {
+	if len(keys) < 2 {
+		return nil
+	}
+	return keys[1:]
 }

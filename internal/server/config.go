@@ -27,21 +27,27 @@ type Config struct {
 	// The browser login: off unless OIDCIssuerURL and OIDCClientID are
 	// set (then discovery, sessions and polls still work, /authorize
 	// answers 503, and nothing runs against the provider cluster).
-	OIDCIssuerURL       string
-	OIDCClientID        string
-	OIDCClientSecret    string
-	OIDCCallbackURL     string // "" = <external URL>/callback
-	OIDCAllowedUsers    []string
-	OIDCAllowedGroups   []string
-	CookieSigningKey    []byte
-	CookieEncryptionKey []byte
+	OIDCIssuerURL     string
+	OIDCClientID      string
+	OIDCClientSecret  string
+	OIDCCallbackURL   string // "" = <external URL>/callback
+	OIDCAllowedUsers  []string
+	OIDCAllowedGroups []string
+	// CookieSigningKeys sign the login state and authenticate the login
+	// cookie (at least 32 bytes each); CookieEncryptionKeys encrypt the
+	// login cookie (16, 24 or 32 bytes each). The first of each list is
+	// current, the others (a rotation) are still accepted: a cookie made
+	// with any signing key and any encryption key listed opens. At least
+	// one of each when the browser login is on.
+	CookieSigningKeys    [][]byte
+	CookieEncryptionKeys [][]byte
 	// CallbackAllowList: URL prefixes a callback-flow u may start with
 	// (checked with browser.ParseCallbackAllowList).
 	CallbackAllowList []string
 
-	// ClusterSecretKey derives new cluster IDs and their cluster secrets
-	// (internal/clusterkey).
-	ClusterSecretKey []byte
+	// ClusterSecretKeys derive cluster secrets (internal/clusterkey): the
+	// first issues them, all prove them (a rotation). At least one.
+	ClusterSecretKeys [][]byte
 
 	// Consumer credentials (internal/credentials; checked with
 	// Policy.Validate).
@@ -62,10 +68,16 @@ type Config struct {
 	// longpoll.Options.Validate).
 	LongPoll longpoll.Options
 
-	SessionTTL         time.Duration
-	PollInterval       time.Duration
-	GracePeriod        time.Duration
-	MaxPendingSessions int
+	SessionTTL   time.Duration
+	PollInterval time.Duration
+	GracePeriod  time.Duration
+	// MaxPolledSessions bounds the sessions whose poll pace and nonces
+	// a replica remembers (sessions.Limits).
+	MaxPolledSessions int
+	// SessionKeys derive session IDs and secrets (internal/sessions/sessionkey):
+	// the first issues, all open. Empty: derived from the peer keys for the
+	// hashring, random for memory.
+	SessionKeys [][]byte
 	// MaxConnections and MaxConnsPerClient cap the public listener's
 	// connections (0: no cap).
 	MaxConnections    int
@@ -92,8 +104,8 @@ type Config struct {
 	GCDryRun             bool
 }
 
-// Session stores: one process (memory) or a hashring of replicas
-// (docs/sessions-hashring.md).
+// Session stores: one process (memory) or records in the provider cluster
+// read through a groupcache hashring of replicas (docs/sessions.md).
 const (
 	StoreMemory   = "memory"
 	StoreHashring = "hashring"
@@ -104,6 +116,8 @@ type StoreConfig struct {
 	Kind string // StoreMemory or StoreHashring
 
 	// The rest is for the hashring only.
+	// Namespace holds the session records (the backend's own).
+	Namespace         string
 	PeerListenAddress string
 	// PeerSelfURL is this replica's peer base URL as the others reach it.
 	PeerSelfURL string
@@ -114,12 +128,9 @@ type StoreConfig struct {
 	// EndpointSlices list the replicas; empty without discovery.
 	PeerServiceNamespace, PeerServiceName string
 	PeerPortName                          string
-	// PeerKey authenticates and encrypts peer traffic (at least
-	// hashring.MinKeyBytes). Never logged.
-	PeerKey []byte
-	// NoPeerStreams sends peer requests as HTTP messages only
-	// (hashring.Options.NoStreams).
-	NoPeerStreams bool
+	// PeerKeys authenticate peers over TLS (ring.Options.Keys): the first
+	// signs this replica's certificate, all are trusted. Never logged.
+	PeerKeys [][]byte
 }
 
 // ExternalURLFor returns the configured external URL, or one derived from

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/connlimit"
 	"github.com/kbprovider/backend/internal/health"
@@ -34,7 +35,8 @@ import (
 	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/servingcert"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/hashring"
+	"github.com/kbprovider/backend/internal/sessions/ring"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/version"
 )
 
@@ -48,14 +50,14 @@ type Server struct {
 	srv *http.Server
 
 	store sessions.Store
-	// closeStore releases the store (the hashring's or memory's janitor).
-	closeStore func()
-	// peers serves the hashring's peer API; nil for the memory store.
-	peers *hashring.PeerServer
-	// ring is the hashring store (nil for memory); join makes it a member
-	// of the ring once the peer API serves (Run).
-	ring *hashring.Store
-	join func(ctx context.Context)
+	keys  *sessionkey.Keys
+	// clusterKey derives cluster IDs and their secrets.
+	clusterKey *clusterkey.Key
+	// sessions is the one session service both handlers share.
+	sessions *bindservice.Service
+	// ring serves the hashring's peer API on peerLn (nil for memory).
+	ring   *ring.Store
+	peerLn net.Listener
 
 	// loops run until the servers stopped (Run's step 4): TLS reload,
 	// peer discovery, the login's discovery, the catalog, the delivery
@@ -89,7 +91,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, closeStore: func() {}}
+	s := &Server{cfg: cfg, log: cfg.Logger}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -121,32 +123,33 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if ring := s.ring; ring != nil {
+	if r := s.ring; r != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "hashring_replication_failures_total",
-			Help: "Session changes whose copy did not reach the session's backup replica before the owner answered.",
-		}, func() float64 { return float64(ring.ReplicationFailures()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "hashring_peer_messages_sent_total",
-				Help: "Sealed messages sent to other replicas; each carries a batch of requests.",
-			}, func() float64 { m, _ := ring.PeerMessages(); return float64(m) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "hashring_peer_requests_sent_total",
-				Help: "Requests sent to other replicas, in batches (divided by hashring_peer_messages_sent_total: the mean batch size).",
-			}, func() float64 { _, r := ring.PeerMessages(); return float64(r) }))
+			Name: "hashring_peer_fallbacks_total",
+			Help: "Requests to a session's owner that failed or timed out, answered by this replica instead.",
+		}, func() float64 { return float64(r.PeerFallbacks()) }))
 	}
-	key, err := clusterkey.New(cfg.ClusterSecretKey)
+	key, err := clusterkey.New(currentKey(cfg.ClusterSecretKeys), previousKeys(cfg.ClusterSecretKeys)...)
 	if err != nil {
 		return nil, err
 	}
+	s.clusterKey = key
 	// Readiness fails as soon as shutdown begins, so load balancers stop
 	// sending new requests while in-flight ones finish.
 	s.shuttingDown = health.NewStatus("shutdown", nil)
 	readiness := append([]health.Check{s.shuttingDown}, storeChecks...)
 
-	b, err := s.newBrowser(reg, key)
+	// The browser part builds the session service with the catalog and
+	// provisioner it binds with; without it, sessions are issued and
+	// polled but never bound here.
+	b, err := s.newBrowser(reg)
 	if err != nil {
 		return nil, err
+	}
+	if s.sessions == nil {
+		if s.sessions, err = s.newSessionService(nil, nil); err != nil {
+			return nil, err
+		}
 	}
 	readiness = append(readiness, b.checks...)
 	s.longPoll = longpoll.New(cfg.LongPoll)
@@ -154,14 +157,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		ExternalURL:  ext,
 		PrettyName:   cfg.PrettyName,
 		PollInterval: cfg.PollInterval,
-		SessionTTL:   cfg.SessionTTL,
-		Store:        s.store,
+		Sessions:     s.sessions,
 		Logger:       s.log,
 		Metrics:      reg,
 		Readiness:    readiness,
 		Browser:      b.handler,
 		OnDelivered:  b.onDelivered,
-		ClusterKey:   key,
 		LongPoll:     s.longPoll,
 	})
 	if err != nil {
@@ -181,6 +182,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		TLSConfig:   tlsConfig,
 	}
 	return s, nil
+}
+
+// newSessionService builds the one session service both handlers share.
+func (s *Server) newSessionService(catalog bindservice.Catalog, provisioner bindservice.Provisioner) (*bindservice.Service, error) {
+	return bindservice.New(bindservice.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey,
+		SessionTTL: s.cfg.SessionTTL, Grace: s.cfg.GracePeriod, Catalog: catalog, Provisioner: provisioner})
 }
 
 // Addr is the address the public API listens on.
@@ -218,25 +225,21 @@ func (s *Server) servingTLS() (*tls.Config, error) {
 	return r.TLSConfig(), nil
 }
 
-// Run serves until ctx ends or a server fails (for the hashring, it joins
-// the ring once the peer API serves), then shuts down in this order, each
+// Run serves until ctx ends or a server fails, then shuts down in this order, each
 // step after the one before finished:
 //
-//  1. stop accepting: readiness fails; for the hashring, this replica
-//     leaves the ring and hands every session it owns to its new owner
-//     (Store.Leave), while both servers still answer (requests for a
-//     session in transit are forwarded); held long polls are answered
+//  1. stop accepting: readiness fails; held long polls are answered
 //     (pending) and no new ones are held, and the public listener closes;
 //  2. drain: in-flight requests finish, for up to ShutdownTimeout (which
 //     also bounds the handover);
 //  3. stop the peer API (after its in-flight requests, within the same
 //     deadline): until the public server stopped, other replicas may still
-//     forward requests for the sessions this one owns;
+//     ask this one about the sessions it owns;
 //  4. stop the provider-side controllers and release the leader Lease, so
 //     another replica takes over at once;
-//  5. stop the background loops (TLS reload, discovery, the delivery
-//     marker, which records what the drained requests handed out);
-//  6. close the session store.
+//  5. stop the background loops (TLS reload, discovery, the session
+//     records' informer, the delivery marker, which records what the
+//     drained requests handed out).
 //
 // Every goroutine Run starts has ended when it returns. The error says
 // why a server failed or the drain did not finish in time.
@@ -269,23 +272,17 @@ func (s *Server) Run(ctx context.Context) error {
 			failed <- err
 		}
 	})
-	if s.peers != nil {
+	if s.ring != nil {
 		servers.Go(func() {
-			if err := s.peers.Serve(); err != nil {
+			if err := s.ring.Serve(s.peerLn); err != nil {
 				failed <- err
 			}
 		})
-		s.log.Info("serving the peer API", "component", "hashring", "address", s.peers.Addr().String(), "self", s.cfg.Store.PeerSelfURL,
-			"peers", s.store.(*hashring.Store).Peers(), "discovery", s.cfg.Store.PeerServiceName != "")
+		s.log.Info("serving the peer API", "component", "hashring", "address", s.peerLn.Addr().String(),
+			"self", s.cfg.Store.PeerSelfURL, "discovery", s.cfg.Store.PeerServiceName != "")
 	}
 	s.log.Info("serving", "version", version.Version, "address", s.ln.Addr().String(),
 		"external_url", s.ext.String(), "tls", withTLS)
-	var joining sync.WaitGroup
-	joinCtx, stopJoin := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopJoin()
-	if s.join != nil {
-		joining.Go(func() { s.join(joinCtx) })
-	}
 
 	var errs []error
 	select {
@@ -301,28 +298,16 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.cfg.ShutdownTimeout.String())
 	drain, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
-	stopJoin()
-	joining.Wait()
-	if s.ring != nil {
-		s.log.Info("leaving the session ring: handing sessions over", "component", "hashring")
-		if err := s.ring.Leave(drain); err != nil {
-			// Not fatal: what was not handed over is served by its backup
-			// copy once this replica is gone.
-			s.log.Warn("session handover incomplete", "component", "hashring", "error", err)
-		} else {
-			s.log.Info("left the session ring", "component", "hashring")
-		}
-	}
 	if err := s.srv.Shutdown(drain); err != nil {
 		s.log.Error("in-flight requests did not finish in time", "error", err)
 		s.srv.Close()
 		errs = append(errs, fmt.Errorf("draining requests: %w", err))
 	}
 	// 3.
-	if s.peers != nil {
-		if err := s.peers.Shutdown(drain); err != nil {
+	if s.ring != nil {
+		if err := s.ring.Shutdown(drain); err != nil {
 			s.log.Error("in-flight peer requests did not finish in time", "error", err)
-			s.peers.Close()
+			s.peerLn.Close()
 			errs = append(errs, fmt.Errorf("draining peer requests: %w", err))
 		}
 	}
@@ -333,8 +318,6 @@ func (s *Server) Run(ctx context.Context) error {
 	// 5.
 	stopLoops()
 	loops.Wait()
-	// 6.
-	s.closeStore()
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
@@ -347,8 +330,7 @@ func (s *Server) close() {
 	if s.ln != nil {
 		s.ln.Close()
 	}
-	if s.peers != nil {
-		s.peers.Close()
+	if s.peerLn != nil {
+		s.peerLn.Close()
 	}
-	s.closeStore()
 }

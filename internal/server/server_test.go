@@ -3,42 +3,55 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/longpoll"
-	"github.com/kbprovider/backend/internal/sessions/hashring"
 	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
-// Run serves the public API and, for the hashring, the peer API; when its
-// context ends it drains, stops both and returns nil, and nothing listens
-// any more.
+// Run serves the public API and, for the hashring, the peer API (TLS
+// with a certificate derived from the peer key) and the session records
+// of the provider cluster; when its context ends it drains, stops both
+// and returns nil, and nothing listens any more.
 func TestRunServesAndStops(t *testing.T) {
+	cp := controlplane.Get(t)
+	admin := controlplane.ConfigForUser(t, cp, "server-test-admin", "system:masters")
+	ensureNamespace(t, admin, "kube-bind")
 	peerAddr := "127.0.0.1:" + itoa(procs.FreePort(t))
 	logs := &procs.Buffer{}
 	cfg := Config{
-		ListenAddress:      "127.0.0.1:0",
-		Logger:             slog.New(slog.NewJSONHandler(logs, nil)),
-		ClusterSecretKey:   bytes.Repeat([]byte("k"), 32),
-		PrettyName:         "Test",
-		SessionTTL:         time.Minute,
-		PollInterval:       time.Second,
-		GracePeriod:        time.Minute,
-		MaxPendingSessions: 10,
-		ShutdownTimeout:    10 * time.Second,
-		Store: StoreConfig{Kind: StoreHashring, PeerListenAddress: peerAddr, PeerSelfURL: "http://" + peerAddr,
-			PeerKey: bytes.Repeat([]byte("p"), hashring.MinKeyBytes)},
+		ListenAddress:     "127.0.0.1:0",
+		Logger:            slog.New(slog.NewJSONHandler(logs, nil)),
+		ClusterSecretKeys: [][]byte{bytes.Repeat([]byte("k"), 32)},
+		PrettyName:        "Test",
+		SessionTTL:        time.Minute,
+		PollInterval:      time.Second,
+		GracePeriod:       time.Minute,
+		MaxPolledSessions: 10,
+		ShutdownTimeout:   10 * time.Second,
+		Kubeconfig:        controlplane.WriteKubeconfig(t, admin),
+		Store: StoreConfig{Kind: StoreHashring, Namespace: "kube-bind", PeerListenAddress: peerAddr, PeerSelfURL: "https://" + peerAddr,
+			PeerKeys: [][]byte{bytes.Repeat([]byte("p"), 32)}},
 	}
 	s, err := New(context.Background(), cfg)
 	if err != nil {
@@ -59,12 +72,20 @@ func TestRunServesAndStops(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	// The peer API answers on its own listener (a GET is refused).
-	resp, err := http.Get("http://" + peerAddr + hashring.PeerPath)
-	if err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
-		t.Fatalf("peer API: %v %v, want 405", resp, err)
+	// The peer API answers on its own listener, and only over TLS with a
+	// client certificate: a plain request or an anonymous TLS client is
+	// refused before any handler.
+	if resp, err := http.Get("http://" + peerAddr + "/"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("plain HTTP to the peer API: %d, want 400 (a TLS server)", resp.StatusCode)
+		}
 	}
-	resp.Body.Close()
+	anon := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	if resp, err := anon.Get("https://" + peerAddr + "/"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("an anonymous TLS client reached the peer API: %d", resp.StatusCode)
+	}
 	// A second backend cannot take the peer port: New fails and releases
 	// what it opened.
 	cfg.ListenAddress = "127.0.0.1:0"
@@ -95,7 +116,7 @@ func TestRunServesAndStops(t *testing.T) {
 // New fails, releasing the public listener, when a part cannot be built.
 func TestNewReleasesWhatItOpened(t *testing.T) {
 	addr := "127.0.0.1:" + itoa(procs.FreePort(t))
-	cfg := Config{ListenAddress: addr, ClusterSecretKey: []byte("too short"), MaxPendingSessions: 1}
+	cfg := Config{ListenAddress: addr, ClusterSecretKeys: [][]byte{[]byte("too short")}, MaxPolledSessions: 1}
 	if _, err := New(context.Background(), cfg); err == nil {
 		t.Fatal("New accepted a short cluster secret key")
 	}
@@ -113,17 +134,17 @@ func itoa(n int) string { return (&net.TCPAddr{Port: n}).String()[1:] }
 func TestShutdownReleasesLongPolls(t *testing.T) {
 	logs := &procs.Buffer{}
 	s, err := New(context.Background(), Config{
-		ListenAddress:      "127.0.0.1:0",
-		Logger:             slog.New(slog.NewJSONHandler(logs, nil)),
-		ClusterSecretKey:   bytes.Repeat([]byte("k"), 32),
-		PrettyName:         "Test",
-		SessionTTL:         time.Minute,
-		PollInterval:       time.Second,
-		GracePeriod:        time.Minute,
-		MaxPendingSessions: 10,
-		ShutdownTimeout:    time.Minute,
-		LongPoll:           longpoll.Options{MaxWait: 40 * time.Second, MaxHeld: 10},
-		Store:              StoreConfig{Kind: StoreMemory},
+		ListenAddress:     "127.0.0.1:0",
+		Logger:            slog.New(slog.NewJSONHandler(logs, nil)),
+		ClusterSecretKeys: [][]byte{bytes.Repeat([]byte("k"), 32)},
+		PrettyName:        "Test",
+		SessionTTL:        time.Minute,
+		PollInterval:      time.Second,
+		GracePeriod:       time.Minute,
+		MaxPolledSessions: 10,
+		ShutdownTimeout:   time.Minute,
+		LongPoll:          longpoll.Options{MaxWait: 40 * time.Second, MaxHeld: 10},
+		Store:             StoreConfig{Kind: StoreMemory},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -199,5 +220,16 @@ func TestShutdownReleasesLongPolls(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v\n%s", err, logs)
+	}
+}
+
+func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
+
+func ensureNamespace(t *testing.T, cfg *rest.Config, name string) {
+	t.Helper()
+	client := kubernetes.NewForConfigOrDie(cfg)
+	_, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
 	}
 }

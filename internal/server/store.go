@@ -2,7 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -10,95 +15,108 @@ import (
 
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/hashring"
-	"github.com/kbprovider/backend/internal/sessions/hashring/peerdiscovery"
+	"github.com/kbprovider/backend/internal/sessions/kube"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/ring"
+	"github.com/kbprovider/backend/internal/sessions/ring/peerdiscovery"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 )
 
 // discoveryRetry is the pause after peer discovery failed to sync.
 const discoveryRetry = 5 * time.Second
 
-// newSessionStore builds the configured store. For the hashring it also
-// listens on the peer address (so a port in use fails in New) and, with a
-// peer Service, adds the discovery loop. It returns the store's readiness
-// checks.
+// newSessionStore builds the configured store and the keys sessions are
+// derived with. For the hashring it also listens on the peer address (so a
+// port in use fails in New), and adds the record informer and, with a peer
+// Service, the discovery loop. It returns the store's readiness checks.
 func (s *Server) newSessionStore() ([]health.Check, error) {
-	limits := sessions.Limits{MaxSessions: s.cfg.MaxPendingSessions, Grace: s.cfg.GracePeriod}
+	limits := sessions.Limits{MaxPolledSessions: s.cfg.MaxPolledSessions, Grace: s.cfg.GracePeriod}
+	keys, err := s.sessionKeys()
+	if err != nil {
+		return nil, err
+	}
+	s.keys = keys
 	if s.cfg.Store.Kind != StoreHashring {
-		m := memory.New(limits, nil)
-		s.store, s.closeStore = m, m.Close
+		s.store = memory.New(limits, nil)
 		return nil, nil
 	}
 	sc := s.cfg.Store
-	log := s.log.With("component", "hashring")
-	ring, err := hashring.New(hashring.Options{
-		Self:      sc.PeerSelfURL,
-		Key:       sc.PeerKey,
-		Limits:    limits,
-		Logger:    log,
-		NoStreams: sc.NoPeerStreams,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.store, s.closeStore, s.ring = ring, ring.Close, ring
-	if s.peers, err = ring.ListenPeers(sc.PeerListenAddress, log); err != nil {
-		return nil, err
-	}
-	// Not ready until this replica joined the ring (Run joins once the
-	// peer API serves), nor once it leaves: a load balancer sends
-	// requests only to members.
-	member := health.CheckFunc("ring", func(context.Context) error { return ring.Ready() })
-
-	if sc.PeerServiceName == "" {
-		ring.SetPeers(sc.Peers)
-		if len(sc.Peers) == 0 {
-			log.Warn("hashring without --peers or --peer-service: this replica is alone in the ring")
-		}
-		s.join = func(ctx context.Context) { s.joinRing(ctx, ring, nil) }
-		return []health.Check{member}, nil
-	}
-
-	// Discovery: the ring is not ready until the EndpointSlices were read
-	// once; until then this replica would own every session alone.
-	status := health.NewStatus("peers", fmt.Errorf("none known yet: waiting for the EndpointSlices of Service %s/%s", sc.PeerServiceNamespace, sc.PeerServiceName))
 	rc, err := s.provider()
 	if err != nil {
-		return nil, fmt.Errorf("peer discovery: %w", err)
+		return nil, err
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("peer discovery: %w", err)
+		return nil, fmt.Errorf("session records: %w", err)
 	}
+	records, err := kube.New(kube.Options{Client: client, Namespace: sc.Namespace, Limits: limits,
+		Logger: s.log.With("component", "session-records")})
+	if err != nil {
+		return nil, err
+	}
+	s.loops = append(s.loops, loop{"session records", records.Run})
+	synced := health.CheckFunc("session-records", func(context.Context) error {
+		if !records.HasSynced() {
+			return errors.New("the session records are not read yet")
+		}
+		return nil
+	})
+
+	log := s.log.With("component", "hashring")
+	r, err := ring.New(ring.Options{Self: sc.PeerSelfURL, Keys: sc.PeerKeys, Inner: records, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	s.store, s.ring = r, r
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", sc.PeerListenAddress)
+	if err != nil {
+		return nil, fmt.Errorf("cannot listen on the peer address %s: %w", sc.PeerListenAddress, err)
+	}
+	s.peerLn = ln
+
+	if sc.PeerServiceName == "" {
+		r.SetPeers(sc.Peers)
+		if len(sc.Peers) == 0 {
+			log.Warn("hashring without --peers or --peer-service: this replica answers every session alone")
+		}
+		return []health.Check{synced}, nil
+	}
+	// Discovery: until the EndpointSlices were read once, this replica
+	// places every session on itself, which is safe (every replica reads
+	// the same records) and only costs the nonce check its owner.
+	r.SetPeers([]string{sc.PeerSelfURL})
 	opts := peerdiscovery.Options{Namespace: sc.PeerServiceNamespace, Service: sc.PeerServiceName, PortName: sc.PeerPortName}
-	listed := make(chan struct{})
 	var once sync.Once
 	set := func(peers []string) {
-		ring.SetPeers(peers)
-		status.Set(nil)
-		once.Do(func() { close(listed) })
+		r.SetPeers(peers)
+		once.Do(func() { log.Info("peers discovered", "peers", peers) })
 	}
 	s.loops = append(s.loops, loop{"peer discovery", func(ctx context.Context) {
 		peerdiscovery.Run(ctx, client, opts, set, discoveryRetry, log)
 	}})
-	s.join = func(ctx context.Context) { s.joinRing(ctx, ring, listed) }
-	return []health.Check{status, member}, nil
+	return []health.Check{synced}, nil
 }
 
-// joinRing joins the ring once the candidates are known (listed closed;
-// nil: at once). The peer API must serve by then: the members answer the
-// join by sending this replica requests.
-func (s *Server) joinRing(ctx context.Context, ring *hashring.Store, listed <-chan struct{}) {
-	if listed != nil {
-		select {
-		case <-listed:
-		case <-ctx.Done():
-			return
+// sessionKeys returns the keys sessions are derived with: the configured
+// ones; for the hashring without them, keys derived from the peer keys
+// (every replica shares those, and rotating them rotates both); for one
+// replica with memory, a random key (sessions end with the process anyway).
+func (s *Server) sessionKeys() (*sessionkey.Keys, error) {
+	keys := s.cfg.SessionKeys
+	if len(keys) == 0 && s.cfg.Store.Kind == StoreHashring {
+		for _, pk := range s.cfg.Store.PeerKeys {
+			k, err := hkdf.Key(sha256.New, pk, nil, "kube-bind session key", 32)
+			if err != nil {
+				return nil, err
+			}
+			keys = append(keys, k)
 		}
 	}
-	if err := ring.Join(ctx); err != nil {
-		s.log.Warn("did not join the session ring", "component", "hashring", "error", err)
-		return
+	if len(keys) == 0 {
+		k := make([]byte, 32)
+		rand.Read(k)
+		keys = [][]byte{k}
 	}
-	s.log.Info("joined the session ring", "component", "hashring", "members", ring.Members())
+	return sessionkey.New(keys[0], keys[1:]...)
 }

@@ -6,25 +6,32 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/testutil/pollbackend"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
 
 // These tests run the client against the backend's real router and real
-// in-memory store. Until the browser part exists, the test plays the user
-// by completing or denying the session through the Store, as the browser
-// part will.
+// in-memory store. The test plays the user in the browser by completing or
+// denying the session with pollbackend's Complete and Deny, which record
+// the outcome as a bind or a cancel in the browser does.
 
 func openSession(t *testing.T, b *pollbackend.Backend, clusterID string) *pollclient.Session {
 	t.Helper()
@@ -77,15 +84,18 @@ func TestEndToEndCompletedSession(t *testing.T) {
 		t.Run("prefix="+prefix, func(t *testing.T) {
 			b := pollbackend.Start(t, pollbackend.Options{Prefix: prefix})
 			s := openSession(t, b, "")
-			stored, err := b.Store.Get(context.Background(), s.ID)
+			opened, err := b.Sessions.Open(s.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if stored.ClusterID != s.ClusterID || !ids.IssuedClusterID(s.ClusterID) {
-				t.Errorf("cluster ID %q, store has %q", s.ClusterID, stored.ClusterID)
+			// No cluster ID was presented, so the ID carries none; the
+			// one issued is derived from the session ID.
+			issued, proven := b.Sessions.SettleCluster(opened, "")
+			if opened.ClusterID != "" || proven || s.ClusterID != issued || !ids.IssuedClusterID(s.ClusterID) {
+				t.Errorf("cluster ID %q, the backend issued %q (presented %q)", s.ClusterID, issued, opened.ClusterID)
 			}
-			if !s.ExpiresAt.Equal(stored.ExpiresAt.Truncate(time.Second)) {
-				t.Errorf("expiresAt %s, store has %s", s.ExpiresAt, stored.ExpiresAt)
+			if !s.ExpiresAt.Equal(opened.ExpiresAt) {
+				t.Errorf("expiresAt %s, the session ID says %s", s.ExpiresAt, opened.ExpiresAt)
 			}
 
 			// The authentication URL is signed for the backend's external
@@ -99,7 +109,7 @@ func TestEndToEndCompletedSession(t *testing.T) {
 				t.Errorf("authentication URL %s", authURL)
 			}
 			r, _ := hmac.RequestFromURL("GET", u, nil)
-			if !hmac.Verify(stored.Secret, r, u.Query().Get("h")) {
+			if !hmac.Verify(opened.Secret, r, u.Query().Get("h")) {
 				t.Errorf("authentication URL %s does not verify with the session's secret", authURL)
 			}
 
@@ -110,7 +120,7 @@ func TestEndToEndCompletedSession(t *testing.T) {
 				}
 			}
 			want := pollbackend.BindingResponse(t, s.ID, "kube-bind-e2e", "mangodbs.mangodb.com", "widgets.example.org")
-			if err := b.Store.Complete(context.Background(), s.ID, want); err != nil {
+			if err := b.Complete(s.ID, want); err != nil {
 				t.Fatal(err)
 			}
 			got := await(t, done)
@@ -141,7 +151,7 @@ func TestEndToEndGracePeriodThenGone(t *testing.T) {
 	b := pollbackend.Start(t, pollbackend.Options{Limits: sessions.Limits{Grace: grace}})
 	s := openSession(t, b, "")
 	want := pollbackend.BindingResponse(t, s.ID, "ns-grace", "mangodbs.mangodb.com")
-	if err := b.Store.Complete(context.Background(), s.ID, want); err != nil {
+	if err := b.Complete(s.ID, want); err != nil {
 		t.Fatal(err)
 	}
 	first, err := s.Wait(context.Background())
@@ -163,9 +173,6 @@ func TestEndToEndGracePeriodThenGone(t *testing.T) {
 	if !errors.Is(err, pollclient.ErrExpired) || !errors.As(err, &se) || se.StatusCode != http.StatusGone || se.Code != v1alpha1.ErrorExpiredToken {
 		t.Fatalf("poll after the grace period = %v, want 410 expired_token", err)
 	}
-	if _, err := b.Store.Get(context.Background(), s.ID); !errors.Is(err, sessions.ErrNotFound) {
-		t.Errorf("session still in the store after the grace period: %v", err)
-	}
 }
 
 func TestEndToEndDenied(t *testing.T) {
@@ -173,7 +180,7 @@ func TestEndToEndDenied(t *testing.T) {
 	s := openSession(t, b, "")
 	pending, done := waitAsync(context.Background(), s)
 	<-pending
-	if err := b.Store.Deny(context.Background(), s.ID, "alice is not in group binders"); err != nil {
+	if err := b.Deny(s.ID, "alice is not in group binders"); err != nil {
 		t.Fatal(err)
 	}
 	got := await(t, done)
@@ -241,7 +248,7 @@ func TestEndToEndSlowDown(t *testing.T) {
 		}()
 	}
 	time.Sleep(1500 * time.Millisecond)
-	if err := b.Store.Complete(context.Background(), s.ID, want); err != nil {
+	if err := b.Complete(s.ID, want); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ {
@@ -261,28 +268,82 @@ func TestEndToEndSlowDown(t *testing.T) {
 	}
 }
 
-// A full backend answers 503 with Retry-After; the client waits for it,
-// and gives up when its context ends.
-func TestEndToEndBackendFull(t *testing.T) {
-	b := pollbackend.Start(t, pollbackend.Options{Limits: sessions.Limits{MaxSessions: 1}})
-	c := pollclient.New(b.Server.Client())
-	p, err := c.Discover(context.Background(), b.ExportURL)
+// A session is derived, not stored, so creating one never fails for want
+// of room; what can fail is the store a poll asks for the outcome. Then the
+// real router answers 503 with Retry-After; the client waits for it, and
+// gives up when its context ends.
+func TestEndToEndStoreUnavailable(t *testing.T) {
+	store := &flakyStore{Store: memory.New(sessions.Limits{}, nil)}
+	store.down.Store(true)
+	exportURL, client := startRouter(t, store)
+	c := pollclient.New(client)
+	p, err := c.Discover(context.Background(), exportURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.CreateSession(context.Background(), p, ""); err != nil {
+	s, err := c.CreateSession(context.Background(), p, "")
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
+	var progress []pollclient.Progress
 	start := time.Now()
-	_, err = c.CreateSession(ctx, p, "")
+	_, err = s.Wait(ctx, pollclient.WithProgress(func(p pollclient.Progress) { progress = append(progress, p) }))
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("CreateSession on a full backend = %v, want to wait for Retry-After until the context ended", err)
+		t.Fatalf("Wait on an unavailable store = %v, want to wait for Retry-After until the context ended", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("CreateSession took %s after its context ended", d)
+		t.Errorf("Wait took %s after its context ended", d)
 	}
+	if len(progress) != 1 || progress[0].State != pollclient.StateRetrying ||
+		progress[0].StatusCode != http.StatusServiceUnavailable || progress[0].Wait < 5*time.Second {
+		t.Errorf("progress %+v, want one 503 followed by a wait of its Retry-After (5s)", progress)
+	}
+}
+
+// flakyStore fails every Outcome with sessions.ErrUnavailable while down.
+type flakyStore struct {
+	*memory.Store
+	down atomic.Bool
+}
+
+func (f *flakyStore) Outcome(ctx context.Context, id string) (sessions.Outcome, error) {
+	if f.down.Load() {
+		return sessions.Outcome{}, sessions.ErrUnavailable
+	}
+	return f.Store.Outcome(ctx, id)
+}
+
+// startRouter serves the backend's real router on store, for tests that
+// need a store pollbackend does not offer.
+func startRouter(t *testing.T, store sessions.Store) (exportURL string, client *http.Client) {
+	t.Helper()
+	clusterKey, err := clusterkey.New(bytes.Repeat([]byte("c"), clusterkey.MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := sessionkey.New(bytes.Repeat([]byte("s"), sessionkey.MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: clusterKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(nil)
+	ext, err := url.Parse("http://" + srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := httpapi.New(httpapi.Config{ExternalURL: ext, PrettyName: "Test Provider", PollInterval: 100 * time.Millisecond, Sessions: svc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Config.Handler = h
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return ext.String() + httpapi.PathExport, srv.Client()
 }
 
 // With long polling on, the client's first poll is held by the real
@@ -293,7 +354,7 @@ func TestEndToEndLongPoll(t *testing.T) {
 	pending, done := waitAsync(context.Background(), s)
 	time.Sleep(500 * time.Millisecond) // the first poll is held by now
 	start := time.Now()
-	if err := b.Store.Complete(context.Background(), s.ID, pollbackend.BindingResponse(t, s.ID, "kube-bind-abc")); err != nil {
+	if err := b.Complete(s.ID, pollbackend.BindingResponse(t, s.ID, "kube-bind-abc")); err != nil {
 		t.Fatal(err)
 	}
 	r := await(t, done)
@@ -309,8 +370,7 @@ func TestEndToEndLongPoll(t *testing.T) {
 	default:
 	}
 	t.Logf("the held poll answered %s after Complete", time.Since(start))
-	stored, err := b.Store.Get(context.Background(), s.ID)
-	if err != nil || stored.DeliveredAt.IsZero() {
-		t.Fatalf("the session after the held poll: %v, delivered %v", err, stored.DeliveredAt)
+	if outcomes, deliveries, _ := b.Store.Len(); outcomes != 1 || deliveries != 1 {
+		t.Fatalf("after the held poll the store holds %d outcomes and %d deliveries, want the one delivered response", outcomes, deliveries)
 	}
 }

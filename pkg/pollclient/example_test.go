@@ -1,6 +1,7 @@
 package pollclient_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,9 +10,12 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
@@ -72,25 +76,37 @@ func Example() {
 type exampleProvider struct {
 	exportURL string
 	store     *memory.Store
+	sessions  *bindservice.Service
 	srv       *httptest.Server
 }
 
 func startExampleProvider() *exampleProvider {
 	store := memory.New(sessions.DefaultLimits, nil)
+	keys, err := sessionkey.New(bytes.Repeat([]byte("s"), sessionkey.MinKeyLen))
+	if err != nil {
+		log.Fatal(err)
+	}
+	clusterKey, err := clusterkey.New(bytes.Repeat([]byte("c"), clusterkey.MinKeyLen))
+	if err != nil {
+		log.Fatal(err)
+	}
+	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: clusterKey})
+	if err != nil {
+		log.Fatal(err)
+	}
 	srv := httptest.NewUnstartedServer(nil)
 	ext, _ := url.Parse("http://" + srv.Listener.Addr().String())
-	h, err := httpapi.New(httpapi.Config{ExternalURL: ext, PrettyName: "Example Provider", PollInterval: 100 * time.Millisecond, Store: store})
+	h, err := httpapi.New(httpapi.Config{ExternalURL: ext, PrettyName: "Example Provider", PollInterval: 100 * time.Millisecond, Sessions: svc})
 	if err != nil {
 		log.Fatal(err)
 	}
 	srv.Config.Handler = h
 	srv.Start()
-	return &exampleProvider{exportURL: ext.String() + "/export", store: store, srv: srv}
+	return &exampleProvider{exportURL: ext.String() + "/export", store: store, sessions: svc, srv: srv}
 }
 
 func (e *exampleProvider) close() {
 	e.srv.Close()
-	e.store.Close()
 }
 
 // userBinds does what the browser part does when the user has picked the
@@ -122,7 +138,11 @@ current-context: provider
 		Kubeconfig:     kubeconfig,
 		Requests:       []json.RawMessage{req},
 	})
-	if err := e.store.Complete(context.Background(), sid, resp); err != nil {
+	sess, err := e.sessions.Open(sid)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := e.store.Complete(context.Background(), sid, sess.ExpiresAt, resp); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -188,13 +188,20 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{"", "create", "selfsubjectreviews.authentication.k8s.io", nil},
 		{releaseNS, "list", "endpointslices.discovery.k8s.io", nil},
 		{releaseNS, "watch", "endpointslices.discovery.k8s.io", nil},
+		// The session records: Secrets of its own namespace.
+		{releaseNS, "get", "secrets", nil},
+		{releaseNS, "list", "secrets", nil},
+		{releaseNS, "watch", "secrets", nil},
+		{releaseNS, "create", "secrets", nil},
+		{releaseNS, "delete", "secrets", nil},
 	})
 	// A sample of what it must never be able to do.
 	checkRequests(t, cp, false, []request{
 		{"", "*", "*", nil},
 		{"kube-system", "get", "secrets", nil},
 		{"", "list", "secrets", nil},
-		{releaseNS, "get", "secrets", nil},
+		{"", "watch", "secrets", nil},
+		{releaseNS, "update", "secrets", nil},
 		{"", "delete", "customresourcedefinitions.apiextensions.k8s.io", nil},
 		{"", "update", "customresourcedefinitions.apiextensions.k8s.io", nil},
 		{"", "update", "namespaces", nil},

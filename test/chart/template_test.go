@@ -142,10 +142,11 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 		t.Error("two renders without a previous release generated the same cookie key: not random")
 	}
 
-	// Peers: headless Service and EndpointSlice access in the namespace only.
+	// Peers: headless Service (a replica that is not ready leaves the
+	// ring), EndpointSlice and session-record access in the namespace only.
 	peers := objs.get(t, "Service", fullname+"-peers")
-	if field(t, peers, "spec", "clusterIP") != "None" || field(t, peers, "spec", "publishNotReadyAddresses") != true {
-		t.Errorf("peer Service spec %v: want headless, publishing not-ready addresses", field(t, peers, "spec"))
+	if field(t, peers, "spec", "clusterIP") != "None" || field(t, peers, "spec", "publishNotReadyAddresses") != false {
+		t.Errorf("peer Service spec %v: want headless, listing ready replicas only", field(t, peers, "spec"))
 	}
 	role := objs.get(t, "Role", fullname+"-peers")
 	if role.GetNamespace() != "bind-system" {
@@ -177,7 +178,7 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 // assertSafeRollout checks what makes helm upgrade and node drains lose no
 // session: a new pod is ready before an old one stops, a terminating pod
 // sleeps preStop seconds before SIGTERM (0: no hook), and the grace period
-// covers that sleep and the drain with room left for the handover.
+// covers that sleep and the drain.
 func assertSafeRollout(t *testing.T, objs objects, preStop, grace int64) {
 	t.Helper()
 	d := objs.get(t, "Deployment", fullname)
@@ -210,7 +211,7 @@ func assertSafeRollout(t *testing.T, objs objects, preStop, grace int64) {
 		t.Fatalf("--shutdown-timeout %q: %v", f["--shutdown-timeout"], err)
 	}
 	if left := time.Duration(grace)*time.Second - time.Duration(preStop)*time.Second - shutdown; left <= 0 {
-		t.Errorf("grace %ds, preStop %ds, shutdown timeout %s: no time left for the handover", grace, preStop, shutdown)
+		t.Errorf("grace %ds, preStop %ds, shutdown timeout %s: no time left for the drain", grace, preStop, shutdown)
 	}
 	// Readiness gates the rollout: maxUnavailable 0 waits for the new pod's
 	// /readyz, which the backend answers only once it joined the ring.

@@ -1,10 +1,35 @@
-// Package replicas runs several backend processes on loopback that share
-// sessions through the hashring (docs/sessions-hashring.md): any replica
-// answers any request, a dead replica's sessions go on at their backups,
-// a replica added later joins the ring and takes its sessions over, and a
-// rolling restart or a crash loses no session (TestRollingRestartAndCrash). The
-// provider cluster is a real control plane, the identity provider a real
-// OpenID Connect provider.
+// Package replicas runs several backend processes that share sessions with
+// --session-store=hashring (internal/sessions/ring over
+// internal/sessions/kube): outcomes, first deliveries and single-use marks
+// are Secrets in the provider cluster, a session's poll admission (nonces
+// and pace) is kept in memory by its owner on a groupcache ring of the
+// replicas, and an owner that does not answer within a second is skipped.
+//
+// The provider cluster is a real control plane (internal/testutil/
+// controlplane), the identity provider a real OpenID Connect provider
+// (internal/testutil/oidcprovider), and each replica a real process of
+// cmd/backend (internal/testutil/backendproc) on loopback, killed, frozen,
+// cut off or restarted as a crashed pod, a stopped node, a partition or a
+// rolling update would do it:
+//
+//   - any replica answers any request (TestAnyReplicaAnswers);
+//   - every replica killed at once after the binds loses nothing
+//     (TestAllReplicasKilledAfterBind);
+//   - a frozen owner, or one whose peer port drops packets, is skipped
+//     within seconds (TestFrozenReplica, TestDroppedPeerTraffic);
+//   - replicas that refuse each other's TLS keep what can be kept
+//     (TestReplicasRefuseEachOther);
+//   - a rolling restart that rotates the peer key loses no session
+//     (TestRollingRestartRotatesKey);
+//   - a delivered response is never served after its grace period, also
+//     after restarts (TestReplayAfterGrace);
+//   - a flood of session creations costs no memory and does not starve
+//     other clients (TestSessionFlood);
+//   - an API server restart is ridden out (TestAPIServerRestart), and a
+//     replica whose view of the records lags never answers 503
+//     (TestReplicaWithLaggingRecords);
+//   - a long poll held on one replica hears of a bind on another at once
+//     (TestLongPollLatency).
 package replicas
 
 import (
@@ -40,8 +65,7 @@ func prepareCluster(t *testing.T, cp *controlplane.ControlPlane) {
 	clusterOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		admin := cp.AdminConfig()
-		clusterErr = exampleapis.Prepare(ctx, admin, exampleapis.MangoDB)
+		clusterErr = exampleapis.Prepare(ctx, cp.AdminConfig(), exampleapis.MangoDB)
 	})
 	if clusterErr != nil {
 		t.Fatalf("preparing the control plane: %v", clusterErr)

@@ -125,7 +125,7 @@ what to set. Included by the Deployment so every render runs them.
 {{- end }}
 {{- $stop := addf (float64 $v.preStopSleepSeconds) (include "kbb.durationSeconds" $v.shutdownTimeout | float64) }}
 {{- if le (float64 $v.terminationGracePeriodSeconds) $stop }}
-{{- fail (printf "\n\nterminationGracePeriodSeconds=%d is too short: the pod would be killed before its sessions are handed over; it must exceed preStopSleepSeconds=%d plus shutdownTimeout=%s (%gs in all), which bounds the handover and the drain; raise terminationGracePeriodSeconds (default 60) or lower the others" (int $v.terminationGracePeriodSeconds) (int $v.preStopSleepSeconds) $v.shutdownTimeout $stop) }}
+{{- fail (printf "\n\nterminationGracePeriodSeconds=%d is too short: the pod would be killed before its in-flight requests finish; it must exceed preStopSleepSeconds=%d plus shutdownTimeout=%s (%gs in all), which bounds the drain; raise terminationGracePeriodSeconds (default 60) or lower the others" (int $v.terminationGracePeriodSeconds) (int $v.preStopSleepSeconds) $v.shutdownTimeout $stop) }}
 {{- end }}
 {{- if and $v.podDisruptionBudget.enabled (eq (int $v.replicaCount) 1) (hasKey $v.podDisruptionBudget "minAvailable") }}
 {{- if ge (int $v.podDisruptionBudget.minAvailable) 1 }}
@@ -174,7 +174,7 @@ Secrets are passed as files, never as flag values.
   (printf "--credential-overlap=%s" $v.credentials.overlap)
   (printf "--session-ttl=%s" $v.session.ttl)
   (printf "--poll-interval=%s" $v.session.pollInterval)
-  (printf "--max-pending-sessions=%d" (int $v.session.maxPending))
+  (printf "--max-polled-sessions=%d" (int $v.session.maxPolled))
   (printf "--max-connections=%d" (int $v.connections.max))
   (printf "--max-connections-per-client=%d" (int $v.connections.maxPerClient))
   (printf "--grace-period=%s" $v.session.gracePeriod)

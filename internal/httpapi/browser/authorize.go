@@ -7,13 +7,13 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 )
 
 // authorize is where the link the CLI printed lands. The poll flow's link
@@ -39,18 +39,17 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	sid, okS := single(q, hmac.ParamSession)
 	nonce, okN := single(q, hmac.ParamNonce)
 	sig, okH := single(q, hmac.ParamSignature)
-	if !okS || !okN || !okH || !ids.URLSafe(sid, 64) || !ids.URLSafe(nonce, 128) {
+	if !okS || !okN || !okH || !ids.URLSafe(sid, 128) || !ids.URLSafe(nonce, 128) {
 		h.page(w, http.StatusBadRequest, pageBadLink, "s, n and h must each appear once")
 		return
 	}
-	ctx := r.Context()
-	sess, err := h.cfg.Store.Get(ctx, sid)
-	if errors.Is(err, sessions.ErrNotFound) && !h.issuedID(sid) {
-		h.page(w, http.StatusNotFound, pageUnknownSession, "")
+	sess, err := h.svc.Open(sid)
+	switch {
+	case errors.Is(err, bindservice.ErrExpired):
+		h.page(w, http.StatusGone, pageExpired, "")
 		return
-	}
-	if err != nil {
-		h.storeFailed(w, err)
+	case err != nil || sess.Flow != sessionkey.FlowPoll:
+		h.page(w, http.StatusNotFound, pageUnknownSession, "")
 		return
 	}
 	signed := hmac.Request{
@@ -61,16 +60,20 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 		h.page(w, http.StatusUnauthorized, pageBadSignature, "")
 		return
 	}
+	ctx := r.Context()
 	if r.Method == http.MethodHead {
 		// A link preview or scanner: say what can be said without using
 		// the link (whether its nonce was spent cannot be asked without
 		// spending it).
-		if h.stillPending(w, sess) {
+		if h.stillPending(ctx, w, sess) {
 			linkLooksGood(w)
 		}
 		return
 	}
-	switch err := h.cfg.Store.UseNonce(ctx, sid, nonce); {
+	if !h.stillPending(ctx, w, sess) {
+		return
+	}
+	switch err := h.svc.UseLink(ctx, sess, nonce); {
 	case errors.Is(err, sessions.ErrNonceUsed):
 		h.page(w, http.StatusUnauthorized, pageLinkUsed, "")
 		return
@@ -78,11 +81,8 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 		h.storeFailed(w, err)
 		return
 	}
-	if !h.stillPending(w, sess) {
-		return
-	}
 	clusterID, kind := h.pollCluster(sess, q)
-	h.beginLogin(w, r, flowState(sess.ID, clusterID, kind))
+	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: kind}.encode())
 }
 
 func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q url.Values) {
@@ -105,20 +105,9 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		linkLooksGood(w)
 		return
 	}
-	sess, err := h.svc.CreateCallbackSession(r.Context(), clusterID, callback.String(), cliSession)
-	switch {
-	case errors.Is(err, bindservice.ErrBusy):
-		w.Header().Set("Retry-After", "30")
-		h.page(w, http.StatusServiceUnavailable, pageBusy, "")
-		return
-	case errors.Is(err, sessions.ErrUnavailable):
-		h.storeFailed(w, err)
-		return
-	case err != nil:
-		h.internalError(w, "creating a callback-flow session", err)
-		return
-	}
-	h.beginLogin(w, r, flowState(sess.ID, clusterID, clusterCallback))
+	sess := h.svc.CreateCallbackSession(callback.String(), cliSession)
+	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: clusterCallback,
+		CallbackURL: sess.CallbackURL, CLISessionID: cliSession}.encode())
 }
 
 // linkLooksGood answers a HEAD of a link that a GET would act on. HEAD
@@ -154,7 +143,7 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", strconv.Itoa(port)), Path: "/callback"}, ""
 	}
 	raw, ok := single(q, "u")
-	if !ok || len(raw) > 2048 {
+	if !ok || len(raw) > maxCallbackURL {
 		return nil, "u must be given once"
 	}
 	u, err := url.Parse(raw)
@@ -178,6 +167,10 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 	}
 	return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1])"
 }
+
+// maxCallbackURL bounds u: the callback URL travels in the login state
+// (at most 1 KiB with the rest of the flow).
+const maxCallbackURL = 512
 
 // parsePort accepts a TCP port written as released CLIs write it: 1 to 5
 // ASCII digits, no sign, no leading zero, 1 to 65535. strconv.Atoi alone
@@ -256,18 +249,6 @@ func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, state []byt
 		return
 	}
 	http.Redirect(w, r, target, http.StatusSeeOther)
-}
-
-// issuedID reports whether a session ID the store does not know looks
-// like one this backend issued: of the expiring shape, with an expiry no
-// later than a session made now would get. Its link is then answered as
-// expired (410) rather than unknown (404): the session ended, expired or
-// was lost with the replica that owned it (the hashring cannot tell a lost
-// session from one that never existed), and either way the user starts
-// over. The expiry is not authenticated; it only picks the words.
-func (h *Handler) issuedID(sid string) bool {
-	at, ok := ids.SessionIDExpiry(sid)
-	return ok && !at.After(h.cfg.Now().Add(h.cfg.SessionTTL+time.Minute))
 }
 
 // single returns the only value of key, and false when it is missing or

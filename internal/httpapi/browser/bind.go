@@ -28,16 +28,21 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		h.loginStateFailed(w, err)
 		return
 	}
-	sid, clusterID, kind, ok := parseFlowState(flow)
+	f, ok := parseFlow(flow)
 	if !ok {
 		// Only a login begun by an older version of the backend gets here.
 		h.loginStateFailed(w, errors.New("flow state of another format"))
 		return
 	}
+	sess, serr := h.session(f)
+	if serr != nil {
+		h.page(w, http.StatusGone, pageExpired, "")
+		return
+	}
 	if errors.Is(err, oidc.ErrIdPUnavailable) || errors.Is(err, oidc.ErrNotReady) {
 		// Transient: the session stays pending, and this browser, which
 		// just proved it started the login, may start it again.
-		h.log.Warn("login could not be finished: the identity provider is unavailable; the session stays pending", "session", sid, "error", err)
+		h.log.Warn("login could not be finished: the identity provider is unavailable; the session stays pending", "session", sess.ID, "error", err)
 		h.idpUnavailable(w, r, flow)
 		return
 	}
@@ -45,28 +50,22 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		// The state was genuine, so the session cannot go on (its link
 		// was used): end it, so that the CLI stops waiting and says why.
 		reason, status, kind := loginRefusal(err)
-		if derr := h.svc.Deny(ctx, sid, reason); derr != nil && !errors.Is(derr, sessions.ErrNotFound) {
-			h.log.Error("denying a session after a failed login", "session", sid, "error", derr)
+		if derr := h.svc.Deny(ctx, sess, reason); derr != nil {
+			h.log.Warn("denying a session after a failed login", "session", sess.ID, "error", derr)
 		}
-		h.log.Info("login refused", "session", sid, "reason", reason, "error", err)
+		h.log.Info("login refused", "session", sess.ID, "reason", reason, "error", err)
 		h.page(w, status, kind, reason)
 		return
 	}
-	sess, err := h.cfg.Store.Get(ctx, sid)
-	if err != nil {
-		h.storeFailed(w, err)
+	if !h.stillPending(ctx, w, sess) {
 		return
 	}
-	if !h.stillPending(w, sess) {
-		return
-	}
-	lc := loginCookie{SessionID: sid, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken(),
-		ClusterID: clusterID, ClusterKind: kind}
+	lc := loginCookie{Flow: f, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken()}
 	if err := h.setLoginCookie(w, lc); err != nil {
 		h.internalError(w, "setting the login cookie", err)
 		return
 	}
-	http.Redirect(w, r, h.path("/bind")+"?s="+url.QueryEscape(sid), http.StatusSeeOther)
+	http.Redirect(w, r, h.path("/bind")+"?s="+url.QueryEscape(sess.ID), http.StatusSeeOther)
 }
 
 // idpUnavailable answers a login the identity provider could not finish
@@ -109,7 +108,7 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	h.renderSelection(w, r, http.StatusOK, lc, sess, nil, "")
 }
 
-func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess sessions.Session, ticked map[string]bool, problem string) {
+func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess bindservice.Session, ticked map[string]bool, problem string) {
 	exported := h.cfg.Catalog.List()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
@@ -146,7 +145,7 @@ const noStatusWarning = "Its status is not synced back to your cluster (the prov
 // poll flow the confirmation code the client printed next to the link; in
 // the callback flow, where released CLIs print no code, the address on
 // the user's own machine that receives the result.
-func (h *Handler) origin(sess sessions.Session) web.Origin {
+func (h *Handler) origin(sess bindservice.Session) web.Origin {
 	if sess.CallbackURL != "" {
 		return web.Origin{CallbackURL: sess.CallbackURL}
 	}
@@ -155,11 +154,11 @@ func (h *Handler) origin(sess sessions.Session) web.Origin {
 
 // bindingInfo says whether the bind creates a binding or updates one.
 func (h *Handler) bindingInfo(ctx context.Context, lc loginCookie) web.BindingInfo {
-	info := web.BindingInfo{Replaced: lc.ClusterKind == clusterReplaced}
-	created, exists, err := h.cfg.Provisioner.Existing(ctx, binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}, lc.ClusterID)
+	info := web.BindingInfo{Replaced: lc.Flow.ClusterKind == clusterReplaced}
+	created, exists, err := h.cfg.Provisioner.Existing(ctx, binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}, lc.Flow.ClusterID)
 	switch {
 	case err != nil:
-		h.log.Warn("cannot tell whether the binding exists", "session", lc.SessionID, "error", err)
+		h.log.Warn("cannot tell whether the binding exists", "session", lc.Flow.SessionID, "error", err)
 		info.Unknown = true
 	case exists:
 		info.Existing, info.Since = true, created
@@ -194,7 +193,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	switch r.PostForm.Get(web.FieldAction) {
 	case web.ActionCancel:
-		if err := h.svc.Deny(ctx, sess.ID, "the user cancelled the binding"); err != nil {
+		if err := h.svc.Deny(ctx, sess, "the user cancelled the binding"); err != nil {
 			h.storeFailed(w, err)
 			return
 		}
@@ -222,7 +221,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	}
 
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
-	body, err := h.svc.Bind(ctx, sess, consumer, lc.ClusterID, resources)
+	body, err := h.svc.Bind(ctx, sess, consumer, lc.Flow.ClusterID, resources)
 	switch {
 	case err == nil:
 	case errors.As(err, &problem):
@@ -243,7 +242,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.clearLoginCookie(w)
-	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", lc.ClusterID, "clusterKind", string(lc.ClusterKind), "apis", strings.Join(names, ","))
+	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", lc.Flow.ClusterID, "clusterKind", string(lc.Flow.ClusterKind), "apis", strings.Join(names, ","))
 	if sess.CallbackURL != "" {
 		h.redirectToCLI(w, r, sess.CallbackURL, body)
 		if h.cfg.OnDelivered != nil {
@@ -296,14 +295,17 @@ func (h *Handler) sameOrigin(r *http.Request) bool {
 
 // stillPending renders the right page for a session that is not pending
 // any more and reports whether it is.
-func (h *Handler) stillPending(w http.ResponseWriter, sess sessions.Session) bool {
-	switch sess.State {
-	case sessions.StatePending:
+func (h *Handler) stillPending(ctx context.Context, w http.ResponseWriter, sess bindservice.Session) bool {
+	o, err := h.svc.Outcome(ctx, sess)
+	switch {
+	case err != nil:
+		h.storeFailed(w, err)
+	case o.State == sessions.StatePending:
 		return true
-	case sessions.StateCompleted:
+	case o.State == sessions.StateCompleted:
 		h.page(w, http.StatusConflict, pageAlreadyDone, "")
 	default:
-		h.page(w, http.StatusForbidden, pageDenied, sess.DenyReason)
+		h.page(w, http.StatusForbidden, pageDenied, o.DenyReason)
 	}
 	return false
 }

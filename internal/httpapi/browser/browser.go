@@ -22,15 +22,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorilla/securecookie"
-
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/oidc"
-	"github.com/kbprovider/backend/internal/sessions"
 )
 
 // Login is the identity provider login (implemented by *oidc.Authenticator).
@@ -60,18 +56,21 @@ type Config struct {
 	// from it.
 	ExternalURL  *url.URL
 	ProviderName string
-	Store        sessions.Store
-	// SessionTTL is the life of sessions the callback flow creates.
-	SessionTTL  time.Duration
+	// Sessions issues, checks and ends sessions (the same instance as
+	// httpapi.Config.Sessions). Required.
+	Sessions    *bindservice.Service
 	Login       Login
 	Catalog     Catalog
 	Provisioner Provisioner
-	// ClusterKey settles presented cluster IDs (the same key as
-	// httpapi.Config.ClusterKey). Required.
-	ClusterKey *clusterkey.Key
-	// CookieHashKey authenticates and CookieBlockKey (16, 24 or 32 bytes)
-	// encrypts the cookie that carries a logged-in user to the bind POST.
-	CookieHashKey, CookieBlockKey []byte
+	// CookieHashKeys authenticate (at least 32 bytes each) and
+	// CookieBlockKeys (16, 24 or 32 bytes each) encrypt the cookie that
+	// carries a logged-in user to the bind POST; at least one of each.
+	// The first of each list is current: a cookie is made with that pair.
+	// The others (during a rotation) are still accepted: a cookie made
+	// with any signing key and any encryption key of the lists decodes
+	// (every pair is tried), so the two lists may have different lengths
+	// and rotate independently.
+	CookieHashKeys, CookieBlockKeys [][]byte
 	// CallbackAllowList are URL prefixes (scheme://host[:port]/path) that
 	// a callback-flow u may start with besides http URLs on a loopback host.
 	CallbackAllowList []string
@@ -88,10 +87,12 @@ type Handler struct {
 	cfg       Config
 	svc       *bindservice.Service
 	log       *slog.Logger
-	cookies   *securecookie.SecureCookie
+	cookies   cookieCodecs
 	allowList []*url.URL
 	prefix    string
-	secure    bool
+	// loginCookie is the login cookie's name and path: a __Host- cookie
+	// when the external URL is https.
+	loginCookie loginCookieSpec
 }
 
 // New checks cfg and returns the handler.
@@ -99,18 +100,22 @@ func New(cfg Config) (*Handler, error) {
 	switch {
 	case cfg.ExternalURL == nil:
 		return nil, errors.New("browser: ExternalURL is required")
-	case cfg.Store == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil || cfg.ClusterKey == nil:
-		return nil, errors.New("browser: Store, Login, Catalog, Provisioner and ClusterKey are required")
-	case len(cfg.CookieHashKey) < 32:
-		return nil, errors.New("browser: the cookie signing key must have at least 32 bytes")
+	case cfg.Sessions == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil:
+		return nil, errors.New("browser: Sessions, Login, Catalog and Provisioner are required")
+	case len(cfg.CookieHashKeys) == 0 || len(cfg.CookieBlockKeys) == 0:
+		return nil, errors.New("browser: a cookie signing key and a cookie encryption key are required")
 	}
-	switch len(cfg.CookieBlockKey) {
-	case 16, 24, 32:
-	default:
-		return nil, errors.New("browser: the cookie encryption key must have 16, 24 or 32 bytes")
+	for i, k := range cfg.CookieHashKeys {
+		if len(k) < 32 {
+			return nil, fmt.Errorf("browser: cookie signing key %d must have at least 32 bytes", i+1)
+		}
 	}
-	if cfg.SessionTTL <= 0 {
-		cfg.SessionTTL = sessions.DefaultTTL
+	for i, k := range cfg.CookieBlockKeys {
+		switch len(k) {
+		case 16, 24, 32:
+		default:
+			return nil, fmt.Errorf("browser: cookie encryption key %d must have 16, 24 or 32 bytes", i+1)
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -122,24 +127,15 @@ func New(cfg Config) (*Handler, error) {
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("browser: callback allow-list: %w", errors.Join(errs...))
 	}
-	svc, err := bindservice.New(bindservice.Config{
-		Store: cfg.Store, ClusterKey: cfg.ClusterKey, SessionTTL: cfg.SessionTTL, Now: cfg.Now,
-		Catalog: cfg.Catalog, Provisioner: cfg.Provisioner,
-	})
-	if err != nil {
-		return nil, err
-	}
 	h := &Handler{
-		svc:       svc,
+		svc:       cfg.Sessions,
 		cfg:       cfg,
 		log:       cfg.Logger,
-		cookies:   securecookie.New(cfg.CookieHashKey, cfg.CookieBlockKey),
+		cookies:   newCookieCodecs(cfg.CookieHashKeys, cfg.CookieBlockKeys, int(cfg.Sessions.SessionTTL()/time.Second)),
 		allowList: allow,
 		prefix:    strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/"),
-		secure:    cfg.ExternalURL.Scheme == "https",
 	}
-	h.cookies.MaxAge(int(cfg.SessionTTL / time.Second))
-	h.cookies.SetSerializer(securecookie.JSONEncoder{})
+	h.loginCookie = newLoginCookieSpec(strings.EqualFold(cfg.ExternalURL.Scheme, "https"), h.path("/bind"))
 	return h, nil
 }
 

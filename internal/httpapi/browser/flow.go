@@ -2,10 +2,10 @@ package browser
 
 import (
 	"context"
+	"encoding/json"
 	"net/url"
-	"strings"
 
-	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
@@ -26,41 +26,56 @@ const (
 	clusterCallback clusterKind = "callback"
 )
 
-// flowState is what the login at the identity provider carries (signed,
-// readable, at most 1 KiB) from /authorize to /callback: the session ID,
-// the cluster ID the bind will use and how it was settled, separated by
-// spaces (none of the three ever contains one).
-func flowState(sid, clusterID string, kind clusterKind) []byte {
-	return []byte(sid + " " + clusterID + " " + string(kind))
+// flow is what the login at the identity provider carries (signed,
+// readable, at most 1 KiB) from /authorize to /callback, and the login
+// cookie from there to the bind: the session, the cluster ID the bind will
+// use and how it was settled, and the callback flow's destination.
+type flow struct {
+	SessionID   string      `json:"s"`
+	ClusterID   string      `json:"c"`
+	ClusterKind clusterKind `json:"ck"`
+	// CallbackURL and CLISessionID: the callback flow's only.
+	CallbackURL  string `json:"cb,omitempty"`
+	CLISessionID string `json:"cs,omitempty"`
 }
 
-// FlowSessionID returns the session ID of a flow state made by this
-// package, for callers that key per-session data on it (the single-use
-// record of login states).
-func FlowSessionID(state []byte) string {
-	sid, _, _ := strings.Cut(string(state), " ")
-	return sid
+func (f flow) encode() []byte {
+	b, _ := json.Marshal(f)
+	return b
+}
+
+func parseFlow(state []byte) (flow, bool) {
+	var f flow
+	if json.Unmarshal(state, &f) != nil || f.SessionID == "" || f.ClusterID == "" {
+		return flow{}, false
+	}
+	switch f.ClusterKind {
+	case clusterNew, clusterProven, clusterReplaced:
+		return f, f.CallbackURL == "" && f.CLISessionID == ""
+	case clusterCallback:
+		return f, f.CallbackURL != "" && f.CLISessionID != ""
+	}
+	return flow{}, false
+}
+
+// session opens the flow's session: the ID checked by its keys (never
+// trusted from the state alone), the callback fields from the flow.
+func (h *Handler) session(f flow) (bindservice.Session, error) {
+	sess, err := h.svc.Open(f.SessionID)
+	if err != nil {
+		return sess, err
+	}
+	sess.CallbackURL, sess.CallbackSessionID = f.CallbackURL, f.CLISessionID
+	return sess, nil
 }
 
 // StateOnce is the oidc.Config.UseOnce of the browser login: a login state
-// is single-use across replicas because the session store remembers it
-// like a nonce of the session its flow state belongs to.
-func StateOnce(store sessions.Store) func(ctx context.Context, flowState []byte, key string) error {
-	return func(ctx context.Context, flowState []byte, key string) error {
-		return store.UseNonce(ctx, FlowSessionID(flowState), "oidc-state:"+key)
+// is single-use across replicas and restarts because the session store
+// keeps it as a single-use mark.
+func StateOnce(svc *bindservice.Service) func(ctx context.Context, flowState []byte, key string) error {
+	return func(ctx context.Context, _ []byte, key string) error {
+		return svc.UseLoginState(ctx, key)
 	}
-}
-
-func parseFlowState(state []byte) (sid, clusterID string, kind clusterKind, ok bool) {
-	parts := strings.Split(string(state), " ")
-	if len(parts) != 3 || parts[0] == "" || parts[1] == "" {
-		return "", "", "", false
-	}
-	switch k := clusterKind(parts[2]); k {
-	case clusterNew, clusterProven, clusterReplaced, clusterCallback:
-		return parts[0], parts[1], k, true
-	}
-	return "", "", "", false
 }
 
 // pollCluster settles the cluster ID of a poll-flow session for the link
@@ -69,14 +84,16 @@ func parseFlowState(state []byte) (sid, clusterID string, kind clusterKind, ok b
 // (a proof from another session, or made without the secret, fails), and
 // is otherwise replaced by a new ID, so that a link made by someone else
 // can never reach an existing namespace.
-func (h *Handler) pollCluster(sess sessions.Session, q url.Values) (string, clusterKind) {
-	if h.cfg.ClusterKey.Issued(sess.ID, sess.ClusterID) {
-		return sess.ClusterID, clusterNew
-	}
-	if proof, ok := single(q, bindproof.ProofParam); ok && h.cfg.ClusterKey.Proven(sess.ID, sess.ClusterID, proof) {
-		return sess.ClusterID, clusterProven
+func (h *Handler) pollCluster(sess bindservice.Session, q url.Values) (string, clusterKind) {
+	proof, _ := single(q, bindproof.ProofParam)
+	id, proven := h.svc.SettleCluster(sess, proof)
+	switch {
+	case sess.ClusterID == "":
+		return id, clusterNew
+	case proven:
+		return id, clusterProven
 	}
 	h.log.Info("the link presents a cluster ID without a valid proof; the bind gets a new cluster ID",
 		"session", sess.ID, "presented", sess.ClusterID, "proof", q.Has(bindproof.ProofParam))
-	return h.cfg.ClusterKey.NewClusterID(sess.ID), clusterReplaced
+	return id, clusterReplaced
 }

@@ -4,32 +4,80 @@ import (
 	"testing"
 )
 
+// validFlows are flows /authorize makes: one of each cluster kind.
+var validFlows = []flow{
+	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterNew},
+	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterProven},
+	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterReplaced},
+	{SessionID: "sid-1", ClusterID: "aB3dE9", ClusterKind: clusterCallback, CallbackURL: "http://localhost:41234/callback", CLISessionID: "cli-1"},
+}
+
 func TestFlowStateRoundTrip(t *testing.T) {
-	for _, k := range []clusterKind{clusterNew, clusterProven, clusterReplaced, clusterCallback} {
-		state := flowState("sid-1", "cluster-1", k)
-		sid, cid, kind, ok := parseFlowState(state)
-		if !ok || sid != "sid-1" || cid != "cluster-1" || kind != k || FlowSessionID(state) != "sid-1" {
-			t.Errorf("%s: parsed %q %q %q %v", k, sid, cid, kind, ok)
+	for _, f := range validFlows {
+		got, ok := parseFlow(f.encode())
+		if !ok || got != f {
+			t.Errorf("%+v: parsed %+v %v", f, got, ok)
 		}
 	}
-	// A state of the previous format (the bare session ID) or another kind
-	// is refused, not guessed at.
-	for _, bad := range []string{"sid-1", "sid-1 cluster-1", "sid-1 cluster-1 other", " c new", "s  new", "s c new x"} {
-		if _, _, _, ok := parseFlowState([]byte(bad)); ok {
-			t.Errorf("%q accepted", bad)
+	// A state of a previous format (the bare session ID, or the words of
+	// the format before JSON), an incomplete one, another kind, or
+	// callback fields where they do not belong is refused, not guessed at.
+	for _, bad := range []string{
+		"sid-1", "sid-1 cluster-1 new", "", "null", "{}", "[]", `"sid-1"`,
+		`{"s":"sid-1","c":"cluster-1"}`,
+		`{"s":"sid-1","c":"cluster-1","ck":"other"}`,
+		`{"s":"","c":"cluster-1","ck":"new"}`,
+		`{"s":"sid-1","c":"","ck":"new"}`,
+		`{"s":"sid-1","c":"cluster-1","ck":"new","cb":"http://localhost:1/callback"}`,
+		`{"s":"sid-1","c":"cluster-1","ck":"proven","cs":"cli-1"}`,
+		`{"s":"sid-1","c":"aB3dE9","ck":"callback"}`,
+		`{"s":"sid-1","c":"aB3dE9","ck":"callback","cb":"http://localhost:1/callback"}`,
+		`{"s":"sid-1","c":"aB3dE9","ck":"callback","cs":"cli-1"}`,
+		`{"s":1,"c":"cluster-1","ck":"new"}`,
+		`{"s":"sid-1","c":"cluster-1","ck":"new"} trailing`,
+	} {
+		if f, ok := parseFlow([]byte(bad)); ok {
+			t.Errorf("%q accepted as %+v", bad, f)
 		}
 	}
 }
 
-// The flow state is signed by the backend, but its parser still must not
-// fail on anything: it only ever returns ok for what flowState makes.
+// FuzzParseFlowState: the flow state is signed by the backend (the login
+// state, the login cookie), but its parser still must not fail on
+// anything, and it accepts only complete flows: a session, a cluster ID,
+// a known kind, and the callback fields exactly for the callback kind;
+// what it accepts encodes to a state that parses to the same flow.
 func FuzzParseFlowState(f *testing.F) {
+	for _, fl := range validFlows {
+		f.Add(fl.encode())
+	}
 	f.Add([]byte("sid cluster new"))
 	f.Add([]byte("sid"))
+	f.Add([]byte(`{"s":"sid-1","c":"cluster-1","ck":"new","cb":"x"}`))
+	f.Add([]byte(`{"S":"sid-1","C":"cluster-1","CK":"new"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		sid, cid, kind, ok := parseFlowState(b)
-		if ok && string(flowState(sid, cid, kind)) != string(b) {
-			t.Fatalf("%q parsed to %q %q %q, which does not make it again", b, sid, cid, kind)
+		fl, ok := parseFlow(b)
+		if !ok {
+			return
+		}
+		if fl.SessionID == "" || fl.ClusterID == "" {
+			t.Fatalf("%q parsed to %+v, without a session or cluster", b, fl)
+		}
+		callbackFields := fl.CallbackURL != "" || fl.CLISessionID != ""
+		switch fl.ClusterKind {
+		case clusterNew, clusterProven, clusterReplaced:
+			if callbackFields {
+				t.Fatalf("%q parsed to a poll-flow %+v with callback fields", b, fl)
+			}
+		case clusterCallback:
+			if fl.CallbackURL == "" || fl.CLISessionID == "" {
+				t.Fatalf("%q parsed to a callback flow %+v without its callback", b, fl)
+			}
+		default:
+			t.Fatalf("%q parsed to kind %q", b, fl.ClusterKind)
+		}
+		if again, ok := parseFlow(fl.encode()); !ok || again != fl {
+			t.Fatalf("%q parsed to %+v, whose encoding parses to %+v %v", b, fl, again, ok)
 		}
 	})
 }

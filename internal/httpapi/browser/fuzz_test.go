@@ -19,12 +19,14 @@ import (
 	"github.com/gorilla/securecookie"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
@@ -143,38 +145,53 @@ func (e *fuzzEnv) serve(w http.ResponseWriter, r *http.Request) {
 type fuzzEnv struct {
 	h     *Handler
 	store *memory.Store
+	svc   *bindservice.Service
 	login *fakeLogin
 	prov  *recordingProvisioner
 	key   *clusterkey.Key
 }
 
+// fuzzStart is the fuzzed handler's time: it stands still, so that no
+// session expires during a long fuzzing run.
+var fuzzStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
 func newFuzzEnv(f *testing.F) *fuzzEnv {
 	f.Helper()
-	store := memory.New(sessions.Limits{MaxSessions: 1 << 20}, nil)
-	f.Cleanup(store.Close)
+	now := func() time.Time { return fuzzStart }
+	store := memory.New(sessions.Limits{}, now)
 	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
 	if err != nil {
 		f.Fatal(err)
 	}
 	e := &fuzzEnv{store: store, login: &fakeLogin{}, prov: &recordingProvisioner{}, key: key}
+	e.svc, err = bindservice.New(bindservice.Config{Store: store, Keys: testSessionKeys(f), ClusterKey: key,
+		SessionTTL: time.Hour, Now: now, Catalog: fuzzCatalog, Provisioner: e.prov})
+	if err != nil {
+		f.Fatal(err)
+	}
 	h, err := New(Config{
-		ClusterKey:        key,
 		ExternalURL:       &url.URL{Scheme: "https", Host: "bind.example.com"},
 		ProviderName:      "Fuzz provider",
-		Store:             store,
-		SessionTTL:        time.Hour,
+		Sessions:          e.svc,
 		Login:             e.login,
 		Catalog:           fuzzCatalog,
 		Provisioner:       e.prov,
-		CookieHashKey:     fuzzHashKey,
-		CookieBlockKey:    fuzzBlockKey,
+		CookieHashKeys:    [][]byte{fuzzHashKey},
+		CookieBlockKeys:   [][]byte{fuzzBlockKey},
 		CallbackAllowList: fuzzAllowList,
+		Now:               now,
 	})
 	if err != nil {
 		f.Fatal(err)
 	}
 	e.h = h
 	return e
+}
+
+// marks is how many single-use marks the store holds.
+func (e *fuzzEnv) marks() int {
+	_, _, m := e.store.Len()
+	return m
 }
 
 // browserTarget is where a browser really goes for u: the URL standard
@@ -293,31 +310,24 @@ func FuzzCallbackURL(f *testing.F) {
 	})
 }
 
-// FuzzAuthorizeQuery: GET or HEAD /authorize with any query. Never a 5xx
-// but the 503 of a full store; a HEAD changes nothing and starts no
-// login; a poll-flow link starts one only with the session's own
-// signature over this URL and an unused nonce (each nonce once), for the
-// session's issued cluster ID, a presented one only with its proof, and
-// otherwise a new one; a callback-flow link creates exactly one session,
-// whose callback is safe and whose IDs are valid, for the CLI's cluster
-// ID.
+// FuzzAuthorizeQuery: GET or HEAD /authorize with any query. Only 303,
+// 400, 401, 404 or 410 (and 200 for a good link's HEAD): never a 5xx, the
+// store being up; a HEAD changes nothing and starts no login; a poll-flow
+// link starts one only with the session's own signature over this URL and
+// an unused nonce (each nonce once, spending one mark), for the session's
+// issued cluster ID, a presented one only with its proof, and otherwise a
+// new one; a callback-flow link starts one for a new, pending session of
+// the callback flow (stored nowhere), whose callback is safe and whose IDs
+// are valid, for the CLI's cluster ID. A refusal spends nothing.
 func FuzzAuthorizeQuery(f *testing.F) {
 	e := newFuzzEnv(f)
-	now := time.Now()
 	// Poll sessions whose signed links the seeds hold: one with the
 	// cluster ID the backend issued, one that presented its own.
-	issued := sessions.Session{ID: "Zr7Q2mWbX9kLp3VtZr7Q2m", Secret: "c2VjcmV0LWZvci1mdXp6aW5nLTAwMDAwMDAwMDAwMDAwMDA", CreatedAt: now, ExpiresAt: now.Add(24 * time.Hour)}
-	issued.ClusterID = e.key.NewClusterID(issued.ID)
-	presented := sessions.Session{ID: "Pr3s3ntedClusterSess10n", ClusterID: "abcdefghijklmnopqrstuvwxyz", Secret: "c2Vjb25kLXNlY3JldC1mb3ItZnV6emluZy0wMDAwMDAwMDA", CreatedAt: now, ExpiresAt: now.Add(24 * time.Hour)}
-	polls := map[string]sessions.Session{issued.ID: issued, presented.ID: presented}
-	for _, ps := range polls {
-		if err := e.store.Create(context.Background(), ps); err != nil {
-			f.Fatal(err)
-		}
-	}
-	sign := func(ps sessions.Session, query string) string {
+	issued, _, _ := e.svc.CreatePollSession("")
+	presented, _, _ := e.svc.CreatePollSession("abcdefghijklmnopqrstuvwxyz")
+	sign := func(id, secret, query string) string {
 		u, _ := url.Parse("https://bind.example.com/authorize?" + query)
-		signed, err := hmac.SignURL(ps.Secret, ps.ID, http.MethodGet, u, nil)
+		signed, err := hmac.SignURL(secret, id, http.MethodGet, u, nil)
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -325,11 +335,24 @@ func FuzzAuthorizeQuery(f *testing.F) {
 	}
 	proof := bindproof.ProofParam + "=" + bindproof.ClusterProof(e.key.Secret(presented.ClusterID), presented.ID)
 	for _, head := range []bool{false, true} {
-		f.Add(sign(issued, ""), head)
-		f.Add(sign(presented, proof), head)
-		f.Add(sign(presented, ""), head)
-		f.Add(sign(presented, bindproof.ProofParam+"=AAAA"), head)
+		f.Add(sign(issued.ID, issued.Secret, ""), head)
+		f.Add(sign(presented.ID, presented.Secret, proof), head)
+		f.Add(sign(presented.ID, presented.Secret, ""), head)
+		f.Add(sign(presented.ID, presented.Secret, bindproof.ProofParam+"=AAAA"), head)
 		f.Add("p=43210&s=cli-session&c=aB3dE9", head)
+	}
+	// Links that are signed right but must not open: a session of the
+	// callback flow, an expired one, one of a key this backend does not
+	// have.
+	callback := e.svc.CreateCallbackSession("http://localhost:1/callback", "cli")
+	expired := testSessionKeys(f).Issue(sessionkey.FlowPoll, "", fuzzStart.Add(-time.Second))
+	otherKeys, err := sessionkey.New(bytes.Repeat([]byte("o"), sessionkey.MinKeyLen))
+	if err != nil {
+		f.Fatal(err)
+	}
+	foreign := otherKeys.Issue(sessionkey.FlowPoll, "", fuzzStart.Add(time.Hour))
+	for _, ks := range []sessionkey.Session{callback.Session, expired, foreign} {
+		f.Add(sign(ks.ID, ks.Secret, ""), false)
 	}
 	for _, s := range []string{
 		"", "s=a&n=b&h=c", "s=" + issued.ID + "&n=x&h=AAAA", "p=%2B41234&s=cli&c=aB3dE9",
@@ -343,7 +366,9 @@ func FuzzAuthorizeQuery(f *testing.F) {
 		used = map[string]bool{} // nonces that got a login started
 	)
 	f.Fuzz(func(t *testing.T, rawQuery string, head bool) {
-		before := e.store.Len()
+		mu.Lock()
+		defer mu.Unlock()
+		marks := e.marks()
 		method := http.MethodGet
 		if head {
 			method = http.MethodHead
@@ -353,14 +378,8 @@ func FuzzAuthorizeQuery(f *testing.F) {
 		w := httptest.NewRecorder()
 		e.serve(w, r)
 		began := e.login.take()
-		for _, state := range began {
-			if sid := FlowSessionID([]byte(state)); polls[sid].ID == "" {
-				defer e.store.Delete(context.Background(), sid)
-			}
-		}
 		switch w.Code {
-		case http.StatusSeeOther, http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound, http.StatusGone,
-			http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		case http.StatusSeeOther, http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound, http.StatusGone:
 		case http.StatusOK:
 			if !head {
 				t.Fatalf("query %q: GET answered 200", rawQuery)
@@ -373,16 +392,14 @@ func FuzzAuthorizeQuery(f *testing.F) {
 		}
 		q, perr := url.ParseQuery(rawQuery)
 		if w.Code != http.StatusSeeOther {
-			if e.store.Len() != before {
-				t.Fatalf("query %q: %s answered %d, but the store went from %d to %d sessions", rawQuery, method, w.Code, before, e.store.Len())
+			if e.marks() != marks {
+				t.Fatalf("query %q: %s answered %d, but spent a mark (%d -> %d)", rawQuery, method, w.Code, marks, e.marks())
 			}
 			if head && w.Code == http.StatusOK && (q.Has("h") || q.Has("n")) {
 				// A link preview's HEAD spends nothing: the user's GET of
 				// the same link still works (defect 2 of issue 13).
-				mu.Lock()
 				spent := used[q.Get("n")]
 				used[q.Get("n")] = true
-				mu.Unlock()
 				r := httptest.NewRequest(http.MethodGet, "https://bind.example.com/authorize", nil)
 				r.URL.RawQuery = rawQuery
 				w := httptest.NewRecorder()
@@ -399,36 +416,40 @@ func FuzzAuthorizeQuery(f *testing.F) {
 		if perr != nil {
 			t.Fatalf("query %q does not parse but started a login", rawQuery)
 		}
-		sid, clusterID, kind, ok := parseFlowState([]byte(began[0]))
+		fl, ok := parseFlow([]byte(began[0]))
 		if !ok {
 			t.Fatalf("query %q: flow state %q", rawQuery, began[0])
 		}
 		if q.Has("h") || q.Has("n") {
 			// Poll flow: only the session's own signature over this very
-			// URL opens it, and each nonce once.
-			ps := polls[sid]
+			// URL opens it, and each nonce once. (The session is opened
+			// with the keys, not looked up among the seeds' sessions: a
+			// fuzzing worker runs the seeds the coordinator made.)
+			ps, err := e.svc.Open(fl.SessionID)
 			req := hmac.Request{Scheme: "https", Host: "bind.example.com", Method: http.MethodGet, Path: "/authorize", Query: q}
-			if ps.ID == "" || q.Get("s") != sid || !hmac.Verify(ps.Secret, req, q.Get("h")) {
-				t.Fatalf("query %q: login started without a valid signature", rawQuery)
+			if err != nil || ps.Flow != sessionkey.FlowPoll || q.Get("s") != fl.SessionID || !hmac.Verify(ps.Secret, req, q.Get("h")) {
+				t.Fatalf("query %q: login started without a valid signature (%v)", rawQuery, err)
 			}
-			switch kind {
+			if e.marks() != marks+1 {
+				t.Fatalf("query %q: a login started, but the marks went %d -> %d, want the nonce spent", rawQuery, marks, e.marks())
+			}
+			switch fl.ClusterKind {
 			case clusterNew:
-				if ps.ID != issued.ID || clusterID != issued.ClusterID {
-					t.Fatalf("query %q: cluster %q counted as issued", rawQuery, clusterID)
+				if ps.ClusterID != "" || fl.ClusterID != clusterkey.NewClusterID(ps.ID) {
+					t.Fatalf("query %q: cluster %q counted as issued", rawQuery, fl.ClusterID)
 				}
 			case clusterProven:
-				if ps.ID != presented.ID || clusterID != presented.ClusterID || !e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
-					t.Fatalf("query %q: cluster %q counted as proven", rawQuery, clusterID)
+				if ps.ClusterID == "" || fl.ClusterID != ps.ClusterID || !e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
+					t.Fatalf("query %q: cluster %q counted as proven", rawQuery, fl.ClusterID)
 				}
 			case clusterReplaced:
-				if clusterID == ps.ClusterID || !e.key.Issued(ps.ID, clusterID) {
-					t.Fatalf("query %q: replaced by %q", rawQuery, clusterID)
+				if ps.ClusterID == "" || fl.ClusterID == ps.ClusterID || !clusterkey.Issued(ps.ID, fl.ClusterID) ||
+					e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
+					t.Fatalf("query %q: replaced by %q", rawQuery, fl.ClusterID)
 				}
 			default:
-				t.Fatalf("query %q: poll flow of kind %q", rawQuery, kind)
+				t.Fatalf("query %q: poll flow of kind %q", rawQuery, fl.ClusterKind)
 			}
-			mu.Lock()
-			defer mu.Unlock()
 			n := q.Get("n")
 			if used[n] {
 				t.Fatalf("query %q: nonce %q opened a login twice", rawQuery, n)
@@ -436,17 +457,24 @@ func FuzzAuthorizeQuery(f *testing.F) {
 			used[n] = true
 			return
 		}
-		created, err := e.store.Get(context.Background(), sid)
-		if err != nil {
-			t.Fatalf("query %q: login started for session %q that does not exist: %v", rawQuery, sid, err)
+		// Callback flow: a new session, derived, stored nowhere.
+		if e.marks() != marks {
+			t.Fatalf("query %q: a callback-flow login spent a mark", rawQuery)
 		}
-		if kind != clusterCallback || clusterID != q.Get("c") || !ids.ValidClusterID(clusterID) ||
-			!ids.URLSafe(created.CallbackSessionID, 64) || created.State != sessions.StatePending {
-			t.Fatalf("query %q: made session %+v, flow state %q", rawQuery, created, began[0])
+		sess, err := e.svc.Open(fl.SessionID)
+		if err != nil || sess.Flow != sessionkey.FlowCallback || fl.SessionID == q.Get("s") {
+			t.Fatalf("query %q: login started for session %q (flow %d, %v), not a new one of the callback flow", rawQuery, fl.SessionID, sess.Flow, err)
 		}
-		u, err := url.Parse(created.CallbackURL)
+		if o, err := e.store.Outcome(context.Background(), sess.ID); err != nil || o.State != sessions.StatePending {
+			t.Fatalf("query %q: new session %v, %v", rawQuery, o.State, err)
+		}
+		if fl.ClusterKind != clusterCallback || fl.ClusterID != q.Get("c") || !ids.ValidClusterID(fl.ClusterID) ||
+			!ids.URLSafe(fl.CLISessionID, 64) || fl.CLISessionID != q.Get("s") {
+			t.Fatalf("query %q: flow %+v", rawQuery, fl)
+		}
+		u, err := url.Parse(fl.CallbackURL)
 		if err != nil {
-			t.Fatalf("query %q: stored callback %q does not parse: %v", rawQuery, created.CallbackURL, err)
+			t.Fatalf("query %q: callback %q does not parse: %v", rawQuery, fl.CallbackURL, err)
 		}
 		wantSafeCallback(t, q, u)
 	})
@@ -458,7 +486,7 @@ func (e *fuzzEnv) cookie(t testing.TB, lc loginCookie) *http.Cookie {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &http.Cookie{Name: loginCookieName, Value: v}
+	return &http.Cookie{Name: e.h.loginCookie.name, Value: v}
 }
 
 // FuzzBindForm: POST /bind with any form body, cookie and origin, for a
@@ -466,8 +494,10 @@ func (e *fuzzEnv) cookie(t testing.TB, lc loginCookie) *http.Cookie {
 // for a genuine login of this session with its CSRF token, the bind
 // action, the confirmation and APIs that are all in the catalog, and then
 // with exactly those APIs and the login's cluster ID; a refused form
-// leaves the session pending; a bind hands the response over (the
-// callback redirect carries it, decodable).
+// leaves the session pending (denied only by a genuine cancel) and
+// redirects nowhere; a bind hands the response over: recorded as the
+// poll-flow session's outcome, or carried (decodable) by the callback
+// redirect of the callback flow, whose session the store never records.
 func FuzzBindForm(f *testing.F) {
 	e := newFuzzEnv(f)
 	for _, c := range []struct {
@@ -498,24 +528,18 @@ func FuzzBindForm(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string, cookieMode uint8, callbackFlow bool, origin string) {
 		ctx := context.Background()
-		now := time.Now()
-		sess := sessions.Session{
-			ID: ids.NewExpiringSessionID(now.Add(time.Hour)), ClusterID: ids.NewClusterID(), Secret: ids.NewSessionSecret(),
-			CreatedAt: now, ExpiresAt: now.Add(time.Hour),
-		}
+		var sess bindservice.Session
+		lc := loginCookie{Issuer: "https://idp.example.com", Subject: "alice", CSRF: newCSRFToken()}
 		if callbackFlow {
-			sess.CallbackURL, sess.CallbackSessionID = "http://127.0.0.1:5000/callback?x=1", "cli-session"
+			sess = e.svc.CreateCallbackSession("http://127.0.0.1:5000/callback?x=1", "cli-session")
+			lc.Flow = flow{SessionID: sess.ID, ClusterID: ids.NewClusterID(), ClusterKind: clusterCallback,
+				CallbackURL: sess.CallbackURL, CLISessionID: sess.CallbackSessionID}
+		} else {
+			var clusterID string
+			sess, clusterID, _ = e.svc.CreatePollSession("")
+			lc.Flow = flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: clusterNew}
 		}
-		if err := e.store.Create(ctx, sess); err != nil {
-			t.Fatal(err)
-		}
-		defer e.store.Delete(ctx, sess.ID)
-		csrf := newCSRFToken()
-		lc := loginCookie{SessionID: sess.ID, Issuer: "https://idp.example.com", Subject: "alice", CSRF: csrf,
-			ClusterID: e.key.NewClusterID(sess.ID), ClusterKind: clusterNew}
-		if callbackFlow {
-			lc.ClusterID, lc.ClusterKind = sess.ClusterID, clusterCallback
-		}
+		csrf := lc.CSRF
 		body = strings.NewReplacer("{s}", sess.ID, "{csrf}", csrf).Replace(body)
 
 		r := httptest.NewRequest(http.MethodPost, "https://bind.example.com/bind", strings.NewReader(body))
@@ -531,10 +555,11 @@ func FuzzBindForm(f *testing.F) {
 		case 1: // none
 		case 2:
 			other := lc
-			other.SessionID = ids.NewSessionID()
+			otherSess, _, _ := e.svc.CreatePollSession("")
+			other.Flow.SessionID = otherSess.ID
 			r.AddCookie(e.cookie(t, other))
 		case 3:
-			r.AddCookie(&http.Cookie{Name: loginCookieName, Value: base64.URLEncoding.EncodeToString([]byte(body))})
+			r.AddCookie(&http.Cookie{Name: e.h.loginCookie.name, Value: base64.URLEncoding.EncodeToString([]byte(body))})
 		}
 		w := httptest.NewRecorder()
 		e.serve(w, r)
@@ -542,9 +567,13 @@ func FuzzBindForm(f *testing.F) {
 		if w.Code >= 500 {
 			t.Fatalf("body %q: status %d", body, w.Code)
 		}
-		after, err := e.store.Get(ctx, sess.ID)
+		after, err := e.store.Outcome(ctx, sess.ID)
 		if err != nil {
-			t.Fatalf("session gone: %v", err)
+			t.Fatalf("outcome: %v", err)
+		}
+		if callbackFlow && after.State != sessions.StatePending {
+			// Its response goes to the CLI's callback, never to a poll.
+			t.Fatalf("body %q: callback-flow session %s in the store", body, after.State)
 		}
 
 		form, perr := url.ParseQuery(body)
@@ -561,8 +590,8 @@ func FuzzBindForm(f *testing.F) {
 			if complete && len(body) < maxFormBytes {
 				t.Fatalf("body %q: a complete, genuine form was not provisioned (status %d)", body, w.Code)
 			}
-			if w.Code == http.StatusOK && after.State == sessions.StateCompleted {
-				t.Fatalf("body %q: completed without provisioning", body)
+			if w.Code == http.StatusFound || w.Header().Get("Location") != "" {
+				t.Fatalf("body %q: redirected to %q without provisioning", body, w.Header().Get("Location"))
 			}
 			switch after.State {
 			case sessions.StatePending:
@@ -589,17 +618,17 @@ func FuzzBindForm(f *testing.F) {
 			}
 		}
 		c := calls[0]
-		if !slices.Equal(c.resources, want) || c.clusterID != lc.ClusterID || c.consumer != (binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}) {
-			t.Fatalf("body %q: provisioned %+v, want resources %v for cluster %s", body, c, want, lc.ClusterID)
-		}
-		if after.State != sessions.StateCompleted {
-			t.Fatalf("body %q: provisioned, but the session is %s", body, after.State)
-		}
-		var stored v1alpha1.BindingResponse
-		if err := json.Unmarshal(after.Response, &stored); err != nil || stored.Authentication.OAuth2CodeGrant == nil {
-			t.Fatalf("stored response %q: %v", after.Response, err)
+		if !slices.Equal(c.resources, want) || c.clusterID != lc.Flow.ClusterID || c.consumer != (binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}) {
+			t.Fatalf("body %q: provisioned %+v, want resources %v for cluster %s", body, c, want, lc.Flow.ClusterID)
 		}
 		if !callbackFlow {
+			if after.State != sessions.StateCompleted {
+				t.Fatalf("body %q: provisioned, but the session is %s", body, after.State)
+			}
+			var stored v1alpha1.BindingResponse
+			if err := json.Unmarshal(after.Response, &stored); err != nil || stored.Authentication.OAuth2CodeGrant == nil {
+				t.Fatalf("stored response %q: %v", after.Response, err)
+			}
 			if w.Code != http.StatusOK || stored.Authentication.OAuth2CodeGrant.SessionID != sess.ID {
 				t.Fatalf("poll flow: status %d, sid %q", w.Code, stored.Authentication.OAuth2CodeGrant.SessionID)
 			}
@@ -625,15 +654,16 @@ func FuzzBindForm(f *testing.F) {
 func FuzzLoginCookie(f *testing.F) {
 	e := newFuzzEnv(f)
 	minted := []loginCookie{
-		{SessionID: "Zr7Q2mWbX9kLp3VtZr7Q2m", Issuer: "https://idp.example.com", Subject: "alice", Email: "alice@example.com", CSRF: "csrf-1"},
-		{SessionID: "sid", Issuer: "i", Subject: "s", CSRF: "c"},
+		{Flow: flow{SessionID: "Zr7Q2mWbX9kLp3VtZr7Q2m", ClusterID: "aB3dE9", ClusterKind: clusterCallback, CallbackURL: "http://localhost:1/callback", CLISessionID: "cli"},
+			Issuer: "https://idp.example.com", Subject: "alice", Email: "alice@example.com", CSRF: "csrf-1"},
+		{Flow: flow{SessionID: "sid", ClusterID: "c", ClusterKind: clusterNew}, Issuer: "i", Subject: "s", CSRF: "c"},
 	}
 	for _, lc := range minted {
 		v, err := e.h.cookies.Encode(loginCookieName, lc)
 		if err != nil {
 			f.Fatal(err)
 		}
-		f.Add(v, lc.SessionID, lc.Issuer, lc.Subject, lc.Email, uint16(0))
+		f.Add(v, lc.Flow.SessionID, lc.Issuer, lc.Subject, lc.Email, uint16(0))
 		f.Add(v[:len(v)-1], "", "", "", "", uint16(7))
 	}
 	f.Add("", "s", "https://idp", "sub", "", uint16(1))
@@ -646,7 +676,7 @@ func FuzzLoginCookie(f *testing.F) {
 			t.Fatalf("value %q decoded to %+v, which the backend never encoded", value, got)
 		}
 
-		lc := loginCookie{SessionID: sid, Issuer: iss, Subject: sub, Email: email, CSRF: newCSRFToken()}
+		lc := loginCookie{Flow: flow{SessionID: sid, ClusterID: sub, ClusterKind: clusterReplaced}, Issuer: iss, Subject: sub, Email: email, CSRF: newCSRFToken()}
 		v, err := e.h.cookies.Encode(loginCookieName, lc)
 		if err != nil {
 			return // too long for a cookie: refused when setting it
@@ -657,7 +687,7 @@ func FuzzLoginCookie(f *testing.F) {
 		}
 		// JSON replaces invalid UTF-8; compare with what JSON makes of it.
 		want := lc
-		for _, s := range []*string{&want.SessionID, &want.Issuer, &want.Subject, &want.Email} {
+		for _, s := range []*string{&want.Flow.SessionID, &want.Flow.ClusterID, &want.Issuer, &want.Subject, &want.Email} {
 			b, _ := json.Marshal(*s)
 			_ = json.Unmarshal(b, s)
 		}

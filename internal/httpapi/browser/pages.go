@@ -19,7 +19,6 @@ const (
 	pageExpired
 	pageUnknownSession
 	pageBadCallback
-	pageBusy
 	pageIdPDown
 	pageLoginState
 	pageLoginExpired
@@ -46,7 +45,6 @@ var errorPages = map[pageKind]web.ErrorPage{
 	pageExpired:          {Title: "This link has expired", Message: "The binding session has ended or is not known here.", Hint: runAgain},
 	pageUnknownSession:   {Title: "This link is not known", Message: "No binding session with this link exists here. The link may be cut short or meant for another provider.", Hint: "Copy the whole link from your terminal, or " + lowerFirst(runAgain)},
 	pageBadCallback:      {Title: "This link cannot be used", Message: "The link asks to send the result somewhere this provider does not allow.", Hint: "Use a kube-bind command on your own computer. " + runAgain},
-	pageBusy:             {Title: "Too many bindings at once", Message: "The provider is handling too many bindings right now.", Hint: "Wait a minute, then run the bind command again."},
 	pageIdPDown:          {Title: "Sign-in is not available right now", Message: "The provider cannot reach its identity provider at the moment.", Hint: "Wait a minute, then run the bind command again."},
 	pageLoginState:       {Title: "This sign-in cannot be finished", Message: "The sign-in was not started in this browser, or it was already finished.", Hint: runAgain},
 	pageLoginExpired:     {Title: "The sign-in took too long", Message: "The sign-in at the identity provider expired.", Hint: runAgain},
@@ -60,7 +58,7 @@ var errorPages = map[pageKind]web.ErrorPage{
 	pageAlreadyDone:      {Title: "Already bound", Message: "This binding session is already complete.", Hint: "Go back to your terminal. To bind more APIs, run the bind command again."},
 	pageMethodNotAllowed: {Title: "Request not allowed here", Message: "This page does not take this kind of request.", Hint: "Start from the link your terminal printed."},
 	pageInternal:         {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
-	pageUnavailable:      {Title: "Please try again in a moment", Message: "The provider's server holding this binding session is busy or restarting. Your binding session is not lost.", Hint: "Reload this page in a few seconds."},
+	pageUnavailable:      {Title: "Please try again in a moment", Message: "The provider is briefly unable to reach its cluster. Your binding session is not lost.", Hint: "Reload this page in a few seconds."},
 }
 
 // page renders the error page of kind; detail, if any, replaces its
@@ -78,15 +76,11 @@ func (h *Handler) page(w http.ResponseWriter, status int, kind pageKind, detail 
 // a lookup, a nonce, or the Complete or Deny of a bind.
 func (h *Handler) storeFailed(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, sessions.ErrNotFound):
-		h.page(w, http.StatusGone, pageExpired, "")
-	case errors.Is(err, sessions.ErrTooManyNonces):
-		h.page(w, http.StatusTooManyRequests, pageLinkUsed, "")
 	case errors.Is(err, sessions.ErrNotPending):
 		h.page(w, http.StatusConflict, pageAlreadyDone, "")
 	case errors.Is(err, sessions.ErrUnavailable):
-		// Transient (a replica slow or restarting), not the end of the
-		// session: say so, and come back.
+		// Transient (the provider cluster briefly unreachable), not the
+		// end of the session: say so, and come back.
 		h.log.Warn("session store briefly unavailable", "error", err)
 		w.Header().Set("Retry-After", "5")
 		h.page(w, http.StatusServiceUnavailable, pageUnavailable, "")

@@ -1,6 +1,7 @@
 package browser
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,11 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/testutil/fakeclock"
 	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
@@ -71,37 +74,56 @@ func (l *scriptedIdP) Finish(_ http.ResponseWriter, r *http.Request) (oidc.Ident
 // refusalEnv is one handler with its store, clock, IdP and provisioner.
 type refusalEnv struct {
 	t     *testing.T
+	ext   *url.URL
 	h     *Handler
 	store *memory.Store
 	clock *fakeclock.Clock
 	prov  *recordingProvisioner
 	key   *clusterkey.Key
+	idp   *scriptedIdP
+}
+
+// testSessionKeys are the session keys of the package's handlers.
+func testSessionKeys(t testing.TB) *sessionkey.Keys {
+	keys, err := sessionkey.New(bytes.Repeat([]byte("s"), sessionkey.MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
 }
 
 const refusalTTL = 10 * time.Minute
 
 func newRefusalEnv(t *testing.T) *refusalEnv {
 	t.Helper()
+	return newRefusalEnvAt(t, &url.URL{Scheme: "https", Host: "bind.example.com"})
+}
+
+// newRefusalEnvAt is newRefusalEnv with the external URL ext.
+func newRefusalEnvAt(t *testing.T, ext *url.URL) *refusalEnv {
+	t.Helper()
 	clock := fakeclock.At(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	store := memory.New(sessions.Limits{}, clock.Now)
-	t.Cleanup(store.Close)
 	key, err := clusterkey.New([]byte(strings.Repeat("k", 32)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &refusalEnv{t: t, store: store, clock: clock, prov: &recordingProvisioner{}, key: key}
+	e := &refusalEnv{t: t, ext: ext, store: store, clock: clock, prov: &recordingProvisioner{}, key: key, idp: &scriptedIdP{pending: map[string][]byte{}}}
+	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: testSessionKeys(t), ClusterKey: key,
+		SessionTTL: refusalTTL, Now: clock.Now, Catalog: fuzzCatalog, Provisioner: e.prov})
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.h, err = New(Config{
-		ClusterKey:     key,
-		ExternalURL:    &url.URL{Scheme: "https", Host: "bind.example.com"},
-		ProviderName:   "Refusal provider",
-		Store:          store,
-		SessionTTL:     refusalTTL,
-		Login:          &scriptedIdP{pending: map[string][]byte{}},
-		Catalog:        fuzzCatalog,
-		Provisioner:    e.prov,
-		CookieHashKey:  fuzzHashKey,
-		CookieBlockKey: fuzzBlockKey,
-		Now:            clock.Now,
+		ExternalURL:     ext,
+		ProviderName:    "Refusal provider",
+		Sessions:        svc,
+		Login:           e.idp,
+		Catalog:         fuzzCatalog,
+		Provisioner:     e.prov,
+		CookieHashKeys:  [][]byte{fuzzHashKey},
+		CookieBlockKeys: [][]byte{fuzzBlockKey},
+		Now:             clock.Now,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -139,18 +161,33 @@ func (e *refusalEnv) do(method, target string, form url.Values, header http.Head
 
 // pollLink creates a poll-flow session (presenting clusterID, "" for a new
 // one) and returns it with its signed /authorize link carrying extra.
-func (e *refusalEnv) pollLink(clusterID string, extra url.Values) (sessions.Session, string) {
+func (e *refusalEnv) pollLink(clusterID string, extra url.Values) (bindservice.Session, string) {
 	e.t.Helper()
-	sess, _, err := e.h.svc.CreatePollSession(context.Background(), clusterID)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	u := &url.URL{Scheme: "https", Host: "bind.example.com", Path: "/authorize", RawQuery: extra.Encode()}
+	sess, _, _ := e.h.svc.CreatePollSession(clusterID)
+	u := &url.URL{Scheme: e.ext.Scheme, Host: e.ext.Host, Path: "/authorize", RawQuery: extra.Encode()}
 	signed, err := hmac.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return sess, signed.String()
+}
+
+// sign returns a fresh signed /authorize link of session sess.
+func (e *refusalEnv) sign(sess bindservice.Session, extra url.Values) string {
+	e.t.Helper()
+	u := &url.URL{Scheme: e.ext.Scheme, Host: e.ext.Host, Path: "/authorize", RawQuery: extra.Encode()}
+	signed, err := hmac.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return signed.String()
+}
+
+// marks is how many single-use marks (link nonces, login states) the
+// store holds.
+func (e *refusalEnv) marks() int {
+	_, _, m := e.store.Len()
+	return m
 }
 
 // loginState opens link and returns the state it sends the browser to
@@ -177,7 +214,7 @@ func (e *refusalEnv) login(link, user string) (*http.Cookie, url.Values) {
 	}
 	var cookie *http.Cookie
 	for _, c := range w.Result().Cookies() {
-		if c.Name == loginCookieName {
+		if c.Name == e.h.loginCookie.name {
 			cookie = c
 		}
 	}
@@ -189,7 +226,7 @@ func (e *refusalEnv) login(link, user string) (*http.Cookie, url.Values) {
 		e.t.Fatalf("selection page: %d, want 200 with the CSRF token:\n%s", page.Code, page.Body)
 	}
 	return cookie, url.Values{
-		"s":              {lc.SessionID},
+		"s":              {lc.Flow.SessionID},
 		web.FieldCSRF:    {lc.CSRF},
 		web.FieldAPI:     {"mangodbs.mangodb.com"},
 		web.FieldAction:  {web.ActionBind},
@@ -216,7 +253,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		name string
 		// run sends the refused request (after whatever leads up to it)
 		// and returns its answer and the session it is about.
-		run        func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session)
+		run        func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session)
 		wantStatus int
 		wantText   string
 		wantState  string // pending, denied, gone or completed
@@ -226,7 +263,7 @@ func TestRefusalsInProcess(t *testing.T) {
 	}{
 		{
 			name: "control: a good bind provisions once",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				return e.post(form, nil, c), s
@@ -235,7 +272,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "tampered signature",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				i := strings.Index(link, "&h=") + 3
 				b := []byte(link)
@@ -246,7 +283,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "reused nonce",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				e.loginState(link)
 				return e.do(http.MethodGet, link, nil, nil), s
@@ -255,7 +292,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "unknown session",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				u, _ := url.Parse(link)
 				q := u.Query()
@@ -267,7 +304,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "expired session",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				e.clock.Advance(refusalTTL + time.Second)
 				return e.do(http.MethodGet, link, nil, nil), s
@@ -275,8 +312,50 @@ func TestRefusalsInProcess(t *testing.T) {
 			wantStatus: http.StatusGone, wantText: "expired", wantState: gone,
 		},
 		{
+			// The pending check comes before the nonce: a link of a
+			// completed session says so, whether its nonce was spent
+			// (the link that was used) or not (a fresh one, which
+			// stays unspent).
+			name: "link of a completed session",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				if w := e.post(form, nil, c); w.Code != http.StatusOK {
+					e.t.Fatalf("bind: %d:\n%s", w.Code, w.Body)
+				}
+				marks := e.marks()
+				if w := e.do(http.MethodGet, e.sign(s, nil), nil, nil); w.Code != http.StatusConflict || e.marks() != marks {
+					e.t.Errorf("fresh link of a completed session: %d, marks %d -> %d; want 409 and nothing spent", w.Code, marks, e.marks())
+				}
+				return e.do(http.MethodGet, link, nil, nil), s
+			},
+			wantStatus: http.StatusConflict, wantText: "Already bound", wantState: done, wantProvisions: 1,
+		},
+		{
+			name: "link of a denied session",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+				s, link := e.pollLink("", nil)
+				state := e.loginState(link)
+				if w := e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "user": {"mallory"}}.Encode(), nil, nil); w.Code != http.StatusForbidden {
+					e.t.Fatalf("mallory's login: %d:\n%s", w.Code, w.Body)
+				}
+				return e.do(http.MethodGet, link, nil, nil), s
+			},
+			wantStatus: http.StatusForbidden, wantText: "Access denied", wantState: denied, wantReason: "may not bind",
+		},
+		{
+			name: "bind after the session expired",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+				s, link := e.pollLink("", nil)
+				c, form := e.login(link, "dave")
+				e.clock.Advance(refusalTTL)
+				return e.post(form, nil, c), s
+			},
+			wantStatus: http.StatusGone, wantText: "expired", wantState: gone,
+		},
+		{
 			name: "forged login state",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state + "x"}, "user": {"carol"}}.Encode(), nil, nil), s
@@ -285,7 +364,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "replayed login state",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				callback := "/callback?" + url.Values{"state": {state}, "user": {"carol"}}.Encode()
@@ -298,7 +377,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind without the CSRF token",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				form.Del(web.FieldCSRF)
@@ -308,7 +387,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind with a guessed CSRF token",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				form.Set(web.FieldCSRF, "guessed")
@@ -318,7 +397,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind marked cross-site",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				return e.post(form, http.Header{"Sec-Fetch-Site": {"cross-site"}}, c), s
@@ -327,7 +406,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind from a foreign origin",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				return e.post(form, http.Header{"Origin": {"http://evil.example.com"}}, c), s
@@ -336,7 +415,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind without the login cookie",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				_, form := e.login(link, "dave")
 				return e.post(form, nil, nil), s
@@ -345,7 +424,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind of another session than the login's",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				_, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				other, _ := e.pollLink("", nil)
@@ -356,7 +435,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "API that is not exported",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				form[web.FieldAPI] = []string{"mangodbs.mangodb.com", "secretthings.internal.example.com"}
@@ -366,7 +445,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind without the confirmation",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				form.Del(web.FieldConfirm)
@@ -376,7 +455,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind with a confirmation of another value",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				form.Set(web.FieldConfirm, "on")
@@ -386,7 +465,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "cancel",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				form.Set(web.FieldAction, web.ActionCancel)
@@ -396,7 +475,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind after cancel",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				cancel := url.Values{}
@@ -413,7 +492,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "user outside the allow-list",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "user": {"mallory"}}.Encode(), nil, nil), s
@@ -422,7 +501,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "user declines at the identity provider",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "error": {"access_denied"}}.Encode(), nil, nil), s
@@ -431,7 +510,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "HEAD of a signed link spends nothing",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				w := e.do(http.MethodHead, link, nil, nil)
 				if w.Header().Get("Location") != "" || w.Header().Get("Set-Cookie") != "" || w.Body.Len() != 0 {
@@ -448,7 +527,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "HEAD of a tampered link answers as its GET",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				return e.do(http.MethodHead, link[:len(link)-2]+"xx", nil, nil), s
 			},
@@ -456,7 +535,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "HEAD of the selection page",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, sessions.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
 				s, link := e.pollLink("", nil)
 				c, _ := e.login(link, "dave")
 				return e.do(http.MethodHead, "/bind?s="+url.QueryEscape(s.ID), nil, nil, c), s
@@ -478,12 +557,15 @@ func TestRefusalsInProcess(t *testing.T) {
 			if calls := e.prov.take(); len(calls) != c.wantProvisions {
 				t.Errorf("provisioned %d times, want %d: %+v", len(calls), c.wantProvisions, calls)
 			}
-			got, err := e.store.Get(context.Background(), s.ID)
+			_, openErr := e.h.svc.Open(s.ID)
+			got, err := e.store.Outcome(context.Background(), s.ID)
 			switch {
 			case c.wantState == gone:
-				if !errors.Is(err, sessions.ErrNotFound) {
-					t.Errorf("session: %v (%v), want it gone", got.State, err)
+				if !errors.Is(openErr, bindservice.ErrExpired) {
+					t.Errorf("session: %v (%v), want it expired", got.State, openErr)
 				}
+			case openErr != nil:
+				t.Errorf("session: %v, want it %s", openErr, c.wantState)
 			case err != nil:
 				t.Errorf("session: %v, want it %s", err, c.wantState)
 			case got.State.String() != c.wantState:
@@ -512,13 +594,58 @@ func TestCallbackFlowRefusalsInProcess(t *testing.T) {
 	if w := e.do(http.MethodHead, good, nil, nil); w.Code != http.StatusOK || w.Header().Get("Location") != "" {
 		t.Errorf("HEAD of a good callback link: %d, Location %q; want 200 and none", w.Code, w.Header().Get("Location"))
 	}
-	if n := e.store.Len(); n != 0 {
-		t.Errorf("%d sessions created, want none", n)
+	if n := e.loginsBegun(); n != 0 {
+		t.Errorf("%d logins begun, want none", n)
 	}
-	// The control: its GET creates the one session.
+	// The control: its GET begins the one login, for a session of the
+	// callback flow that is derived, not stored.
 	e.loginState(e.h.path(good))
-	if n := e.store.Len(); n != 1 {
-		t.Errorf("GET of a good callback link: %d sessions, want 1", n)
+	if n := e.loginsBegun(); n != 1 {
+		t.Errorf("GET of a good callback link: %d logins, want 1", n)
+	}
+	if o, d, m := e.store.Len(); o+d+m != 0 {
+		t.Errorf("a callback-flow link stored %d outcomes, %d deliveries, %d marks; want nothing", o, d, m)
+	}
+}
+
+func (e *refusalEnv) loginsBegun() int {
+	e.idp.mu.Lock()
+	defer e.idp.mu.Unlock()
+	return e.idp.n
+}
+
+// The callback flow's bind hands the response to the CLI's callback and
+// records nothing for a poll: the session stays pending in the store, and
+// nothing can poll it. Its cancel records nothing either.
+func TestCallbackFlowBindInProcess(t *testing.T) {
+	e := newRefusalEnv(t)
+	link := "/authorize?" + url.Values{"p": {"41234"}, "s": {"cliSession1"}, "c": {"Zx81Qp"}}.Encode()
+	c, form := e.login(link, "dave")
+	sess, err := e.h.svc.Open(form.Get("s"))
+	if err != nil || sess.Flow != sessionkey.FlowCallback {
+		t.Fatalf("session %q: flow %d, %v; want one of the callback flow", form.Get("s"), sess.Flow, err)
+	}
+	w := e.post(form, nil, c)
+	loc, err := url.Parse(w.Header().Get("Location"))
+	if w.Code != http.StatusFound || err != nil || loc.Host != "localhost:41234" || loc.Query().Get("response") == "" {
+		t.Fatalf("bind: %d to %q, want 302 to the CLI's callback with the response", w.Code, w.Header().Get("Location"))
+	}
+	if calls := e.prov.take(); len(calls) != 1 || calls[0].clusterID != "Zx81Qp" {
+		t.Fatalf("provisioned %+v, want once for the CLI's cluster ID", calls)
+	}
+	if o, _ := e.store.Outcome(context.Background(), sess.ID); o.State != sessions.StatePending {
+		t.Errorf("callback-flow session after the bind: %v, want nothing recorded", o.State)
+	}
+
+	link = "/authorize?" + url.Values{"p": {"41234"}, "s": {"cliSession2"}, "c": {"Zx81Qp"}}.Encode()
+	c, form = e.login(link, "dave")
+	form.Set(web.FieldAction, web.ActionCancel)
+	if w := e.post(form, nil, c); w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "cancelled") {
+		t.Fatalf("cancel: %d:\n%s", w.Code, w.Body)
+	}
+	// (The scripted identity provider keeps its own login states.)
+	if o, d, m := e.store.Len(); o+d+m != 0 {
+		t.Errorf("store after two callback-flow logins: %d outcomes, %d deliveries, %d marks; want nothing", o, d, m)
 	}
 }
 
@@ -563,17 +690,11 @@ func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 	}
 	t.Run("control: with the proof", func(t *testing.T) {
 		e := newRefusalEnv(t)
-		s, _, err := e.h.svc.CreatePollSession(context.Background(), victim)
-		if err != nil {
-			t.Fatal(err)
+		s, _, _ := e.h.svc.CreatePollSession(victim)
+		if s.ClusterID != victim {
+			t.Fatalf("session presents %q, want %q", s.ClusterID, victim)
 		}
-		u := &url.URL{Scheme: "https", Host: "bind.example.com", Path: "/authorize",
-			RawQuery: url.Values{bindproof.ProofParam: {proofFor(e, s.ID)}}.Encode()}
-		signed, err := hmac.SignURL(s.Secret, s.ID, http.MethodGet, u, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cookie, form := e.login(signed.String(), "alice")
+		cookie, form := e.login(e.sign(s, url.Values{bindproof.ProofParam: {proofFor(e, s.ID)}}), "alice")
 		if w := e.post(form, nil, cookie); w.Code != http.StatusOK {
 			t.Fatalf("bind: %d:\n%s", w.Code, w.Body)
 		}

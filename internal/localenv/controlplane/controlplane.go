@@ -26,8 +26,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -55,7 +57,8 @@ const (
 // ControlPlane is a running etcd, kube-apiserver and kube-controller-manager.
 // Its methods are safe for concurrent use.
 type ControlPlane struct {
-	dir             string // temp folder: certificates, kubeconfig, etcd data, logs
+	mu              sync.Mutex // guards procs against RestartAPIServer
+	dir             string     // temp folder: certificates, kubeconfig, etcd data, logs
 	binDir          string
 	host            string
 	ca              *authority
@@ -361,7 +364,10 @@ func (cp *ControlPlane) run(name string, args ...string) error {
 func (cp *ControlPlane) waitFor(ctx context.Context, what string, cond func(context.Context) (bool, error)) error {
 	var lastErr error
 	for {
-		for _, p := range cp.procs {
+		cp.mu.Lock()
+		procs := slices.Clone(cp.procs)
+		cp.mu.Unlock()
+		for _, p := range procs {
 			if p.exited() {
 				return fmt.Errorf("%s exited while waiting for %s: %v", p.name, what, p.waitErr)
 			}
@@ -402,9 +408,51 @@ func (cp *ControlPlane) failed(err error) error {
 
 // stop ends the servers in reverse order of start.
 func (cp *ControlPlane) stop() {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
 	for i := len(cp.procs) - 1; i >= 0; i-- {
 		cp.procs[i].stop(stopGrace)
 	}
+}
+
+// RestartAPIServer stops kube-apiserver (SIGTERM, as a rolling update of
+// a control plane does), waits down for down, starts it again with the
+// same flags on the same port (etcd keeps every object), and returns once
+// its /readyz answers ok.
+func (cp *ControlPlane) RestartAPIServer(ctx context.Context, down time.Duration) error {
+	cp.mu.Lock()
+	var old *process
+	i := slices.IndexFunc(cp.procs, func(p *process) bool { return p.name == "kube-apiserver" })
+	if i >= 0 {
+		old = cp.procs[i]
+	}
+	cp.mu.Unlock()
+	if old == nil {
+		return errors.New("controlplane: no kube-apiserver")
+	}
+	old.stop(stopGrace)
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p, err := startProcess(cp.dir, old.name, old.bin, old.args...)
+	if err != nil {
+		return err
+	}
+	cp.mu.Lock()
+	cp.procs[i] = p
+	cp.mu.Unlock()
+	admin, err := kubernetes.NewForConfig(cp.admin)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	return cp.waitFor(ctx, "kube-apiserver /readyz after a restart", func(ctx context.Context) (bool, error) {
+		_, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil, nil
+	})
 }
 
 // freePorts finds n distinct loopback ports free at this moment. Another

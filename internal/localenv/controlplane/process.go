@@ -13,6 +13,8 @@ import (
 // process is one server of the control plane, with its output in a log file.
 type process struct {
 	name    string
+	bin     string
+	args    []string
 	cmd     *exec.Cmd
 	logPath string
 	done    chan struct{} // closed when the process has exited
@@ -21,7 +23,8 @@ type process struct {
 
 func startProcess(logDir, name, bin string, args ...string) (*process, error) {
 	logPath := filepath.Join(logDir, name+".log")
-	logFile, err := os.Create(logPath)
+	// Appended to: a restarted server keeps its earlier log.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -33,7 +36,7 @@ func startProcess(logDir, name, bin string, args ...string) (*process, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p := &process{name: name, bin: bin, args: args, cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		logFile.Close()

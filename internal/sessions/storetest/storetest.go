@@ -2,9 +2,11 @@
 // unchanged: it pins down the behaviour that the Store interface's doc
 // comments describe, one subtest per rule.
 //
-// The store under test must take every time decision (expiry, poll
-// intervals, grace period, the time it records) from the Clock it is given,
-// so the suite can move time without sleeping.
+// The store under test must take every time decision (poll intervals, the
+// delivery time it records) from the Clock it is given, so the suite can
+// move time without sleeping. A store may show its own writes a moment
+// late (a store read through an informer does): the suite waits up to
+// ShowWithin for a write to show, never for a refusal.
 package storetest
 
 import (
@@ -27,12 +29,15 @@ type NewStoreFunc func(t *testing.T, limits sessions.Limits, clock *Clock) sessi
 // Start is the time every test's clock starts at.
 var Start = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 
-// TTL is the lifetime of the sessions the suite creates.
+// TTL is the lifetime of the sessions the suite uses.
 const TTL = 10 * time.Minute
+
+// ShowWithin is how long a store may take to show its own write.
+const ShowWithin = 10 * time.Second
 
 // testLimits are small limits, so that limits are reached quickly.
 var testLimits = sessions.Limits{
-	MaxSessions:         8,
+	MaxPolledSessions:   8,
 	MaxNoncesPerSession: 16,
 	MaxResponseBytes:    1024,
 	Grace:               60 * time.Second,
@@ -44,113 +49,92 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		name string
 		fn   func(*testing.T, *env)
 	}{
-		{"CreateGet", testCreateGet},
-		{"GetUnknown", testGetUnknown},
-		{"Static", testStatic},
-		{"StaticUnknown", testStaticUnknown},
-		{"StaticRecreated", testStaticRecreated},
-		{"CreateDuplicate", testCreateDuplicate},
-		{"Full", testFull},
-		{"FullRecoversAfterExpiry", testFullRecoversAfterExpiry},
-		{"FullRecoversAfterDelete", testFullRecoversAfterDelete},
-		{"FullRecoversAfterGrace", testFullRecoversAfterGrace},
-		{"NonceSingleUse", testNonceSingleUse},
-		{"NoncePerSession", testNoncePerSession},
-		{"NonceCap", testNonceCap},
-		{"UnknownSession", testUnknownSession},
-		{"PollRecordsTime", testPollRecordsTime},
-		{"PollTooSoon", testPollTooSoon},
-		{"TooSoonSpendsNothing", testTooSoonSpendsNothing},
-		{"PollZeroInterval", testPollZeroInterval},
+		{"UnknownIsPending", testUnknownIsPending},
 		{"Complete", testComplete},
 		{"CompleteCopiesResponse", testCompleteCopiesResponse},
 		{"Deny", testDeny},
+		{"OneOutcome", testOneOutcome},
 		{"ResponseTooLarge", testResponseTooLarge},
-		{"CompleteExtendsExpiry", testCompleteExtendsExpiry},
-		{"GracePeriod", testGracePeriod},
-		{"GraceShortensExpiry", testGraceShortensExpiry},
-		{"ExpiryAfterTTL", testExpiryAfterTTL},
-		{"RecreateAfterExpiry", testRecreateAfterExpiry},
-		{"Delete", testDelete},
+		{"DeliverRecordsFirst", testDeliverRecordsFirst},
+		{"DeliverPending", testDeliverPending},
+		{"UseOnce", testUseOnce},
+		{"NonceSingleUse", testNonceSingleUse},
+		{"NoncePerSession", testNoncePerSession},
+		{"NonceCap", testNonceCap},
+		{"PollTooSoon", testPollTooSoon},
+		{"TooSoonSpendsNothing", testTooSoonSpendsNothing},
+		{"PollZeroInterval", testPollZeroInterval},
+		{"PolledSessionsBounded", testPolledSessionsBounded},
+		{"ConcurrentOutcome", testConcurrentOutcome},
+		{"ConcurrentUseOnce", testConcurrentUseOnce},
 		{"ConcurrentNonce", testConcurrentNonce},
-		{"ConcurrentPoll", testConcurrentPoll},
-		{"ConcurrentComplete", testConcurrentCompleteDeny},
-		{"ConcurrentCreate", testConcurrentCreate},
-		{"ConcurrentCreateSameID", testConcurrentCreateSameID},
-		{"WaitUnknown", testWaitUnknown},
 		{"WaitComplete", testWaitComplete},
 		{"WaitDeny", testWaitDeny},
 		{"WaitEndsWithContext", testWaitEndsWithContext},
 		{"WaitFinalAtOnce", testWaitFinalAtOnce},
-		{"WaitDelete", testWaitDelete},
-		{"WaitDeleteCreateAgain", testWaitDeleteCreateAgain},
 		{"WaitMany", testWaitMany},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := NewClock(Start)
-			e := &env{t: t, clock: clock, limits: testLimits, ctx: context.Background()}
-			e.newStore = func(l sessions.Limits) sessions.Store { return newStore(t, l, clock) }
-			e.store = e.newStore(testLimits)
+			e := &env{t: t, clock: clock, ctx: context.Background()}
+			e.store = newStore(t, testLimits, clock)
 			tc.fn(t, e)
 		})
 	}
 }
 
 type env struct {
-	t        *testing.T
-	ctx      context.Context
-	clock    *Clock
-	limits   sessions.Limits
-	store    sessions.Store
-	newStore func(sessions.Limits) sessions.Store
-	seq      int
+	t     *testing.T
+	ctx   context.Context
+	clock *Clock
+	store sessions.Store
+	seq   int
 }
 
-// withLimits replaces the store by a fresh one with other limits.
-func (e *env) withLimits(l sessions.Limits) {
-	e.limits = l
-	e.store = e.newStore(l)
-}
-
-// session returns a new pending session living ttl from now.
-func (e *env) session(ttl time.Duration) sessions.Session {
+// id returns a session ID no other subtest uses (stores may share a
+// database between subtests).
+func (e *env) id() string {
 	e.seq++
-	now := e.clock.Now()
-	return sessions.Session{
-		ID:        fmt.Sprintf("sess-%s-%d", e.t.Name(), e.seq),
-		ClusterID: fmt.Sprintf("cluster-%d", e.seq),
-		Secret:    fmt.Sprintf("secret-%d-c2VjcmV0LWZvci10ZXN0", e.seq),
-		CreatedAt: now,
-		ExpiresAt: now.Add(ttl),
+	return fmt.Sprintf("%s-%d-%d", e.t.Name(), time.Now().UnixNano(), e.seq)
+}
+
+func (e *env) expires() time.Time { return e.clock.Now().Add(TTL) }
+
+// shows waits until the outcome of id is in state.
+func (e *env) shows(id string, state sessions.State) sessions.Outcome {
+	e.t.Helper()
+	deadline := time.Now().Add(ShowWithin)
+	for {
+		o, err := e.store.Outcome(e.ctx, id)
+		noErr(e.t, "Outcome", err)
+		if o.State == state {
+			return o
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("Outcome(%s) = %v after %s, want %v", id, o.State, ShowWithin, state)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// create stores a new session living TTL and returns it.
-func (e *env) create() sessions.Session {
+// deliver calls Deliver until the completed outcome shows to it.
+func (e *env) deliver(id string) time.Time {
 	e.t.Helper()
-	s := e.session(TTL)
-	if err := e.store.Create(e.ctx, s); err != nil {
-		e.t.Fatalf("Create(%s): %v", s.ID, err)
+	deadline := time.Now().Add(ShowWithin)
+	for {
+		at, err := e.store.Deliver(e.ctx, id, e.expires())
+		if err == nil {
+			return at
+		}
+		if !errors.Is(err, sessions.ErrNotPending) || time.Now().After(deadline) {
+			e.t.Fatalf("Deliver(%s): %v", id, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return s
 }
 
-func (e *env) get(id string) sessions.Session {
-	e.t.Helper()
-	s, err := e.store.Get(e.ctx, id)
-	if err != nil {
-		e.t.Fatalf("Get(%s): %v", id, err)
-	}
-	return s
-}
-
-func (e *env) poll(id, nonce string, interval time.Duration) sessions.Session {
-	e.t.Helper()
-	s, err := e.store.RecordPoll(e.ctx, id, nonce, interval)
-	if err != nil {
-		e.t.Fatalf("RecordPoll(%s, %s): %v", id, nonce, err)
-	}
-	return s
+func (e *env) admit(id, nonce string, interval time.Duration) error {
+	return e.store.AdmitPoll(e.ctx, id, nonce, e.expires(), interval)
 }
 
 func wantErr(t *testing.T, what string, got, want error) {
@@ -167,600 +151,311 @@ func noErr(t *testing.T, what string, err error) {
 	}
 }
 
-func sameTime(t *testing.T, what string, got, want time.Time) {
-	t.Helper()
-	if !got.Equal(want) {
-		t.Fatalf("%s = %v, want %v", what, got, want)
-	}
-}
-
-// sameSession compares every field of two sessions.
-func sameSession(t *testing.T, got, want sessions.Session) {
-	t.Helper()
-	if got.ID != want.ID || got.ClusterID != want.ClusterID || got.Secret != want.Secret ||
-		got.CallbackURL != want.CallbackURL || got.CallbackSessionID != want.CallbackSessionID ||
-		got.State != want.State || got.DenyReason != want.DenyReason || !bytes.Equal(got.Response, want.Response) {
-		t.Fatalf("session differs:\n got %+v\nwant %+v", redact(got), redact(want))
-	}
-	sameTime(t, "CreatedAt", got.CreatedAt, want.CreatedAt)
-	sameTime(t, "ExpiresAt", got.ExpiresAt, want.ExpiresAt)
-	sameTime(t, "DeliveredAt", got.DeliveredAt, want.DeliveredAt)
-	sameTime(t, "LastPollAt", got.LastPollAt, want.LastPollAt)
-}
-
-func redact(s sessions.Session) sessions.Session {
-	if s.Secret != "" {
-		s.Secret = fmt.Sprintf("<%d bytes>", len(s.Secret))
-	}
-	return s
-}
-
-func testCreateGet(t *testing.T, e *env) {
-	s := e.session(TTL)
-	s.CallbackURL = "http://127.0.0.1:45678/callback"
-	s.CallbackSessionID = "cli-session-1"
-	noErr(t, "Create", e.store.Create(e.ctx, s))
-	got := e.get(s.ID)
-	if got.State != sessions.StatePending {
-		t.Fatalf("State = %v, want pending", got.State)
-	}
-	sameSession(t, got, s)
-	if !got.LastPollAt.IsZero() || !got.DeliveredAt.IsZero() || got.Response != nil {
-		t.Fatalf("new session carries poll or response data: %+v", redact(got))
-	}
-}
-
-func testGetUnknown(t *testing.T, e *env) {
-	_, err := e.store.Get(e.ctx, "no-such-session")
-	wantErr(t, "Get unknown", err, sessions.ErrNotFound)
-}
-
-// testStatic: Static returns the fields fixed at Create and nothing else,
-// the same before and after the session's state changed.
-func testStatic(t *testing.T, e *env) {
-	s := e.session(TTL)
-	s.CallbackURL = "http://127.0.0.1:45678/callback"
-	s.CallbackSessionID = "cli-session-1"
-	noErr(t, "Create", e.store.Create(e.ctx, s))
-	want := s.StaticPart()
-	if want.ExpiresAt != (time.Time{}) || want.ID != s.ID || want.Secret != s.Secret {
-		t.Fatalf("StaticPart of %+v is %+v", redact(s), redact(want))
-	}
-	for i := 0; i < 4; i++ { // again, so that cached answers are checked too
-		got, err := e.store.Static(e.ctx, s.ID)
-		noErr(t, "Static", err)
-		sameSession(t, got, want)
-	}
-	e.poll(s.ID, "n1", 0)
-	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, []byte(`{"kind":"BindingResponse"}`)))
-	e.poll(s.ID, "n2", 0)
-	for i := 0; i < 4; i++ {
-		got, err := e.store.Static(e.ctx, s.ID)
-		noErr(t, "Static after polls and Complete", err)
-		sameSession(t, got, want)
-	}
-}
-
-func testStaticUnknown(t *testing.T, e *env) {
-	_, err := e.store.Static(e.ctx, "no-such-session")
-	wantErr(t, "Static unknown", err, sessions.ErrNotFound)
-}
-
-// testStaticRecreated: a session deleted and created again under the same
-// ID with another secret. A caller that checks a signature with Static and
-// then polls must never have its poll recorded with the old secret: the
-// poll either succeeds after a Static that returned the new session's
-// part, or fails with ErrStaleStatic and changes nothing, and a few
-// rounds of Static and RecordPoll succeed.
-func testStaticRecreated(t *testing.T, e *env) {
-	s := e.create()
-	for i := 0; i < 4; i++ { // every replica of a ring may cache it
-		_, err := e.store.Static(e.ctx, s.ID)
-		noErr(t, "Static", err)
-	}
-	noErr(t, "Delete", e.store.Delete(e.ctx, s.ID))
-	again := e.session(TTL)
-	again.ID = s.ID
-	noErr(t, "Create again", e.store.Create(e.ctx, again))
-	for attempt := 0; ; attempt++ {
-		if attempt == 8 {
-			t.Fatal("no poll succeeded after 8 rounds of Static and RecordPoll")
-		}
-		st, err := e.store.Static(e.ctx, s.ID)
-		noErr(t, "Static", err)
-		// The same nonce and a long interval every round: a refused round
-		// that had spent the nonce or counted as a poll fails the next.
-		_, err = e.store.RecordPoll(e.ctx, s.ID, "n1", time.Hour)
-		if errors.Is(err, sessions.ErrStaleStatic) {
-			continue
-		}
-		noErr(t, "RecordPoll", err)
-		if st.Secret != again.Secret {
-			t.Fatal("a poll was recorded after Static returned the deleted session's secret")
-		}
-		return
-	}
-}
-
-func testCreateDuplicate(t *testing.T, e *env) {
-	s := e.create()
-	dup := s
-	dup.Secret = "another-secret"
-	wantErr(t, "Create duplicate", e.store.Create(e.ctx, dup), sessions.ErrExists)
-	if got := e.get(s.ID); got.Secret != s.Secret {
-		t.Fatal("a refused duplicate Create replaced the stored session")
-	}
-}
-
-// fill creates sessions living ttl until the store refuses one with ErrFull
-// and returns the stored ones and the refused one. A store made of several
-// parts (a hashring) may bound each part, so at least MaxSessions fit.
-func (e *env) fill(ttl time.Duration) (stored []sessions.Session, refused sessions.Session) {
-	e.t.Helper()
-	for i := 0; i < 100*e.limits.MaxSessions; i++ {
-		s := e.session(ttl)
-		err := e.store.Create(e.ctx, s)
-		if errors.Is(err, sessions.ErrFull) {
-			if len(stored) < e.limits.MaxSessions {
-				e.t.Fatalf("ErrFull after %d sessions, want at least MaxSessions=%d", len(stored), e.limits.MaxSessions)
-			}
-			return stored, s
-		}
-		noErr(e.t, "Create", err)
-		stored = append(stored, s)
-	}
-	e.t.Fatalf("store took %d sessions without ErrFull, MaxSessions=%d", len(stored), e.limits.MaxSessions)
-	return nil, sessions.Session{}
-}
-
-var smallLimits = sessions.Limits{MaxSessions: 3, MaxNoncesPerSession: 16, MaxResponseBytes: 1024, Grace: time.Minute}
-
-func testFull(t *testing.T, e *env) {
-	e.withLimits(smallLimits)
-	stored, refused := e.fill(TTL)
-	_, err := e.store.Get(e.ctx, refused.ID)
-	wantErr(t, "Get of a refused session", err, sessions.ErrNotFound)
-	e.clock.Advance(TTL / 2)
-	wantErr(t, "Create again while full", e.store.Create(e.ctx, refused), sessions.ErrFull)
-	for _, s := range stored {
-		e.get(s.ID)
-	}
-}
-
-func testFullRecoversAfterExpiry(t *testing.T, e *env) {
-	e.withLimits(smallLimits)
-	_, refused := e.fill(time.Minute)
-	e.clock.Advance(time.Minute + time.Second)
-	refused.CreatedAt = e.clock.Now()
-	refused.ExpiresAt = refused.CreatedAt.Add(TTL)
-	// Expired sessions must not count, even if nobody touched them.
-	noErr(t, "Create after the sessions expired", e.store.Create(e.ctx, refused))
-	e.get(refused.ID)
-}
-
-func testFullRecoversAfterDelete(t *testing.T, e *env) {
-	e.withLimits(smallLimits)
-	stored, refused := e.fill(TTL)
-	for _, s := range stored {
-		noErr(t, "Delete", e.store.Delete(e.ctx, s.ID))
-	}
-	noErr(t, "Create after Delete", e.store.Create(e.ctx, refused))
-}
-
-func testFullRecoversAfterGrace(t *testing.T, e *env) {
-	e.withLimits(smallLimits)
-	stored, refused := e.fill(TTL)
-	for _, s := range stored {
-		noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, []byte(`{"kind":"BindingResponse"}`)))
-		e.poll(s.ID, "n1", time.Second)
-	}
-	wantErr(t, "Create when full", e.store.Create(e.ctx, refused), sessions.ErrFull)
-	e.clock.Advance(time.Minute + time.Second)
-	// The sessions' TTL is far away, but their grace period is over.
-	noErr(t, "Create after the grace period", e.store.Create(e.ctx, refused))
-}
-
-func testNonceSingleUse(t *testing.T, e *env) {
-	s := e.create()
-	noErr(t, "UseNonce a", e.store.UseNonce(e.ctx, s.ID, "nonce-a"))
-	wantErr(t, "UseNonce a again", e.store.UseNonce(e.ctx, s.ID, "nonce-a"), sessions.ErrNonceUsed)
-	_, err := e.store.RecordPoll(e.ctx, s.ID, "nonce-a", 0)
-	wantErr(t, "RecordPoll with a nonce UseNonce used", err, sessions.ErrNonceUsed)
-	if got := e.get(s.ID); !got.LastPollAt.IsZero() {
-		t.Fatal("a poll refused for its nonce was recorded")
-	}
-	e.poll(s.ID, "nonce-b", 0)
-	wantErr(t, "UseNonce with a nonce RecordPoll used", e.store.UseNonce(e.ctx, s.ID, "nonce-b"), sessions.ErrNonceUsed)
-	_, err = e.store.RecordPoll(e.ctx, s.ID, "nonce-b", 0)
-	wantErr(t, "RecordPoll b again", err, sessions.ErrNonceUsed)
-}
-
-func testNoncePerSession(t *testing.T, e *env) {
-	a, b := e.create(), e.create()
-	noErr(t, "UseNonce on a", e.store.UseNonce(e.ctx, a.ID, "shared-nonce"))
-	noErr(t, "the same nonce on another session", e.store.UseNonce(e.ctx, b.ID, "shared-nonce"))
-}
-
-func testNonceCap(t *testing.T, e *env) {
-	e.withLimits(sessions.Limits{MaxSessions: 8, MaxNoncesPerSession: 4, MaxResponseBytes: 1024, Grace: time.Minute})
-	s := e.create()
-	for i := 0; i < 3; i++ {
-		noErr(t, "UseNonce", e.store.UseNonce(e.ctx, s.ID, fmt.Sprintf("n%d", i)))
-	}
-	e.poll(s.ID, "n3", 0) // polls count against the same bound
-	wantErr(t, "UseNonce beyond the cap", e.store.UseNonce(e.ctx, s.ID, "n4"), sessions.ErrTooManyNonces)
-	_, err := e.store.RecordPoll(e.ctx, s.ID, "n5", 0)
-	wantErr(t, "RecordPoll beyond the cap", err, sessions.ErrTooManyNonces)
-	// The cap is per session.
-	other := e.create()
-	noErr(t, "UseNonce on another session", e.store.UseNonce(e.ctx, other.ID, "n4"))
-}
-
-func testUnknownSession(t *testing.T, e *env) {
-	const id = "no-such-session"
-	wantErr(t, "UseNonce", e.store.UseNonce(e.ctx, id, "n"), sessions.ErrNotFound)
-	_, err := e.store.RecordPoll(e.ctx, id, "n", time.Second)
-	wantErr(t, "RecordPoll", err, sessions.ErrNotFound)
-	wantErr(t, "Complete", e.store.Complete(e.ctx, id, []byte("{}")), sessions.ErrNotFound)
-	wantErr(t, "Deny", e.store.Deny(e.ctx, id, "no"), sessions.ErrNotFound)
-}
-
-func testPollRecordsTime(t *testing.T, e *env) {
-	s := e.create()
-	e.clock.Advance(3 * time.Second)
-	got := e.poll(s.ID, "n1", 2*time.Second)
-	want := s
-	want.LastPollAt = e.clock.Now()
-	sameSession(t, got, want)
-	sameSession(t, e.get(s.ID), want)
-}
-
-func testPollTooSoon(t *testing.T, e *env) {
-	const interval = 2 * time.Second
-	s := e.create()
-	first := e.clock.Now()
-	e.poll(s.ID, "n1", interval)
-
-	e.clock.Advance(500 * time.Millisecond)
-	_, err := e.store.RecordPoll(e.ctx, s.ID, "n2", interval)
-	wantRetryAfter(t, err, 1500*time.Millisecond)
-	sameTime(t, "LastPollAt after a too-soon poll", e.get(s.ID).LastPollAt, first)
-
-	// Had the too-soon poll counted, the wait would now be 1s, not 0.5s.
-	e.clock.Advance(time.Second)
-	_, err = e.store.RecordPoll(e.ctx, s.ID, "n3", interval)
-	wantRetryAfter(t, err, 500*time.Millisecond)
-
-	e.clock.Advance(500 * time.Millisecond)
-	got := e.poll(s.ID, "n4", interval)
-	sameTime(t, "LastPollAt", got.LastPollAt, e.clock.Now())
-
-	// A too-soon poll with a used nonce is refused for its nonce.
-	e.clock.Advance(100 * time.Millisecond)
-	_, err = e.store.RecordPoll(e.ctx, s.ID, "n1", interval)
-	wantErr(t, "too-soon replay of a used nonce", err, sessions.ErrNonceUsed)
-
-	// A too-soon poll did not use its nonce.
-	e.clock.Advance(interval)
-	e.poll(s.ID, "n2", interval)
-}
-
-// Polls refused as too soon change nothing: however many there are, they
-// neither use up the session's bounded nonces nor grow what it holds.
-func testTooSoonSpendsNothing(t *testing.T, e *env) {
-	const interval = 2 * time.Second
-	e.withLimits(sessions.Limits{MaxSessions: 8, MaxNoncesPerSession: 3, MaxResponseBytes: 1024, Grace: time.Minute})
-	s := e.create()
-	e.poll(s.ID, "first", interval)
-	for i := 0; i < 50; i++ {
-		_, err := e.store.RecordPoll(e.ctx, s.ID, fmt.Sprintf("soon-%d", i), interval)
-		wantErr(t, "poll too soon", err, sessions.ErrTooSoon)
-	}
-	// Two of the three nonces are left.
-	e.clock.Advance(interval)
-	e.poll(s.ID, "second", interval)
-	e.clock.Advance(interval)
-	e.poll(s.ID, "soon-0", interval)
-	e.clock.Advance(interval)
-	_, err := e.store.RecordPoll(e.ctx, s.ID, "fourth", interval)
-	wantErr(t, "poll beyond the cap", err, sessions.ErrTooManyNonces)
-}
-
-func wantRetryAfter(t *testing.T, err error, want time.Duration) {
-	t.Helper()
-	wantErr(t, "RecordPoll too soon", err, sessions.ErrTooSoon)
-	var ts *sessions.TooSoonError
-	if !errors.As(err, &ts) {
-		t.Fatalf("RecordPoll too soon: error %T is not a *sessions.TooSoonError", err)
-	}
-	if ts.RetryAfter != want {
-		t.Fatalf("RetryAfter = %v, want %v", ts.RetryAfter, want)
-	}
-}
-
-func testPollZeroInterval(t *testing.T, e *env) {
-	s := e.create()
-	for i := 0; i < 3; i++ {
-		e.poll(s.ID, fmt.Sprintf("n%d", i), 0)
+func testUnknownIsPending(t *testing.T, e *env) {
+	o, err := e.store.Outcome(e.ctx, e.id())
+	noErr(t, "Outcome", err)
+	if o.State != sessions.StatePending || o.Response != nil || o.DenyReason != "" {
+		t.Fatalf("Outcome of an unknown session = %+v, want the zero (pending) Outcome", o)
 	}
 }
 
 func testComplete(t *testing.T, e *env) {
-	s := e.create()
+	id := e.id()
 	resp := []byte(`{"kind":"BindingResponse"}`)
-	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, resp))
-	got := e.get(s.ID)
-	if got.State != sessions.StateCompleted || !bytes.Equal(got.Response, resp) {
-		t.Fatalf("after Complete: state %v, response %q", got.State, got.Response)
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), resp))
+	o := e.shows(id, sessions.StateCompleted)
+	if !bytes.Equal(o.Response, resp) || o.DenyReason != "" {
+		t.Fatalf("Outcome = %+v, want the response %s", o, resp)
 	}
-	if !got.DeliveredAt.IsZero() {
-		t.Fatal("DeliveredAt set before any poll")
-	}
-	wantErr(t, "Complete twice", e.store.Complete(e.ctx, s.ID, []byte(`{}`)), sessions.ErrNotPending)
-	wantErr(t, "Deny after Complete", e.store.Deny(e.ctx, s.ID, "late"), sessions.ErrNotPending)
-	if got := e.get(s.ID); got.State != sessions.StateCompleted || !bytes.Equal(got.Response, resp) || got.DenyReason != "" {
-		t.Fatalf("a refused transition changed the session: %+v", redact(got))
-	}
-	polled := e.poll(s.ID, "n1", time.Second)
-	if polled.State != sessions.StateCompleted || !bytes.Equal(polled.Response, resp) {
-		t.Fatalf("poll after Complete: state %v, response %q", polled.State, polled.Response)
+	other, err := e.store.Outcome(e.ctx, e.id())
+	noErr(t, "Outcome", err)
+	if other.State != sessions.StatePending {
+		t.Fatalf("another session became %v", other.State)
 	}
 }
 
 func testCompleteCopiesResponse(t *testing.T, e *env) {
-	s := e.create()
-	buf := []byte(`{"kind":"BindingResponse"}`)
-	want := bytes.Clone(buf)
-	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, buf))
-	copy(buf, "XXXXXXXX")
-	if got := e.get(s.ID).Response; !bytes.Equal(got, want) {
-		t.Fatalf("stored response follows the caller's buffer: %q", got)
+	id := e.id()
+	resp := []byte(`{"a":1}`)
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), resp))
+	resp[2] = 'X'
+	if o := e.shows(id, sessions.StateCompleted); string(o.Response) != `{"a":1}` {
+		t.Fatalf("the stored response changed with the caller's slice: %s", o.Response)
 	}
 }
 
 func testDeny(t *testing.T, e *env) {
-	s := e.create()
-	noErr(t, "Deny", e.store.Deny(e.ctx, s.ID, "the user cancelled"))
-	got := e.get(s.ID)
-	if got.State != sessions.StateDenied || got.DenyReason != "the user cancelled" || got.Response != nil {
-		t.Fatalf("after Deny: %+v", redact(got))
+	id := e.id()
+	noErr(t, "Deny", e.store.Deny(e.ctx, id, e.expires(), "the user cancelled"))
+	o := e.shows(id, sessions.StateDenied)
+	if o.DenyReason != "the user cancelled" || o.Response != nil {
+		t.Fatalf("Outcome = %+v", o)
 	}
-	wantErr(t, "Deny twice", e.store.Deny(e.ctx, s.ID, "again"), sessions.ErrNotPending)
-	wantErr(t, "Complete after Deny", e.store.Complete(e.ctx, s.ID, []byte(`{}`)), sessions.ErrNotPending)
-	polled := e.poll(s.ID, "n1", time.Second)
-	if polled.State != sessions.StateDenied || polled.DenyReason != "the user cancelled" {
-		t.Fatalf("poll after Deny: %+v", redact(polled))
+	_, err := e.store.Deliver(e.ctx, id, e.expires())
+	wantErr(t, "Deliver of a denied session", err, sessions.ErrNotPending)
+}
+
+func testOneOutcome(t *testing.T, e *env) {
+	id := e.id()
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)))
+	wantErr(t, "second Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{"x":1}`)), sessions.ErrNotPending)
+	wantErr(t, "Deny after Complete", e.store.Deny(e.ctx, id, e.expires(), "no"), sessions.ErrNotPending)
+	if o := e.shows(id, sessions.StateCompleted); string(o.Response) != `{}` {
+		t.Fatalf("the first outcome was replaced: %s", o.Response)
 	}
-	sameTime(t, "ExpiresAt after Deny", polled.ExpiresAt, s.ExpiresAt)
+	id2 := e.id()
+	noErr(t, "Deny", e.store.Deny(e.ctx, id2, e.expires(), "no"))
+	wantErr(t, "Complete after Deny", e.store.Complete(e.ctx, id2, e.expires(), []byte(`{}`)), sessions.ErrNotPending)
 }
 
 func testResponseTooLarge(t *testing.T, e *env) {
-	e.withLimits(sessions.Limits{MaxSessions: 8, MaxNoncesPerSession: 16, MaxResponseBytes: 16, Grace: time.Minute})
-	s := e.create()
-	wantErr(t, "Complete with 17 bytes", e.store.Complete(e.ctx, s.ID, bytes.Repeat([]byte("x"), 17)), sessions.ErrTooLarge)
-	if got := e.get(s.ID); got.State != sessions.StatePending || got.Response != nil {
-		t.Fatalf("a refused response changed the session: state %v", got.State)
+	id := e.id()
+	big := bytes.Repeat([]byte("x"), testLimits.MaxResponseBytes+1)
+	wantErr(t, "Complete with a large response", e.store.Complete(e.ctx, id, e.expires(), big), sessions.ErrTooLarge)
+	o, err := e.store.Outcome(e.ctx, id)
+	noErr(t, "Outcome", err)
+	if o.State != sessions.StatePending {
+		t.Fatalf("a refused Complete left %v", o.State)
 	}
-	noErr(t, "Complete with 16 bytes", e.store.Complete(e.ctx, s.ID, bytes.Repeat([]byte("x"), 16)))
+	noErr(t, "Complete at the limit", e.store.Complete(e.ctx, id, e.expires(), big[1:]))
 }
 
-func testCompleteExtendsExpiry(t *testing.T, e *env) {
-	s := e.session(5 * time.Second) // expires well before the grace period ends
-	noErr(t, "Create", e.store.Create(e.ctx, s))
-	e.clock.Advance(2 * time.Second)
-	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, []byte(`{}`)))
-	min := e.clock.Now().Add(e.limits.Grace)
-	if got := e.get(s.ID).ExpiresAt; got.Before(min) {
-		t.Fatalf("ExpiresAt after Complete = %v, want at least %v", got, min)
+func testDeliverRecordsFirst(t *testing.T, e *env) {
+	id := e.id()
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)))
+	e.shows(id, sessions.StateCompleted)
+	e.clock.Advance(3 * time.Second)
+	first := e.deliver(id)
+	if !first.Equal(e.clock.Now()) && first.Sub(e.clock.Now()).Abs() > time.Second {
+		t.Fatalf("first delivery recorded at %v, want the clock's %v", first, e.clock.Now())
 	}
-	e.clock.Advance(e.limits.Grace - time.Second)
-	got := e.poll(s.ID, "n1", time.Second)
-	if got.State != sessions.StateCompleted {
-		t.Fatalf("State = %v, want completed", got.State)
+	e.clock.Advance(30 * time.Second)
+	again := e.deliver(id)
+	if again.Sub(first).Abs() > time.Second {
+		t.Fatalf("a later Deliver returned %v, want the first delivery %v", again, first)
 	}
-
-	// Complete never shortens a longer life.
-	long := e.create()
-	noErr(t, "Complete", e.store.Complete(e.ctx, long.ID, []byte(`{}`)))
-	sameTime(t, "ExpiresAt after Complete", e.get(long.ID).ExpiresAt, long.ExpiresAt)
 }
 
-func testGracePeriod(t *testing.T, e *env) {
-	s := e.create()
-	resp := []byte(`{"kind":"BindingResponse"}`)
-	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, resp))
+func testDeliverPending(t *testing.T, e *env) {
+	_, err := e.store.Deliver(e.ctx, e.id(), e.expires())
+	wantErr(t, "Deliver of a pending session", err, sessions.ErrNotPending)
+}
+
+func testUseOnce(t *testing.T, e *env) {
+	a, b := e.id(), e.id()
+	noErr(t, "UseOnce", e.store.UseOnce(e.ctx, a, e.expires()))
+	wantErr(t, "UseOnce again", e.store.UseOnce(e.ctx, a, e.expires()), sessions.ErrNonceUsed)
+	noErr(t, "UseOnce of another key", e.store.UseOnce(e.ctx, b, e.expires()))
+}
+
+func testNonceSingleUse(t *testing.T, e *env) {
+	id := e.id()
+	noErr(t, "first poll", e.admit(id, "nonce-1", 0))
+	wantErr(t, "same nonce", e.admit(id, "nonce-1", 0), sessions.ErrNonceUsed)
+	noErr(t, "next nonce", e.admit(id, "nonce-2", 0))
+}
+
+func testNoncePerSession(t *testing.T, e *env) {
+	a, b := e.id(), e.id()
+	noErr(t, "session a", e.admit(a, "shared", 0))
+	noErr(t, "session b, same nonce", e.admit(b, "shared", 0))
+}
+
+func testNonceCap(t *testing.T, e *env) {
+	id := e.id()
+	for i := range testLimits.MaxNoncesPerSession {
+		noErr(t, "poll", e.admit(id, fmt.Sprint("n", i), 0))
+	}
+	wantErr(t, "poll beyond the cap", e.admit(id, "one-more", 0), sessions.ErrTooManyNonces)
+	wantErr(t, "a used nonce beyond the cap", e.admit(id, "n0", 0), sessions.ErrNonceUsed)
+}
+
+func testPollTooSoon(t *testing.T, e *env) {
+	id := e.id()
+	noErr(t, "first poll", e.admit(id, "a", 2*time.Second))
+	e.clock.Advance(500 * time.Millisecond)
+	err := e.admit(id, "b", 2*time.Second)
+	var soon *sessions.TooSoonError
+	if !errors.As(err, &soon) || !errors.Is(err, sessions.ErrTooSoon) {
+		t.Fatalf("poll after 0.5s of 2s: %v, want a TooSoonError", err)
+	}
+	if soon.RetryAfter <= 0 || soon.RetryAfter > 1500*time.Millisecond+time.Second {
+		t.Fatalf("RetryAfter = %v, want about 1.5s", soon.RetryAfter)
+	}
+	e.clock.Advance(1500 * time.Millisecond)
+	noErr(t, "poll after the interval", e.admit(id, "b", 2*time.Second))
+}
+
+func testTooSoonSpendsNothing(t *testing.T, e *env) {
+	id := e.id()
+	noErr(t, "first poll", e.admit(id, "a", time.Second))
+	for i := range 3 * testLimits.MaxNoncesPerSession {
+		wantErr(t, "too soon", e.admit(id, fmt.Sprint("soon", i), time.Second), sessions.ErrTooSoon)
+	}
 	e.clock.Advance(time.Second)
-	delivered := e.clock.Now()
-	got := e.poll(s.ID, "n1", time.Second)
-	sameTime(t, "DeliveredAt", got.DeliveredAt, delivered)
-	sameTime(t, "ExpiresAt", got.ExpiresAt, delivered.Add(e.limits.Grace))
+	noErr(t, "a nonce refused as too soon is unused", e.admit(id, "soon0", time.Second))
+	wantErr(t, "a used nonce is refused as used even too soon", e.admit(id, "a", time.Second), sessions.ErrNonceUsed)
+}
 
-	e.clock.Advance(e.limits.Grace - time.Second)
-	again := e.poll(s.ID, "n2", time.Second)
-	if again.State != sessions.StateCompleted || !bytes.Equal(again.Response, resp) {
-		t.Fatalf("poll within the grace period: state %v, response %q", again.State, again.Response)
+func testPollZeroInterval(t *testing.T, e *env) {
+	id := e.id()
+	for i := range 5 {
+		noErr(t, "poll", e.admit(id, fmt.Sprint(i), 0))
 	}
-	sameTime(t, "DeliveredAt on a later poll", again.DeliveredAt, delivered)
-	sameTime(t, "ExpiresAt on a later poll", again.ExpiresAt, delivered.Add(e.limits.Grace))
-
-	e.clock.Advance(time.Second)
-	_, err := e.store.RecordPoll(e.ctx, s.ID, "n3", time.Second)
-	wantErr(t, "RecordPoll after the grace period", err, sessions.ErrNotFound)
-	_, err = e.store.Get(e.ctx, s.ID)
-	wantErr(t, "Get after the grace period", err, sessions.ErrNotFound)
 }
 
-func testGraceShortensExpiry(t *testing.T, e *env) {
-	s := e.create()
-	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, []byte(`{}`)))
-	sameTime(t, "ExpiresAt before delivery", e.get(s.ID).ExpiresAt, s.ExpiresAt)
-	e.clock.Advance(time.Minute)
-	got := e.poll(s.ID, "n1", time.Second)
-	want := e.clock.Now().Add(e.limits.Grace)
-	if !want.Before(s.ExpiresAt) {
-		t.Fatal("test setup: grace must end before the TTL")
+// testPolledSessionsBounded: past MaxPolledSessions the store forgets the
+// least recently polled session rather than growing or refusing.
+func testPolledSessionsBounded(t *testing.T, e *env) {
+	for i := range 4 * testLimits.MaxPolledSessions {
+		noErr(t, "poll of a new session", e.admit(fmt.Sprint(e.id(), i), "n", 0))
 	}
-	sameTime(t, "ExpiresAt after delivery", got.ExpiresAt, want)
-	sameTime(t, "stored ExpiresAt after delivery", e.get(s.ID).ExpiresAt, want)
 }
 
-func testExpiryAfterTTL(t *testing.T, e *env) {
-	s := e.create()
-	e.clock.Advance(TTL - time.Millisecond)
-	e.get(s.ID)
-	noErr(t, "UseNonce just before expiry", e.store.UseNonce(e.ctx, s.ID, "n1"))
-	e.clock.Advance(2 * time.Millisecond)
-	_, err := e.store.Get(e.ctx, s.ID)
-	wantErr(t, "Get", err, sessions.ErrNotFound)
-	wantErr(t, "UseNonce", e.store.UseNonce(e.ctx, s.ID, "n2"), sessions.ErrNotFound)
-	_, err = e.store.RecordPoll(e.ctx, s.ID, "n3", time.Second)
-	wantErr(t, "RecordPoll", err, sessions.ErrNotFound)
-	wantErr(t, "Complete", e.store.Complete(e.ctx, s.ID, []byte(`{}`)), sessions.ErrNotFound)
-	wantErr(t, "Deny", e.store.Deny(e.ctx, s.ID, "no"), sessions.ErrNotFound)
-
-	// Untouched sessions expire too.
-	u := e.create()
-	e.clock.Advance(TTL + time.Second)
-	_, err = e.store.Get(e.ctx, u.ID)
-	wantErr(t, "Get of an untouched expired session", err, sessions.ErrNotFound)
-}
-
-func testRecreateAfterExpiry(t *testing.T, e *env) {
-	s := e.create()
-	noErr(t, "UseNonce", e.store.UseNonce(e.ctx, s.ID, "n1"))
-	e.clock.Advance(TTL + time.Second)
-	again := s
-	again.CreatedAt = e.clock.Now()
-	again.ExpiresAt = again.CreatedAt.Add(TTL)
-	noErr(t, "Create with the ID of an expired session", e.store.Create(e.ctx, again))
-	sameSession(t, e.get(s.ID), again)
-	// Nothing of the old session survives.
-	noErr(t, "UseNonce of the expired session's nonce", e.store.UseNonce(e.ctx, s.ID, "n1"))
-}
-
-func testDelete(t *testing.T, e *env) {
-	s := e.create()
-	keep := e.create()
-	noErr(t, "Delete", e.store.Delete(e.ctx, s.ID))
-	_, err := e.store.Get(e.ctx, s.ID)
-	wantErr(t, "Get after Delete", err, sessions.ErrNotFound)
-	_, err = e.store.RecordPoll(e.ctx, s.ID, "n1", time.Second)
-	wantErr(t, "RecordPoll after Delete", err, sessions.ErrNotFound)
-	noErr(t, "Delete twice", e.store.Delete(e.ctx, s.ID))
-	noErr(t, "Delete unknown", e.store.Delete(e.ctx, "no-such-session"))
-	e.get(keep.ID)
-	noErr(t, "Create with a deleted ID", e.store.Create(e.ctx, s))
-}
-
-const racers = 50
-
-// race runs fn in racers goroutines started together and counts the
-// outcomes by error.
-func race(t *testing.T, fn func(i int) error) (ok int, errs map[error]int) {
-	t.Helper()
-	var (
-		wg    sync.WaitGroup
-		start = make(chan struct{})
-		mu    sync.Mutex
-	)
-	errs = map[error]int{}
-	for i := 0; i < racers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			err := fn(i)
-			mu.Lock()
-			defer mu.Unlock()
-			if err == nil {
-				ok++
-				return
+func testConcurrentOutcome(t *testing.T, e *env) {
+	id := e.id()
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			var err error
+			if i%2 == 0 {
+				err = e.store.Complete(e.ctx, id, e.expires(), fmt.Appendf(nil, `{"i":%d}`, i))
+			} else {
+				err = e.store.Deny(e.ctx, id, e.expires(), fmt.Sprint("reason ", i))
 			}
-			for _, known := range []error{sessions.ErrNonceUsed, sessions.ErrTooSoon, sessions.ErrNotPending, sessions.ErrFull, sessions.ErrExists} {
-				if errors.Is(err, known) {
-					errs[known]++
-					return
-				}
+			switch {
+			case err == nil:
+				wins.Add(1)
+			case !errors.Is(err, sessions.ErrNotPending):
+				t.Errorf("concurrent outcome: %v", err)
 			}
-			t.Errorf("racer %d: unexpected error %v", i, err)
-		}()
+		})
 	}
-	close(start)
 	wg.Wait()
-	return ok, errs
+	if wins.Load() != 1 {
+		t.Fatalf("%d concurrent outcomes were recorded, want exactly 1", wins.Load())
+	}
 }
 
-func wantRace(t *testing.T, what string, ok int, errs map[error]int, wantOK int, loser error) {
-	t.Helper()
-	if ok != wantOK || errs[loser] != racers-wantOK {
-		t.Fatalf("%s: %d succeeded (want %d), losers %v (want %d × %v)", what, ok, wantOK, errs, racers-wantOK, loser)
+func testConcurrentUseOnce(t *testing.T, e *env) {
+	key := e.id()
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			switch err := e.store.UseOnce(e.ctx, key, e.expires()); {
+			case err == nil:
+				wins.Add(1)
+			case !errors.Is(err, sessions.ErrNonceUsed):
+				t.Errorf("UseOnce: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if wins.Load() != 1 {
+		t.Fatalf("a mark was spent %d times, want once", wins.Load())
 	}
 }
 
 func testConcurrentNonce(t *testing.T, e *env) {
-	s := e.create()
-	ok, errs := race(t, func(int) error { return e.store.UseNonce(e.ctx, s.ID, "the-nonce") })
-	wantRace(t, "UseNonce of one nonce", ok, errs, 1, sessions.ErrNonceUsed)
-
-	p := e.create()
-	ok, errs = race(t, func(int) error {
-		_, err := e.store.RecordPoll(e.ctx, p.ID, "the-nonce", 0)
-		return err
-	})
-	wantRace(t, "RecordPoll of one nonce", ok, errs, 1, sessions.ErrNonceUsed)
+	id := e.id()
+	var wins atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			switch err := e.admit(id, "same", 0); {
+			case err == nil:
+				wins.Add(1)
+			case !errors.Is(err, sessions.ErrNonceUsed):
+				t.Errorf("AdmitPoll: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if wins.Load() != 1 {
+		t.Fatalf("a nonce was admitted %d times, want once", wins.Load())
+	}
 }
 
-func testConcurrentPoll(t *testing.T, e *env) {
-	e.withLimits(sessions.Limits{MaxSessions: 8, MaxNoncesPerSession: 2 * racers, MaxResponseBytes: 1024, Grace: time.Minute})
-	s := e.create()
-	var delivered atomic.Int32
-	noErr(t, "Complete", e.store.Complete(e.ctx, s.ID, []byte(`{}`)))
-	ok, errs := race(t, func(i int) error {
-		got, err := e.store.RecordPoll(e.ctx, s.ID, fmt.Sprintf("n%d", i), time.Hour)
-		if err == nil && !got.DeliveredAt.IsZero() {
-			delivered.Add(1)
+// waitFor runs Wait in the background.
+func (e *env) waitFor(ctx context.Context, id string) <-chan sessions.Outcome {
+	ch := make(chan sessions.Outcome, 1)
+	go func() {
+		o, err := e.store.Wait(ctx, id)
+		if err != nil {
+			e.t.Errorf("Wait: %v", err)
 		}
-		return err
-	})
-	wantRace(t, "RecordPoll within one interval", ok, errs, 1, sessions.ErrTooSoon)
-	if delivered.Load() != 1 {
-		t.Fatalf("%d polls saw the response delivered, want 1", delivered.Load())
+		ch <- o
+	}()
+	return ch
+}
+
+func (e *env) received(ch <-chan sessions.Outcome) sessions.Outcome {
+	e.t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(ShowWithin):
+		e.t.Fatalf("Wait did not return within %s", ShowWithin)
+		return sessions.Outcome{}
 	}
 }
 
-func testConcurrentCompleteDeny(t *testing.T, e *env) {
-	s := e.create()
-	ok, errs := race(t, func(i int) error {
-		if i%2 == 0 {
-			return e.store.Deny(e.ctx, s.ID, fmt.Sprintf("reason %d", i))
+func testWaitComplete(t *testing.T, e *env) {
+	id := e.id()
+	ch := e.waitFor(e.ctx, id)
+	time.Sleep(50 * time.Millisecond)
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{"done":true}`)))
+	if o := e.received(ch); o.State != sessions.StateCompleted || string(o.Response) != `{"done":true}` {
+		t.Fatalf("Wait returned %+v", o)
+	}
+}
+
+func testWaitDeny(t *testing.T, e *env) {
+	id := e.id()
+	ch := e.waitFor(e.ctx, id)
+	time.Sleep(50 * time.Millisecond)
+	noErr(t, "Deny", e.store.Deny(e.ctx, id, e.expires(), "not allowed"))
+	if o := e.received(ch); o.State != sessions.StateDenied || o.DenyReason != "not allowed" {
+		t.Fatalf("Wait returned %+v", o)
+	}
+}
+
+func testWaitEndsWithContext(t *testing.T, e *env) {
+	ctx, cancel := context.WithTimeout(e.ctx, 100*time.Millisecond)
+	defer cancel()
+	o, err := e.store.Wait(ctx, e.id())
+	noErr(t, "Wait", err)
+	if o.State != sessions.StatePending {
+		t.Fatalf("Wait of a pending session returned %v when its context ended", o.State)
+	}
+}
+
+func testWaitFinalAtOnce(t *testing.T, e *env) {
+	id := e.id()
+	noErr(t, "Deny", e.store.Deny(e.ctx, id, e.expires(), "no"))
+	e.shows(id, sessions.StateDenied)
+	ctx, cancel := context.WithTimeout(e.ctx, ShowWithin)
+	defer cancel()
+	o, err := e.store.Wait(ctx, id)
+	noErr(t, "Wait", err)
+	if o.State != sessions.StateDenied || ctx.Err() != nil {
+		t.Fatalf("Wait of an ended session: %v (context %v)", o.State, ctx.Err())
+	}
+}
+
+func testWaitMany(t *testing.T, e *env) {
+	id := e.id()
+	var chs []<-chan sessions.Outcome
+	for range 20 {
+		chs = append(chs, e.waitFor(e.ctx, id))
+	}
+	time.Sleep(50 * time.Millisecond)
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)))
+	for _, ch := range chs {
+		if o := e.received(ch); o.State != sessions.StateCompleted {
+			t.Fatalf("a waiter got %v", o.State)
 		}
-		return e.store.Complete(e.ctx, s.ID, []byte(fmt.Sprintf(`{"n":%d}`, i)))
-	})
-	wantRace(t, "Complete and Deny", ok, errs, 1, sessions.ErrNotPending)
-	got := e.get(s.ID)
-	if (got.State == sessions.StateCompleted) == (got.DenyReason != "") || got.State == sessions.StatePending {
-		t.Fatalf("session after the race is inconsistent: %+v", redact(got))
 	}
-}
-
-func testConcurrentCreate(t *testing.T, e *env) {
-	base := e.session(TTL)
-	ok, errs := race(t, func(i int) error {
-		s := base
-		s.ID = fmt.Sprintf("%s-%d", base.ID, i)
-		return e.store.Create(e.ctx, s)
-	})
-	if ok < e.limits.MaxSessions || ok == racers || ok+errs[sessions.ErrFull] != racers {
-		t.Fatalf("Create racing beyond MaxSessions=%d: %d succeeded, losers %v", e.limits.MaxSessions, ok, errs)
-	}
-}
-
-func testConcurrentCreateSameID(t *testing.T, e *env) {
-	s := e.session(TTL)
-	ok, errs := race(t, func(i int) error {
-		c := s
-		c.Secret = fmt.Sprintf("secret-%d", i)
-		return e.store.Create(e.ctx, c)
-	})
-	wantRace(t, "Create of one ID", ok, errs, 1, sessions.ErrExists)
 }

@@ -6,20 +6,27 @@
 package pollbackend
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/testutil/fakeclock"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
@@ -45,9 +52,34 @@ type Backend struct {
 	URL       string
 	ExportURL string
 	Store     *memory.Store
+	Sessions  *bindservice.Service
 	Clock     *Clock
 	Server    *httptest.Server
+
+	created atomic.Int64
 }
+
+// Complete records resp as the outcome of session sid, as a bind in the
+// browser does.
+func (b *Backend) Complete(sid string, resp []byte) error {
+	sess, err := b.Sessions.Open(sid)
+	if err != nil {
+		return err
+	}
+	return b.Store.Complete(context.Background(), sid, sess.ExpiresAt, resp)
+}
+
+// Deny denies session sid with reason, as a cancel in the browser does.
+func (b *Backend) Deny(sid, reason string) error {
+	sess, err := b.Sessions.Open(sid)
+	if err != nil {
+		return err
+	}
+	return b.Sessions.Deny(context.Background(), sess, reason)
+}
+
+// SessionsCreated counts the POST /sessions requests the backend answered.
+func (b *Backend) SessionsCreated() int { return int(b.created.Load()) }
 
 // Start starts a backend that test t stops at its end.
 func Start(t testing.TB, o Options) *Backend {
@@ -57,7 +89,19 @@ func Start(t testing.TB, o Options) *Backend {
 	}
 	clock := fakeclock.Real()
 	store := memory.New(o.Limits, clock.Now)
-	t.Cleanup(store.Close)
+	clusterKey, err := clusterkey.New(bytes.Repeat([]byte("c"), clusterkey.MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := sessionkey.New(bytes.Repeat([]byte("s"), sessionkey.MinKeyLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: clusterKey,
+		SessionTTL: o.SessionTTL, Grace: o.Limits.Grace, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewUnstartedServer(nil)
 	ext, err := url.Parse("http://" + srv.Listener.Addr().String() + o.Prefix)
 	if err != nil {
@@ -67,18 +111,23 @@ func Start(t testing.TB, o Options) *Backend {
 		ExternalURL:  ext,
 		PrettyName:   "Test Provider",
 		PollInterval: o.PollInterval,
-		SessionTTL:   o.SessionTTL,
-		Store:        store,
+		Sessions:     svc,
 		Now:          clock.Now,
 		LongPoll:     longpoll.New(longpoll.Options{MaxWait: o.LongPollMaxWait, MaxHeld: longpoll.DefaultMaxHeld}),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.Config.Handler = h
+	b := &Backend{URL: ext.String(), ExportURL: ext.String() + httpapi.PathExport, Store: store, Sessions: svc, Clock: clock, Server: srv}
+	srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/sessions") {
+			b.created.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	})
 	srv.Start()
 	t.Cleanup(srv.Close)
-	return &Backend{URL: ext.String(), ExportURL: ext.String() + httpapi.PathExport, Store: store, Clock: clock, Server: srv}
+	return b
 }
 
 // Clock is real time plus an offset that only grows (fakeclock.Real).

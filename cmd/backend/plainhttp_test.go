@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+// An http --external-url or --oidc-issuer-url outside loopback is
+// accepted, with a WARN line at start-up that names the flag and says
+// what travels unencrypted; on loopback (the demo, the tests) and with
+// https there is none (issue 23).
+func TestWarnPlainHTTPOutsideLoopback(t *testing.T) {
+	for _, c := range []struct {
+		external, issuer string
+		warn             []string // flags warned about
+	}{
+		{"https://bind.example.com", "https://idp.example.com", nil},
+		{"http://bind.example.com", "https://idp.example.com", []string{"external-url"}},
+		{"https://bind.example.com", "http://idp.example.com/realms/x", []string{"oidc-issuer-url"}},
+		{"http://10.0.0.7:8080/kb", "http://192.168.1.2:5556", []string{"external-url", "oidc-issuer-url"}},
+		{"http://[2001:db8::1]:8080", "", []string{"external-url"}},
+		{"http://localhost.example.com", "", []string{"external-url"}},
+		{"http://127.0.0.1.nip.io:8080", "", []string{"external-url"}},
+		{"http://localhost:8080", "http://127.0.0.1:5556", nil},
+		{"http://LocalHost", "http://127.1.2.3:9000", nil},
+		{"http://[::1]:8080/kb", "http://localhost./dex", nil},
+		{"", "", nil}, // derived from the listen address: internal/server warns itself
+	} {
+		args := []string{"--cookie-signing-key=" + strings.Repeat("A", 43), "--cookie-encryption-key=" + strings.Repeat("B", 43),
+			"--cluster-secret-key=" + strings.Repeat("C", 43)}
+		if c.external != "" {
+			args = append(args, "--external-url="+c.external)
+		}
+		if c.issuer != "" {
+			args = append(args, "--oidc-issuer-url="+c.issuer, "--oidc-issuer-client-id=backend", "--oidc-issuer-client-secret=s3cret")
+		}
+		cfg := mustParse(t, args, nil)
+		var buf bytes.Buffer
+		warnDefaults(cfg, slog.New(slog.NewJSONHandler(&buf, nil)))
+
+		var warned []string
+		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var rec struct {
+				Level, Msg, Flag string
+			}
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			if rec.Level != "WARN" || rec.Flag != "external-url" && rec.Flag != "oidc-issuer-url" {
+				continue // other warnings (e.g. the open-file limit of this machine)
+			}
+			warned = append(warned, rec.Flag)
+			if !strings.Contains(rec.Msg, "--"+rec.Flag) || !strings.Contains(rec.Msg, "unencrypted") ||
+				!strings.Contains(rec.Msg, "tokens") || !strings.Contains(rec.Msg, "cookies") {
+				t.Errorf("%s %s: warning %q does not name the flag and say that tokens and cookies travel unencrypted", c.external, c.issuer, rec.Msg)
+			}
+		}
+		if strings.Join(warned, ",") != strings.Join(c.warn, ",") {
+			t.Errorf("external %q, issuer %q: warned about %q, want %q:\n%s", c.external, c.issuer, warned, c.warn, buf.String())
+		}
+	}
+}

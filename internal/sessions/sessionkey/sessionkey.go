@@ -1,0 +1,158 @@
+// Package sessionkey issues session IDs and secrets that need no stored
+// state: the ID carries what the session is (its flow, its expiry, the
+// cluster ID its client presented) and names the key its secret is derived
+// from, so that any replica, after any restart, checks any session's
+// requests with nothing but the keys.
+//
+// A session ID is base64url without padding (strict: one spelling per ID) of
+//
+//	version (1 byte: 1 poll flow, 2 callback flow)
+//	key ID  (4 bytes: the first bytes of SHA-256 of the key)
+//	expiry  (4 bytes: Unix seconds, big-endian)
+//	random  (16 bytes)
+//	cluster ID presented at creation (0 to 26 ASCII bytes)
+//
+// and its secret is base64url-without-padding(HMAC-SHA256(key,
+// "kube-bind session secret\n" + ID)). The ID is not secret (it appears in
+// the browser's address bar); whoever changes any byte of it gets an ID
+// whose secret they do not know, so the expiry and the cluster ID are as
+// authentic as the signatures made with the secret.
+//
+// Keys rotate without losing a session: the first key issues, every key
+// opens. A rolling update adds the new key first, then removes the old
+// one once the sessions it issued have expired.
+package sessionkey
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"github.com/kbprovider/backend/internal/ids"
+)
+
+// MinKeyLen is the shortest key accepted (256 bits).
+const MinKeyLen = 32
+
+// Flow says which flow a session belongs to.
+type Flow byte
+
+const (
+	// FlowPoll: the client holds the secret and polls.
+	FlowPoll Flow = 1
+	// FlowCallback: a released CLI's callback flow; nobody outside holds
+	// the secret and nothing polls.
+	FlowCallback Flow = 2
+)
+
+const (
+	headerLen    = 1 + 4 + 4 + 16
+	maxClusterID = ids.ClusterIDLen
+	secretLabel  = "kube-bind session secret\n"
+)
+
+// MaxIDLen is the length of the longest ID Issue makes.
+var MaxIDLen = base64.RawURLEncoding.EncodedLen(headerLen + maxClusterID)
+
+var (
+	// ErrMalformed: not an ID this backend issues.
+	ErrMalformed = errors.New("not a session ID of this backend")
+	// ErrUnknownKey: an ID of this backend's shape, from a key it no
+	// longer has (rotated out after its sessions expired) or never had.
+	ErrUnknownKey = errors.New("the session's key is not known")
+)
+
+type key struct {
+	id     [4]byte
+	secret []byte
+}
+
+// Keys issues and opens session IDs. Safe for concurrent use.
+type Keys struct{ keys []key }
+
+// New returns Keys that issue with current and open with current and every
+// previous key. Each key has at least MinKeyLen bytes.
+func New(current []byte, previous ...[]byte) (*Keys, error) {
+	k := &Keys{}
+	for _, secret := range append([][]byte{current}, previous...) {
+		if len(secret) < MinKeyLen {
+			return nil, errors.New("sessionkey: every key must have at least 32 bytes")
+		}
+		sum := sha256.Sum256(secret)
+		var id [4]byte
+		copy(id[:], sum[:])
+		k.keys = append(k.keys, key{id: id, secret: append([]byte(nil), secret...)})
+	}
+	return k, nil
+}
+
+// Session is what an ID says, with its secret.
+type Session struct {
+	ID     string
+	Flow   Flow
+	Secret string
+	// ExpiresAt is when the session ends (whole seconds).
+	ExpiresAt time.Time
+	// ClusterID is the cluster ID the client presented at creation, as
+	// it was presented; "" when none was (or it was not one this backend
+	// accepts, ids.ValidClusterID).
+	ClusterID string
+}
+
+// Issue makes a new session ID and its secret. A clusterID that is not
+// valid (ids.ValidClusterID) is left out.
+func (k *Keys) Issue(flow Flow, clusterID string, expires time.Time) Session {
+	if !ids.ValidClusterID(clusterID) {
+		clusterID = ""
+	}
+	b := make([]byte, headerLen, headerLen+len(clusterID))
+	b[0] = byte(flow)
+	copy(b[1:5], k.keys[0].id[:])
+	binary.BigEndian.PutUint32(b[5:9], uint32(expires.Unix()))
+	rand.Read(b[9:headerLen])
+	b = append(b, clusterID...)
+	id := base64.RawURLEncoding.EncodeToString(b)
+	return Session{ID: id, Flow: flow, Secret: secretOf(k.keys[0].secret, id),
+		ExpiresAt: time.Unix(int64(uint32(expires.Unix())), 0), ClusterID: clusterID}
+}
+
+// Open reads id and derives its secret: ErrMalformed for an ID of another
+// shape, ErrUnknownKey for one issued with a key not in k. Whether the
+// session has expired is the caller's to check (Session.ExpiresAt).
+func (k *Keys) Open(id string) (Session, error) {
+	if len(id) > MaxIDLen || len(id) < base64.RawURLEncoding.EncodedLen(headerLen) {
+		return Session{}, ErrMalformed
+	}
+	var buf [headerLen + maxClusterID]byte
+	n, err := base64.RawURLEncoding.Strict().Decode(buf[:], []byte(id))
+	if err != nil || n < headerLen {
+		return Session{}, ErrMalformed
+	}
+	b := buf[:n]
+	flow := Flow(b[0])
+	if flow != FlowPoll && flow != FlowCallback {
+		return Session{}, ErrMalformed
+	}
+	clusterID := string(b[headerLen:])
+	if clusterID != "" && !ids.ValidClusterID(clusterID) {
+		return Session{}, ErrMalformed
+	}
+	for _, kk := range k.keys {
+		if hmac.Equal(kk.id[:], b[1:5]) {
+			return Session{ID: id, Flow: flow, Secret: secretOf(kk.secret, id),
+				ExpiresAt: time.Unix(int64(binary.BigEndian.Uint32(b[5:9])), 0), ClusterID: clusterID}, nil
+		}
+	}
+	return Session{}, ErrUnknownKey
+}
+
+func secretOf(key []byte, id string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(secretLabel))
+	m.Write([]byte(id))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
