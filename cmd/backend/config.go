@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -68,11 +69,13 @@ type rawFlags struct {
 	longPollMaxWait                                       time.Duration
 	maxLongPolls                                          int
 	maxConnections, maxConnectionsPerClient               int
+	sessionCreateRate                                     float64
 	logLevel, logFormat                                   string
 	tlsCertFile, tlsKeyFile                               string
 	version                                               bool
 	store                                                 storeFlags
 	callbackAllowedURLs                                   string
+	callbackFlow                                          bool
 	leaderElection                                        bool
 	leaderElectionNamespace, leaderElectionLeaseName      string
 	podNamespace, podName                                 string
@@ -123,6 +126,7 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	i(&r.maxLongPolls, "max-long-polls", longpoll.DefaultMaxHeld, "most polls held open at once, per replica; beyond it a poll that asks to wait is answered at once")
 	i(&r.maxConnections, "max-connections", 4096, "most connections served at once; beyond it new ones wait in the listen backlog (0: no limit). Keep it below the open-file limit (ulimit -n)")
 	i(&r.maxConnectionsPerClient, "max-connections-per-client", 64, "most connections from one client IP address at once; more are closed at once (0: no limit). Behind a proxy that does not keep client addresses, every connection is the proxy's")
+	fs.Float64Var(&r.sessionCreateRate, "session-create-rate", 10, "POST /sessions allowed per second per client (an IPv4 address, an IPv6 /64), with a burst of three seconds' worth; more are answered 429 slow_down (0: no limit). Behind a proxy that does not keep client addresses every client shares the proxy's: raise it or set 0")
 	d(&r.shutdownTimout, "shutdown-timeout", 25*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 
 	s(&r.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -131,7 +135,8 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	s(&r.tlsKeyFile, "tls-key-file", "", "PEM private key to serve HTTPS with (with --tls-cert-file)")
 
 	r.store.register(fs)
-	s(&r.callbackAllowedURLs, "callback-allowed-urls", "", "comma-separated URL prefixes (scheme://host[:port][/path]) the callback flow may redirect to, besides http URLs on a loopback host")
+	b(&r.callbackFlow, "callback-flow", true, "offer the callback flow (OAuth2CodeGrant) of released kubectl bind CLIs besides the poll flow; false: discovery offers the poll flow only and /authorize refuses callback links")
+	s(&r.callbackAllowedURLs, "callback-allowed-urls", "", "comma-separated callback URLs (scheme://host[:port][/path], each matched exactly: no path below it, no query) the callback flow may redirect to, besides http URLs on a loopback host; not with --callback-flow=false")
 
 	b(&r.leaderElection, "leader-election", true, "run the provider-side controllers on one replica at a time, holding a Lease; off when no namespace is known (no --leader-election-namespace, no POD_NAMESPACE, not in a pod)")
 	s(&r.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: $POD_NAMESPACE, else the pod's own namespace)")
@@ -225,6 +230,7 @@ func (r *rawFlags) validate() (*config, error) {
 		MaxPolledSessions:  r.maxPolledSessions,
 		MaxConnections:     r.maxConnections,
 		MaxConnsPerClient:  r.maxConnectionsPerClient,
+		SessionCreateRate:  r.sessionCreateRate,
 		ShutdownTimeout:    r.shutdownTimout,
 		TLSCertFile:        r.tlsCertFile,
 		TLSKeyFile:         r.tlsKeyFile,
@@ -338,6 +344,9 @@ func (r *rawFlags) validate() (*config, error) {
 	if r.maxConnectionsPerClient < 0 {
 		fail("--max-connections-per-client %d: must be 0 (no limit) or positive", r.maxConnectionsPerClient)
 	}
+	if !(r.sessionCreateRate >= 0) || math.IsInf(r.sessionCreateRate, 0) {
+		fail("--session-create-rate %v: must be 0 (no limit) or positive", r.sessionCreateRate)
+	}
 	if r.maxPolledSessions <= 0 || r.maxPolledSessions > maxPolledSessionsBound {
 		fail("--max-polled-sessions %d: must be positive and at most %d", r.maxPolledSessions, maxPolledSessionsBound)
 	}
@@ -370,6 +379,10 @@ func (r *rawFlags) validate() (*config, error) {
 	errs = append(errs, storeErrs...)
 	c.CallbackAllowList, storeErrs = validateCallbackAllowList(r.callbackAllowedURLs)
 	errs = append(errs, storeErrs...)
+	c.NoCallbackFlow = !r.callbackFlow
+	if c.NoCallbackFlow && len(c.CallbackAllowList) > 0 {
+		fail("--callback-allowed-urls with --callback-flow=false: the allow-list is for the callback flow; drop one")
+	}
 	errs = append(errs, r.validateLeaderElection(c)...)
 	errs = append(errs, r.validateGC(c)...)
 	return c, errors.Join(errs...)

@@ -83,6 +83,23 @@ func TestHashringConfig(t *testing.T) {
 	if !slices.Equal(c.CallbackAllowList, []string{"https://cli.example.com/cb", "http://10.0.0.1:9000"}) {
 		t.Errorf("callback allow list %v", c.CallbackAllowList)
 	}
+	if c.NoCallbackFlow {
+		t.Error("the callback flow is off by default")
+	}
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{[]string{"--callback-flow=false"}, nil},
+		{nil, map[string]string{"KUBE_BIND_CALLBACK_FLOW": "false"}},
+	} {
+		if got := mustParse(t, c.args, c.env); !got.NoCallbackFlow || len(got.CallbackAllowList) != 0 {
+			t.Errorf("%q %v: NoCallbackFlow %v, allow-list %v; want the callback flow off", c.args, c.env, got.NoCallbackFlow, got.CallbackAllowList)
+		}
+	}
+	if got := mustParse(t, []string{"--callback-flow=true"}, map[string]string{"KUBE_BIND_CALLBACK_FLOW": "false"}); got.NoCallbackFlow {
+		t.Error("--callback-flow=true on the command line did not win over KUBE_BIND_CALLBACK_FLOW=false")
+	}
 }
 
 func TestInvalidStoreConfig(t *testing.T) {
@@ -129,6 +146,10 @@ func TestInvalidStoreConfig(t *testing.T) {
 		{[]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091", "--peer-key=" + key, "--peer-key-file=/x"}, nil, "give only one"},
 		{[]string{"--callback-allowed-urls=cli.example.com"}, nil, `--callback-allowed-urls: "cli.example.com"`},
 		{[]string{"--callback-allowed-urls=https://x/cb?y=1"}, nil, "--callback-allowed-urls"},
+		{[]string{"--callback-allowed-urls=https://x/a/../cb"}, nil, "matched exactly"},
+		{[]string{"--callback-flow=false", "--callback-allowed-urls=https://cli.example.com/cb"}, nil, "--callback-allowed-urls with --callback-flow=false"},
+		{[]string{"--callback-allowed-urls=https://cli.example.com/cb"}, map[string]string{"KUBE_BIND_CALLBACK_FLOW": "false"}, "--callback-allowed-urls with --callback-flow=false"},
+		{nil, map[string]string{"KUBE_BIND_CALLBACK_FLOW": "maybe"}, "KUBE_BIND_CALLBACK_FLOW"},
 	} {
 		_, err := parseConfig(c.args, env(c.env), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

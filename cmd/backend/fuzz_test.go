@@ -76,6 +76,7 @@ func FuzzParseConfig(f *testing.F) {
 		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-self-url=https://peer.example.com:443/", "KUBE_BIND_PEER_KEY_FILE=short"},
 		{"--callback-allowed-urls=https://cli.example.com/kube-bind, http://10.0.0.7:8000\n--namespace-prefix=tenant-", ""},
 		{"--callback-allowed-urls=https://u@cli.example.com/?q\n--namespace-prefix=Kube_", ""},
+		{"--callback-flow=false\n--callback-allowed-urls=https://cli.example.com/cb", ""},
 		{"--tls-cert-file=tls.crt\n--tls-key-file=tls.key\n--external-ca-file=ca.pem\n--external-address=https://api.example.com:6443", ""},
 		{"--poll-interval=20m\n--session-ttl=10m\n--log-level=DEBUG\n--log-format=Text\n--consumer-scope=cluster", "KUBE_BIND_MAX_POLLED_SESSIONS=5"},
 		{"--cookie-signing-key=c2hvcnQ", "KUBE_BIND_COOKIE_ENCRYPTION_KEY=topsecretvalue"},
@@ -269,6 +270,7 @@ func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc,
 		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil),
 		CookieHashKeys: c.CookieSigningKeys, CookieBlockKeys: c.CookieEncryptionKeys, CallbackAllowList: c.CallbackAllowList,
+		NoCallbackFlow: c.NoCallbackFlow,
 	}); err != nil {
 		t.Fatalf("accepted an allow-list or cookie keys the browser handler refuses: %v", err)
 	}

@@ -666,6 +666,7 @@ func (bn *bench) backendArgs(mode string, port, peerPort int, peers []string) []
 		"--log-level", o.logLevel, "--log-format", "text",
 		"--max-polled-sessions", strconv.Itoa(o.sessions + o.sessions/4 + 1000),
 		"--max-connections-per-client", "0",
+		"--session-create-rate", "0", // one client creates every session
 		"--session-ttl", sessionTTL.String(),
 		"--poll-interval", o.interval.String(),
 	}

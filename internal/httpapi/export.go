@@ -10,7 +10,8 @@ import (
 
 // exportDocument renders the BindingProvider once: it only depends on the
 // configuration. The poll method comes first; released CLIs skip it and
-// take the OAuth2CodeGrant entry.
+// take the OAuth2CodeGrant entry, which is left out when the callback
+// flow is off (Config.NoCallbackFlow).
 func exportDocument(cfg Config, prefix string) ([]byte, error) {
 	at := func(path string) string {
 		u := url.URL{Scheme: cfg.ExternalURL.Scheme, Host: cfg.ExternalURL.Host, Path: prefix + path}
@@ -42,6 +43,9 @@ func exportDocument(cfg Config, prefix string) ([]byte, error) {
 				OAuth2CodeGrant: &v1alpha1.OAuth2CodeGrant{AuthenticatedURL: at(PathAuthorize)},
 			},
 		},
+	}
+	if cfg.NoCallbackFlow {
+		doc.AuthenticationMethods = doc.AuthenticationMethods[:1]
 	}
 	if d := cfg.LongPoll.MaxWait(); d > 0 {
 		doc.AuthenticationMethods[0].OAuth2CodeGrantPoll.LongPollMaxWait = d.String()

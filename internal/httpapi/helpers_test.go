@@ -92,6 +92,8 @@ type envOpts struct {
 	// wrap, if set, wraps the memory store the handler uses (env.store
 	// stays the memory store underneath).
 	wrap func(sessions.Store) sessions.Store
+	// noCallbackFlow turns the callback flow off (Config.NoCallbackFlow).
+	noCallbackFlow bool
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
@@ -131,16 +133,17 @@ func newEnv(t testing.TB, o envOpts) *env {
 		bh = testBrowser(t, ext, svc, o.login, &staticCatalog{}, logger, clock.Now)
 	}
 	h, err := New(Config{
-		ExternalURL:  ext,
-		PrettyName:   "MangoDB Inc.",
-		PollInterval: o.interval,
-		Sessions:     svc,
-		Logger:       logger,
-		Metrics:      reg,
-		Readiness:    o.readiness,
-		Browser:      bh,
-		Now:          clock.Now,
-		LongPoll:     o.longPoll,
+		ExternalURL:    ext,
+		PrettyName:     "MangoDB Inc.",
+		PollInterval:   o.interval,
+		Sessions:       svc,
+		Logger:         logger,
+		Metrics:        reg,
+		Readiness:      o.readiness,
+		Browser:        bh,
+		Now:            clock.Now,
+		LongPoll:       o.longPoll,
+		NoCallbackFlow: o.noCallbackFlow,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -83,6 +84,17 @@ type Config struct {
 	// session ends; nil turns long polling off. Whoever runs the server
 	// calls its Release when shutdown begins.
 	LongPoll *longpoll.Holder
+	// NoCallbackFlow: discovery advertises the poll flow only, not
+	// OAuth2CodeGrant (the browser handler then refuses callback links:
+	// browser.Config.NoCallbackFlow).
+	NoCallbackFlow bool
+	// SessionCreateRate is how many POST /sessions one client may make
+	// per second, with a burst of three seconds' worth; more are answered
+	// 429 slow_down with Retry-After. 0: no limit. The client is the
+	// connection's address (connlimit.ClientKey: an IPv6 /64 is one
+	// client); proxy headers are not trusted, so behind a proxy that does
+	// not keep client addresses every client shares the proxy's.
+	SessionCreateRate float64
 }
 
 // Bounds of request bodies.
@@ -106,6 +118,9 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = DefaultPollInterval
+	}
+	if !(cfg.SessionCreateRate >= 0) || math.IsInf(cfg.SessionCreateRate, 0) {
+		return nil, fmt.Errorf("httpapi: session create rate %v must be 0 (no limit) or positive", cfg.SessionCreateRate)
 	}
 	if cfg.PollInterval < 0 {
 		return nil, fmt.Errorf("httpapi: poll interval %s is negative", cfg.PollInterval)
@@ -134,6 +149,7 @@ func New(cfg Config) (http.Handler, error) {
 		host:         cfg.ExternalURL.Host,
 		minPollGap:   minPollGap(cfg.PollInterval),
 		browserPaths: map[string]string{},
+		createLimit:  newClientLimiter(cfg.SessionCreateRate, maxLimitedClients),
 	}
 	if s.export, err = exportDocument(cfg, prefix); err != nil {
 		return nil, err
@@ -204,6 +220,8 @@ type server struct {
 	browserPaths map[string]string
 	// minPollGap is the poll interval less the jitter tolerance.
 	minPollGap time.Duration
+	// createLimit paces POST /sessions per client (nil: no limit).
+	createLimit *clientLimiter
 }
 
 // pollTolerance is how much earlier than pollInterval after the previous

@@ -62,6 +62,29 @@ func TestExport(t *testing.T) {
 	}
 }
 
+// With the callback flow off, discovery offers the poll flow only: a
+// released CLI then says the provider has no method it knows instead of
+// opening a link /authorize refuses.
+func TestExportWithoutCallbackFlow(t *testing.T) {
+	e := newEnv(t, envOpts{external: "https://bind.example.com", interval: 3 * time.Second, noCallbackFlow: true})
+	resp := e.do("GET", "/export", nil)
+	b := readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET /export: %d %s", resp.StatusCode, b)
+	}
+	var bp v1alpha1.BindingProvider
+	if err := json.Unmarshal(b, &bp); err != nil {
+		t.Fatal(err)
+	}
+	if len(bp.AuthenticationMethods) != 1 || bp.AuthenticationMethods[0].Method != v1alpha1.MethodOAuth2CodeGrantPoll ||
+		bp.AuthenticationMethods[0].OAuth2CodeGrantPoll == nil || bp.AuthenticationMethods[0].OAuth2CodeGrant != nil {
+		t.Fatalf("authenticationMethods %s, want the poll flow only", b)
+	}
+	if strings.Contains(string(b), `"OAuth2CodeGrant"`) || strings.Contains(string(b), "oauth2CodeGrant\"") {
+		t.Fatalf("export still advertises the callback flow: %s", b)
+	}
+}
+
 func TestNewValidatesConfig(t *testing.T) {
 	svc := newEnv(t, envOpts{}).svc
 	for _, raw := range []string{"ftp://x", "https://", "https://u:p@x", "https://x/?a=b", "https://x/#f"} {

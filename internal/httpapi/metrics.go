@@ -19,8 +19,10 @@ var pollOutcomes = []string{
 
 type metrics struct {
 	sessionsCreated prometheus.Counter
-	polls           map[string]prometheus.Counter
-	duration        *prometheus.HistogramVec
+	// sessionsRateLimited counts POST /sessions answered 429.
+	sessionsRateLimited prometheus.Counter
+	polls               map[string]prometheus.Counter
+	duration            *prometheus.HistogramVec
 
 	// observers caches resolved histogram children, so that observing a
 	// request does not hash label values or allocate.
@@ -39,6 +41,10 @@ func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error
 			Namespace: "kube_bind_backend", Name: "sessions_created_total",
 			Help: "Poll sessions created.",
 		}),
+		sessionsRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kube_bind_backend", Name: "sessions_rate_limited_total",
+			Help: "POST /sessions answered 429 because their client made too many (--session-create-rate).",
+		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kube_bind_backend", Name: "http_request_duration_seconds",
 			Help:    "Latency of HTTP requests by route and status code.",
@@ -54,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error
 	for _, o := range pollOutcomes {
 		m.polls[o] = pollsVec.WithLabelValues(o)
 	}
-	collectors := []prometheus.Collector{m.sessionsCreated, pollsVec, m.duration}
+	collectors := []prometheus.Collector{m.sessionsCreated, m.sessionsRateLimited, pollsVec, m.duration}
 	if lp != nil {
 		collectors = append(collectors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

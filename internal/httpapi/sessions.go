@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"reflect"
 	"strings"
 
+	"github.com/kbprovider/backend/internal/connlimit"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -21,6 +23,18 @@ import (
 // silently cost the client its identity. (Field names match
 // case-insensitively, as encoding/json does: "clusterId" is accepted.)
 func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
+	if s.createLimit != nil {
+		// The client is the connection's address; proxy headers are not
+		// trusted (Config.SessionCreateRate).
+		if wait := s.createLimit.allow(connlimit.ClientOf(r.RemoteAddr), s.cfg.Now()); wait > 0 {
+			s.metrics.sessionsRateLimited.Inc()
+			secs := int64(math.Ceil(wait.Seconds()))
+			retryAfter(w.Header(), secs)
+			writeError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
+				"this client created too many sessions in a short time; wait as long as Retry-After says")
+			return
+		}
+	}
 	body, tooLarge, err := readBody(w, r, maxSessionBody)
 	switch {
 	case tooLarge:

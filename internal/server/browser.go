@@ -82,6 +82,7 @@ func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 		CookieHashKeys:    cfg.CookieSigningKeys,
 		CookieBlockKeys:   cfg.CookieEncryptionKeys,
 		CallbackAllowList: cfg.CallbackAllowList,
+		NoCallbackFlow:    cfg.NoCallbackFlow,
 		Logger:            s.log.With("component", "browser"),
 		OnDelivered:       marker.Delivered,
 	})

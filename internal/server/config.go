@@ -41,9 +41,13 @@ type Config struct {
 	// one of each when the browser login is on.
 	CookieSigningKeys    [][]byte
 	CookieEncryptionKeys [][]byte
-	// CallbackAllowList: URL prefixes a callback-flow u may start with
-	// (checked with browser.ParseCallbackAllowList).
+	// CallbackAllowList: callback URLs a callback-flow u may be, exactly
+	// (checked with browser.ParseCallbackAllowList). Empty when
+	// NoCallbackFlow is set.
 	CallbackAllowList []string
+	// NoCallbackFlow (--callback-flow=false): discovery offers the poll
+	// flow only and /authorize refuses callback links.
+	NoCallbackFlow bool
 
 	// ClusterSecretKeys derive cluster secrets (internal/clusterkey): the
 	// first issues them, all prove them (a rotation). At least one.
@@ -82,6 +86,9 @@ type Config struct {
 	// connections (0: no cap).
 	MaxConnections    int
 	MaxConnsPerClient int
+	// SessionCreateRate paces POST /sessions per client, per second
+	// (httpapi.Config.SessionCreateRate; 0: no limit).
+	SessionCreateRate float64
 	// ShutdownTimeout bounds the drain of in-flight requests (Run).
 	ShutdownTimeout time.Duration
 

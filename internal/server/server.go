@@ -104,7 +104,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("cannot listen on %s: %w", cfg.ListenAddress, err)
 	}
 	// One client must not hold every connection (or file descriptor).
-	s.ln = connlimit.New(ln, cfg.MaxConnections, cfg.MaxConnsPerClient)
+	limited := connlimit.New(ln, cfg.MaxConnections, cfg.MaxConnsPerClient)
+	s.ln = limited
 	ext, derived := cfg.ExternalURLFor(s.ln.Addr())
 	if derived {
 		s.log.Warn("--external-url not set: advertising "+ext.String()+", which only works for clients on this machine; "+
@@ -123,6 +124,13 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "kube_bind_backend", Name: "connections_refused_total",
+		Help: "Connections closed at once because their client held --max-connections-per-client.",
+	}, func() float64 { return float64(limited.Refused()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "kube_bind_backend", Name: "idle_connections_closed_total",
+		Help: "Idle keep-alive connections closed to make room for new ones at --max-connections.",
+	}, func() float64 { return float64(limited.Evicted()) }))
 	if r := s.ring; r != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "hashring_peer_fallbacks_total",
@@ -154,16 +162,18 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	readiness = append(readiness, b.checks...)
 	s.longPoll = longpoll.New(cfg.LongPoll)
 	handler, err := httpapi.New(httpapi.Config{
-		ExternalURL:  ext,
-		PrettyName:   cfg.PrettyName,
-		PollInterval: cfg.PollInterval,
-		Sessions:     s.sessions,
-		Logger:       s.log,
-		Metrics:      reg,
-		Readiness:    readiness,
-		Browser:      b.handler,
-		OnDelivered:  b.onDelivered,
-		LongPoll:     s.longPoll,
+		ExternalURL:       ext,
+		PrettyName:        cfg.PrettyName,
+		PollInterval:      cfg.PollInterval,
+		Sessions:          s.sessions,
+		Logger:            s.log,
+		Metrics:           reg,
+		Readiness:         readiness,
+		Browser:           b.handler,
+		OnDelivered:       b.onDelivered,
+		LongPoll:          s.longPoll,
+		NoCallbackFlow:    cfg.NoCallbackFlow,
+		SessionCreateRate: cfg.SessionCreateRate,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the HTTP handler: %w", err)
@@ -180,6 +190,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		// drained, not cancelled.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		TLSConfig:   tlsConfig,
+		// At --max-connections, an idle keep-alive connection is closed
+		// for a new one: the listener learns which are idle here.
+		ConnState: limited.ConnState,
 	}
 	return s, nil
 }

@@ -53,6 +53,7 @@ func TestChartFlagsAreBackendFlags(t *testing.T) {
 			"providerCluster.externalAddress=https://api.example.com:6443", "providerCluster.externalCA=-----BEGIN CERTIFICATE-----",
 			"providerCluster.externalServerName=api", "oidc.allowedUsers[0]=alice", "oidc.allowedGroups[0]=admins",
 			"callbackAllowedURLs[0]=https://cli.example.com/cb"},
+		{"callbackFlow=false"},
 	} {
 		for name := range flags(t, render(t, sets...)) {
 			used[name] = true

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,11 +16,14 @@ import (
 )
 
 // TestSessionFlood: one client sends 100,000 POST /sessions to one
-// replica, on a few keep-alive connections. A session is derived from
-// keys and stored nowhere, so the flood costs no memory: the replica's
-// resident set after it is within 50 MB of before. Meanwhile other
-// clients create sessions on both replicas and poll them, a user binds
-// one, and every answer comes within a few seconds.
+// replica, on a few keep-alive connections (that replica runs with
+// --session-create-rate=0, or the flood would be paced). A session is
+// derived from keys and stored nowhere, so the flood costs no memory: the
+// replica's resident set after it is within 50 MB of before. Meanwhile
+// another client (127.0.0.2) floods the other replica, which keeps the
+// default rate limit and answers it 429 beyond its pace; other clients
+// (127.0.0.1) create sessions on both replicas and poll them, a user
+// binds one, and every answer comes within a few seconds, never a 429.
 func TestSessionFlood(t *testing.T) {
 	const (
 		total      = 100_000
@@ -27,8 +31,15 @@ func TestSessionFlood(t *testing.T) {
 		otherBound = 3 * time.Second // each answer to the other clients
 		rssBound   = 50 << 20
 	)
-	c := newCluster(t, clusterOpts{replicas: 2})
+	c := newCluster(t, clusterOpts{replicas: 2, noStart: true})
 	target, other := c.reps[0], c.reps[1]
+	target.args = append(target.args, "--session-create-rate=0")
+	for _, r := range c.reps {
+		r.start(t)
+	}
+	for _, r := range c.reps {
+		r.waitReady(t)
+	}
 
 	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -102,6 +113,44 @@ func TestSessionFlood(t *testing.T) {
 		}
 	})
 
+	// A flood from another client on the rate-limited replica: paced
+	// (429 slow_down beyond --session-create-rate, default 10/s with a
+	// burst of 30), while the other clients on that replica are not.
+	limitedTr := &http.Transport{MaxIdleConnsPerHost: 2, MaxConnsPerHost: 2,
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext}
+	t.Cleanup(limitedTr.CloseIdleConnections)
+	limitedFlooder := &http.Client{Transport: limitedTr, Timeout: 30 * time.Second}
+	var limitedCreated, limitedSlowed atomic.Int64
+	var limitedOther atomic.Pointer[string]
+	limitedBegan := time.Now()
+	others.Go(func() {
+		for {
+			select { // about 50 a second, five times the pace
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			resp, err := limitedFlooder.Post("http://"+other.addr+"/sessions", "application/json", strings.NewReader("{}"))
+			if err != nil {
+				msg := err.Error()
+				limitedOther.CompareAndSwap(nil, &msg)
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			switch {
+			case resp.StatusCode == http.StatusCreated:
+				limitedCreated.Add(1)
+			case resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") != "" &&
+				strings.Contains(string(b), `"slow_down"`):
+				limitedSlowed.Add(1)
+			default:
+				msg := fmt.Sprintf("%d %.200s", resp.StatusCode, b)
+				limitedOther.CompareAndSwap(nil, &msg)
+			}
+		}
+	})
+
 	var sent, refused atomic.Int64
 	var firstRefusal atomic.Pointer[string]
 	var flood sync.WaitGroup
@@ -145,6 +194,18 @@ func TestSessionFlood(t *testing.T) {
 	}
 	if rssAfter-rssBefore > rssBound {
 		t.Errorf("the flooded replica's resident set grew by %.1f MB, want at most %.0f MB", mb(rssAfter-rssBefore), mb(rssBound))
+	}
+	limitedTook := time.Since(limitedBegan)
+	t.Logf("flood of the rate-limited replica from 127.0.0.2 for %s: %d created, %d answered 429 slow_down",
+		limitedTook.Round(time.Millisecond), limitedCreated.Load(), limitedSlowed.Load())
+	if m := limitedOther.Load(); m != nil {
+		t.Errorf("the flood of the rate-limited replica got neither 201 nor 429 slow_down with Retry-After, e.g. %s", *m)
+	}
+	if limitedSlowed.Load() == 0 {
+		t.Error("the flood of the rate-limited replica was never answered 429")
+	}
+	if most := 30 + int64(10*limitedTook.Seconds()) + 10; limitedCreated.Load() > most {
+		t.Errorf("the rate-limited replica created %d sessions for one client in %s, want at most %d", limitedCreated.Load(), limitedTook, most)
 	}
 	if otherRequests.Load() < 10 {
 		t.Errorf("only %d requests of other clients during the flood", otherRequests.Load())

@@ -120,6 +120,9 @@ what to set. Included by the Deployment so every render runs them.
 {{- if and $v.tls.certManager.enabled (not $v.tls.certManager.issuerRef.name) }}
 {{- fail "\n\ntls.certManager.issuerRef.name is required: the cert-manager Issuer or ClusterIssuer that signs the serving certificate" }}
 {{- end }}
+{{- if and (not $v.callbackFlow) $v.callbackAllowedURLs }}
+{{- fail "\n\ncallbackAllowedURLs with callbackFlow=false: the allow-list is for the callback flow; empty it or turn the callback flow on" }}
+{{- end }}
 {{- if and $v.httpRoute.enabled (not $v.httpRoute.parentRefs) }}
 {{- fail "\n\nhttpRoute.enabled needs httpRoute.parentRefs: the Gateway(s) to attach to, e.g. [{name: public, namespace: gateways}]" }}
 {{- end }}
@@ -177,6 +180,7 @@ Secrets are passed as files, never as flag values.
   (printf "--max-polled-sessions=%d" (int $v.session.maxPolled))
   (printf "--max-connections=%d" (int $v.connections.max))
   (printf "--max-connections-per-client=%d" (int $v.connections.maxPerClient))
+  (printf "--session-create-rate=%v" $v.connections.sessionCreateRate)
   (printf "--grace-period=%s" $v.session.gracePeriod)
   (printf "--long-poll-max-wait=%s" $v.session.longPollMaxWait)
   (printf "--max-long-polls=%d" (int $v.session.maxLongPolls))
@@ -196,6 +200,9 @@ Secrets are passed as files, never as flag values.
 {{- end }}
 {{- with $v.oidc.allowedGroups }}
 {{- $args = append $args (printf "--oidc-allowed-groups=%s" (join "," .)) }}
+{{- end }}
+{{- if not $v.callbackFlow }}
+{{- $args = append $args "--callback-flow=false" }}
 {{- end }}
 {{- with $v.callbackAllowedURLs }}
 {{- $args = append $args (printf "--callback-allowed-urls=%s" (join "," .)) }}

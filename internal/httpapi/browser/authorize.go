@@ -29,6 +29,11 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) {
 	case q.Has(hmac.ParamSignature) || q.Has(hmac.ParamNonce):
 		h.authorizePoll(w, r, q)
 	case q.Has("p") || q.Has("u"):
+		if h.cfg.NoCallbackFlow {
+			// Before any login, creating nothing; HEAD gets the same.
+			h.page(w, http.StatusNotFound, pageNoCallbackFlow, "")
+			return
+		}
 		h.authorizeCallback(w, r, q)
 	default:
 		h.page(w, http.StatusBadRequest, pageBadLink, "the link has neither a signature nor a callback")
@@ -127,7 +132,7 @@ func linkLooksGood(w http.ResponseWriter) {
 }
 
 // callbackURL returns where the callback flow ends: http://localhost:<p>/callback
-// for p, else u when it is an http URL on a loopback host or starts with an
+// for p, else u when it is an http URL on a loopback host or equals an
 // entry of the allow-list. Anything else is refused: an open redirect here
 // would hand a kubeconfig to whoever crafted the link.
 func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
@@ -161,9 +166,12 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		return u, ""
 	}
 	for _, allowed := range h.allowList {
-		if matchesPrefix(u, allowed) && !hasDotSegment(u.EscapedPath()) {
+		if equalsAllowed(u, allowed) && !hasDotSegment(u.EscapedPath()) {
 			return u, ""
 		}
+	}
+	if len(h.allowList) > 0 {
+		return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1]) or one of the URLs this provider allows"
 	}
 	return nil, "u must be an http URL on this computer (localhost, 127.0.0.1 or [::1])"
 }
@@ -191,8 +199,8 @@ func parsePort(p string) (int, bool) {
 }
 
 // hasDotSegment: a "." or ".." path segment, also percent-encoded or
-// after a backslash, which a browser resolves, leaving an allow-listed
-// path prefix behind.
+// after a backslash, which a browser resolves, leaving the URL it was
+// checked as behind.
 func hasDotSegment(escapedPath string) bool {
 	for _, seg := range strings.FieldsFunc(escapedPath, func(r rune) bool { return r == '/' || r == '\\' }) {
 		switch strings.ReplaceAll(strings.ToLower(seg), "%2e", ".") {
@@ -208,15 +216,17 @@ func isLoopback(host string) bool {
 }
 
 // ParseCallbackAllowList reads the entries of Config.CallbackAllowList
-// (--callback-allowed-urls): scheme://host[:port][/path] prefixes. Every
-// entry that is not one is an error of its own.
+// (--callback-allowed-urls): whole callback URLs scheme://host[:port][/path],
+// each matched exactly (equalsAllowed). Every entry that is not one is an
+// error of its own.
 func ParseCallbackAllowList(entries []string) ([]*url.URL, []error) {
 	var out []*url.URL
 	var errs []error
 	for _, e := range entries {
 		u, err := url.Parse(e)
-		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			errs = append(errs, errors.New(strconv.Quote(e)+": want a URL prefix scheme://host[:port][/path], e.g. https://cli.example.com/callback"))
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil ||
+			u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || hasDotSegment(u.EscapedPath()) {
+			errs = append(errs, errors.New(strconv.Quote(e)+": want a callback URL scheme://host[:port][/path], matched exactly, e.g. https://cli.example.com/callback"))
 			continue
 		}
 		out = append(out, u)
@@ -224,15 +234,25 @@ func ParseCallbackAllowList(entries []string) ([]*url.URL, []error) {
 	return out, errs
 }
 
-// matchesPrefix: same scheme and host (port included), and u's path is
-// allowed's path or below it.
-func matchesPrefix(u, allowed *url.URL) bool {
+// equalsAllowed: u is the allow-listed URL: same scheme and host (port
+// included; both case-insensitive), the same path (an empty path is "/"),
+// and no query. Nothing below the path, nothing beside it.
+func equalsAllowed(u, allowed *url.URL) bool {
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return false
+	}
 	if !strings.EqualFold(u.Scheme, allowed.Scheme) || !strings.EqualFold(u.Host, allowed.Host) {
 		return false
 	}
-	base := strings.TrimSuffix(allowed.EscapedPath(), "/")
-	p := u.EscapedPath()
-	return base == "" || p == base || strings.HasPrefix(p, base+"/")
+	return rootedPath(u.EscapedPath()) == rootedPath(allowed.EscapedPath())
+}
+
+// rootedPath: "" and "/" are the same path to a browser.
+func rootedPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	return p
 }
 
 // beginLogin sends the browser to the identity provider with the flow

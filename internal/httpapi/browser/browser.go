@@ -71,11 +71,15 @@ type Config struct {
 	// (every pair is tried), so the two lists may have different lengths
 	// and rotate independently.
 	CookieHashKeys, CookieBlockKeys [][]byte
-	// CallbackAllowList are URL prefixes (scheme://host[:port]/path) that
-	// a callback-flow u may start with besides http URLs on a loopback host.
+	// CallbackAllowList are callback URLs (scheme://host[:port]/path) that
+	// a callback-flow u may be, exactly, besides http URLs on a loopback
+	// host. Empty when NoCallbackFlow is set.
 	CallbackAllowList []string
-	Logger            *slog.Logger
-	Now               func() time.Time
+	// NoCallbackFlow turns the callback flow (OAuth2CodeGrant) off:
+	// /authorize refuses a callback link (p or u) before any login.
+	NoCallbackFlow bool
+	Logger         *slog.Logger
+	Now            func() time.Time
 	// OnDelivered, if set, is called with the BindingResponse when the
 	// callback flow redirects the browser to the CLI with it (the poll
 	// flow hands it out in internal/httpapi). It must not block.
@@ -122,6 +126,9 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.NoCallbackFlow && len(cfg.CallbackAllowList) > 0 {
+		return nil, errors.New("browser: a callback allow-list with the callback flow off")
 	}
 	allow, errs := ParseCallbackAllowList(cfg.CallbackAllowList)
 	if len(errs) > 0 {

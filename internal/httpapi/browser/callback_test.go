@@ -24,9 +24,12 @@ func TestCallbackURL(t *testing.T) {
 		{url.Values{"u": {"http://127.0.0.1:5000/callback?x=1"}}, "http://127.0.0.1:5000/callback?x=1"},
 		{url.Values{"u": {"http://[::1]:5000/cb"}}, "http://[::1]:5000/cb"},
 		{url.Values{"u": {"http://localhost/cb"}}, "http://localhost/cb"},
-		{url.Values{"u": {"https://cli.example.com/kube-bind/callback"}}, "https://cli.example.com/kube-bind/callback"},
+		{url.Values{"u": {"https://cli.example.com/kube-bind/callback"}}, ""},
 		{url.Values{"u": {"https://cli.example.com/kube-bind"}}, "https://cli.example.com/kube-bind"},
-		{url.Values{"u": {"http://10.0.0.7:8000/anything"}}, "http://10.0.0.7:8000/anything"},
+		{url.Values{"u": {"https://cli.example.com/kube-bind?x=1"}}, ""},
+		{url.Values{"u": {"http://10.0.0.7:8000"}}, "http://10.0.0.7:8000"},
+		{url.Values{"u": {"http://10.0.0.7:8000/"}}, "http://10.0.0.7:8000/"},
+		{url.Values{"u": {"http://10.0.0.7:8000/anything"}}, ""},
 		{url.Values{"u": {"https://cli.example.com/kube-bindevil"}}, ""},
 		{url.Values{"u": {"https://cli.example.com/other"}}, ""},
 		{url.Values{"u": {"http://cli.example.com/kube-bind/callback"}}, ""},
@@ -71,7 +74,7 @@ func TestCallbackURL(t *testing.T) {
 	}
 }
 
-func TestAllowListRefusesNonPrefixes(t *testing.T) {
+func TestAllowListRefusesNonURLs(t *testing.T) {
 	for _, bad := range []string{"ftp://x.example.com", "https://", "https://x.example.com/?q=1", "https://u@x.example.com", "not a url"} {
 		if _, errs := ParseCallbackAllowList([]string{bad}); len(errs) != 1 {
 			t.Errorf("allow-list entry %q accepted", bad)

@@ -34,6 +34,7 @@ const (
 	pageMethodNotAllowed
 	pageInternal
 	pageUnavailable
+	pageNoCallbackFlow
 )
 
 const runAgain = "Run the bind command in your terminal again; it prints a new link."
@@ -59,6 +60,7 @@ var errorPages = map[pageKind]web.ErrorPage{
 	pageMethodNotAllowed: {Title: "Request not allowed here", Message: "This page does not take this kind of request.", Hint: "Start from the link your terminal printed."},
 	pageInternal:         {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
 	pageUnavailable:      {Title: "Please try again in a moment", Message: "The provider is briefly unable to reach its cluster. Your binding session is not lost.", Hint: "Reload this page in a few seconds."},
+	pageNoCallbackFlow:   {Title: "This provider binds with the poll flow only", Message: "The link comes from a client that uses the callback flow (OAuth2CodeGrant), which this provider has turned off.", Hint: "Bind with kube-bind-poll, or another client that supports OAuth2CodeGrantPoll."},
 }
 
 // page renders the error page of kind; detail, if any, replaces its

@@ -102,6 +102,13 @@ func newRefusalEnv(t *testing.T) *refusalEnv {
 // newRefusalEnvAt is newRefusalEnv with the external URL ext.
 func newRefusalEnvAt(t *testing.T, ext *url.URL) *refusalEnv {
 	t.Helper()
+	return newRefusalEnvWith(t, ext, nil)
+}
+
+// newRefusalEnvWith is newRefusalEnvAt with the handler's Config changed
+// by adjust (if set) before New.
+func newRefusalEnvWith(t *testing.T, ext *url.URL, adjust func(*Config)) *refusalEnv {
+	t.Helper()
 	clock := fakeclock.At(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	store := memory.New(sessions.Limits{}, clock.Now)
 	key, err := clusterkey.New([]byte(strings.Repeat("k", 32)))
@@ -114,7 +121,7 @@ func newRefusalEnvAt(t *testing.T, ext *url.URL) *refusalEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.h, err = New(Config{
+	cfg := Config{
 		ExternalURL:     ext,
 		ProviderName:    "Refusal provider",
 		Sessions:        svc,
@@ -124,7 +131,11 @@ func newRefusalEnvAt(t *testing.T, ext *url.URL) *refusalEnv {
 		CookieHashKeys:  [][]byte{fuzzHashKey},
 		CookieBlockKeys: [][]byte{fuzzBlockKey},
 		Now:             clock.Now,
-	})
+	}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	e.h, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
