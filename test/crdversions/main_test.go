@@ -1,0 +1,10 @@
+package crdversions
+
+import (
+	"os"
+	"testing"
+
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
+)
+
+func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
