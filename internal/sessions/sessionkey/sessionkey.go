@@ -129,7 +129,8 @@ func (k *Keys) Open(id string) (Session, error) {
 	}
 	var buf [headerLen + maxClusterID]byte
 	n, err := base64.RawURLEncoding.Strict().Decode(buf[:], []byte(id))
-	if err != nil || n < headerLen {
+	// The decoder skips line breaks: an ID is only its canonical spelling.
+	if err != nil || n < headerLen || base64.RawURLEncoding.EncodedLen(n) != len(id) {
 		return Session{}, ErrMalformed
 	}
 	b := buf[:n]

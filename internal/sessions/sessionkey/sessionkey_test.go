@@ -90,7 +90,8 @@ func TestTamperedIDHasAnotherSecret(t *testing.T) {
 func TestMalformed(t *testing.T) {
 	k := mustKeys(t, keyA)
 	s := k.Issue(FlowPoll, "", time.Now())
-	for _, id := range []string{"", "abc", s.ID + "=", s.ID[:len(s.ID)-1] + "!", "Zr7Q2mWbX9kLp3Vt", string(make([]byte, 200))} {
+	for _, id := range []string{"", "abc", s.ID + "=", s.ID[:len(s.ID)-1] + "!", "Zr7Q2mWbX9kLp3Vt", string(make([]byte, 200)),
+		s.ID[:10] + "\n" + s.ID[10:], s.ID[:10] + "\r\n" + s.ID[10:]} {
 		if _, err := k.Open(id); !errors.Is(err, ErrMalformed) {
 			t.Errorf("Open(%q) = %v, want ErrMalformed", id, err)
 		}
