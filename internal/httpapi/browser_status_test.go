@@ -14,6 +14,7 @@ import (
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -254,7 +255,7 @@ func TestIdPHangsDuringExchange(t *testing.T) {
 	ps, link := be.authURL()
 	client, back := be.loginCallback(link)
 
-	hang := hangingServer(t)
+	hang := procs.HangingListener(t)
 	be.tokenDiversion.Store(&hang)
 	resp, body := be.send(client, http.MethodGet, back.String())
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "Try again") {

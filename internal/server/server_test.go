@@ -39,20 +39,11 @@ func TestRunServesAndStops(t *testing.T) {
 	ensureNamespace(t, admin, "kube-bind")
 	peerAddr := "127.0.0.1:" + itoa(procs.FreePort(t))
 	logs := &procs.Buffer{}
-	cfg := Config{
-		ListenAddress:     "127.0.0.1:0",
-		Logger:            slog.New(slog.NewJSONHandler(logs, nil)),
-		ClusterSecretKeys: [][]byte{bytes.Repeat([]byte("k"), 32)},
-		PrettyName:        "Test",
-		SessionTTL:        time.Minute,
-		PollInterval:      time.Second,
-		GracePeriod:       time.Minute,
-		MaxPolledSessions: 10,
-		ShutdownTimeout:   10 * time.Second,
-		Kubeconfig:        controlplane.WriteKubeconfig(t, admin),
-		Store: StoreConfig{Kind: StoreHashring, Namespace: "kube-bind", PeerListenAddress: peerAddr, PeerSelfURL: "https://" + peerAddr,
-			PeerKeys: [][]byte{bytes.Repeat([]byte("p"), 32)}},
-	}
+	cfg := testConfig(logs)
+	cfg.ShutdownTimeout = 10 * time.Second
+	cfg.Kubeconfig = controlplane.WriteKubeconfig(t, admin)
+	cfg.Store = StoreConfig{Kind: StoreHashring, Namespace: "kube-bind", PeerListenAddress: peerAddr, PeerSelfURL: "https://" + peerAddr,
+		PeerKeys: [][]byte{bytes.Repeat([]byte("p"), 32)}}
 	s, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -127,13 +118,10 @@ func TestNewReleasesWhatItOpened(t *testing.T) {
 	ln.Close()
 }
 
-func itoa(n int) string { return (&net.TCPAddr{Port: n}).String()[1:] }
-
-// Shutdown answers held long polls at once (pending) instead of draining
-// them for their whole wait.
-func TestShutdownReleasesLongPolls(t *testing.T) {
-	logs := &procs.Buffer{}
-	s, err := New(context.Background(), Config{
+// testConfig is a valid configuration with the memory store that logs
+// JSON to logs.
+func testConfig(logs *procs.Buffer) Config {
+	return Config{
 		ListenAddress:     "127.0.0.1:0",
 		Logger:            slog.New(slog.NewJSONHandler(logs, nil)),
 		ClusterSecretKeys: [][]byte{bytes.Repeat([]byte("k"), 32)},
@@ -142,10 +130,20 @@ func TestShutdownReleasesLongPolls(t *testing.T) {
 		PollInterval:      time.Second,
 		GracePeriod:       time.Minute,
 		MaxPolledSessions: 10,
-		ShutdownTimeout:   time.Minute,
-		LongPoll:          longpoll.Options{MaxWait: 40 * time.Second, MaxHeld: 10},
 		Store:             StoreConfig{Kind: StoreMemory},
-	})
+	}
+}
+
+func itoa(n int) string { return (&net.TCPAddr{Port: n}).String()[1:] }
+
+// Shutdown answers held long polls at once (pending) instead of draining
+// them for their whole wait.
+func TestShutdownReleasesLongPolls(t *testing.T) {
+	logs := &procs.Buffer{}
+	cfg := testConfig(logs)
+	cfg.ShutdownTimeout = time.Minute
+	cfg.LongPoll = longpoll.Options{MaxWait: 40 * time.Second, MaxHeld: 10}
+	s, err := New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

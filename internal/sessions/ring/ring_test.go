@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/kbprovider/backend/internal/sessions/admission"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/storetest"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // testTimeout is the peer timeout in tests: short, so that a dead peer
@@ -253,36 +253,6 @@ func TestNonceSingleUseAcrossReplicas(t *testing.T) {
 	}
 }
 
-// blackHole accepts connections and never answers.
-func blackHole(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return "https://" + ln.Addr().String()
-}
-
 // frozen is a peer that completes TLS and then never answers a request.
 func frozen(t *testing.T, sh sessions.Store, keys [][]byte) string {
 	r := start(t, sh, config{keys: keys})
@@ -345,7 +315,7 @@ func checkAnswersWithout(t *testing.T, sh sessions.Store, a *replica, dead strin
 
 func TestUnresponsiveOwner(t *testing.T) {
 	for name, dead := range map[string]func(*testing.T, sessions.Store, [][]byte) string{
-		"black hole": func(t *testing.T, _ sessions.Store, _ [][]byte) string { return blackHole(t) },
+		"black hole": func(t *testing.T, _ sessions.Store, _ [][]byte) string { return "https://" + procs.HangingListener(t) },
 		"frozen":     frozen,
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -4,6 +4,8 @@
 package procs
 
 import (
+	"net"
+	"sync"
 	"testing"
 
 	"github.com/kbprovider/backend/internal/localenv/procs"
@@ -44,4 +46,42 @@ func RandomKey(t testing.TB, n int) string {
 		t.Fatal(err)
 	}
 	return key
+}
+
+// HangingListener listens on a loopback port, accepts connections and
+// never answers on them: a peer that is frozen or whose packets are
+// dropped, as a client sees it (timeouts, not refusals). It returns the
+// address; the listener, its accept loop and the connections end with
+// the test.
+func HangingListener(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
 }
