@@ -64,7 +64,7 @@ func (p provisioner) Provision(_ context.Context, c binding.Consumer, _ string, 
 func TestCreatePollSession(t *testing.T) {
 	s, store, key := newService(t, sessions.Limits{}, nil)
 	sess, clusterID, secret := s.CreatePollSession("")
-	if !clusterkey.Issued(sess.ID, clusterID) || secret != key.Secret(clusterID) || sess.ClusterID != "" {
+	if clusterID != clusterkey.NewClusterID(sess.ID) || secret != key.Secret(clusterID) || sess.ClusterID != "" {
 		t.Fatalf("no cluster ID presented: %+v, cluster %q, secret %q; want an issued ID with its secret", sess, clusterID, secret)
 	}
 	opened, err := s.Open(sess.ID)

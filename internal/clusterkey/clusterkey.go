@@ -55,12 +55,6 @@ func NewClusterID(sessionID string) string {
 	return lowerBase32.EncodeToString(sum[:16])
 }
 
-// Issued reports whether clusterID is the one NewClusterID issued to
-// sessionID, i.e. the session did not present it.
-func Issued(sessionID, clusterID string) bool {
-	return hmac.Equal([]byte(NewClusterID(sessionID)), []byte(clusterID))
-}
-
 // Key derives cluster secrets with the current key and proves them with
 // the current and the previous keys. Safe for concurrent use.
 type Key struct{ keys [][]byte } // keys[0] is current

@@ -23,7 +23,6 @@ import (
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/longpoll"
-	"github.com/kbprovider/backend/internal/sessions"
 )
 
 // ProtocolVersion is the kube-bind protocol level advertised in the
@@ -41,11 +40,8 @@ const (
 	PathBind      = "/bind"
 )
 
-// Defaults for zero Config fields.
-const (
-	DefaultPollInterval = 2 * time.Second
-	DefaultSessionTTL   = sessions.DefaultTTL
-)
+// DefaultPollInterval is the poll interval of a zero Config.PollInterval.
+const DefaultPollInterval = 2 * time.Second
 
 // Config configures the handler returned by New.
 type Config struct {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"math"
 	"net/http"
 	"reflect"
 	"strings"
@@ -28,8 +27,7 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 		// trusted (Config.SessionCreateRate).
 		if wait := s.createLimit.allow(connlimit.ClientOf(r.RemoteAddr), s.cfg.Now()); wait > 0 {
 			s.metrics.sessionsRateLimited.Inc()
-			secs := int64(math.Ceil(wait.Seconds()))
-			retryAfter(w.Header(), secs)
+			retryAfter(w.Header(), ceilSeconds(wait))
 			writeError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
 				"this client created too many sessions in a short time; wait as long as Retry-After says")
 			return

@@ -118,5 +118,5 @@ func (s *Server) sessionKeys() (*sessionkey.Keys, error) {
 		rand.Read(k)
 		keys = [][]byte{k}
 	}
-	return sessionkey.New(keys[0], keys[1:]...)
+	return sessionkey.New(currentKey(keys), previousKeys(keys)...)
 }

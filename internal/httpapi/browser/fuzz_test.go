@@ -450,7 +450,7 @@ func FuzzAuthorizeQuery(f *testing.F) {
 					t.Fatalf("query %q: cluster %q counted as proven", rawQuery, fl.ClusterID)
 				}
 			case clusterReplaced:
-				if ps.ClusterID == "" || fl.ClusterID == ps.ClusterID || !clusterkey.Issued(ps.ID, fl.ClusterID) ||
+				if ps.ClusterID == "" || fl.ClusterID == ps.ClusterID || fl.ClusterID != clusterkey.NewClusterID(ps.ID) ||
 					e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
 					t.Fatalf("query %q: replaced by %q", rawQuery, fl.ClusterID)
 				}
