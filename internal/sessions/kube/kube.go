@@ -23,8 +23,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -69,19 +70,19 @@ type Store struct {
 	log      *slog.Logger
 	now      func() time.Time
 	admit    *admission.Table
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 
 	mu      sync.Mutex
 	waiters map[string][]chan struct{} // by Secret name
 
 	// A broken watch (the API server restarted or is unreachable) makes
-	// client-go relist with a backoff of up to 30 s, during which the
-	// cache misses what other replicas write. Until the informer has
-	// listed again, a record the cache does not hold is read from the API
-	// server, at a bounded rate.
-	brokenAt    atomic.Int64 // Unix nanoseconds; 0: the watch is fine
-	brokenRV    atomic.Value // string: the informer's resource version then
+	// client-go relist with a backoff of up to 30 s (twice that with its
+	// jitter), and a restarted API server may hold new watches back until
+	// its watch cache is ready although lists already succeed: meanwhile
+	// the cache misses what other replicas write. For brokenWatchWindow
+	// after the last watch error, a record the cache does not hold is read
+	// from the API server, at a bounded rate.
+	brokenAt    atomic.Int64 // Unix nanoseconds of the last watch error; 0: none
 	directReads *rate.Limiter
 }
 
@@ -89,7 +90,7 @@ type Store struct {
 const (
 	directReadRate    = 20 // per second, per replica
 	directReadTimeout = 2 * time.Second
-	maxBrokenWatch    = 2 * time.Minute
+	brokenWatchWindow = time.Minute
 )
 
 var _ sessions.Store = (*Store)(nil)
@@ -115,14 +116,29 @@ func New(opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.factory = informers.NewSharedInformerFactoryWithOptions(opts.Client, 0,
-		informers.WithNamespace(opts.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = RecordLabel }),
-		informers.WithTransform(dropManagedFields))
-	s.informer = s.factory.Core().V1().Secrets().Informer()
+	// The informer's own list and watch calls tell when the watch is
+	// broken: client-go retries a refused watch quietly, without its
+	// watch error handler.
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = RecordLabel
+			l, err := s.secrets.List(ctx, o)
+			s.noteWatchError(err)
+			return l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = RecordLabel
+			w, err := s.secrets.Watch(ctx, o)
+			s.noteWatchError(err)
+			return w, err
+		},
+	}
+	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &corev1.Secret{}, cache.SharedIndexInformerOptions{})
+	if err := s.informer.SetTransform(dropManagedFields); err != nil {
+		return nil, err
+	}
 	if err := s.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		s.brokenRV.Store(s.informer.LastSyncResourceVersion())
-		s.brokenAt.Store(time.Now().UnixNano())
+		s.noteWatchError(err)
 		cache.DefaultWatchErrorHandler(ctx, r, err)
 	}); err != nil {
 		return nil, err
@@ -146,8 +162,8 @@ func dropManagedFields(obj any) (any, error) {
 // Run runs the informer and the collector until ctx ends, and returns once
 // both stopped. Call it once.
 func (s *Store) Run(ctx context.Context) {
-	s.factory.Start(ctx.Done())
 	var wg sync.WaitGroup
+	wg.Go(func() { s.informer.RunWithContext(ctx) })
 	wg.Go(func() {
 		if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
 			return
@@ -163,8 +179,6 @@ func (s *Store) Run(ctx context.Context) {
 			}
 		}
 	})
-	<-ctx.Done()
-	s.factory.Shutdown()
 	wg.Wait()
 }
 
@@ -342,18 +356,19 @@ func (s *Store) fromCache(name string) *corev1.Secret {
 	return sec
 }
 
-// watchBroken says whether the informer's watch broke and it has not
-// listed since.
+// noteWatchError records a failed list or watch of the informer.
+func (s *Store) noteWatchError(err error) {
+	if err != nil {
+		s.brokenAt.Store(time.Now().UnixNano())
+	}
+}
+
+// watchBroken says whether the informer's watch failed less than
+// brokenWatchWindow ago. A successful list alone does not end it: the
+// watch after it may still be held back.
 func (s *Store) watchBroken() bool {
 	at := s.brokenAt.Load()
-	if at == 0 {
-		return false
-	}
-	if rv, _ := s.brokenRV.Load().(string); rv != s.informer.LastSyncResourceVersion() || time.Since(time.Unix(0, at)) > maxBrokenWatch {
-		s.brokenAt.CompareAndSwap(at, 0)
-		return false
-	}
-	return true
+	return at != 0 && time.Since(time.Unix(0, at)) < brokenWatchWindow
 }
 
 // readDirect reads the record name from the API server, within the rate
