@@ -16,11 +16,11 @@ KUBE_BIND_TEST_BINARIES=$(bash hack/install-test-binaries.sh | tail -n 1)
 t2=$SECONDS
 echo "test dependencies: $((t1 - t0))s; test binaries: $((t2 - t1))s ($KUBE_BIND_TEST_BINARIES)"
 
-# The released kube-bind v0.4.8 binaries the consumer-side tests run
-# (internal/localenv/konnector looks beside the repository and its parents;
-# a clone elsewhere finds them at the workplace's shared folder).
-if [ -z "${KUBE_BIND_TEST_PEERS:-}" ] && [ -f /work/shared/peers/kube-bind-v0.4.8/SHA256SUMS ]; then
-	export KUBE_BIND_TEST_PEERS=/work/shared/peers/kube-bind-v0.4.8
+# The released kube-bind binaries (v0.4.8 and v0.8.2) the consumer-side
+# tests run (internal/localenv/konnector looks beside the repository and its
+# parents; a clone elsewhere finds them at the workplace's shared folder).
+if [ -z "${KUBE_BIND_TEST_PEERS:-}" ] && [ -f /work/shared/peers/kube-bind-v0.8.2/SHA256SUMS ]; then
+	export KUBE_BIND_TEST_PEERS=/work/shared/peers
 fi
 
 # The tests that drop packets with nft (test/replicas) run as root here

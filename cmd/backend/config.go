@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clitoken"
 	"github.com/kbprovider/backend/internal/longpoll"
 	"github.com/kbprovider/backend/internal/server"
 )
@@ -81,6 +82,8 @@ type rawFlags struct {
 	podNamespace, podName                                 string
 	gcUnusedBindingAfter                                  time.Duration
 	gcDryRun                                              bool
+	cliTokenTTL                                           time.Duration
+	cliTokensNotBefore                                    string
 }
 
 func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
@@ -144,6 +147,9 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 
 	d(&r.gcUnusedBindingAfter, "gc-unused-binding-after", 24*time.Hour, "delete a consumer namespace left by a bind cut short, or by a bind whose response was never handed out, this long after it was made; never one whose konnector sent a heartbeat or whose credentials were used; 0 turns it off (at least 1h and longer than --session-ttl)")
 	b(&r.gcDryRun, "gc-dry-run", false, "only log (and count) the unused bindings the garbage collection would delete")
+
+	d(&r.cliTokenTTL, "cli-token-ttl", clitoken.DefaultTTL, "lifetime of the tokens `kubectl bind login` receives (15m to 24h); the CLI stops using one 5 minutes before it ends")
+	s(&r.cliTokensNotBefore, "cli-tokens-not-before", "", "RFC 3339 time: CLI tokens issued before it are refused (raise it to revoke every token at once)")
 
 	b(&r.version, "version", false, "print the version and exit")
 
@@ -329,6 +335,17 @@ func (r *rawFlags) validate() (*config, error) {
 
 	if r.sessionTTL <= 0 {
 		fail("--session-ttl %s: must be positive", r.sessionTTL)
+	}
+	if err := clitoken.ValidateTTL(r.cliTokenTTL); err != nil {
+		fail("--cli-token-ttl: %v", err)
+	}
+	c.CLITokenTTL = r.cliTokenTTL
+	if r.cliTokensNotBefore != "" {
+		t, err := time.Parse(time.RFC3339, r.cliTokensNotBefore)
+		if err != nil {
+			fail("--cli-tokens-not-before %q: want an RFC 3339 time such as 2026-11-26T10:00:00Z", r.cliTokensNotBefore)
+		}
+		c.CLITokensNotBefore = t
 	}
 	if r.pollInterval <= 0 {
 		fail("--poll-interval %s: must be positive", r.pollInterval)

@@ -242,3 +242,21 @@ func TestInvalidConfig(t *testing.T) {
 		t.Errorf("--help: %v", err)
 	}
 }
+
+// TestCLITokenFlags: --cli-token-ttl (8h, 15m to 24h) and
+// --cli-tokens-not-before (RFC 3339), from flags or the environment.
+func TestCLITokenFlags(t *testing.T) {
+	c := mustParse(t, nil, nil)
+	if c.CLITokenTTL != 8*time.Hour || !c.CLITokensNotBefore.IsZero() {
+		t.Errorf("defaults: %s %s", c.CLITokenTTL, c.CLITokensNotBefore)
+	}
+	c = mustParse(t, []string{"--cli-token-ttl=15m"}, map[string]string{"KUBE_BIND_CLI_TOKENS_NOT_BEFORE": "2026-11-26T10:00:00Z"})
+	if c.CLITokenTTL != 15*time.Minute || !c.CLITokensNotBefore.Equal(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)) {
+		t.Errorf("set: %s %s", c.CLITokenTTL, c.CLITokensNotBefore)
+	}
+	for _, args := range [][]string{{"--cli-token-ttl=14m59s"}, {"--cli-token-ttl=24h1s"}, {"--cli-tokens-not-before=yesterday"}} {
+		if _, err := parseConfig(args, env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), strings.SplitN(args[0], "=", 2)[0]) {
+			t.Errorf("%q: %v", args, err)
+		}
+	}
+}

@@ -313,6 +313,8 @@ func TestUsageErrors(t *testing.T) {
 		"-o yaml without --dry-run": {"-o", "yaml", b.ExportURL},
 		"dry run to files":          {"--dry-run", "--output-dir", ".", b.ExportURL},
 		"bad flow":                  {"--flow", "carrier-pigeon", b.ExportURL},
+		"bad protocol":              {"--protocol", "v2", b.ExportURL},
+		"v1alpha2 callback flow":    {"--protocol", "v1alpha2", "--flow", "callback", "-o", "-", b.ExportURL},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -338,6 +340,19 @@ func TestProviderWithoutPollFlow(t *testing.T) {
 	p := start(t, t.TempDir(), "-o", "-", b.URL+"/nothing-here")
 	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "404") {
 		t.Fatalf("exit code %d, want 1 naming the 404; stderr:\n%s", code, p.errText())
+	}
+}
+
+// --protocol v1alpha2 against a provider without a v1alpha2 document
+// fails with exit 1 naming the generation; v1alpha1 goes on as before.
+func TestForcedProtocol(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	p := start(t, t.TempDir(), "--protocol", "v1alpha2", "-o", "-", b.ExportURL)
+	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "kube-bind.io/v1alpha2") {
+		t.Fatalf("exit code %d, want 1 naming kube-bind.io/v1alpha2; stderr:\n%s", code, p.errText())
+	}
+	if n := b.SessionsCreated(); n != 0 {
+		t.Errorf("created %d sessions", n)
 	}
 }
 

@@ -59,6 +59,7 @@ type options struct {
 	waitTimeout    time.Duration
 
 	// Both.
+	protocol    string
 	flow        string
 	clusterID   string
 	timeout     time.Duration
@@ -77,13 +78,15 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the consumer cluster (default: $KUBECONFIG, ~/.kube/config, or in-cluster)")
 	fs.StringVar(&o.context, "context", "", "kubeconfig context of the consumer cluster (default: the current one)")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print every object the bind would create (-o yaml|json) and change nothing")
-	fs.StringVar(&o.konnectorImage, "konnector-image", consumer.DefaultKonnector, "konnector image to deploy")
+	fs.StringVar(&o.konnectorImage, "konnector-image", "", "konnector image to deploy (default: "+consumer.DefaultKonnectorV1alpha2+
+		" when binding through v1alpha2, "+consumer.DefaultKonnector+" through v1alpha1)")
 	fs.BoolVar(&o.skipKonnector, "skip-konnector", false, "do not deploy the konnector or its RBAC (it runs elsewhere)")
 	fs.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Minute, "how long to wait for each request to succeed and for the konnector")
 	fs.StringVar(&o.outputDir, "output-dir", "", "files only, no cluster: write "+responseFile+" and "+kubeconfigFile+" here (mode 0600)")
 	fs.StringVar(&o.output, "o", "", `"yaml" or "json": format of --dry-run; "-": files only, the BindingResponse JSON to stdout`)
 	fs.BoolVar(&o.force, "force", false, "overwrite existing output files (--output-dir)")
 	fs.StringVar(&o.flow, "flow", "", `"poll" or "callback" (default: poll when the provider offers it)`)
+	fs.StringVar(&o.protocol, "protocol", "auto", `protocol generation: "auto" (v1alpha2 when the provider offers its poll flow at /api/exports, else v1alpha1), "v1alpha1" or "v1alpha2"`)
 	fs.StringVar(&o.clusterID, "cluster-id", "", "present this cluster ID instead of the one kept in the cluster")
 	fs.DurationVar(&o.timeout, "timeout", 0, "give up after this long (0: when the session expires)")
 	fs.StringVar(&o.caFile, "certificate-authority", "", "PEM file of CA certificates to trust for the provider's URLs besides the system's")
@@ -130,6 +133,10 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 		return nil, errors.New("--timeout must not be negative, --wait-timeout must be positive")
 	case o.flow != bindflow.FlowAuto && o.flow != bindflow.FlowPoll && o.flow != bindflow.FlowCallback:
 		return nil, fmt.Errorf(`--flow takes "poll" or "callback", not %q`, o.flow)
+	case o.protocol != "auto" && o.protocol != bindflow.ProtocolV1alpha1 && o.protocol != bindflow.ProtocolV1alpha2:
+		return nil, fmt.Errorf(`--protocol takes "auto", "v1alpha1" or "v1alpha2", not %q`, o.protocol)
+	case o.protocol == bindflow.ProtocolV1alpha2 && o.flow == bindflow.FlowCallback:
+		return nil, errors.New("--protocol v1alpha2 binds through the poll flow only; it does not go with --flow callback")
 	case o.qr != "auto" && o.qr != "always" && o.qr != "never":
 		return nil, fmt.Errorf(`--qr takes "auto", "always" or "never", not %q`, o.qr)
 	}
@@ -188,6 +195,9 @@ func failed(o *options, stderr io.Writer, err error) int {
 // flowOptions are the options of the browser part common to both modes.
 func flowOptions(o *options, hc *http.Client, stderr io.Writer) bindflow.Options {
 	fo := bindflow.Options{HTTPClient: hc, UserAgent: "kube-bind-poll", Flow: o.flow, Out: stderr}
+	if o.protocol != "auto" {
+		fo.Protocol = o.protocol
+	}
 	switch o.qr {
 	case "always":
 		fo.QR = true
@@ -259,9 +269,10 @@ func runCluster(ctx context.Context, o *options, hc *http.Client, stdout, stderr
 		return failed(o, stderr, err)
 	}
 	answered := time.Now()
-	fmt.Fprintf(stderr, "The provider bound %d API(s) in namespace %s on %s (%s flow). Completing in the cluster:\n",
-		len(res.Response.Requests), res.Namespace, res.Server, res.Flow)
+	fmt.Fprintf(stderr, "The provider bound %d API(s) in namespace %s on %s (%s flow, %s). Completing in the cluster:\n",
+		len(res.Response.Requests), res.Namespace, res.Server, res.Flow, res.Response.APIVersion)
 	out, err := binder.Bind(ctx, consumer.Binding{
+		Protocol:   res.Protocol,
 		ExportURL:  o.exportURL,
 		Identity:   consumer.Identity{ClusterID: res.ClusterID, ClusterSecret: res.ClusterSecret},
 		Kubeconfig: res.Response.Kubeconfig,

@@ -1,7 +1,9 @@
 // Package crds ships the CustomResourceDefinitions of group kube-bind.io
-// v1alpha1 that the provider side uses, as the YAML files next to this file
-// (the Helm chart copies the same files), and installs them for tests, the
-// local demo and the backend.
+// that the provider side uses, as the YAML files next to this file (the Helm
+// chart copies the same files), and installs them for tests, the local demo
+// and the backend. The four kinds both generations share serve v1alpha1 and
+// v1alpha2 with one schema (the union of their fields) and store v1alpha2;
+// the kinds only v1alpha2 has serve v1alpha2 alone.
 package crds
 
 import (
@@ -34,6 +36,10 @@ const (
 	APIServiceExports        = "apiserviceexports." + Group
 	APIServiceExportRequests = "apiserviceexportrequests." + Group
 	APIServiceNamespaces     = "apiservicenamespaces." + Group
+	// v1alpha2 only.
+	BoundSchemas              = "boundschemas." + Group
+	APIServiceExportTemplates = "apiserviceexporttemplates." + Group
+	Collections               = "collections." + Group
 )
 
 // Files returns the embedded YAML files by file name.

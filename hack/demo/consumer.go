@@ -26,18 +26,22 @@ const (
 	konnectorRestartDelay = 2 * time.Second
 )
 
-// findKonnector looks for the released konnector where the tests find it;
-// without it the demo still binds, but nothing syncs.
+// findKonnector looks for the released konnector and kubectl-bind where the
+// tests find them; without the konnector the demo still binds, but nothing
+// syncs.
 func (d *demo) findKonnector() {
 	t := time.Now()
-	bin, err := konnector.ReleasedPath("konnector")
+	bin, err := konnector.ReleasedPathOf(konnector.ReleasedV1alpha2, "konnector")
 	if err != nil {
 		d.konnectorErr = err
-		d.step("no released konnector %s (%v): the bind command will run with --skip-konnector", konnector.ReleasedVersion, err)
+		d.step("no released konnector %s (%v): the bind command will run with --skip-konnector", konnector.ReleasedV1alpha2, err)
 		return
 	}
 	d.konnectorBinary = bin
-	d.step("found the released konnector %s: %s (%s)", konnector.ReleasedVersion, bin, since(t))
+	d.step("found the released konnector %s: %s (%s)", konnector.ReleasedV1alpha2, bin, since(t))
+	if cli, err := konnector.ReleasedPathOf(konnector.ReleasedV1alpha2, "kubectl-bind"); err == nil {
+		d.releasedCLI = cli
+	}
 }
 
 // installBindingsAPI serves APIServiceBindings in the consumer cluster when
@@ -59,7 +63,7 @@ func (d *demo) installBindingsAPI(ctx context.Context) error {
 			},
 			Scope: apiextensionsv1.ClusterScoped,
 			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
-				Name: "v1alpha1", Served: true, Storage: true,
+				Name: "v1alpha2", Served: true, Storage: true,
 				Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}},
 				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
 					Type: "object", XPreserveUnknownFields: &preserve,

@@ -41,6 +41,7 @@ type demo struct {
 	backendDone   chan struct{}
 
 	konnectorBinary string // the released konnector; "" when not found
+	releasedCLI     string // the released kubectl-bind; "" when not found
 	konnectorErr    error  // why it was not found
 	konnectorLog    *os.File
 	watchCancel     context.CancelFunc // ends the konnector watcher

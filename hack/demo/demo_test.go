@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/consumer"
 	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
@@ -182,6 +183,7 @@ func TestDemo(t *testing.T) {
 
 	pressed, providerNS := bindWithPollCommand(t, ready, base)
 	useBoundAPI(t, d, ready, providerNS, pressed)
+	bindWithReleasedCLI(t, ready, base)
 
 	// Should the konnector die, the demo runs it again, as a kubelet would.
 	const runs = "running it here as ServiceAccount kube-bind/konnector"
@@ -253,7 +255,7 @@ func TestDemoWithoutKonnector(t *testing.T) {
 	}
 	ctx := context.Background()
 	dyn := dynamic.NewForConfigOrDie(consumerCfg)
-	if _, err := dyn.Resource(kbresources.APIServiceBindings).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
+	if _, err := dyn.Resource(consumer.BindingV1alpha2GVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
 		t.Errorf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
 	}
 	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
@@ -298,6 +300,7 @@ type readyText struct {
 	user, password    string
 	poll              []string   // the bind command as printed
 	kubectl           [][]string // the kubectl commands as printed
+	released          [][]string // the released kubectl-bind commands as printed
 	pluginPath        []string   // the PATH printed for the kubectl plugin form
 }
 
@@ -368,6 +371,9 @@ func readReady(t *testing.T, stdout io.Reader, exited <-chan error, timeout time
 			if f := strings.Fields(line); len(f) > 0 && strings.HasSuffix(f[0], "/kubectl") {
 				r.kubectl = append(r.kubectl, f)
 			}
+			if f := strings.Fields(line); len(f) > 0 && strings.HasSuffix(f[0], "/kubectl-bind") {
+				r.released = append(r.released, f)
+			}
 			if v, ok := field(line, "export PATH="); ok {
 				r.pluginPath = strings.Split(strings.TrimSuffix(v, ":$PATH"), ":")
 			}
@@ -387,6 +393,52 @@ func readReady(t *testing.T, stdout io.Reader, exited <-chan error, timeout time
 		case <-deadline:
 			t.Fatalf("demo not ready after %s:\n%s", timeout, all.String())
 		}
+	}
+}
+
+// bindWithReleasedCLI runs the printed commands of the released
+// kubectl-bind: its login (the test plays the browser) and its template
+// bind, which must end with the APIServiceBinding in the consumer cluster.
+func bindWithReleasedCLI(t *testing.T, ready readyText, base string) {
+	t.Helper()
+	var login, template []string
+	for _, c := range ready.released {
+		switch {
+		case len(c) > 1 && c[1] == "login":
+			login = c
+		case len(c) > 1 && c[1] == "apiservice":
+			template = c
+		}
+	}
+	if login == nil || template == nil {
+		t.Fatalf("the demo printed no login and template commands of the released kubectl-bind: %v", ready.released)
+	}
+	home := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := procs.Start(t, home, login[0], append(login[1:], "--skip-browser"), "HOME="+home, "KUBECONFIG=")
+	authURL := c.URL(t)
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	back, err := oidcprovider.Attach(ready.issuer, base+"/callback").Login(ctx, client, authURL, ready.user, ready.password)
+	if err != nil {
+		t.Fatalf("logging in as %s: %v", ready.user, err)
+	}
+	// The backend's callback hands the token to the CLI's own callback.
+	resp, err := client.Get(back.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if code := c.Wait(t, time.Minute); code != 0 {
+		t.Fatalf("kubectl-bind login: exit %d", code)
+	}
+	bind := procs.Start(t, home, template[0], template[1:], "HOME="+home, "KUBECONFIG=")
+	if code := bind.Wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("kubectl-bind apiservice: exit %d", code)
+	}
+	if out, err := ready.run("get apiservicebindings"); err != nil || !strings.Contains(out, "redises") {
+		t.Errorf("after the released CLI's bind, get apiservicebindings: %v\n%s", err, out)
 	}
 }
 
@@ -527,7 +579,7 @@ func useBoundAPI(t *testing.T, d *demoRun, ready readyText, providerNS string, p
 	if out, err := ready.run("get apiservicebindings"); err != nil || !strings.Contains(out, exampleapis.MangoDB.Name()) {
 		t.Errorf("the printed get apiservicebindings: %v\n%s", err, out)
 	}
-	b, err := consumerDyn.Resource(kbresources.APIServiceBindings).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
+	b, err := consumerDyn.Resource(consumer.BindingV1alpha2GVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
 	}

@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
 )
 
@@ -177,6 +178,20 @@ on your PATH:
 		poll, skip, consumer, export,
 		shellQuote(filepath.Dir(o.pollBinary)), shellQuote(d.cp.BinDir()),
 		skip, consumer, export)
+	if d.releasedCLI != "" {
+		cfg := shellQuote(d.path("kube-bind-config.yaml"))
+		fmt.Fprintf(w, `Or with the tool consumers install today, the released kubectl-bind %s:
+log in once, then bind in the browser or by template:
+
+  %s login %s --config-file %s
+  %s --kubeconfig %s --config-file %s%s
+  %s apiservice --template-name %s --name redises --kubeconfig %s --config-file %s%s
+
+`, konnector.ReleasedV1alpha2,
+			shellQuote(d.releasedCLI), d.baseURL, cfg,
+			shellQuote(d.releasedCLI), consumer, cfg, skip,
+			shellQuote(d.releasedCLI), exampleapis.Redis.Name(), consumer, cfg, skip)
+	}
 	if d.konnectorBinary != "" {
 		fmt.Fprintf(w, `The command deploys the konnector into the consumer cluster, where its pods
 cannot run (the demo's clusters have no nodes); so the demo runs it here as a
@@ -205,7 +220,7 @@ exist) but not synced: the consumer cluster gets no CRDs of them, and nothing
 reaches the provider. To have the demo run the konnector, set %s to the
 folder of the release (konnector.gz, SHA256SUMS) and start it again.
 
-`, konnector.ReleasedVersion, d.konnectorErr, konnector.PeersEnv)
+`, konnector.ReleasedV1alpha2, d.konnectorErr, konnector.PeersEnv)
 	}
 	fmt.Fprintf(w, `The provider cluster:
 

@@ -1,9 +1,11 @@
 // Package bindflow gets a BindingResponse from a kube-bind provider for a
-// command line client: it reads the discovery document, takes the poll
-// flow when the provider offers it (it works over SSH) and the callback
-// flow otherwise (every released v1alpha1 provider offers it), shows the
-// user the URL to open (prominently, with the confirmation code and, on a
-// terminal, a QR code for a phone), and waits.
+// command line client: it picks the protocol generation (kube-bind.io/v1alpha2
+// when the provider's host serves a v1alpha2 document with the poll flow at
+// /api/exports, else v1alpha1 at the URL as given), reads the discovery
+// document, takes the poll flow when the provider offers it (it works over
+// SSH) and the callback flow otherwise (every released v1alpha1 provider
+// offers it), shows the user the URL to open (prominently, with the
+// confirmation code and, on a terminal, a QR code for a phone), and waits.
 package bindflow
 
 import (
@@ -17,8 +19,17 @@ import (
 
 	"github.com/mdp/qrterminal/v3"
 
+	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
 	"github.com/kbprovider/backend/pkg/callbackflow"
 	"github.com/kbprovider/backend/pkg/pollclient"
+)
+
+// Protocol generations to force with Options.Protocol.
+const (
+	ProtocolAuto     = ""
+	ProtocolV1alpha1 = v1alpha1.ProviderAPIVersion
+	ProtocolV1alpha2 = v1alpha2.ProviderAPIVersion
 )
 
 // Flows to force with Options.Flow.
@@ -34,6 +45,10 @@ type Options struct {
 	UserAgent  string
 	// Flow forces a flow; FlowAuto takes poll when offered.
 	Flow string
+	// Protocol forces a generation; ProtocolAuto takes v1alpha2 when the
+	// provider offers its poll flow. This client speaks v1alpha2 through
+	// the poll flow only.
+	Protocol string
 	// ClusterID to present ("" for a new one) and ClusterSecret to prove it
 	// with (poll flow, backends that issue one).
 	ClusterID, ClusterSecret string
@@ -53,7 +68,9 @@ type Options struct {
 // cluster by.
 type Result struct {
 	*pollclient.Result
-	Flow          string
+	Flow string
+	// Protocol is the generation bound through (Result.Generation).
+	Protocol      string
 	ClusterID     string
 	ClusterSecret string // newly issued with ClusterID, else ""
 	ProviderName  string
@@ -64,6 +81,13 @@ func Obtain(ctx context.Context, exportURL string, o Options) (*Result, error) {
 	c := pollclient.New(o.HTTPClient)
 	if o.UserAgent != "" {
 		c.UserAgent = o.UserAgent
+	}
+	p2, err2 := selectV1alpha2(ctx, c, exportURL, o)
+	if err2 != nil {
+		return nil, err2
+	}
+	if p2 != nil {
+		return o.poll(ctx, c, p2)
 	}
 	doc, err := c.FetchDocument(ctx, exportURL)
 	if err != nil {
@@ -86,34 +110,7 @@ func Obtain(ctx context.Context, exportURL string, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := c.CreateSession(ctx, p, o.ClusterID)
-		if err != nil {
-			return nil, err
-		}
-		secret := o.ClusterSecret
-		if s.ClusterID != o.ClusterID {
-			secret = "" // the provider issued another ID: the proof of the old one means nothing
-		}
-		u, err := s.AuthenticationURLWithProof(secret)
-		if err != nil {
-			return nil, err
-		}
-		o.show(name, u, "in a browser (on any machine)", s.ConfirmationCode(), s.ExpiresAt)
-		var opts []pollclient.WaitOption
-		if o.Progress != nil {
-			opts = append(opts, pollclient.WithProgress(o.Progress))
-		}
-		res, err := s.Wait(ctx, opts...)
-		if err != nil {
-			return nil, err
-		}
-		r := &Result{Result: res, Flow: FlowPoll, ClusterID: s.ClusterID, ProviderName: name}
-		if s.ClusterID == o.ClusterID {
-			r.ClusterSecret = o.ClusterSecret
-		} else {
-			r.ClusterSecret = s.ClusterSecret()
-		}
-		return r, nil
+		return o.poll(ctx, c, p)
 	case FlowCallback:
 		authURL, err := pollclient.CodeGrantURL(*doc)
 		if err != nil {
@@ -135,7 +132,7 @@ func Obtain(ctx context.Context, exportURL string, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := &Result{Result: res, Flow: FlowCallback, ClusterID: cid, ProviderName: name}
+		r := &Result{Result: res, Flow: FlowCallback, Protocol: res.Generation, ClusterID: cid, ProviderName: name}
 		if cid == o.ClusterID {
 			r.ClusterSecret = o.ClusterSecret
 		}
@@ -143,6 +140,77 @@ func Obtain(ctx context.Context, exportURL string, o Options) (*Result, error) {
 	default:
 		return nil, fmt.Errorf("unknown flow %q (want %s or %s)", flow, FlowPoll, FlowCallback)
 	}
+}
+
+// selectV1alpha2 returns the v1alpha2 provider to bind through, or nil to
+// go on with v1alpha1 at the URL as given. Auto takes v1alpha2 only when
+// the host serves a v1alpha2 document with the poll flow; any other
+// answer (none, an error, v1alpha1, only the callback flow) falls back, so
+// v1alpha1 providers are bound exactly as before.
+func selectV1alpha2(ctx context.Context, c *pollclient.Client, exportURL string, o Options) (*pollclient.Provider, error) {
+	switch o.Protocol {
+	case ProtocolV1alpha1:
+		return nil, nil
+	case ProtocolV1alpha2:
+		if o.Flow == FlowCallback {
+			return nil, fmt.Errorf("this client binds through %s with the poll flow only; leave out --flow callback", v1alpha2.GroupVersion)
+		}
+		p, err := c.DiscoverV1alpha2(ctx, exportURL)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", v1alpha2.GroupVersion, err)
+		}
+		return p, nil
+	case ProtocolAuto:
+		if o.Flow == FlowCallback {
+			return nil, nil
+		}
+		p, err := c.DiscoverV1alpha2(ctx, exportURL)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, nil
+		}
+		return p, nil
+	default:
+		return nil, fmt.Errorf("unknown protocol %q (want %s or %s)", o.Protocol, ProtocolV1alpha1, ProtocolV1alpha2)
+	}
+}
+
+// poll runs the poll flow at p.
+func (o Options) poll(ctx context.Context, c *pollclient.Client, p *pollclient.Provider) (*Result, error) {
+	name := p.PrettyName
+	if name == "" {
+		name = "the provider"
+	}
+	s, err := c.CreateSession(ctx, p, o.ClusterID)
+	if err != nil {
+		return nil, err
+	}
+	secret := o.ClusterSecret
+	if s.ClusterID != o.ClusterID {
+		secret = "" // the provider issued another ID: the proof of the old one means nothing
+	}
+	u, err := s.AuthenticationURLWithProof(secret)
+	if err != nil {
+		return nil, err
+	}
+	o.show(name, u, "in a browser (on any machine)", s.ConfirmationCode(), s.ExpiresAt)
+	var opts []pollclient.WaitOption
+	if o.Progress != nil {
+		opts = append(opts, pollclient.WithProgress(o.Progress))
+	}
+	res, err := s.Wait(ctx, opts...)
+	if err != nil {
+		return nil, err
+	}
+	r := &Result{Result: res, Flow: FlowPoll, Protocol: res.Generation, ClusterID: s.ClusterID, ProviderName: name}
+	if s.ClusterID == o.ClusterID {
+		r.ClusterSecret = o.ClusterSecret
+	} else {
+		r.ClusterSecret = s.ClusterSecret()
+	}
+	return r, nil
 }
 
 func (o Options) show(provider, u, where, code string, expires time.Time) {

@@ -2,7 +2,6 @@ package binding
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/kbresources"
-	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
 // Config configures provisioning (the backend's flags of the same names).
@@ -128,15 +126,30 @@ func (p *Provisioner) Namespace(c Consumer, clusterID string) string {
 	return namespaceName(p.cfg.NamespacePrefix, c, clusterID)
 }
 
+// Result is what a bind yields, whichever protocol generation renders it
+// into its BindingResponse (internal/bindservice).
+type Result struct {
+	// Namespace is the consumer's provider namespace (also the namespace
+	// of the kubeconfig's current context).
+	Namespace string `json:"namespace"`
+	// Kubeconfig is the kubeconfig YAML issued to the consumer.
+	Kubeconfig []byte `json:"kubeconfig"`
+	// ConsumerID is the consumer's identity, "<issuer>/<subject>".
+	ConsumerID string `json:"consumerID"`
+	// APIs are the selected resources as the catalog resolved them
+	// (duplicates dropped, in the order selected).
+	APIs []ExportedAPI `json:"apis"`
+}
+
 // Provision binds a consumer: it checks every selected resource against
 // the catalog before touching the cluster, then makes sure the consumer's
-// namespace and everything in it exist, and returns the BindingResponse
-// (Authentication.OAuth2CodeGrant.SessionID is left for the caller).
+// namespace and everything in it exist, and returns the Result, which the
+// caller renders for its protocol generation.
 // It is idempotent but for the token: a returning consumer gets the same
 // namespace and service account and a new token (the one it replaces is
 // retired, see IssueToken). A failure midway leaves objects that the next attempt
-// reuses and completes; the response is returned only when all exist.
-func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID string, resources []Resource) (*v1alpha1.BindingResponse, error) {
+// reuses and completes; the result is returned only when all exist.
+func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID string, resources []Resource) (*Result, error) {
 	if err := validateIdentity(c, clusterID); err != nil {
 		return nil, err
 	}
@@ -174,31 +187,7 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 			return nil, fmt.Errorf("binding in provider namespace %s: %s: %w", ns, s.what, err)
 		}
 	}
-	resp := &v1alpha1.BindingResponse{
-		APIVersion: v1alpha1.GroupVersion,
-		Kind:       v1alpha1.KindBindingResponse,
-		Authentication: v1alpha1.BindingAuthentication{
-			OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{ID: c.ID()},
-		},
-		Kubeconfig: kubeconfig,
-	}
-	for _, api := range apis {
-		raw, err := json.Marshal(v1alpha1.APIServiceExportRequestResponse{
-			APIVersion: v1alpha1.GroupVersion,
-			Kind:       v1alpha1.KindAPIServiceExportRequest,
-			Metadata:   v1alpha1.NameMeta{Name: api.Resource + "." + api.Group},
-			Spec: v1alpha1.APIServiceExportRequestResponseSpec{
-				Resources: []v1alpha1.APIServiceExportRequestResource{{
-					Group: api.Group, Resource: api.Resource, Versions: api.Versions,
-				}},
-			},
-		})
-		if err != nil {
-			return nil, err
-		}
-		resp.Requests = append(resp.Requests, raw)
-	}
-	return resp, nil
+	return &Result{Namespace: ns, Kubeconfig: kubeconfig, ConsumerID: c.ID(), APIs: apis}, nil
 }
 
 // resolve checks the selection against the catalog, dropping duplicates

@@ -2,7 +2,6 @@ package binding
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -26,7 +25,6 @@ import (
 
 	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
 const issuer = "https://idp.example.com"
@@ -84,35 +82,21 @@ func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The response.
-	if resp.APIVersion != "kube-bind.io/v1alpha1" || resp.Kind != "BindingResponse" {
-		t.Errorf("apiVersion/kind %q %q", resp.APIVersion, resp.Kind)
+	// The result (each generation renders it: internal/bindservice).
+	if resp.ConsumerID != issuer+"/alice@example.com" || resp.Namespace != p.Namespace(alice, "clusterA") {
+		t.Errorf("result consumer %q namespace %q", resp.ConsumerID, resp.Namespace)
 	}
-	if a := resp.Authentication.OAuth2CodeGrant; a == nil || a.ID != issuer+"/alice@example.com" || a.SessionID != "" {
-		t.Errorf("authentication %+v", a)
-	}
-	if len(resp.Requests) != 2 {
-		t.Fatalf("%d requests, want 2 (duplicates dropped)", len(resp.Requests))
+	if len(resp.APIs) != 2 {
+		t.Fatalf("%d APIs, want 2 (duplicates dropped)", len(resp.APIs))
 	}
 	for i, want := range []struct{ name, group, resource string }{
 		{"widgets.example.com", "example.com", "widgets"},
 		{"gadgets.example.com", "example.com", "gadgets"},
 	} {
-		var r v1alpha1.APIServiceExportRequestResponse
-		if err := json.Unmarshal(resp.Requests[i], &r); err != nil {
-			t.Fatal(err)
+		a := resp.APIs[i]
+		if a.Name != want.name || a.Group != want.group || a.Resource != want.resource || !slices.Equal(a.Versions, []string{"v1"}) {
+			t.Errorf("API %d: %+v", i, a)
 		}
-		if r.APIVersion != "kube-bind.io/v1alpha1" || r.Kind != "APIServiceExportRequest" || r.Metadata.Name != want.name ||
-			len(r.Spec.Resources) != 1 || r.Spec.Resources[0].Group != want.group || r.Spec.Resources[0].Resource != want.resource ||
-			!slices.Equal(r.Spec.Resources[0].Versions, []string{"v1"}) {
-			t.Errorf("request %d: %s", i, resp.Requests[i])
-		}
-	}
-	// The whole response survives the JSON round trip (kubeconfig as base64).
-	b, _ := json.Marshal(resp)
-	var back v1alpha1.BindingResponse
-	if err := json.Unmarshal(b, &back); err != nil || string(back.Kubeconfig) != string(resp.Kubeconfig) {
-		t.Fatalf("JSON round trip: %v", err)
 	}
 
 	// The provider namespace.
@@ -205,7 +189,7 @@ func TestProvisionConcurrent(t *testing.T) {
 	c := Consumer{Issuer: issuer, Subject: "concurrent"}
 
 	var wg sync.WaitGroup
-	resps := make([]*v1alpha1.BindingResponse, 10)
+	resps := make([]*Result, 10)
 	errs := make([]error, 10)
 	for i := range resps {
 		wg.Add(1)

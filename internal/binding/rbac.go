@@ -69,7 +69,11 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			// The controllers' caches (internal/exports, bindinghealth,
 			// cleanup, credentials); every write to these is made through
 			// BackendNamespaceClusterRole, in the backend's namespaces only.
-			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces", "clusterbindings"}, "list", "watch"),
+			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces", "clusterbindings", "boundschemas"}, "list", "watch"),
+			// The offers (internal/offers): the provider's templates and
+			// collections, and the Ready condition of each template.
+			rule(kubeBindGroup, []string{"apiserviceexporttemplates", "collections"}, "get", "list", "watch"),
+			rule(kubeBindGroup, []string{"apiserviceexporttemplates/status"}, "patch", "update"),
 		),
 		role(BackendNamespaceClusterRole,
 			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch", "delete"),
@@ -87,6 +91,10 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			rule(kubeBindGroup, []string{"apiserviceexportrequests/status", "apiservicenamespaces/status", "clusterbindings/status"}, "patch"),
 			// Mirroring exported CRDs.
 			rule(kubeBindGroup, []string{"apiserviceexports"}, "create", "patch", "delete"),
+			// The schemas of the bound resources for konnector v0.8, and
+			// the APIServiceNamespaces a request's spec.namespaces asks for.
+			rule(kubeBindGroup, []string{"boundschemas"}, "get", "create", "patch", "update", "delete"),
+			rule(kubeBindGroup, []string{"apiservicenamespaces"}, "create", "patch"),
 			// The consumer's rights on the resources it bound: a Role of
 			// exactly those resources, which the backend does not hold
 			// itself (escalate, bind), confined to the backend's namespaces.
@@ -99,6 +107,10 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			rule("", []string{"secrets"}, "get", "list", "watch"),
 			rule(kubeBindGroup, []string{"clusterbindings", "apiserviceexports"}, "get", "list", "watch"),
 			rule(kubeBindGroup, []string{"clusterbindings/status", "apiserviceexports/status"}, "get", "patch", "update"),
+			// Konnector v0.8 makes the consumer's CRDs from BoundSchemas
+			// and reports on them.
+			rule(kubeBindGroup, []string{"boundschemas"}, "get", "list", "watch"),
+			rule(kubeBindGroup, []string{"boundschemas/status"}, "get", "patch", "update"),
 		),
 	}
 }

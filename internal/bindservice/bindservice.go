@@ -21,6 +21,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -29,7 +30,13 @@ import (
 // Provisioner sets a consumer up on the provider cluster (implemented by
 // *binding.Provisioner).
 type Provisioner interface {
-	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*v1alpha1.BindingResponse, error)
+	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error)
+}
+
+// Offers are what a v1alpha2 consumer may pick (implemented by the offers
+// source over the catalog, templates and collections).
+type Offers interface {
+	Get(name string) (offers.Offer, bool)
 }
 
 // Catalog says which APIs a consumer may bind (implemented by
@@ -56,6 +63,70 @@ type Config struct {
 	// Catalog and Provisioner are needed for Select and Bind only.
 	Catalog     Catalog
 	Provisioner Provisioner
+	// Offers are needed for SelectOffers only.
+	Offers Offers
+	// RenderV1alpha2 renders the BindingResponse of the v1alpha2 flows
+	// (internal/protocol/v1alpha2.Render); without it, they bind nothing.
+	RenderV1alpha2 Renderer
+}
+
+// Result is a bind's outcome as a protocol generation renders it into
+// its BindingResponse.
+type Result struct {
+	binding.Result
+	// SessionID is the response's authentication.oauth2CodeGrant.sid.
+	SessionID string
+	// Picks are the offers a v1alpha2 consumer picked, one request each
+	// (nil for v1alpha1, whose requests are the resolved APIs).
+	Picks []Pick
+}
+
+// Pick is one picked offer and the name of its request in the response.
+type Pick struct {
+	// Name names the request ("" means the offer's name).
+	Name  string
+	Offer offers.Offer
+}
+
+// RequestName is the name of the pick's request.
+func (p Pick) RequestName() string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return p.Offer.Name
+}
+
+// Renderer renders a Result as the JSON BindingResponse of a generation.
+type Renderer func(Result) ([]byte, error)
+
+// RenderV1alpha1 renders the kube-bind.io/v1alpha1 BindingResponse: one
+// request per resolved API, named <resource>.<group>.
+func RenderV1alpha1(r Result) ([]byte, error) {
+	resp := v1alpha1.BindingResponse{
+		APIVersion: v1alpha1.GroupVersion,
+		Kind:       v1alpha1.KindBindingResponse,
+		Authentication: v1alpha1.BindingAuthentication{
+			OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{SessionID: r.SessionID, ID: r.ConsumerID},
+		},
+		Kubeconfig: r.Kubeconfig,
+	}
+	for _, api := range r.APIs {
+		raw, err := json.Marshal(v1alpha1.APIServiceExportRequestResponse{
+			APIVersion: v1alpha1.GroupVersion,
+			Kind:       v1alpha1.KindAPIServiceExportRequest,
+			Metadata:   v1alpha1.NameMeta{Name: api.Resource + "." + api.Group},
+			Spec: v1alpha1.APIServiceExportRequestResponseSpec{
+				Resources: []v1alpha1.APIServiceExportRequestResource{{
+					Group: api.Group, Resource: api.Resource, Versions: api.Versions,
+				}},
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		resp.Requests = append(resp.Requests, raw)
+	}
+	return json.Marshal(resp)
 }
 
 // Service runs the session lifecycle.
@@ -100,7 +171,16 @@ type Session struct {
 // proves the presented one, and the cluster secret of a new cluster ID
 // ("" when the client presented one: that one's secret is the client's).
 func (s *Service) CreatePollSession(presentedClusterID string) (sess Session, clusterID, clusterSecret string) {
-	sess.Session = s.cfg.Keys.Issue(sessionkey.FlowPoll, presentedClusterID, s.cfg.Now().Add(s.cfg.SessionTTL))
+	return s.CreatePollSessionOf(sessionkey.FlowPoll, presentedClusterID)
+}
+
+// CreatePollSessionOf is CreatePollSession for a poll flow of either
+// generation (FlowPoll or FlowPollV1alpha2).
+func (s *Service) CreatePollSessionOf(flow sessionkey.Flow, presentedClusterID string) (sess Session, clusterID, clusterSecret string) {
+	if !flow.Polled() {
+		panic("bindservice: CreatePollSessionOf with a flow that is not polled")
+	}
+	sess.Session = s.cfg.Keys.Issue(flow, presentedClusterID, s.cfg.Now().Add(s.cfg.SessionTTL))
 	if sess.ClusterID != "" {
 		return sess, sess.ClusterID, ""
 	}
@@ -112,8 +192,19 @@ func (s *Service) CreatePollSession(presentedClusterID string) (sess Session, cl
 // released CLI's session ID and the checked callback URL the response
 // goes to travel with the login, not in any store.
 func (s *Service) CreateCallbackSession(callbackURL, cliSessionID string) Session {
+	return s.CreateRedirectSession(sessionkey.FlowCallback, callbackURL, cliSessionID)
+}
+
+// CreateRedirectSession issues the session of a login whose result goes
+// to a CLI's localhost callback: the v1alpha1 callback flow
+// (FlowCallback), the browser flow of plain `kubectl bind`
+// (FlowBrowserV1alpha2) or `kubectl bind login` (FlowCLILogin).
+func (s *Service) CreateRedirectSession(flow sessionkey.Flow, callbackURL, cliSessionID string) Session {
+	if flow.Polled() || !flow.Valid() {
+		panic("bindservice: CreateRedirectSession with a polled flow")
+	}
 	return Session{
-		Session:     s.cfg.Keys.Issue(sessionkey.FlowCallback, "", s.cfg.Now().Add(s.cfg.SessionTTL)),
+		Session:     s.cfg.Keys.Issue(flow, "", s.cfg.Now().Add(s.cfg.SessionTTL)),
 		CallbackURL: callbackURL, CallbackSessionID: cliSessionID,
 	}
 }
@@ -233,6 +324,39 @@ func notOffered(name string) *SelectionError {
 	return &SelectionError{"The API " + name + " is not offered by this provider. Pick from the list."}
 }
 
+// SelectOffers turns the picked offer names into picks, dropping repeats
+// and keeping the order: a *SelectionError unless every one is offered.
+func (s *Service) SelectOffers(picked []string) ([]Pick, error) {
+	if s.cfg.Offers == nil || s.cfg.Provisioner == nil || s.cfg.RenderV1alpha2 == nil {
+		return nil, ErrNoProvider
+	}
+	if len(picked) == 0 {
+		return nil, &SelectionError{"Pick at least one API."}
+	}
+	seen := map[string]bool{}
+	var picks []Pick
+	for _, name := range picked {
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		o, ok := s.cfg.Offers.Get(name)
+		if !ok {
+			return nil, notOffered(name)
+		}
+		picks = append(picks, Pick{Offer: o})
+	}
+	return picks, nil
+}
+
+// Offer returns the offer name (v1alpha2 consumers), or false.
+func (s *Service) Offer(name string) (offers.Offer, bool) {
+	if s.cfg.Offers == nil {
+		return offers.Offer{}, false
+	}
+	return s.cfg.Offers.Get(name)
+}
+
 // Errors of Bind besides *SelectionError and the store's.
 var (
 	// ErrAlreadyDone: the session was completed or denied before (a
@@ -246,35 +370,57 @@ var (
 	ErrNoProvider = errors.New("bindservice: no catalog and provisioner configured")
 )
 
-// Bind provisions consumer with resources under clusterID, fills the
-// response for sess's flow (the CLI's session ID in the callback flow)
-// and records it as the session's outcome. It returns the BindingResponse.
-// Provisioning is idempotent, so a bind that two replicas run at once
-// (the form sent twice) provisions the same objects and records one
-// outcome.
+// Bind provisions consumer with resources under clusterID, renders the
+// v1alpha1 response for sess's flow (the CLI's session ID in the callback
+// flow) and records it as the session's outcome. It returns the
+// BindingResponse. Provisioning is idempotent, so a bind that two
+// replicas run at once (the form sent twice) provisions the same objects
+// and records one outcome.
 func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource) ([]byte, error) {
-	if s.cfg.Provisioner == nil {
-		return nil, ErrNoProvider
+	return s.bind(ctx, sess, consumer, clusterID, resources, nil)
+}
+
+// BindOffers is Bind for the v1alpha2 flows (sessions of FlowPollV1alpha2
+// and FlowBrowserV1alpha2): it provisions every resource of the picked
+// offers and renders one request per pick.
+func (s *Service) BindOffers(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, picks []Pick) ([]byte, error) {
+	if len(picks) == 0 {
+		return nil, &SelectionError{"Pick at least one API."}
 	}
-	resp, err := s.cfg.Provisioner.Provision(ctx, consumer, clusterID, resources)
-	var ne *binding.NotExportedError
-	if errors.As(err, &ne) {
-		// The catalog changed since Select.
-		return nil, notOffered(ne.Resource + "." + ne.Group)
+	return s.bind(ctx, sess, consumer, clusterID, pickedResources(picks), picks)
+}
+
+// BindDirect binds one pick with no session (POST /api/bind with a CLI
+// token): it provisions and renders the v1alpha2 response, with sid as
+// its session ID, and records nothing.
+func (s *Service) BindDirect(ctx context.Context, consumer binding.Consumer, clusterID, sid string, pick Pick) ([]byte, error) {
+	body, _, err := s.provision(ctx, consumer, clusterID, sid, pickedResources([]Pick{pick}), []Pick{pick})
+	return body, err
+}
+
+func pickedResources(picks []Pick) []binding.Resource {
+	var resources []binding.Resource
+	for _, p := range picks {
+		for _, r := range p.Offer.Resources {
+			resources = append(resources, binding.Resource{Group: r.Group, Resource: r.Resource})
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
-	}
+	return resources
+}
+
+func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource, picks []Pick) ([]byte, error) {
 	sid := sess.ID
 	if sess.CallbackURL != "" {
 		sid = sess.CallbackSessionID
 	}
-	resp.Authentication.OAuth2CodeGrant = &v1alpha1.CodeGrantAuthentication{SessionID: sid, ID: consumer.ID()}
-	body, err := json.Marshal(resp)
-	if err != nil {
-		return nil, fmt.Errorf("encoding the binding response: %w", err)
+	if sess.Flow.V1alpha2() != (picks != nil) {
+		return nil, fmt.Errorf("bindservice: a %s session bound with the other generation's selection", generation(sess.Flow))
 	}
-	if sess.Flow == sessionkey.FlowCallback {
+	body, _, err := s.provision(ctx, consumer, clusterID, sid, resources, picks)
+	if err != nil {
+		return nil, err
+	}
+	if !sess.Flow.Polled() {
 		// Its response goes to the CLI's callback at once, never to a
 		// poll: nothing to record.
 		return body, nil
@@ -288,11 +434,47 @@ func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consu
 	return body, nil
 }
 
+func generation(f sessionkey.Flow) string {
+	if f.V1alpha2() {
+		return "v1alpha2"
+	}
+	return "v1alpha1"
+}
+
+// provision provisions and renders: v1alpha1 without picks, v1alpha2
+// with them.
+func (s *Service) provision(ctx context.Context, consumer binding.Consumer, clusterID, sid string, resources []binding.Resource, picks []Pick) ([]byte, *binding.Result, error) {
+	if s.cfg.Provisioner == nil {
+		return nil, nil, ErrNoProvider
+	}
+	render := RenderV1alpha1
+	if picks != nil {
+		if s.cfg.RenderV1alpha2 == nil {
+			return nil, nil, ErrNoProvider
+		}
+		render = s.cfg.RenderV1alpha2
+	}
+	res, err := s.cfg.Provisioner.Provision(ctx, consumer, clusterID, resources)
+	var ne *binding.NotExportedError
+	if errors.As(err, &ne) {
+		// The catalog changed since Select.
+		return nil, nil, notOffered(ne.Resource + "." + ne.Group)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
+	}
+	body, err := render(Result{Result: *res, SessionID: sid, Picks: picks})
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding the binding response: %w", err)
+	}
+	return body, res, nil
+}
+
 // Deny ends a pending poll session with reason, which its poll reports. A
 // session that is not pending any more is left as it is (nil), and a
 // callback-flow session has nobody polling to tell.
 func (s *Service) Deny(ctx context.Context, sess Session, reason string) error {
-	if sess.Flow == sessionkey.FlowCallback {
+	if !sess.Flow.Polled() {
 		return nil
 	}
 	if err := s.cfg.Store.Deny(ctx, sess.ID, sess.ExpiresAt, reason); err != nil && !errors.Is(err, sessions.ErrNotPending) {

@@ -5,16 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/clusterkey"
+	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/testutil/fakeclock"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
@@ -53,12 +56,39 @@ func (catalog) Lookup(group, resource string) (binding.ExportedAPI, bool) {
 // provisioner answers with err, else a response naming the consumer.
 type provisioner struct{ err error }
 
-func (p provisioner) Provision(_ context.Context, c binding.Consumer, _ string, _ []binding.Resource) (*v1alpha1.BindingResponse, error) {
+func (p provisioner) Provision(_ context.Context, c binding.Consumer, _ string, rs []binding.Resource) (*binding.Result, error) {
 	if p.err != nil {
 		return nil, p.err
 	}
-	return &v1alpha1.BindingResponse{Kind: v1alpha1.KindBindingResponse,
-		Authentication: v1alpha1.BindingAuthentication{OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{ID: c.ID()}}}, nil
+	res := &binding.Result{Namespace: "kb-x", Kubeconfig: []byte("kc"), ConsumerID: c.ID()}
+	for _, r := range rs {
+		res.APIs = append(res.APIs, binding.ExportedAPI{Name: r.Resource + "." + r.Group, Group: r.Group, Resource: r.Resource, Versions: []string{"v1"}})
+	}
+	return res, nil
+}
+
+// TestRenderV1alpha1 pins the v1alpha1 response byte for byte: it is what
+// Provision returned before the result became generation-neutral.
+func TestRenderV1alpha1(t *testing.T) {
+	got, err := RenderV1alpha1(Result{SessionID: "sid-1", Result: binding.Result{
+		Namespace: "kb-abc", Kubeconfig: []byte("apiVersion: v1\n"), ConsumerID: "https://idp/alice",
+		APIs: []binding.ExportedAPI{
+			{Group: "mangodb.com", Resource: "mangodbs", Versions: []string{"v1", "v2"}},
+			{Group: "", Resource: "widgets"},
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"apiVersion":"kube-bind.io/v1alpha1","kind":"BindingResponse",` +
+		`"authentication":{"oauth2CodeGrant":{"sid":"sid-1","id":"https://idp/alice"}},"kubeconfig":"YXBpVmVyc2lvbjogdjEK",` +
+		`"requests":[{"apiVersion":"kube-bind.io/v1alpha1","kind":"APIServiceExportRequest","metadata":{"name":"mangodbs.mangodb.com"},` +
+		`"spec":{"resources":[{"group":"mangodb.com","resource":"mangodbs","versions":["v1","v2"]}]}},` +
+		`{"apiVersion":"kube-bind.io/v1alpha1","kind":"APIServiceExportRequest","metadata":{"name":"widgets."},` +
+		`"spec":{"resources":[{"group":"","resource":"widgets"}]}}]}`
+	if string(got) != want {
+		t.Errorf("v1alpha1 response\n got %s\nwant %s", got, want)
+	}
 }
 
 func TestCreatePollSession(t *testing.T) {
@@ -263,5 +293,69 @@ func TestDeliverAroundExpiry(t *testing.T) {
 	clock.Advance(15 * time.Second)
 	if _, err := s.OpenPoll(early.ID); !errors.Is(err, ErrExpired) {
 		t.Fatalf("OpenPoll after expiry plus grace: %v, want ErrExpired", err)
+	}
+}
+
+type offerList map[string]offers.Offer
+
+func (o offerList) Get(name string) (offers.Offer, bool) { x, ok := o[name]; return x, ok }
+
+// renderPicks stands for the v1alpha2 renderer: the session and the
+// request names.
+func renderPicks(r Result) ([]byte, error) {
+	var names []string
+	for _, p := range r.Picks {
+		names = append(names, p.RequestName())
+	}
+	return json.Marshal(map[string]any{"sid": r.SessionID, "requests": names, "namespace": r.Namespace})
+}
+
+// TestBindV1alpha2: the v1alpha2 flows bind offers and render with their
+// renderer; only the polled one records its outcome; a session is never
+// bound with the other generation's selection.
+func TestBindV1alpha2(t *testing.T) {
+	ctx := context.Background()
+	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
+	s, store, _ := newService(t, sessions.Limits{}, provisioner{})
+	s.cfg.Offers = offerList{"db": {Name: "db", Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}}}
+	s.cfg.RenderV1alpha2 = renderPicks
+
+	if _, err := s.SelectOffers([]string{"db", "nope"}); err == nil {
+		t.Error("an unknown offer was selected")
+	}
+	picks, err := s.SelectOffers([]string{"db", "db"})
+	if err != nil || len(picks) != 1 {
+		t.Fatalf("SelectOffers: %+v %v", picks, err)
+	}
+	poll, cluster, _ := s.CreatePollSessionOf(sessionkey.FlowPollV1alpha2, "")
+	body, err := s.BindOffers(ctx, poll, consumer, cluster, picks)
+	if err != nil || string(body) != `{"namespace":"kb-x","requests":["db"],"sid":"`+poll.ID+`"}` {
+		t.Fatalf("BindOffers: %s %v", body, err)
+	}
+	if o, _ := store.Outcome(ctx, poll.ID); o.State != sessions.StateCompleted {
+		t.Errorf("v1alpha2 poll session: %v", o.State)
+	}
+	browser := s.CreateRedirectSession(sessionkey.FlowBrowserV1alpha2, "http://127.0.0.1:1/callback", "cli-sid")
+	body, err = s.BindOffers(ctx, browser, consumer, "uid", picks)
+	if err != nil || !strings.Contains(string(body), `"sid":"cli-sid"`) {
+		t.Errorf("browser flow: %s %v", body, err)
+	}
+	if o, _ := store.Outcome(ctx, browser.ID); o.State != sessions.StatePending {
+		t.Errorf("browser flow recorded %v", o.State)
+	}
+	if err := s.Deny(ctx, browser, "no"); err != nil {
+		t.Errorf("Deny of a browser-flow session: %v", err)
+	}
+	body, err = s.BindDirect(ctx, consumer, "uid", "token-id", Pick{Name: "my-db", Offer: picks[0].Offer})
+	if err != nil || !strings.Contains(string(body), `"requests":["my-db"],"sid":"token-id"`) {
+		t.Errorf("BindDirect: %s %v", body, err)
+	}
+	// The other generation's selection is refused.
+	v1, _, _ := s.CreatePollSession("")
+	if _, err := s.BindOffers(ctx, v1, consumer, cluster, picks); err == nil {
+		t.Error("a v1alpha1 session bound offers")
+	}
+	if _, err := s.Bind(ctx, browser, consumer, "uid", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}); err == nil {
+		t.Error("a v1alpha2 session bound v1alpha1 resources")
 	}
 }

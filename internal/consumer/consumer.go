@@ -1,9 +1,10 @@
 // Package consumer completes a kube-bind binding in the consumer's cluster,
-// leaving exactly the state the released konnector (v0.4.8) expects:
-// namespace kube-bind, the provider's kubeconfig in a Secret there (found
-// again and updated on a rebind), each APIServiceExportRequest created on
-// the provider and waited for, the konnector with a least-privilege
-// ClusterRole, and one APIServiceBinding per API. It also keeps the
+// leaving exactly the state the released konnector expects (v0.4.8 for a
+// kube-bind.io/v1alpha1 binding, v0.8.2 for v1alpha2): namespace
+// kube-bind, the provider's kubeconfig in a Secret there (found again and
+// updated on a rebind), each APIServiceExportRequest created on the
+// provider and waited for, the konnector with a least-privilege
+// ClusterRole, and one APIServiceBinding per request. It also keeps the
 // cluster's identity at each provider (identity.go), so a bind from any
 // machine lands in the same provider namespace.
 //
@@ -24,11 +25,9 @@ import (
 
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -40,7 +39,8 @@ import (
 type Options struct {
 	// Config is the consumer cluster (required).
 	Config *rest.Config
-	// KonnectorImage defaults to DefaultKonnector.
+	// KonnectorImage defaults to the generation's konnector
+	// (DefaultKonnector, DefaultKonnectorV1alpha2).
 	KonnectorImage string
 	// SkipKonnector leaves the konnector (Deployment, ServiceAccount, RBAC)
 	// alone: someone else runs it.
@@ -70,9 +70,6 @@ type Binder struct {
 func New(o Options) (*Binder, error) {
 	if o.Config == nil {
 		return nil, errors.New("consumer: Options.Config is required")
-	}
-	if o.KonnectorImage == "" {
-		o.KonnectorImage = DefaultKonnector
 	}
 	if o.WaitTimeout <= 0 {
 		o.WaitTimeout = 5 * time.Minute
@@ -137,6 +134,9 @@ func (b *Binder) plan(o runtime.Object) { b.planned = append(b.planned, o) }
 
 // Binding is what a provider handed over, to complete in the cluster.
 type Binding struct {
+	// Protocol is the generation of the BindingResponse, ProtocolV1alpha1
+	// ("" too) or ProtocolV1alpha2.
+	Protocol string
 	// ExportURL is the provider's export URL (its host keys the identity).
 	ExportURL string
 	// Identity to keep for the provider (the cluster ID of the session).
@@ -145,7 +145,8 @@ type Binding struct {
 	// context's (pollclient.Result has them).
 	Kubeconfig        []byte
 	Server, Namespace string
-	// Requests are the BindingResponse's APIServiceExportRequests.
+	// Requests are the BindingResponse's APIServiceExportRequests, of the
+	// Protocol's generation.
 	Requests []json.RawMessage
 }
 
@@ -159,13 +160,21 @@ type Outcome struct {
 type request struct {
 	name      string
 	resources []GroupResource
-	raw       map[string]any
+	// claims are the resources of its permission claims, namespaces
+	// whether it asks for namespaces on the consumer side (v1alpha2).
+	claims     []GroupResource
+	namespaces bool
+	raw        map[string]any
 }
 
 // Bind completes b in the cluster. Its errors say what failed and leave
 // nothing a rerun cannot finish.
 func (bd *Binder) Bind(ctx context.Context, b Binding) (*Outcome, error) {
-	reqs, err := parseRequests(b.Requests)
+	gen, err := generationOf(b.Protocol)
+	if err != nil {
+		return nil, err
+	}
+	reqs, err := parseRequests(b.Requests, gen)
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +192,7 @@ func (bd *Binder) Bind(ctx context.Context, b Binding) (*Outcome, error) {
 			return "", err
 		}
 		out.SecretName = name
-		if err := bd.checkConflicts(ctx, reqs, name); err != nil {
+		if err := bd.checkConflicts(ctx, reqs, name, gen); err != nil {
 			return "", err
 		}
 		if name == "" {
@@ -200,7 +209,7 @@ func (bd *Binder) Bind(ctx context.Context, b Binding) (*Outcome, error) {
 		return nil, err
 	}
 	if err := bd.step("kubeconfig Secret", func() (string, error) {
-		name, msg, err := bd.ensureKubeconfigSecret(ctx, out.SecretName, b.Kubeconfig)
+		name, msg, err := bd.ensureKubeconfigSecret(ctx, out.SecretName, b.Kubeconfig, gen)
 		out.SecretName = name
 		return msg, err
 	}); err != nil {
@@ -212,29 +221,35 @@ func (bd *Binder) Bind(ctx context.Context, b Binding) (*Outcome, error) {
 	}
 	for _, r := range reqs {
 		if err := bd.step("APIServiceExportRequest "+r.name, func() (string, error) {
-			return bd.request(ctx, provider, b.Namespace, r)
+			return bd.request(ctx, provider, b.Namespace, r, gen)
 		}); err != nil {
 			return nil, err
 		}
 	}
 	if !bd.o.SkipKonnector {
-		if err := bd.step("konnector RBAC", func() (string, error) { return bd.ensureKonnectorRBAC(ctx, reqs) }); err != nil {
+		// Which konnector will run decides its rights, so it is settled
+		// first; the rights are written before the Deployment.
+		kp, err := bd.planKonnector(ctx, gen)
+		if err != nil {
+			return nil, fmt.Errorf("konnector Deployment: %w", err)
+		}
+		if err := bd.step("konnector RBAC", func() (string, error) { return bd.ensureKonnectorRBAC(ctx, reqs, kp.gen) }); err != nil {
 			return nil, err
 		}
-		if err := bd.step("konnector Deployment", func() (string, error) { return bd.ensureKonnector(ctx) }); err != nil {
+		if err := bd.step("konnector Deployment", func() (string, error) { return bd.ensureKonnector(ctx, kp) }); err != nil {
 			return nil, err
 		}
 	}
 	if !bd.o.DryRun {
-		if err := bd.step("konnector ready (APIServiceBindings can be listed)", func() (string, error) {
-			return bd.waitForBindingsAPI(ctx)
+		if err := bd.step(gen.groupVersion+" APIServiceBindings served (the konnector installs their CRD)", func() (string, error) {
+			return bd.waitForBindingsAPI(ctx, gen)
 		}); err != nil {
 			return nil, err
 		}
 	}
 	for _, r := range reqs {
 		if err := bd.step("APIServiceBinding "+r.name, func() (string, error) {
-			return bd.ensureBinding(ctx, r.name, out.SecretName)
+			return bd.ensureBinding(ctx, r.name, out.SecretName, gen)
 		}); err != nil {
 			return nil, err
 		}
@@ -256,7 +271,7 @@ func (bd *Binder) step(what string, f func() (string, error)) error {
 	return nil
 }
 
-func parseRequests(raws []json.RawMessage) ([]request, error) {
+func parseRequests(raws []json.RawMessage, gen generation) ([]request, error) {
 	if len(raws) == 0 {
 		return nil, errors.New("the provider's answer holds no APIServiceExportRequest: nothing to bind")
 	}
@@ -264,11 +279,14 @@ func parseRequests(raws []json.RawMessage) ([]request, error) {
 	seen := map[string]bool{}
 	for i, raw := range raws {
 		var r struct {
-			Metadata struct {
+			APIVersion string `json:"apiVersion"`
+			Metadata   struct {
 				Name string `json:"name"`
 			} `json:"metadata"`
 			Spec struct {
-				Resources []GroupResource `json:"resources"`
+				Resources        []GroupResource  `json:"resources"`
+				PermissionClaims []GroupResource  `json:"permissionClaims"`
+				Namespaces       []map[string]any `json:"namespaces"`
 			} `json:"spec"`
 		}
 		var obj map[string]any
@@ -278,6 +296,9 @@ func parseRequests(raws []json.RawMessage) ([]request, error) {
 		if err := json.Unmarshal(raw, &obj); err != nil {
 			return nil, fmt.Errorf("requests[%d]: %w", i, err)
 		}
+		if r.APIVersion != gen.groupVersion {
+			return nil, fmt.Errorf("requests[%d] is %q, want %q", i, r.APIVersion, gen.groupVersion)
+		}
 		if r.Metadata.Name == "" || len(r.Spec.Resources) == 0 {
 			return nil, fmt.Errorf("requests[%d] has no name or no resources", i)
 		}
@@ -285,12 +306,13 @@ func parseRequests(raws []json.RawMessage) ([]request, error) {
 			return nil, fmt.Errorf("requests[%d]: %s comes twice", i, r.Metadata.Name)
 		}
 		seen[r.Metadata.Name] = true
-		for _, gr := range r.Spec.Resources {
-			if gr.Resource == "" || strings.ContainsAny(gr.Resource+gr.Group, "/ ") {
+		for _, gr := range append(append([]GroupResource(nil), r.Spec.Resources...), r.Spec.PermissionClaims...) {
+			if gr.Resource == "" || strings.ContainsAny(gr.Resource+gr.Group, "/ *") {
 				return nil, fmt.Errorf("requests[%d]: bad resource %q in group %q", i, gr.Resource, gr.Group)
 			}
 		}
-		out = append(out, request{name: r.Metadata.Name, resources: r.Spec.Resources, raw: obj})
+		out = append(out, request{name: r.Metadata.Name, resources: r.Spec.Resources,
+			claims: r.Spec.PermissionClaims, namespaces: len(r.Spec.Namespaces) > 0, raw: obj})
 	}
 	return out, nil
 }
@@ -345,17 +367,18 @@ func (bd *Binder) findKubeconfigSecret(ctx context.Context, server, namespace st
 	return "", nil
 }
 
-func (bd *Binder) ensureKubeconfigSecret(ctx context.Context, name string, kubeconfig []byte) (string, string, error) {
+func (bd *Binder) ensureKubeconfigSecret(ctx context.Context, name string, kubeconfig []byte, gen generation) (string, string, error) {
 	secrets := bd.kube.CoreV1().Secrets(Namespace)
+	want := kubeconfigSecret(name, kubeconfig, gen)
 	if bd.o.DryRun {
-		bd.plan(kubeconfigSecret(name, kubeconfig))
+		bd.plan(want)
 		if name == "" {
 			return "", "would create kubeconfig-*", nil
 		}
 		return name, "would update " + name, nil
 	}
 	if name == "" {
-		s, err := secrets.Create(ctx, kubeconfigSecret("", kubeconfig), metav1.CreateOptions{})
+		s, err := secrets.Create(ctx, want, metav1.CreateOptions{})
 		if err != nil {
 			return "", "", err
 		}
@@ -365,13 +388,23 @@ func (bd *Binder) ensureKubeconfigSecret(ctx context.Context, name string, kubec
 	if err != nil {
 		return "", "", err
 	}
-	if string(cur.Data[KubeconfigKey]) == string(kubeconfig) {
+	labelled := true
+	for k, v := range want.Labels {
+		labelled = labelled && cur.Labels[k] == v
+	}
+	if string(cur.Data[KubeconfigKey]) == string(kubeconfig) && labelled {
 		return name, Namespace + "/" + name + " up to date", nil
 	}
 	if cur.Data == nil {
 		cur.Data = map[string][]byte{}
 	}
 	cur.Data[KubeconfigKey] = kubeconfig
+	if cur.Labels == nil {
+		cur.Labels = map[string]string{}
+	}
+	for k, v := range want.Labels {
+		cur.Labels[k] = v
+	}
 	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 		return "", "", err
 	}
@@ -381,15 +414,13 @@ func (bd *Binder) ensureKubeconfigSecret(ctx context.Context, name string, kubec
 // checkConflicts refuses, before anything is changed, bindings that would
 // take over an APIServiceBinding of another provider (another Secret) or a
 // CRD that no APIServiceBinding of its name owns.
-func (bd *Binder) checkConflicts(ctx context.Context, reqs []request, secretName string) error {
-	bindings := bd.dyn.Resource(BindingGVR)
+func (bd *Binder) checkConflicts(ctx context.Context, reqs []request, secretName string, gen generation) error {
 	for _, r := range reqs {
-		got, err := bindings.Get(ctx, r.name, metav1.GetOptions{})
+		got, err := bd.getBinding(ctx, r.name, gen)
 		switch {
-		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
 		case err != nil:
 			return fmt.Errorf("reading APIServiceBinding %s: %w", r.name, err)
-		default:
+		case got != nil:
 			ns, _, _ := unstructured.NestedString(got.Object, "spec", "kubeconfigSecretRef", "namespace")
 			name, _, _ := unstructured.NestedString(got.Object, "spec", "kubeconfigSecretRef", "name")
 			if ns != Namespace || name == "" || name != secretName {
@@ -423,7 +454,7 @@ func (bd *Binder) checkConflicts(ctx context.Context, reqs []request, secretName
 // request creates one APIServiceExportRequest in the provider namespace and
 // waits until the provider says Succeeded. One that Failed before (a
 // rerun) is made again; its spec is immutable.
-func (bd *Binder) request(ctx context.Context, provider dynamic.Interface, namespace string, r request) (string, error) {
+func (bd *Binder) request(ctx context.Context, provider dynamic.Interface, namespace string, r request, gen generation) (string, error) {
 	obj := &unstructured.Unstructured{Object: map[string]any{}}
 	for k, v := range r.raw {
 		obj.Object[k] = v
@@ -434,7 +465,7 @@ func (bd *Binder) request(ctx context.Context, provider dynamic.Interface, names
 		bd.plan(obj)
 		return "would create it in provider namespace " + namespace, nil
 	}
-	client := provider.Resource(RequestGVR).Namespace(namespace)
+	client := provider.Resource(gen.requestGVR).Namespace(namespace)
 	created := "created"
 	if _, err := client.Create(ctx, obj, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
 		created = "exists"
@@ -493,200 +524,6 @@ type RequestFailedError struct{ Name, Message string }
 
 func (e *RequestFailedError) Error() string {
 	return fmt.Sprintf("the provider failed APIServiceExportRequest %s: %s", e.Name, e.Message)
-}
-
-// ensureKonnectorRBAC writes the konnector's ServiceAccount, Role and
-// ClusterRole (naming every API bound in this cluster, old and new) and
-// their bindings.
-func (bd *Binder) ensureKonnectorRBAC(ctx context.Context, reqs []request) (string, error) {
-	bound := map[GroupResource]bool{}
-	for _, r := range reqs {
-		for _, gr := range r.resources {
-			bound[gr] = true
-		}
-	}
-	list, err := bd.dyn.Resource(BindingGVR).List(ctx, metav1.ListOptions{})
-	switch {
-	case err == nil:
-		for _, it := range list.Items {
-			if resource, group, ok := strings.Cut(it.GetName(), "."); ok {
-				bound[GroupResource{Group: group, Resource: resource}] = true
-			}
-		}
-	case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
-	default:
-		return "", fmt.Errorf("listing APIServiceBindings: %w", err)
-	}
-	var all []GroupResource
-	for gr := range bound {
-		all = append(all, gr)
-	}
-	// The ServiceAccount last: once it exists, so do its rights (a
-	// konnector started with its token then never meets a Forbidden).
-	objs := []runtime.Object{
-		konnectorRole(), konnectorClusterRole(all), konnectorRoleBinding(),
-		konnectorClusterRoleBinding(), konnectorServiceAccount(),
-	}
-	if bd.o.DryRun {
-		for _, o := range objs {
-			bd.plan(o)
-		}
-		return fmt.Sprintf("would write ServiceAccount, Role, ClusterRole (%d bound APIs) and bindings", len(all)), nil
-	}
-	for _, o := range objs {
-		if err := bd.apply(ctx, o); err != nil {
-			return "", err
-		}
-	}
-	return fmt.Sprintf("ServiceAccount %s/%s; Role and ClusterRole %s (%d bound APIs)", Namespace, KonnectorName, KonnectorRoleName, len(all)), nil
-}
-
-// ensureKonnector deploys the konnector unless one of the same or a newer
-// version runs (read from its image tag, as the released CLI does).
-func (bd *Binder) ensureKonnector(ctx context.Context) (string, error) {
-	want := konnectorDeployment(bd.o.KonnectorImage)
-	deployments := bd.kube.AppsV1().Deployments(Namespace)
-	cur, err := deployments.Get(ctx, KonnectorName, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		if bd.o.DryRun {
-			bd.plan(want)
-			return "would deploy " + bd.o.KonnectorImage, nil
-		}
-		if _, err := deployments.Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			return "", err
-		}
-		return "deployed " + bd.o.KonnectorImage, nil
-	case err != nil:
-		return "", err
-	}
-	var running string
-	if cs := cur.Spec.Template.Spec.Containers; len(cs) > 0 {
-		running = cs[0].Image
-	}
-	if !newer(bd.o.KonnectorImage, running) {
-		return "kept " + running + " (same or newer)", nil
-	}
-	if bd.o.DryRun {
-		bd.plan(want)
-		return "would replace " + running + " by " + bd.o.KonnectorImage, nil
-	}
-	cur.Spec = want.Spec
-	if cur.Labels == nil {
-		cur.Labels = map[string]string{}
-	}
-	for k, v := range want.Labels {
-		cur.Labels[k] = v
-	}
-	if _, err := deployments.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
-		return "", err
-	}
-	return "replaced " + running + " by " + bd.o.KonnectorImage, nil
-}
-
-// newer reports whether image want should replace image running: when the
-// tags are versions, only if want's is higher; otherwise when they differ.
-func newer(want, running string) bool {
-	if want == running {
-		return false
-	}
-	wv, werr := version.ParseSemantic(tag(want))
-	rv, rerr := version.ParseSemantic(tag(running))
-	if werr != nil || rerr != nil {
-		return true
-	}
-	return rv.LessThan(wv)
-}
-
-func tag(image string) string {
-	if i := strings.LastIndex(image, ":"); i >= 0 && !strings.Contains(image[i:], "/") {
-		return image[i+1:]
-	}
-	return ""
-}
-
-func (bd *Binder) waitForBindingsAPI(ctx context.Context) (string, error) {
-	var lastErr error
-	err := bd.poll(ctx, func(ctx context.Context) (bool, error) {
-		_, lastErr = bd.dyn.Resource(BindingGVR).List(ctx, metav1.ListOptions{Limit: 1})
-		return lastErr == nil, nil
-	})
-	if err != nil && ctx.Err() == nil {
-		return "", fmt.Errorf("timed out after %s waiting until APIServiceBindings can be listed (last: %v); "+
-			"the konnector installs their CRD when it starts: is it running? (kubectl -n %s get pods; --skip-konnector if you run it elsewhere)",
-			bd.o.WaitTimeout, lastErr, Namespace)
-	}
-	if err != nil {
-		return "", err
-	}
-	return "yes", nil
-}
-
-func (bd *Binder) ensureBinding(ctx context.Context, name, secretName string) (string, error) {
-	want := binding(name, secretName)
-	if bd.o.DryRun {
-		if secretName == "" {
-			_ = unstructured.SetNestedField(want.Object, KubeconfigPrefix+"*", "spec", "kubeconfigSecretRef", "name")
-		}
-		bd.plan(want)
-		return "would create it", nil
-	}
-	bindings := bd.dyn.Resource(BindingGVR)
-	_, err := bindings.Create(ctx, want, metav1.CreateOptions{})
-	if err == nil {
-		return "created", nil
-	}
-	if !apierrors.IsAlreadyExists(err) {
-		return "", err
-	}
-	got, err := bindings.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return "", err
-	}
-	if n, _, _ := unstructured.NestedString(got.Object, "spec", "kubeconfigSecretRef", "name"); n != secretName {
-		return "", fmt.Errorf("APIServiceBinding %s appeared meanwhile with Secret %s; refusing to take it over", name, n)
-	}
-	return "exists", nil
-}
-
-// apply creates o or, when it exists, updates it to o (RBAC and
-// ServiceAccounts of ours).
-func (bd *Binder) apply(ctx context.Context, o runtime.Object) error {
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
-	if err != nil {
-		return err
-	}
-	obj := &unstructured.Unstructured{Object: u}
-	gvk := obj.GroupVersionKind()
-	gvr, ok := map[string]string{"ServiceAccount": "serviceaccounts", "Role": "roles", "RoleBinding": "rolebindings",
-		"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings"}[gvk.Kind]
-	if !ok {
-		return fmt.Errorf("consumer: apply does not know %s", gvk.Kind)
-	}
-	var client dynamic.ResourceInterface = bd.dyn.Resource(gvk.GroupVersion().WithResource(gvr))
-	if obj.GetNamespace() != "" {
-		client = bd.dyn.Resource(gvk.GroupVersion().WithResource(gvr)).Namespace(obj.GetNamespace())
-	}
-	cur, err := client.Get(ctx, obj.GetName(), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		_, err = client.Create(ctx, obj, metav1.CreateOptions{})
-		return err
-	}
-	if err != nil {
-		return err
-	}
-	changed := false
-	for _, field := range []string{"rules", "roleRef", "subjects"} {
-		if v, ok := obj.Object[field]; ok {
-			cur.Object[field] = v
-			changed = true
-		}
-	}
-	if !changed {
-		return nil // a ServiceAccount: nothing of ours to update
-	}
-	_, err = client.Update(ctx, cur, metav1.UpdateOptions{})
-	return err
 }
 
 // poll runs cond every half second until it holds, fails with an error

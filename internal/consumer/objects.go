@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"fmt"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -23,6 +25,8 @@ const (
 	DefaultKonnector    = "ghcr.io/kube-bind/konnector:v0.4.8"
 	BindingCRDName      = "apiservicebindings.kube-bind.io"
 	konnectorHealthPort = 8080
+	// v0.8's default --server-address.
+	konnectorHealthPortV1alpha2 = 8090
 
 	// LabelManagedBy marks what this client made.
 	LabelManagedBy = "app.kubernetes.io/managed-by"
@@ -46,11 +50,16 @@ func namespaceObject() *corev1.Namespace {
 }
 
 // kubeconfigSecret is the Secret holding the provider's kubeconfig; name ""
-// makes a new one (generateName kubeconfig-).
-func kubeconfigSecret(name string, kubeconfig []byte) *corev1.Secret {
+// makes a new one (generateName kubeconfig-). In v1alpha2 it carries the
+// label the released v0.8 CLI sets.
+func kubeconfigSecret(name string, kubeconfig []byte, gen generation) *corev1.Secret {
+	labels := managedLabels()
+	if gen.protocol == ProtocolV1alpha2 {
+		labels[LabelProviderKubeconfig] = "true"
+	}
 	s := &corev1.Secret{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: managedLabels()},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: labels},
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{KubeconfigKey: kubeconfig},
 	}
@@ -60,11 +69,12 @@ func kubeconfigSecret(name string, kubeconfig []byte) *corev1.Secret {
 	return s
 }
 
-// binding is the APIServiceBinding name (<resource>.<group>) pointing at
-// the kubeconfig Secret secretName.
-func binding(name, secretName string) *unstructured.Unstructured {
+// bindingOf is the APIServiceBinding of generation gen named after its
+// request (<resource>.<group> in v1alpha1), pointing at the kubeconfig
+// Secret secretName.
+func bindingOf(gen generation, name, secretName string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "kube-bind.io/v1alpha1",
+		"apiVersion": gen.groupVersion,
 		"kind":       "APIServiceBinding",
 		"metadata":   map[string]any{"name": name, "labels": map[string]any{LabelManagedBy: managedBy}},
 		"spec": map[string]any{
@@ -97,6 +107,41 @@ func konnectorRoleBinding() *rbacv1.RoleBinding {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: KonnectorRoleName},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: KonnectorName, Namespace: Namespace}},
 	}
+}
+
+// konnectorDeploymentOf is the konnector Deployment for a konnector of
+// generation gen.
+func konnectorDeploymentOf(gen generation, image string) *appsv1.Deployment {
+	if gen.protocol == ProtocolV1alpha2 {
+		return konnectorDeploymentV1alpha2(image)
+	}
+	return konnectorDeployment(image)
+}
+
+// konnectorDeploymentV1alpha2 runs konnector v0.8 as the released v0.8
+// CLI does (Deployment kube-bind/konnector, label app=konnector, 2
+// replicas, POD_NAME and POD_NAMESPACE), with healthz on :8090 named
+// explicitly for the probes, its Lease in kube-bind, and locked down: the
+// released image (alpine) would run as root, so a user is set.
+func konnectorDeploymentV1alpha2(image string) *appsv1.Deployment {
+	d := konnectorDeployment(image)
+	uid := int64(65532)
+	spec := &d.Spec.Template.Spec
+	spec.SecurityContext.RunAsUser = &uid
+	spec.SecurityContext.RunAsGroup = &uid
+	c := &spec.Containers[0]
+	c.Args = []string{"--lease-namespace=$(POD_NAMESPACE)", fmt.Sprintf("--server-address=:%d", konnectorHealthPortV1alpha2)}
+	c.Ports = []corev1.ContainerPort{{Name: "healthz", ContainerPort: konnectorHealthPortV1alpha2}}
+	probe := func() *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+			HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(konnectorHealthPortV1alpha2)},
+		}}
+	}
+	c.ReadinessProbe = probe()
+	c.LivenessProbe = probe()
+	c.LivenessProbe.InitialDelaySeconds = 10
+	c.LivenessProbe.FailureThreshold = 6
+	return d
 }
 
 // konnectorDeployment runs the konnector as the released CLI does (2

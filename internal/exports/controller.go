@@ -1,8 +1,14 @@
 // Package exports is the provider side of a binding after the bind: it
 // answers the APIServiceExportRequests consumers create in their provider
-// namespaces (mirroring exported CRDs into APIServiceExports), keeps those
-// in step with the CRDs, makes a namespace for each APIServiceNamespace,
-// and grants the consumer's service account the resources it bound.
+// namespaces by the offer covering each (internal/offers), makes the
+// APIServiceExport named after the request and a BoundSchema per bound
+// resource, keeps those in step with the CRDs, makes a namespace for each
+// APIServiceNamespace, and grants the consumer's service account the
+// resources it bound and, in those namespaces, the ones it claimed.
+//
+// An export v1alpha1 can express (one resource, named after it, no claims
+// or namespaces) also carries the v1alpha1 fields, the CRD copy, so that
+// konnectors before v0.5 keep working: a dual export.
 //
 // One reconcile covers one consumer namespace, so that every decision is
 // taken from the same view of its requests, exports and namespaces. Every
@@ -30,13 +36,18 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/workloop"
+	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
 // Config configures the controllers.
 type Config struct {
 	// Catalog says which CRDs are exported; the caller starts it.
 	Catalog *binding.Catalog
+	// Offers decides requests (an offers.Source, started by the caller);
+	// nil decides by the catalog's implicit offers alone.
+	Offers Coverer
 	// GrantBackend gives the backend its namespace role in a namespace it
 	// made (binding.Provisioner.GrantBackend).
 	GrantBackend func(ctx context.Context, namespace string) error
@@ -49,6 +60,13 @@ type Config struct {
 	// deleted by hand comes back); 0 means 10 minutes.
 	Resync time.Duration
 	Logger *slog.Logger
+}
+
+// Coverer says which offer covers a request, or what the consumer should
+// read when none does (offers.Source.Cover).
+type Coverer interface {
+	Cover(spec v1alpha2.APIServiceExportRequestSpec) (offer, problem string)
+	HasSynced() bool
 }
 
 // Controller runs the reconcilers. Run may be called again after it
@@ -67,6 +85,9 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	}
 	if err := binding.ValidatePrefix(cfg.NamespacePrefix); err != nil {
 		return nil, err
+	}
+	if cfg.Offers == nil {
+		cfg.Offers = offers.CatalogOnly(cfg.Catalog)
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
@@ -95,6 +116,7 @@ type run struct {
 	requests   cache.SharedIndexInformer
 	exports    cache.SharedIndexInformer
 	apiNS      cache.SharedIndexInformer
+	schemas    cache.SharedIndexInformer
 
 	mu      sync.Mutex
 	applied map[string]appliedRoles // namespace -> last Role applied there
@@ -131,9 +153,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
-	r.requests = dynFactory.ForResource(kbresources.APIServiceExportRequests).Informer()
-	r.exports = dynFactory.ForResource(kbresources.APIServiceExports).Informer()
-	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespaces).Informer()
+	r.requests = dynFactory.ForResource(kbresources.APIServiceExportRequestsV1alpha2).Informer()
+	r.exports = dynFactory.ForResource(kbresources.APIServiceExportsV1alpha2).Informer()
+	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespacesV1alpha2).Informer()
+	r.schemas = dynFactory.ForResource(kbresources.BoundSchemas).Informer()
 
 	// Any change in a namespace's kube-bind objects re-checks that namespace.
 	byNamespace := func(obj any) {
@@ -144,7 +167,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			r.queue.Add(m.GetNamespace())
 		}
 	}
-	for _, inf := range []cache.SharedIndexInformer{r.requests, r.exports, r.apiNS} {
+	for _, inf := range []cache.SharedIndexInformer{r.requests, r.exports, r.apiNS, r.schemas} {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: byNamespace, UpdateFunc: func(_, o any) { byNamespace(o) }, DeleteFunc: byNamespace,
 		}); err != nil {
@@ -185,7 +208,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.log.Info("exports controllers: waiting for caches")
 	start := time.Now()
 	if !cache.WaitForCacheSync(ctx.Done(), r.namespaces.HasSynced, r.requests.HasSynced, r.exports.HasSynced,
-		r.apiNS.HasSynced, c.cfg.Catalog.HasSynced) {
+		r.apiNS.HasSynced, r.schemas.HasSynced, c.cfg.Catalog.HasSynced, c.cfg.Offers.HasSynced) {
 		return ctx.Err()
 	}
 	c.log.Info("exports controllers: caches synced, reconciling", "took", time.Since(start).Round(time.Millisecond).String(),

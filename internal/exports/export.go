@@ -2,15 +2,16 @@ package exports
 
 import (
 	"encoding/json"
-	"strings"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 
 	"github.com/kbprovider/backend/internal/binding"
+	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
-// The APIServiceExport spec, with exactly the fields of
+// The v1alpha1 fields of an APIServiceExport spec (the CRD copy konnectors
+// before v0.5 read), with exactly the fields of
 // deploy/crds/kube-bind.io_apiserviceexports.yaml (the API server prunes
 // anything else, and a mirror that differs from what is stored would be
 // written again on every pass).
@@ -32,6 +33,50 @@ type exportVersion struct {
 	Schema                   *apiextensionsv1.CustomResourceValidation        `json:"schema,omitempty"`
 	Subresources             *apiextensionsv1.CustomResourceSubresources      `json:"subresources,omitempty"`
 	AdditionalPrinterColumns []apiextensionsv1.CustomResourceColumnDefinition `json:"additionalPrinterColumns,omitempty"`
+}
+
+// desiredBoundSchemaSpec is crd as a BoundSchema spec, as the unstructured
+// map the dynamic client reads back (see desiredExportSpec).
+func desiredBoundSchemaSpec(crd *apiextensionsv1.CustomResourceDefinition, scope binding.Scope) (map[string]any, error) {
+	spec := v1alpha2.BoundSchemaSpec{
+		InformerScope: informerScope(scope),
+		Group:         crd.Spec.Group,
+		Names:         crd.Spec.Names,
+		Scope:         crd.Spec.Scope,
+	}
+	for _, v := range crd.Spec.Versions {
+		schema := json.RawMessage(`{}`)
+		if v.Schema != nil {
+			b, err := json.Marshal(v.Schema)
+			if err != nil {
+				return nil, err
+			}
+			schema = b
+		}
+		spec.Versions = append(spec.Versions, v1alpha2.BoundSchemaVersion{
+			Name:                     v.Name,
+			Served:                   v.Served,
+			Storage:                  v.Storage,
+			Deprecated:               v.Deprecated,
+			DeprecationWarning:       v.DeprecationWarning,
+			Schema:                   schema,
+			Subresources:             v.Subresources,
+			AdditionalPrinterColumns: v.AdditionalPrinterColumns,
+		})
+	}
+	return toMap(spec)
+}
+
+func toMap(v any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out map[string]any
+	if err := utiljson.Unmarshal(b, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // informerScope is what the konnector is told: with the Namespaced
@@ -69,19 +114,5 @@ func desiredExportSpec(crd *apiextensionsv1.CustomResourceDefinition, scope bind
 			AdditionalPrinterColumns: v.AdditionalPrinterColumns,
 		})
 	}
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return nil, err
-	}
-	var out map[string]any
-	if err := utiljson.Unmarshal(b, &out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// splitName splits "<resource>.<group>" at the first dot.
-func splitName(name string) (group, resource string) {
-	resource, group, _ = strings.Cut(name, ".")
-	return group, resource
+	return toMap(spec)
 }

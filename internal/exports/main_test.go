@@ -21,6 +21,7 @@ import (
 	"github.com/kbprovider/backend/internal/exports"
 	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/testutil/backendcluster"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/issued"
@@ -47,6 +48,7 @@ type env struct {
 	crds        apiextensionsclient.Interface
 	backend     *rest.Config
 	catalog     *binding.Catalog
+	offers      *offers.Source
 	provisioner *binding.Provisioner
 }
 
@@ -70,8 +72,17 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The offers as the server wires them: templates and collections
+	// read as the backend identity.
+	e.offers, err = offers.New(e.backend, e.catalog, offers.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e.offers.Start(ctx)
 	ctrl, err := exports.New(e.backend, exports.Config{
-		Catalog: e.catalog, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix,
+		Catalog: e.catalog, Offers: e.offers, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -47,11 +47,46 @@ func ChildNamespaceName(prefix, consumerNS, name string) string {
 // errOwnedByOther: a namespace of the derived name belongs to something else.
 var errOwnedByOther = errors.New("namespace exists and belongs to another owner")
 
+// ensureRequestedNamespaces creates the APIServiceNamespaces the succeeded
+// requests of consumerNS ask for (spec.namespaces); the konnector creates
+// the others. They are never deleted here: the konnector may own them.
+func (r *run) ensureRequestedNamespaces(ctx context.Context, consumerNS string, exports []*wantedExport) error {
+	have := map[string]bool{}
+	for _, a := range r.inNamespace(r.apiNS, consumerNS) {
+		have[a.GetName()] = true
+	}
+	for _, w := range exports {
+		for _, n := range w.spec.Namespaces {
+			if have[n.Name] {
+				continue
+			}
+			have[n.Name] = true
+			obj := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": kbresources.APIServiceNamespacesV1alpha2.GroupVersion().String(),
+				"kind":       "APIServiceNamespace",
+				"metadata": map[string]any{
+					"name":   n.Name,
+					"labels": map[string]any{binding.LabelManagedBy: binding.ManagedByValue},
+				},
+				"spec": map[string]any{},
+			}}
+			_, err := r.dynamic.Resource(kbresources.APIServiceNamespacesV1alpha2).Namespace(consumerNS).
+				Create(ctx, obj, metav1.CreateOptions{FieldManager: fieldManager})
+			if err != nil && !apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("creating APIServiceNamespace %s/%s of export %s: %w", consumerNS, n.Name, w.name, err)
+			}
+			r.log.Info("exports: APIServiceNamespace created for a request", "namespace", consumerNS,
+				"apiservicenamespace", n.Name, "export", w.name)
+		}
+	}
+	return nil
+}
+
 // syncAPIServiceNamespaces makes a namespace for each APIServiceNamespace
-// of consumerNS, grants the consumer its bound resources there, reports
-// the name in status.namespace, and deletes the namespaces whose
-// APIServiceNamespace is gone.
-func (r *run) syncAPIServiceNamespaces(ctx context.Context, consumerNS string, rules []rbacv1.PolicyRule) error {
+// of consumerNS, grants the consumer its bound resources and its claimed
+// ones there, reports the name in status.namespace, and deletes the
+// namespaces whose APIServiceNamespace is gone.
+func (r *run) syncAPIServiceNamespaces(ctx context.Context, consumerNS string, rules, claims []rbacv1.PolicyRule) error {
 	keep := map[string]bool{}
 	var later *requeueAfter
 	for _, a := range r.inNamespace(r.apiNS, consumerNS) {
@@ -76,12 +111,15 @@ func (r *run) syncAPIServiceNamespaces(ctx context.Context, consumerNS string, r
 		if err := r.cfg.GrantBackend(ctx, child); err != nil {
 			return err
 		}
-		if err := r.applyConsumerRBAC(ctx, child, consumerNS, rules); err != nil {
+		if err := r.applyConsumerRBAC(ctx, child, consumerNS, ConsumerExportsRole, rules); err != nil {
 			return fmt.Errorf("granting the consumer its resources in %s: %w", child, err)
+		}
+		if err := r.applyConsumerRBAC(ctx, child, consumerNS, ConsumerClaimsRole, claims); err != nil {
+			return fmt.Errorf("granting the consumer its claimed resources in %s: %w", child, err)
 		}
 		if have, _, _ := unstructured.NestedString(a.Object, "status", "namespace"); have != child {
 			patch, _ := json.Marshal(map[string]any{"status": map[string]any{"namespace": child}})
-			_, err := r.dynamic.Resource(kbresources.APIServiceNamespaces).Namespace(consumerNS).
+			_, err := r.dynamic.Resource(kbresources.APIServiceNamespacesV1alpha2).Namespace(consumerNS).
 				Patch(ctx, a.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
 			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("setting the status of APIServiceNamespace %s/%s: %w", consumerNS, a.GetName(), err)

@@ -207,7 +207,7 @@ func (c *staticCatalog) Lookup(group, resource string) (binding.ExportedAPI, boo
 // never get as far as provisioning.
 type refusingProvisioner struct{}
 
-func (refusingProvisioner) Provision(context.Context, binding.Consumer, string, []binding.Resource) (*v1alpha1.BindingResponse, error) {
+func (refusingProvisioner) Provision(context.Context, binding.Consumer, string, []binding.Resource) (*binding.Result, error) {
 	return nil, errors.New("test: nothing may be provisioned here")
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/longpoll"
+	"github.com/kbprovider/backend/internal/protocol"
 )
 
 // ProtocolVersion is the kube-bind protocol level advertised in the
@@ -38,6 +39,8 @@ const (
 	PathAuthorize = "/authorize"
 	PathCallback  = "/callback"
 	PathBind      = "/bind"
+	// PathSessionsV1alpha2 is at the host root (Config.V1alpha2Sessions).
+	PathSessionsV1alpha2 = "/api/sessions"
 )
 
 // DefaultPollInterval is the poll interval of a zero Config.PollInterval.
@@ -84,6 +87,14 @@ type Config struct {
 	// OAuth2CodeGrant (the browser handler then refuses callback links:
 	// browser.Config.NoCallbackFlow).
 	NoCallbackFlow bool
+	// RootRoutes are the routes of the kube-bind.io/v1alpha2 generation
+	// (internal/protocol/v1alpha2), mounted at the host root whatever
+	// path the external URL has: the released CLIs call them there.
+	RootRoutes []protocol.Route
+	// V1alpha2Sessions serves POST /api/sessions at the host root: poll
+	// sessions of the v1alpha2 generation (sessionkey.FlowPollV1alpha2),
+	// which end with a kube-bind.io/v1alpha2 BindingResponse.
+	V1alpha2Sessions bool
 	// SessionCreateRate is how many POST /sessions one client may make
 	// per second, with a burst of three seconds' worth; more are answered
 	// 429 slow_down with Retry-After. 0: no limit. The client is the
@@ -179,6 +190,12 @@ func New(cfg Config) (http.Handler, error) {
 		api(r)
 	} else {
 		r.Route(prefix, api)
+	}
+	for _, rt := range cfg.RootRoutes {
+		r.Method(rt.Method, rt.Path, named(rt.Path, rt.Handler))
+	}
+	if cfg.V1alpha2Sessions {
+		r.Post(PathSessionsV1alpha2, named(PathSessionsV1alpha2, s.createSessionV1alpha2))
 	}
 	return s.middleware(r), nil
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -65,7 +64,7 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 
 	ctx := r.Context()
 	sess, err := s.bind.OpenPoll(sid)
-	if err != nil || sess.Flow != sessionkey.FlowPoll {
+	if err != nil || !sess.Flow.Polled() {
 		// Unknown, expired, or a session of the callback flow: nobody
 		// outside holds the latter's secret, and its result goes to the
 		// CLI's callback, so it is nothing to poll.

@@ -10,7 +10,9 @@ import (
 	"strings"
 
 	"github.com/kbprovider/backend/internal/connlimit"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
 // createSession is POST /sessions (§1). The body is empty or
@@ -22,6 +24,16 @@ import (
 // silently cost the client its identity. (Field names match
 // case-insensitively, as encoding/json does: "clusterId" is accepted.)
 func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
+	s.createSessionOf(w, r, sessionkey.FlowPoll, v1alpha1.GroupVersion)
+}
+
+// createSessionV1alpha2 is POST /api/sessions: the same session, of the
+// v1alpha2 poll flow (docs/v1alpha2.md §2.6), labelled kube-bind.io/v1alpha2.
+func (s *server) createSessionV1alpha2(w http.ResponseWriter, r *http.Request) {
+	s.createSessionOf(w, r, sessionkey.FlowPollV1alpha2, v1alpha2.GroupVersion)
+}
+
+func (s *server) createSessionOf(w http.ResponseWriter, r *http.Request, flow sessionkey.Flow, apiVersion string) {
 	if s.createLimit != nil {
 		// The client is the connection's address; proxy headers are not
 		// trusted (Config.SessionCreateRate).
@@ -50,10 +62,10 @@ func (s *server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	// Nothing is stored: the session is derived from keys, so creating
 	// one costs no memory and cannot fail.
-	sess, clusterID, clusterSecret := s.bind.CreatePollSession(req.ClusterID)
+	sess, clusterID, clusterSecret := s.bind.CreatePollSessionOf(flow, req.ClusterID)
 	s.metrics.sessionsCreated.Inc()
 	writeJSON(w, http.StatusCreated, v1alpha1.PollSession{
-		APIVersion:    v1alpha1.GroupVersion,
+		APIVersion:    apiVersion,
 		Kind:          v1alpha1.KindPollSession,
 		SessionID:     sess.ID,
 		ClusterID:     clusterID,

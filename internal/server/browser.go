@@ -4,8 +4,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/clitoken"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/oidc"
 )
 
@@ -15,6 +17,9 @@ type browserPart struct {
 	handler     *browser.Handler
 	checks      []health.Check
 	onDelivered func(response []byte)
+	// offers and tokens serve the v1alpha2 routes (server.newV1alpha2).
+	offers *offers.Source
+	tokens *clitoken.Tokens
 }
 
 // newBrowser builds the browser part: the login at the identity provider,
@@ -48,7 +53,17 @@ func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 	if err != nil {
 		return browserPart{}, err
 	}
-	if s.sessions, err = s.newSessionService(catalog, provisioner); err != nil {
+	// What v1alpha2 consumers may pick: the catalog's CRDs and the
+	// provider's templates and collections.
+	src, err := offers.New(rc, catalog, offers.Config{Logger: s.log.With("component", "offers")})
+	if err != nil {
+		return browserPart{}, err
+	}
+	tokens, err := s.newCLITokens()
+	if err != nil {
+		return browserPart{}, err
+	}
+	if s.sessions, err = s.newSessionService(catalog, provisioner, src); err != nil {
 		return browserPart{}, err
 	}
 	login, err := oidc.New(oidc.Config{
@@ -85,18 +100,22 @@ func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 		NoCallbackFlow:    cfg.NoCallbackFlow,
 		Logger:            s.log.With("component", "browser"),
 		OnDelivered:       marker.Delivered,
+		Offers:            src,
+		Tokens:            tokens,
 	})
 	if err != nil {
 		return browserPart{}, err
 	}
-	if s.controllers, err = s.newControllers(rc, catalog, provisioner, reg); err != nil {
+	if s.controllers, err = s.newControllers(rc, catalog, src, provisioner, reg); err != nil {
 		return browserPart{}, err
 	}
 	s.loops = append(s.loops,
 		loop{"catalog", catalog.Run},
+		loop{"offers", src.Run},
 		loop{"oidc discovery", login.Run},
 		loop{"delivery marker", marker.Run})
-	return browserPart{handler: handler, checks: []health.Check{login, catalog}, onDelivered: marker.Delivered}, nil
+	return browserPart{handler: handler, checks: []health.Check{login, catalog}, onDelivered: marker.Delivered,
+		offers: src, tokens: tokens}, nil
 }
 
 // currentKey and previousKeys split a key list, the current key first,

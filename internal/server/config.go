@@ -109,6 +109,13 @@ type Config struct {
 	// GCUnusedBindingAfter is 0.
 	GCUnusedBindingAfter time.Duration
 	GCDryRun             bool
+
+	// CLITokenTTL is the life of a `kubectl bind login` token
+	// (--cli-token-ttl; 0: clitoken.DefaultTTL; checked with
+	// clitoken.ValidateTTL); tokens issued before CLITokensNotBefore are
+	// refused (--cli-tokens-not-before; zero: none).
+	CLITokenTTL        time.Duration
+	CLITokensNotBefore time.Time
 }
 
 // Session stores: one process (memory) or records in the provider cluster

@@ -15,22 +15,25 @@ import (
 	"github.com/kbprovider/backend/internal/credentials"
 	"github.com/kbprovider/backend/internal/exports"
 	"github.com/kbprovider/backend/internal/leader"
+	"github.com/kbprovider/backend/internal/offers"
 )
 
 // controllerRestart is the pause before a failed controller starts again.
 const controllerRestart = 5 * time.Second
 
 // newControllers builds the provider-side controllers (internal/exports,
-// internal/bindinghealth, internal/cleanup, internal/credentials) and
+// internal/bindinghealth, internal/cleanup, internal/credentials, and the
+// templates' Ready condition of internal/offers) and
 // returns what runs them until its ctx ends: on the replica holding the
 // Lease when leader election is on, else right here. A failing controller
 // is started again; all of them stop when leadership ends, and the
 // returned function returns only after the Lease was released.
-func (s *Server) newControllers(rc *rest.Config, catalog *binding.Catalog, p *binding.Provisioner, reg *prometheus.Registry) (func(context.Context), error) {
+func (s *Server) newControllers(rc *rest.Config, catalog *binding.Catalog, src *offers.Source, p *binding.Provisioner, reg *prometheus.Registry) (func(context.Context), error) {
 	cfg := s.cfg
 	log := s.log.With("component", "exports")
 	ctrl, err := exports.New(rc, exports.Config{
 		Catalog:         catalog,
+		Offers:          src,
 		GrantBackend:    p.GrantBackend,
 		NamespacePrefix: cfg.NamespacePrefix,
 		Logger:          log,
@@ -65,6 +68,10 @@ func (s *Server) newControllers(rc *rest.Config, catalog *binding.Catalog, p *bi
 		{"binding health", health.Run, healthLog},
 		{"cleanup", clean.Run, cleanupLog},
 		{"credentials", creds.Run, credLog},
+	}
+	if src != nil {
+		offersLog := s.log.With("component", "offers")
+		controllers = append(controllers, controller{"template status", src.RunStatus, offersLog})
 	}
 	runAll := func(ctx context.Context) {
 		var wg sync.WaitGroup

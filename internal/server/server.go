@@ -28,11 +28,13 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/clitoken"
 	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/connlimit"
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/longpoll"
+	protov1alpha2 "github.com/kbprovider/backend/internal/protocol/v1alpha2"
 	"github.com/kbprovider/backend/internal/servingcert"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/ring"
@@ -51,6 +53,10 @@ type Server struct {
 
 	store sessions.Store
 	keys  *sessionkey.Keys
+	// sessionKeyBytes are the keys keys was made from (the CLI token keys
+	// are derived from them); sessionKeysRandom: made up for this process.
+	sessionKeyBytes   [][]byte
+	sessionKeysRandom bool
 	// clusterKey derives cluster IDs and their secrets.
 	clusterKey *clusterkey.Key
 	// sessions is the one session service both handlers share.
@@ -155,12 +161,16 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	if s.sessions == nil {
-		if s.sessions, err = s.newSessionService(nil, nil); err != nil {
+		if s.sessions, err = s.newSessionService(nil, nil, nil); err != nil {
 			return nil, err
 		}
 	}
 	readiness = append(readiness, b.checks...)
 	s.longPoll = longpoll.New(cfg.LongPoll)
+	v2, err := s.newV1alpha2(b)
+	if err != nil {
+		return nil, err
+	}
 	handler, err := httpapi.New(httpapi.Config{
 		ExternalURL:       ext,
 		PrettyName:        cfg.PrettyName,
@@ -174,6 +184,8 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		LongPoll:          s.longPoll,
 		NoCallbackFlow:    cfg.NoCallbackFlow,
 		SessionCreateRate: cfg.SessionCreateRate,
+		RootRoutes:        v2.Routes(),
+		V1alpha2Sessions:  true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the HTTP handler: %w", err)
@@ -197,10 +209,52 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	return s, nil
 }
 
-// newSessionService builds the one session service both handlers share.
-func (s *Server) newSessionService(catalog bindservice.Catalog, provisioner bindservice.Provisioner) (*bindservice.Service, error) {
+// newSessionService builds the one session service every handler shares;
+// it renders each protocol generation's BindingResponse.
+func (s *Server) newSessionService(catalog bindservice.Catalog, provisioner bindservice.Provisioner, offers bindservice.Offers) (*bindservice.Service, error) {
 	return bindservice.New(bindservice.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey,
-		SessionTTL: s.cfg.SessionTTL, Grace: s.cfg.GracePeriod, Catalog: catalog, Provisioner: provisioner})
+		SessionTTL: s.cfg.SessionTTL, Grace: s.cfg.GracePeriod, Catalog: catalog, Provisioner: provisioner,
+		Offers: offers, RenderV1alpha2: protov1alpha2.Render})
+}
+
+// newCLITokens builds the CLI token keys (docs/v1alpha2.md §2.3), derived
+// from the session keys, for the configured identity provider.
+func (s *Server) newCLITokens() (*clitoken.Tokens, error) {
+	if s.sessionKeysRandom {
+		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=hashring with --peer-key, whose session keys every replica shares across restarts")
+	}
+	return clitoken.New(clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDCIssuerURL,
+		TTL: s.cfg.CLITokenTTL, NotBefore: s.cfg.CLITokensNotBefore})
+}
+
+// newV1alpha2 builds the kube-bind.io/v1alpha2 routes of the released
+// kubectl-bind v0.6+ (internal/protocol/v1alpha2), at the host root.
+// Without the browser part it serves discovery and poll sessions; its
+// login and bearer routes answer 503.
+func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
+	if p := s.ext.EscapedPath(); p != "" && p != "/" {
+		s.log.Warn("the external URL has a path prefix, but released kubectl-bind v0.6+ CLIs call /, /exports and /api/ at the host root: route those to the backend too",
+			"external_url", s.ext.String())
+	}
+	cfg := protov1alpha2.Config{
+		ExternalURL:     s.ext,
+		PrettyName:      s.cfg.PrettyName,
+		Sessions:        s.sessions,
+		Issuer:          s.cfg.OIDCIssuerURL,
+		PollInterval:    s.cfg.PollInterval,
+		LongPollMaxWait: s.longPoll.MaxWait(),
+		PollSessions:    true,
+		OnDelivered:     b.onDelivered,
+		Logger:          s.log.With("component", "v1alpha2"),
+	}
+	if b.handler != nil {
+		// A nil *browser.Handler in the interface would not be nil.
+		cfg.Browser, cfg.Offers, cfg.Tokens = b.handler, b.offers, b.tokens
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = httpapi.DefaultPollInterval
+	}
+	return protov1alpha2.New(cfg)
 }
 
 // Addr is the address the public API listens on.

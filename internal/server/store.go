@@ -117,6 +117,8 @@ func (s *Server) sessionKeys() (*sessionkey.Keys, error) {
 		k := make([]byte, 32)
 		rand.Read(k)
 		keys = [][]byte{k}
+		s.sessionKeysRandom = true
 	}
+	s.sessionKeyBytes = keys
 	return sessionkey.New(currentKey(keys), previousKeys(keys)...)
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
 // DefaultMaxBodyBytes bounds every answer the client reads.
@@ -88,6 +89,11 @@ type Provider struct {
 	LongPollMaxWait time.Duration
 	// Document is the discovery document as received.
 	Document v1alpha1.BindingProvider
+	// Generation is the protocol generation the document speaks, its bare
+	// apiVersion (v1alpha1.ProviderAPIVersion or
+	// v1alpha2.ProviderAPIVersion): the BindingResponse a session of this
+	// provider ends in must be of the same generation.
+	Generation string
 }
 
 // Discover fetches the discovery document at exportURL, exactly as given
@@ -108,6 +114,12 @@ func (c *Client) Discover(ctx context.Context, exportURL string) (*Provider, err
 // picking a method: for clients that also speak the callback flow
 // (CodeGrantURL). ProviderOf then picks the poll method.
 func (c *Client) FetchDocument(ctx context.Context, exportURL string) (*v1alpha1.BindingProvider, error) {
+	return c.fetchDocument(ctx, exportURL, v1alpha1.ProviderAPIVersion)
+}
+
+// fetchDocument is FetchDocument for a document of the generation
+// apiVersion.
+func (c *Client) fetchDocument(ctx context.Context, exportURL, apiVersion string) (*v1alpha1.BindingProvider, error) {
 	u, err := url.Parse(exportURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("export URL %q must be an absolute http or https URL", exportURL)
@@ -137,17 +149,51 @@ func (c *Client) FetchDocument(ctx context.Context, exportURL string) (*v1alpha1
 	if err := decodeJSON(resp, body, &doc); err != nil {
 		return nil, fmt.Errorf("provider at %s: %w", exportURL, err)
 	}
-	if err := checkDocument(doc); err != nil {
+	if err := checkDocument(doc, apiVersion); err != nil {
 		return nil, fmt.Errorf("provider at %s: %w", exportURL, err)
 	}
 	return &doc, nil
+}
+
+// ProviderDocumentURL is where a v1alpha2 provider serves its discovery
+// document: /api/exports at the root of the host of serverURL, whatever
+// path serverURL has (as the released kubectl-bind v0.7/v0.8 finds it).
+func ProviderDocumentURL(serverURL string) (string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("URL %q must be an absolute http or https URL", serverURL)
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: "/api/exports"}).String(), nil
+}
+
+// DiscoverV1alpha2 fetches the kube-bind.io/v1alpha2 discovery document of
+// the provider at serverURL (from ProviderDocumentURL) and picks its poll
+// method. It fails with ErrUnsupportedProvider when the host serves no
+// v1alpha2 document there, and with ErrNoPollMethod when the document
+// offers no poll flow (released v1alpha2 providers offer only the
+// callback flow of kubectl-bind).
+func (c *Client) DiscoverV1alpha2(ctx context.Context, serverURL string) (*Provider, error) {
+	docURL, err := ProviderDocumentURL(serverURL)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := c.fetchDocument(ctx, docURL, v1alpha2.ProviderAPIVersion)
+	if err != nil {
+		return nil, err
+	}
+	p, err := checkProvider(*doc, v1alpha2.ProviderAPIVersion)
+	if err != nil {
+		return nil, fmt.Errorf("provider at %s: %w", docURL, err)
+	}
+	p.ExportURL = docURL
+	return p, nil
 }
 
 // ProviderOf picks the poll method of a discovery document from
 // FetchDocument (fetched from exportURL). It fails with ErrNoPollMethod
 // when the document offers only the callback flow.
 func ProviderOf(exportURL string, doc v1alpha1.BindingProvider) (*Provider, error) {
-	p, err := checkProvider(doc)
+	p, err := checkProvider(doc, v1alpha1.ProviderAPIVersion)
 	if err != nil {
 		return nil, fmt.Errorf("provider at %s: %w", exportURL, err)
 	}
@@ -168,21 +214,21 @@ func CodeGrantURL(doc v1alpha1.BindingProvider) (*url.URL, error) {
 }
 
 // checkDocument applies the checks of released CLIs that hold for every
-// method.
-func checkDocument(doc v1alpha1.BindingProvider) error {
-	if doc.APIVersion != v1alpha1.ProviderAPIVersion {
-		return fmt.Errorf("%w: apiVersion %q, want %q", ErrUnsupportedProvider, doc.APIVersion, v1alpha1.ProviderAPIVersion)
+// method, for a document of the generation apiVersion.
+func checkDocument(doc v1alpha1.BindingProvider, apiVersion string) error {
+	if doc.APIVersion != apiVersion {
+		return fmt.Errorf("%w: apiVersion %q, want %q", ErrUnsupportedProvider, doc.APIVersion, apiVersion)
 	}
 	return checkVersion(doc.Version)
 }
 
 // checkProvider applies the checks of released CLIs and picks the first
 // usable poll method.
-func checkProvider(doc v1alpha1.BindingProvider) (*Provider, error) {
-	if err := checkDocument(doc); err != nil {
+func checkProvider(doc v1alpha1.BindingProvider, apiVersion string) (*Provider, error) {
+	if err := checkDocument(doc, apiVersion); err != nil {
 		return nil, err
 	}
-	p := &Provider{PrettyName: doc.ProviderPrettyName, Version: doc.Version, Document: doc}
+	p := &Provider{PrettyName: doc.ProviderPrettyName, Version: doc.Version, Document: doc, Generation: apiVersion}
 	for _, m := range doc.AuthenticationMethods {
 		if m.Method != v1alpha1.MethodOAuth2CodeGrantPoll || m.OAuth2CodeGrantPoll == nil {
 			continue

@@ -8,11 +8,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
 // Result is a BindingResponse that passed validation.
 type Result struct {
-	// Response is the decoded BindingResponse.
+	// Response is the decoded BindingResponse: the fields both protocol
+	// generations share (a v1alpha2 response keeps its apiVersion
+	// kube-bind.io/v1alpha2 here; Raw has all of it).
 	Response v1alpha1.BindingResponse
 	// Raw is the answer's body exactly as the provider sent it.
 	Raw []byte
@@ -20,14 +23,34 @@ type Result struct {
 	// the provider cluster and the consumer's provider namespace.
 	Server    string
 	Namespace string
+	// Generation is the response's protocol generation
+	// (v1alpha1.ProviderAPIVersion or v1alpha2.ProviderAPIVersion); its
+	// requests are APIServiceExportRequests of that generation.
+	Generation string
+	// ProviderNamespace and BindingName are what a v1alpha2 response
+	// states besides (informational; empty in v1alpha1).
+	ProviderNamespace string
+	BindingName       string
 }
 
 func (s *Session) decodeResult(resp *http.Response, body []byte) (*Result, error) {
-	var br v1alpha1.BindingResponse
-	if err := decodeJSON(resp, body, &br); err != nil {
-		return nil, fmt.Errorf("binding response: %w", err)
+	var (
+		res *Result
+		err error
+	)
+	if s.provider.Generation == v1alpha2.ProviderAPIVersion {
+		var br v1alpha2.BindingResponse
+		if err := decodeJSON(resp, body, &br); err != nil {
+			return nil, fmt.Errorf("binding response: %w", err)
+		}
+		res, err = ValidateV1alpha2BindingResponse(&br, s.ID)
+	} else {
+		var br v1alpha1.BindingResponse
+		if err := decodeJSON(resp, body, &br); err != nil {
+			return nil, fmt.Errorf("binding response: %w", err)
+		}
+		res, err = ValidateBindingResponse(&br, s.ID)
 	}
-	res, err := ValidateBindingResponse(&br, s.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -42,20 +65,49 @@ func (s *Session) decodeResult(resp *http.Response, body []byte) (*Result, error
 // current context names a cluster with a server and a namespace. Errors
 // match ErrInvalidResponse.
 func ValidateBindingResponse(br *v1alpha1.BindingResponse, sessionID string) (*Result, error) {
+	res, err := validateResponse(v1alpha1.GroupVersion, br.APIVersion, br.Kind, br.Authentication, br.Kubeconfig, br.Requests, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	res.Response = *br
+	res.Generation = v1alpha1.ProviderAPIVersion
+	return res, nil
+}
+
+// ValidateV1alpha2BindingResponse is ValidateBindingResponse for a
+// kube-bind.io/v1alpha2 BindingResponse: the same checks, with apiVersion
+// kube-bind.io/v1alpha2 for the response and every request (a response of
+// the other generation is refused, whatever its shape).
+func ValidateV1alpha2BindingResponse(br *v1alpha2.BindingResponse, sessionID string) (*Result, error) {
+	res, err := validateResponse(v1alpha2.GroupVersion, br.APIVersion, br.Kind, br.Authentication, br.Kubeconfig, br.Requests, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	res.Response = v1alpha1.BindingResponse{
+		APIVersion: br.APIVersion, Kind: br.Kind, Authentication: br.Authentication,
+		Kubeconfig: br.Kubeconfig, Requests: br.Requests,
+	}
+	res.Generation = v1alpha2.ProviderAPIVersion
+	res.ProviderNamespace, res.BindingName = br.ProviderNamespace, br.BindingName
+	return res, nil
+}
+
+func validateResponse(groupVersion, apiVersion, kind string, authn v1alpha1.BindingAuthentication, kubeconfig []byte,
+	requests []json.RawMessage, sessionID string) (*Result, error) {
 	fail := func(format string, args ...any) (*Result, error) {
 		return nil, fmt.Errorf("%w: binding response: %s", ErrInvalidResponse, fmt.Sprintf(format, args...))
 	}
-	if br.APIVersion != v1alpha1.GroupVersion || br.Kind != v1alpha1.KindBindingResponse {
-		return fail("it is %q %q, want %q %q", br.APIVersion, br.Kind, v1alpha1.GroupVersion, v1alpha1.KindBindingResponse)
+	if apiVersion != groupVersion || kind != v1alpha1.KindBindingResponse {
+		return fail("it is %q %q, want %q %q", apiVersion, kind, groupVersion, v1alpha1.KindBindingResponse)
 	}
-	auth := br.Authentication.OAuth2CodeGrant
+	auth := authn.OAuth2CodeGrant
 	if auth == nil {
 		return fail("authentication.oauth2CodeGrant is missing")
 	}
 	if auth.SessionID != sessionID {
 		return fail("it belongs to session %q, not to this session %q", auth.SessionID, sessionID)
 	}
-	for i, raw := range br.Requests {
+	for i, raw := range requests {
 		var tm struct {
 			APIVersion string `json:"apiVersion"`
 			Kind       string `json:"kind"`
@@ -63,14 +115,14 @@ func ValidateBindingResponse(br *v1alpha1.BindingResponse, sessionID string) (*R
 		if err := json.Unmarshal(raw, &tm); err != nil {
 			return fail("requests[%d]: %v", i, err)
 		}
-		if tm.APIVersion != v1alpha1.GroupVersion || tm.Kind != v1alpha1.KindAPIServiceExportRequest {
-			return fail("requests[%d] is %q %q, want %q %q", i, tm.APIVersion, tm.Kind, v1alpha1.GroupVersion, v1alpha1.KindAPIServiceExportRequest)
+		if tm.APIVersion != groupVersion || tm.Kind != v1alpha1.KindAPIServiceExportRequest {
+			return fail("requests[%d] is %q %q, want %q %q", i, tm.APIVersion, tm.Kind, groupVersion, v1alpha1.KindAPIServiceExportRequest)
 		}
 	}
-	if len(br.Kubeconfig) == 0 {
+	if len(kubeconfig) == 0 {
 		return fail("kubeconfig is missing")
 	}
-	cfg, err := clientcmd.Load(br.Kubeconfig)
+	cfg, err := clientcmd.Load(kubeconfig)
 	if err != nil {
 		return fail("kubeconfig: %v", err)
 	}
@@ -85,5 +137,5 @@ func ValidateBindingResponse(br *v1alpha1.BindingResponse, sessionID string) (*R
 	if kctx.Namespace == "" {
 		return fail("kubeconfig's current context %q has no namespace", cfg.CurrentContext)
 	}
-	return &Result{Response: *br, Server: cluster.Server, Namespace: kctx.Namespace}, nil
+	return &Result{Server: cluster.Server, Namespace: kctx.Namespace}, nil
 }

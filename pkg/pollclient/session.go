@@ -13,6 +13,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
@@ -138,7 +139,7 @@ func (c *Client) createSessionOnce(ctx context.Context, p *Provider, body []byte
 		return nil, -1, fmt.Errorf("new session: %w", err)
 	}
 	switch {
-	case ps.APIVersion != v1alpha1.GroupVersion || ps.Kind != v1alpha1.KindPollSession:
+	case !sessionAPIVersionOK(p, ps.APIVersion) || ps.Kind != v1alpha1.KindPollSession:
 		return nil, -1, fmt.Errorf("%w: new session is %s %s, want %s %s", ErrInvalidResponse, ps.APIVersion, ps.Kind, v1alpha1.GroupVersion, v1alpha1.KindPollSession)
 	case ps.SessionID == "" || ps.SessionSecret == "" || ps.ClusterID == "":
 		return nil, -1, fmt.Errorf("%w: new session lacks sessionID, sessionSecret or clusterID", ErrInvalidResponse)
@@ -161,6 +162,16 @@ func (c *Client) createSessionOnce(ctx context.Context, p *Provider, body []byte
 		clusterSecret: ps.ClusterSecret,
 		deadline:      deadline,
 	}, 0, nil
+}
+
+// sessionAPIVersionOK says whether a new session of p may have apiVersion
+// v. The session object is the same in both generations; a v1alpha2
+// provider may label it with either group version.
+func sessionAPIVersionOK(p *Provider, v string) bool {
+	if v == v1alpha1.GroupVersion {
+		return true
+	}
+	return p.Generation == v1alpha2.ProviderAPIVersion && v == v1alpha2.GroupVersion
 }
 
 // AuthenticationURL returns the signed URL the user opens in a browser to

@@ -310,8 +310,8 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		if err != nil {
 			t.Fatalf("Provision #%d with the chart's ServiceAccount: %v", i+1, err)
 		}
-		if len(resp.Kubeconfig) == 0 || len(resp.Requests) != 1 {
-			t.Fatalf("Provision #%d: kubeconfig %d bytes, %d requests", i+1, len(resp.Kubeconfig), len(resp.Requests))
+		if len(resp.Kubeconfig) == 0 || len(resp.APIs) != 1 {
+			t.Fatalf("Provision #%d: kubeconfig %d bytes, %d APIs", i+1, len(resp.Kubeconfig), len(resp.APIs))
 		}
 		t.Logf("Provision #%d as the chart's ServiceAccount: %v", i+1, time.Since(start).Round(time.Millisecond))
 		kubeconfig = resp.Kubeconfig

@@ -170,8 +170,8 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 			t.Errorf("%d %s rendered by default", n, kind)
 		}
 	}
-	if n := len(objs.ofKind("CustomResourceDefinition")); n != 4 {
-		t.Errorf("%d CRDs rendered, want the 4 kube-bind.io CRDs", n)
+	if n := len(objs.ofKind("CustomResourceDefinition")); n != 7 {
+		t.Errorf("%d CRDs rendered, want the 7 kube-bind.io CRDs", n)
 	}
 }
 

@@ -23,12 +23,14 @@ import (
 	"github.com/kbprovider/backend/internal/testutil/await"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 	"github.com/kbprovider/backend/internal/testutil/konnector"
+	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
 // One provider (control plane, identity provider, backend) and one
 // consumer cluster serve all steps, in order: later steps rebind into the
-// cluster the first one bound.
+// cluster the first one bound. They bind through v1alpha1 (--protocol),
+// as the released konnector v0.4.8 they run needs.
 func TestBind(t *testing.T) {
 	e := startEnv(t)
 	var first *bound
@@ -53,11 +55,11 @@ type bound struct {
 
 var namespaceLine = regexp.MustCompile(`in namespace (\S+) on `)
 
-func providerNamespaceOf(t *testing.T, c *cli) string {
+func providerNamespaceOf(t *testing.T, c *procs.Command) string {
 	t.Helper()
-	m := namespaceLine.FindStringSubmatch(c.stderr.String())
+	m := namespaceLine.FindStringSubmatch(c.Stderr.String())
 	if m == nil {
-		t.Fatalf("the command did not name the provider namespace:\n%s", c.stderr.String())
+		t.Fatalf("the command did not name the provider namespace:\n%s", c.Stderr.String())
 	}
 	return m[1]
 }
@@ -71,8 +73,8 @@ func testPollFlow(t *testing.T, e *env) *bound {
 
 	// As a kubectl plugin: kubectl finds kubectl-bind_poll on PATH.
 	c := runCLI(t, t.TempDir(), e.consumer.BinDir()+"/kubectl",
-		[]string{"bind-poll", "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--wait-timeout", "3m", e.exportURL})
-	u := c.url(t)
+		[]string{"bind-poll", "--protocol", "v1alpha1", "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--wait-timeout", "3m", e.exportURL})
+	u := c.URL(t)
 	if !strings.HasPrefix(u, e.baseURL+"/authorize?") {
 		t.Errorf("printed URL %s is not the provider's poll authentication URL", u)
 	}
@@ -81,15 +83,15 @@ func testPollFlow(t *testing.T, e *env) *bound {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code := bindproof.ConfirmationCode(pu.Query().Get("s")); !strings.Contains(c.stderr.String(), "the code "+code+"; continue only if it matches") {
-		t.Errorf("confirmation code %s (shown on the page) not printed next to the URL:\n%s", code, c.stderr.String())
+	if code := bindproof.ConfirmationCode(pu.Query().Get("s")); !strings.Contains(c.Stderr.String(), "the code "+code+"; continue only if it matches") {
+		t.Errorf("confirmation code %s (shown on the page) not printed next to the URL:\n%s", code, c.Stderr.String())
 	}
 	k := startKonnectorWhenReady(t, e, c)
-	if code := c.wait(t, 5*time.Minute); code != 0 {
-		t.Fatalf("exit code %d:\n%s", code, c.stderr.String())
+	if code := c.Wait(t, 5*time.Minute); code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, c.Stderr.String())
 	}
-	t.Logf("wall time from pressing Bind to the command exiting with the APIs bound: %s", c.ended.Sub(pressed).Round(time.Millisecond))
-	t.Logf("command output:\n%s", c.stderr.String())
+	t.Logf("wall time from pressing Bind to the command exiting with the APIs bound: %s", c.Ended.Sub(pressed).Round(time.Millisecond))
+	t.Logf("command output:\n%s", c.Stderr.String())
 	ns := providerNamespaceOf(t, c)
 	if !strings.HasPrefix(ns, namespacePrefix) {
 		t.Errorf("provider namespace %q lacks the backend's prefix", ns)
@@ -242,25 +244,25 @@ func grepLines(s, sub string) string {
 // cluster lands in the same provider namespace and updates the Secret.
 func testRebind(t *testing.T, e *env, first *bound) {
 	consumerKube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
-	c := runCLI(t, t.TempDir(), cliBinary, []string{"--kubeconfig", e.consumer.AdminKubeconfigPath(), e.exportURL})
-	u := c.url(t)
-	if !strings.Contains(c.stderr.String(), "presenting the kept cluster ID "+first.clusterID) {
-		t.Errorf("the command does not present the kept cluster ID %s:\n%s", first.clusterID, c.stderr.String())
+	c := runCLI(t, t.TempDir(), cliBinary, []string{"--protocol", "v1alpha1", "--kubeconfig", e.consumer.AdminKubeconfigPath(), e.exportURL})
+	u := c.URL(t)
+	if !strings.Contains(c.Stderr.String(), "presenting the kept cluster ID "+first.clusterID) {
+		t.Errorf("the command does not present the kept cluster ID %s:\n%s", first.clusterID, c.Stderr.String())
 	}
 	bindInBrowser(t, e, u, exampleapis.MangoDB.Name())
-	if code := c.wait(t, 5*time.Minute); code != 0 {
-		t.Fatalf("exit code %d:\n%s", code, c.stderr.String())
+	if code := c.Wait(t, 5*time.Minute); code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, c.Stderr.String())
 	}
-	t.Logf("command output:\n%s", c.stderr.String())
+	t.Logf("command output:\n%s", c.Stderr.String())
 	if ns := providerNamespaceOf(t, c); ns != first.providerNamespace {
 		t.Errorf("rebind landed in provider namespace %s, want %s", ns, first.providerNamespace)
 	}
 	if secrets := kubeconfigSecrets(t, consumerKube); len(secrets) != 1 || secrets[0] != first.secretName {
 		t.Errorf("kubeconfig Secrets after the rebind: %v, want only %s", secrets, first.secretName)
 	}
-	if !regexp.MustCompile(`kubeconfig Secret: (updated|kube-bind/\S+ up to date) `).MatchString(c.stderr.String()) &&
-		!strings.Contains(c.stderr.String(), "kubeconfig Secret: updated kube-bind/"+first.secretName) {
-		t.Errorf("the command did not report updating the Secret:\n%s", c.stderr.String())
+	if !regexp.MustCompile(`kubeconfig Secret: (updated|kube-bind/\S+ up to date) `).MatchString(c.Stderr.String()) &&
+		!strings.Contains(c.Stderr.String(), "kubeconfig Secret: updated kube-bind/"+first.secretName) {
+		t.Errorf("the command did not report updating the Secret:\n%s", c.Stderr.String())
 	}
 }
 
@@ -279,13 +281,13 @@ func testRefusesOtherBinding(t *testing.T, e *env) {
 	if _, err := consumerDyn.Resource(bindingGVR).Create(ctx, other, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	c := runCLI(t, t.TempDir(), cliBinary, []string{"--kubeconfig", e.consumer.AdminKubeconfigPath(), e.exportURL})
-	bindInBrowser(t, e, c.url(t), queueAPI.Name())
-	if code := c.wait(t, 3*time.Minute); code != 1 {
-		t.Fatalf("exit code %d, want 1:\n%s", code, c.stderr.String())
+	c := runCLI(t, t.TempDir(), cliBinary, []string{"--protocol", "v1alpha1", "--kubeconfig", e.consumer.AdminKubeconfigPath(), e.exportURL})
+	bindInBrowser(t, e, c.URL(t), queueAPI.Name())
+	if code := c.Wait(t, 3*time.Minute); code != 1 {
+		t.Fatalf("exit code %d, want 1:\n%s", code, c.Stderr.String())
 	}
-	if !strings.Contains(c.stderr.String(), "not from this service provider") || !strings.Contains(c.stderr.String(), "kubeconfig-other") {
-		t.Errorf("the refusal does not say whose binding it is:\n%s", c.stderr.String())
+	if !strings.Contains(c.Stderr.String(), "not from this service provider") || !strings.Contains(c.Stderr.String(), "kubeconfig-other") {
+		t.Errorf("the refusal does not say whose binding it is:\n%s", c.Stderr.String())
 	}
 	got, err := consumerDyn.Resource(bindingGVR).Get(ctx, queueAPI.Name(), metav1.GetOptions{})
 	if err != nil || nested(got, "spec", "kubeconfigSecretRef", "name") != "kubeconfig-other" {
@@ -304,12 +306,12 @@ func testRequestFailed(t *testing.T, e *env) {
 	ctx := context.Background()
 	providerDyn := dynamic.NewForConfigOrDie(e.provider.AdminConfig())
 	crds := apiextensionsclient.NewForConfigOrDie(e.provider.AdminConfig()).ApiextensionsV1().CustomResourceDefinitions()
-	c := runCLI(t, t.TempDir(), cliBinary, []string{"--kubeconfig", e.consumer.AdminKubeconfigPath(), e.exportURL})
-	u := c.url(t)
+	c := runCLI(t, t.TempDir(), cliBinary, []string{"--protocol", "v1alpha1", "--kubeconfig", e.consumer.AdminKubeconfigPath(), e.exportURL})
+	u := c.URL(t)
 	// Hold the command before Bind, so the API is unexported before it
 	// gets the answer and creates the request.
 	bindInBrowserThen(t, e, u, func() {
-		if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		if err := c.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 	}, bucketAPI.Name())
@@ -322,13 +324,13 @@ func testRequestFailed(t *testing.T, e *env) {
 		_, _ = crds.Patch(context.Background(), bucketAPI.Name(), types.MergePatchType, relabel, metav1.PatchOptions{})
 	})
 	time.Sleep(2 * time.Second) // let the provider's caches see the label go
-	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := c.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if code := c.wait(t, 3*time.Minute); code != 1 {
-		t.Fatalf("exit code %d, want 1:\n%s", code, c.stderr.String())
+	if code := c.Wait(t, 3*time.Minute); code != 1 {
+		t.Fatalf("exit code %d, want 1:\n%s", code, c.Stderr.String())
 	}
-	t.Logf("command output:\n%s", c.stderr.String())
+	t.Logf("command output:\n%s", c.Stderr.String())
 	ns := providerNamespaceOf(t, c)
 	r, err := providerDyn.Resource(requestGVR).Namespace(ns).Get(ctx, bucketAPI.Name(), metav1.GetOptions{})
 	if err != nil {
@@ -338,8 +340,8 @@ func testRequestFailed(t *testing.T, e *env) {
 	if nested(r, "status", "phase") != "Failed" || msg == "" {
 		t.Fatalf("request status %v, want Failed with a message", r.Object["status"])
 	}
-	if !strings.Contains(c.stderr.String(), msg) || !strings.Contains(c.stderr.String(), "failed APIServiceExportRequest "+bucketAPI.Name()) {
-		t.Errorf("the command does not pass on the provider's message %q:\n%s", msg, c.stderr.String())
+	if !strings.Contains(c.Stderr.String(), msg) || !strings.Contains(c.Stderr.String(), "failed APIServiceExportRequest "+bucketAPI.Name()) {
+		t.Errorf("the command does not pass on the provider's message %q:\n%s", msg, c.Stderr.String())
 	}
 	consumerDyn := dynamic.NewForConfigOrDie(e.consumer.AdminConfig())
 	if _, err := consumerDyn.Resource(bindingGVR).Get(ctx, bucketAPI.Name(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -353,12 +355,12 @@ func testUnreachable(t *testing.T, e *env) {
 	kc := controlplane.WriteKubeconfig(t, e.consumer.ConfigForToken("x"))
 	data := strings.Replace(readFile(t, kc), e.consumer.Host(), "https://127.0.0.1:1", 1)
 	writeFileT(t, kc, data)
-	c := runCLI(t, dir, cliBinary, []string{"--kubeconfig", kc, e.exportURL})
-	if code := c.wait(t, time.Minute); code != 1 {
-		t.Fatalf("exit code %d, want 1:\n%s", code, c.stderr.String())
+	c := runCLI(t, dir, cliBinary, []string{"--protocol", "v1alpha1", "--kubeconfig", kc, e.exportURL})
+	if code := c.Wait(t, time.Minute); code != 1 {
+		t.Fatalf("exit code %d, want 1:\n%s", code, c.Stderr.String())
 	}
-	if !strings.Contains(c.stderr.String(), "does not answer") || strings.Contains(c.stderr.String(), e.baseURL) {
-		t.Errorf("want a clear error before any URL:\n%s", c.stderr.String())
+	if !strings.Contains(c.Stderr.String(), "does not answer") || strings.Contains(c.Stderr.String(), e.baseURL) {
+		t.Errorf("want a clear error before any URL:\n%s", c.Stderr.String())
 	}
 }
 
@@ -366,14 +368,14 @@ func testUnreachable(t *testing.T, e *env) {
 // method, presenting the kept cluster ID: same provider namespace.
 func testCallbackFlow(t *testing.T, e *env, first *bound) {
 	ctx := context.Background()
-	c := runCLI(t, t.TempDir(), cliBinary, []string{"--kubeconfig", e.consumer.AdminKubeconfigPath(), "--flow", "callback", e.exportURL})
-	u := c.url(t)
+	c := runCLI(t, t.TempDir(), cliBinary, []string{"--protocol", "v1alpha1", "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--flow", "callback", e.exportURL})
+	u := c.URL(t)
 	if !strings.Contains(u, "p=") || !strings.Contains(u, "c="+first.clusterID) {
 		t.Errorf("callback URL %s lacks the port or the kept cluster ID %s", u, first.clusterID)
 	}
 	bindInBrowser(t, e, u, widgetAPI.Name())
-	if code := c.wait(t, 3*time.Minute); code != 0 {
-		t.Fatalf("exit code %d:\n%s", code, c.stderr.String())
+	if code := c.Wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, c.Stderr.String())
 	}
 	if ns := providerNamespaceOf(t, c); ns != first.providerNamespace {
 		t.Errorf("callback bind landed in %s, want %s", ns, first.providerNamespace)
@@ -390,12 +392,12 @@ func testDryRun(t *testing.T, e *env) {
 	ctx := context.Background()
 	consumerKube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
 	before := kubeconfigSecrets(t, consumerKube)
-	c := runCLI(t, t.TempDir(), cliBinary, []string{"--kubeconfig", e.consumer.AdminKubeconfigPath(), "--dry-run", "-o", "yaml", e.exportURL})
-	bindInBrowser(t, e, c.url(t), widgetAPI.Name())
-	if code := c.wait(t, 3*time.Minute); code != 0 {
-		t.Fatalf("exit code %d:\n%s", code, c.stderr.String())
+	c := runCLI(t, t.TempDir(), cliBinary, []string{"--protocol", "v1alpha1", "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--dry-run", "-o", "yaml", e.exportURL})
+	bindInBrowser(t, e, c.URL(t), widgetAPI.Name())
+	if code := c.Wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("exit code %d:\n%s", code, c.Stderr.String())
 	}
-	out := c.stdout.String()
+	out := c.Stdout.String()
 	for _, want := range []string{"kind: APIServiceExportRequest", "kind: APIServiceBinding", "name: " + widgetAPI.Name(),
 		"kind: ClusterRole", "resources:\n  - widgets\n", "kind: Secret"} {
 		if !strings.Contains(out, want) {
@@ -432,23 +434,23 @@ func testReleasedCLI(t *testing.T, e *env) {
 	bin := konnector.ReleasedBinary(t, "kubectl-bind")
 	home := t.TempDir()
 	c := runCLI(t, home, bin, []string{"bind", e.exportURL, "--dry-run", "--kubeconfig", e.consumer.AdminKubeconfigPath()})
-	u := c.url(t)
+	u := c.URL(t)
 	bindInBrowser(t, e, u, gadgetAPI.Name())
-	if code := c.wait(t, 3*time.Minute); code != 0 {
-		t.Fatalf("released CLI's dry run: exit %d\nstdout:\n%s", code, c.stdout.String())
+	if code := c.Wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("released CLI's dry run: exit %d\nstdout:\n%s", code, c.Stdout.String())
 	}
-	m := regexp.MustCompile(`secret kube-bind/(kubeconfig-\w+) for host \S+, namespace (\S+)`).FindStringSubmatch(c.stderr.String())
-	if m == nil || !strings.Contains(c.stdout.String(), "kind: APIServiceExportRequest") {
-		t.Fatalf("the released CLI's dry run printed no request or named no Secret:\nstdout:\n%s", c.stdout.String())
+	m := regexp.MustCompile(`secret kube-bind/(kubeconfig-\w+) for host \S+, namespace (\S+)`).FindStringSubmatch(c.Stderr.String())
+	if m == nil || !strings.Contains(c.Stdout.String(), "kind: APIServiceExportRequest") {
+		t.Fatalf("the released CLI's dry run printed no request or named no Secret:\nstdout:\n%s", c.Stdout.String())
 	}
 	secret, ns := m[1], m[2]
 	reqFile := home + "/request.yaml"
-	writeFileT(t, reqFile, c.stdout.String())
+	writeFileT(t, reqFile, c.Stdout.String())
 	step := runCLI(t, home, bin, []string{"bind", "apiservice",
 		"--remote-kubeconfig-namespace", consumer.Namespace, "--remote-kubeconfig-name", secret,
 		"-f", reqFile, "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-konnector"})
-	if code := step.wait(t, 3*time.Minute); code != 0 {
-		t.Fatalf("released CLI's apiservice step: exit %d\nstdout:\n%s", code, step.stdout.String())
+	if code := step.Wait(t, 3*time.Minute); code != 0 {
+		t.Fatalf("released CLI's apiservice step: exit %d\nstdout:\n%s", code, step.Stdout.String())
 	}
 	ctx := context.Background()
 	providerDyn := dynamic.NewForConfigOrDie(e.provider.AdminConfig())

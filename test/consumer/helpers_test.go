@@ -1,15 +1,10 @@
 package consumer
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -28,110 +23,12 @@ import (
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
-// cli is a running kube-bind-poll (or another command) with its stderr
-// read line by line.
-type cli struct {
-	cmd    *exec.Cmd
-	stdout bytes.Buffer
-	stderr procs.Buffer
-	lines  chan string
-	done   chan struct{} // stderr fully read
-	exited chan struct{}
-	code   int
-	ended  time.Time
-}
-
 // runCLI starts bin with args and a HOME of its own (a "machine" with no
-// local state); env adds variables.
-func runCLI(t *testing.T, home string, bin string, args []string, env ...string) *cli {
+// local state), with kube-bind-poll on the PATH; env adds variables.
+func runCLI(t *testing.T, home string, bin string, args []string, env ...string) *procs.Command {
 	t.Helper()
-	c := &cli{cmd: exec.Command(bin, args...), lines: make(chan string, 1000), done: make(chan struct{}), exited: make(chan struct{})}
-	c.cmd.Dir = home
-	c.cmd.Env = append(os.Environ(), append([]string{"HOME=" + home, "KUBECONFIG=", "PATH=" + cliDir + ":" + os.Getenv("PATH")}, env...)...)
-	c.cmd.Stdout = &c.stdout
-	pipe, err := c.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		defer close(c.done)
-		sc := bufio.NewScanner(pipe)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			fmt.Fprintln(&c.stderr, sc.Text())
-			select {
-			case c.lines <- sc.Text():
-			default:
-			}
-		}
-	}()
-	go func() {
-		<-c.done
-		err := c.cmd.Wait()
-		c.ended = time.Now()
-		var ee *exec.ExitError
-		switch {
-		case errors.As(err, &ee):
-			c.code = ee.ExitCode()
-		case err != nil:
-			c.code = -1
-		}
-		close(c.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-c.exited:
-		default:
-			_ = c.cmd.Process.Kill()
-			<-c.exited
-		}
-		if t.Failed() {
-			t.Logf("%s %v stderr:\n%s", bin, args, c.stderr.String())
-		}
-	})
-	return c
-}
-
-// url waits for the URL the command prints for the user.
-func (c *cli) url(t *testing.T) string {
-	t.Helper()
-	timeout := time.After(60 * time.Second)
-	for {
-		select {
-		case line := <-c.lines:
-			if s := strings.TrimSpace(line); strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") {
-				return s
-			}
-		case <-c.exited:
-			t.Fatalf("the command exited (%d) without printing a URL:\n%s", c.code, c.stderr.String())
-		case <-timeout:
-			t.Fatalf("no URL printed:\n%s", c.stderr.String())
-		}
-	}
-}
-
-// wait waits for the command to exit and returns its exit code.
-func (c *cli) wait(t *testing.T, timeout time.Duration) int {
-	t.Helper()
-	select {
-	case <-c.exited:
-		return c.code
-	case <-time.After(timeout):
-		t.Fatalf("the command did not exit within %s:\n%s", timeout, c.stderr.String())
-		return -1
-	}
-}
-
-func (c *cli) running() bool {
-	select {
-	case <-c.exited:
-		return false
-	default:
-		return true
-	}
+	return procs.Start(t, home, bin, args,
+		append([]string{"HOME=" + home, "KUBECONFIG=", "PATH=" + cliDir + ":" + os.Getenv("PATH")}, env...)...)
 }
 
 // bindInBrowser opens u, signs alice in and binds the given APIs; it
@@ -186,14 +83,14 @@ func signIn(t *testing.T, b *chromium.Browser, user oidcprovider.User) {
 // in the consumer cluster (pods never run there: no nodes), then runs the
 // released konnector with a token of it: the RBAC the command wrote is all
 // it gets.
-func startKonnectorWhenReady(t *testing.T, e *env, c *cli) *konnector.Konnector {
+func startKonnectorWhenReady(t *testing.T, e *env, c *procs.Command) *konnector.Konnector {
 	t.Helper()
 	kube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	token, err := konnector.TokenWhenDeployed(ctx, kube, time.Hour, c.exited)
+	token, err := konnector.TokenWhenDeployed(ctx, kube, time.Hour, c.Exited())
 	if err != nil {
-		t.Fatalf("%v; command running: %v\n%s", err, c.running(), c.stderr.String())
+		t.Fatalf("%v; command running: %v\n%s", err, c.Running(), c.Stderr.String())
 	}
 	kc := controlplane.WriteKubeconfig(t, e.consumer.ConfigForToken(token))
 	return konnector.Start(t, konnector.Options{

@@ -1,9 +1,10 @@
 // Package consumer shows kube-bind-poll binding for real: a provider
 // control plane with the backend as a separate process, the real OpenID
 // Connect provider and chromium, and a second control plane as the
-// consumer cluster, where the released konnector v0.4.8 runs as a process
-// with the token of the ServiceAccount the command created (so the RBAC
-// the command wrote is all it has).
+// consumer cluster, where the released konnector (v0.4.8 for v1alpha1
+// binds, v0.8.2 for v1alpha2) runs as a process with the token of the
+// ServiceAccount the command created (so the RBAC the command wrote is all
+// it has).
 package consumer
 
 import (
@@ -11,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,7 +40,6 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "installing the kubectl plugin:", err)
 			return 1
 		}
-		defer stopConsumer()
 		return backendproc.Main(func() int { return controlplane.RunMain(m) })
 	}()
 	os.Exit(code)
@@ -63,33 +62,6 @@ var (
 	gadgetAPI = exampleapis.API{Group: "gadgets.example.com", Plural: "gadgets", Kind: "Gadget", Exported: true}
 )
 
-// The consumer cluster: a second, independent control plane.
-var (
-	consumerOnce sync.Once
-	consumerCP   *controlplane.ControlPlane
-	consumerErr  error
-)
-
-func consumerCluster(t *testing.T) *controlplane.ControlPlane {
-	t.Helper()
-	consumerOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		consumerCP, consumerErr = controlplane.Start(ctx, controlplane.Options{})
-	})
-	if consumerErr != nil {
-		t.Fatalf("starting the consumer control plane: %v", consumerErr)
-	}
-	return consumerCP
-}
-
-func stopConsumer() {
-	if consumerCP != nil {
-		consumerCP.Stop()
-		_ = os.RemoveAll(consumerCP.LogDir())
-	}
-}
-
 // env is the provider side: control plane, identity provider, backend.
 type env struct {
 	provider  *controlplane.ControlPlane
@@ -104,7 +76,7 @@ type env struct {
 func startEnv(t *testing.T) *env {
 	t.Helper()
 	provider := controlplane.Get(t)
-	consumer := consumerCluster(t)
+	consumer := controlplane.Consumer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := exampleapis.Prepare(ctx, provider.AdminConfig(),

@@ -29,7 +29,11 @@
 //     replica whose view of the records lags never answers 503
 //     (TestReplicaWithLaggingRecords);
 //   - a long poll held on one replica hears of a bind on another at once
-//     (TestLongPollLatency).
+//     (TestLongPollLatency);
+//   - the released kubectl-bind v0.8.2 logs in on one replica and binds
+//     on the other, in both its flows, and its token survives restarts
+//     and a key rotation but not another deployment
+//     (TestReleasedCLIAcrossReplicas).
 package replicas
 
 import (

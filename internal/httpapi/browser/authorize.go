@@ -53,7 +53,7 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 	case errors.Is(err, bindservice.ErrExpired):
 		h.page(w, http.StatusGone, pageExpired, "")
 		return
-	case err != nil || sess.Flow != sessionkey.FlowPoll:
+	case err != nil || !sess.Flow.Polled():
 		h.page(w, http.StatusNotFound, pageUnknownSession, "")
 		return
 	}
@@ -113,6 +113,36 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 	sess := h.svc.CreateCallbackSession(callback.String(), cliSession)
 	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: clusterCallback,
 		CallbackURL: sess.CallbackURL, CLISessionID: cliSession}.encode())
+}
+
+// BeginRedirectLogin starts the login of a v1alpha2 flow whose result
+// goes to the released CLI's localhost callback (checked by the caller,
+// internal/protocol/v1alpha2): `kubectl bind login` (FlowCLILogin, no
+// cluster) or plain `kubectl bind` (FlowBrowserV1alpha2, binding as
+// clusterID, the CLI's unproven consumer_id). A HEAD creates nothing.
+func (h *Handler) BeginRedirectLogin(w http.ResponseWriter, r *http.Request, sf sessionkey.Flow, callbackURL, cliSessionID, clusterID string) {
+	kind := clusterCallback
+	switch {
+	case sf == sessionkey.FlowCLILogin && h.cfg.Tokens != nil:
+		kind, clusterID = clusterNone, ""
+	case sf == sessionkey.FlowBrowserV1alpha2 && h.cfg.Offers != nil && clusterID != "":
+	default:
+		w.Header().Set("Retry-After", "30")
+		h.page(w, http.StatusServiceUnavailable, pageIdPDown, "")
+		return
+	}
+	if r.Method == http.MethodHead {
+		linkLooksGood(w)
+		return
+	}
+	sess := h.svc.CreateRedirectSession(sf, callbackURL, cliSessionID)
+	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: kind,
+		CallbackURL: callbackURL, CLISessionID: cliSessionID}.encode())
+}
+
+// RefuseLink renders the page of a link refused before any login.
+func (h *Handler) RefuseLink(w http.ResponseWriter, status int, problem string) {
+	h.page(w, status, pageBadCallback, problem)
 }
 
 // linkLooksGood answers a HEAD of a link that a GET would act on. HEAD

@@ -6,12 +6,15 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/web"
 )
@@ -54,10 +57,18 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 			h.log.Warn("denying a session after a failed login", "session", sess.ID, "error", derr)
 		}
 		h.log.Info("login refused", "session", sess.ID, "reason", reason, "error", err)
+		if redirectsToCLI(sess) {
+			h.redirectError(w, r, sess, oauthError(err), reason)
+			return
+		}
 		h.page(w, status, kind, reason)
 		return
 	}
 	if !h.stillPending(ctx, w, sess) {
+		return
+	}
+	if sess.Flow == sessionkey.FlowCLILogin {
+		h.finishCLILogin(w, r, sess, id)
 		return
 	}
 	lc := loginCookie{Flow: f, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken()}
@@ -99,6 +110,73 @@ func loginRefusal(err error) (reason string, status int, kind pageKind) {
 	}
 }
 
+// redirectsToCLI: the v1alpha2 flows that end at the CLI's callback tell
+// it about a failure there too (the CLI waits for its callback).
+func redirectsToCLI(sess bindservice.Session) bool {
+	return sess.CallbackURL != "" && (sess.Flow == sessionkey.FlowCLILogin || sess.Flow == sessionkey.FlowBrowserV1alpha2)
+}
+
+// oauthError is the OAuth2 error code (RFC 6749 §4.1.2.1) of a refused
+// login.
+func oauthError(err error) string {
+	var pe *oidc.ProviderError
+	switch {
+	case errors.As(err, &pe), errors.Is(err, oidc.ErrAccessDenied):
+		return "access_denied"
+	case errors.Is(err, oidc.ErrInvalidCallback):
+		return "invalid_request"
+	}
+	return "server_error"
+}
+
+// finishCLILogin ends `kubectl bind login`: it mints the CLI token for the
+// logged-in user and sends the browser to the CLI's callback with it
+// (docs/v1alpha2.md §2.4). The token is never logged; its ID is.
+func (h *Handler) finishCLILogin(w http.ResponseWriter, r *http.Request, sess bindservice.Session, id oidc.Identity) {
+	token, claims, err := h.cfg.Tokens.Issue(id.Issuer, id.Subject)
+	if err != nil {
+		h.log.Warn("no CLI token for this login", "session", sess.ID, "consumer", binding.Consumer{Issuer: id.Issuer, Subject: id.Subject}.ID(), "error", err)
+		h.redirectError(w, r, sess, "server_error", "this provider cannot issue a token to this user")
+		return
+	}
+	expiresIn := int64(claims.ExpiresAt.Sub(h.cfg.Now()) / time.Second)
+	h.log.Info("CLI token issued", "session", sess.ID, "token", claims.ID,
+		"consumer", binding.Consumer{Issuer: id.Issuer, Subject: id.Subject}.ID(), "expiresAt", claims.ExpiresAt)
+	q := url.Values{}
+	q.Set("access_token", token)
+	q.Set("token_type", "Bearer")
+	q.Set("expires_in", strconv.FormatInt(max(expiresIn, 0), 10))
+	h.redirectCLI(w, r, sess.CallbackURL, q)
+}
+
+// emptyResponse is what an error redirect of the browser flow carries as
+// binding_response: the released CLI answers 400 and keeps waiting when it
+// is missing, so that it would never see the error.
+var emptyResponse = base64.URLEncoding.EncodeToString([]byte("{}"))
+
+// redirectError tells a v1alpha2 CLI's callback that the flow failed.
+func (h *Handler) redirectError(w http.ResponseWriter, r *http.Request, sess bindservice.Session, code, description string) {
+	q := url.Values{}
+	q.Set("error", code)
+	q.Set("error_description", description)
+	if sess.Flow == sessionkey.FlowBrowserV1alpha2 {
+		q.Set("session_id", sess.CallbackSessionID)
+		q.Set("binding_response", emptyResponse)
+	}
+	h.redirectCLI(w, r, sess.CallbackURL, q)
+}
+
+// redirectCLI answers 303 to the CLI's checked callback with q.
+func (h *Handler) redirectCLI(w http.ResponseWriter, r *http.Request, callback string, q url.Values) {
+	u, err := url.Parse(callback)
+	if err != nil {
+		h.internalError(w, "parsing a stored callback URL", err)
+		return
+	}
+	u.RawQuery = q.Encode()
+	http.Redirect(w, r, u.String(), http.StatusSeeOther)
+}
+
 // showSelection renders the API selection page for a logged-in browser.
 func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	lc, sess, ok := h.loggedIn(w, r, r.URL.Query().Get("s"))
@@ -109,17 +187,11 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess bindservice.Session, ticked map[string]bool, problem string) {
-	exported := h.cfg.Catalog.List()
-	apis := make([]web.API, 0, len(exported))
-	for _, e := range exported {
-		api := web.API{
-			ID: e.Name, Group: e.Group, Resource: e.Resource, Scope: string(e.Scope),
-			Versions: e.Versions, Checked: ticked[e.Name],
-		}
-		if len(e.NoStatusSubresource) > 0 {
-			api.Warning = noStatusWarning
-		}
-		apis = append(apis, api)
+	var apis []web.API
+	if sess.Flow.V1alpha2() {
+		apis = h.offeredAPIs(ticked)
+	} else {
+		apis = h.catalogAPIs(ticked)
 	}
 	user := lc.Email
 	if user == "" {
@@ -136,6 +208,41 @@ func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status
 		Origin:       h.origin(sess),
 		Binding:      h.bindingInfo(r.Context(), lc),
 	})
+}
+
+// catalogAPIs are the v1alpha1 choices: the exported CRDs.
+func (h *Handler) catalogAPIs(ticked map[string]bool) []web.API {
+	exported := h.cfg.Catalog.List()
+	apis := make([]web.API, 0, len(exported))
+	for _, e := range exported {
+		api := web.API{
+			ID: e.Name, Group: e.Group, Resource: e.Resource, Scope: string(e.Scope),
+			Versions: e.Versions, Checked: ticked[e.Name],
+		}
+		if len(e.NoStatusSubresource) > 0 {
+			api.Warning = noStatusWarning
+		}
+		apis = append(apis, api)
+	}
+	return apis
+}
+
+// offeredAPIs are the v1alpha2 choices: every offer, its claims spelled
+// out.
+func (h *Handler) offeredAPIs(ticked map[string]bool) []web.API {
+	if h.cfg.Offers == nil {
+		return nil
+	}
+	list := h.cfg.Offers.List()
+	apis := make([]web.API, 0, len(list))
+	for _, o := range list {
+		api := web.API{ID: o.Name, Resource: o.Name, Checked: ticked[o.Name], Description: offerDescription(o)}
+		if o.Implicit && len(o.Resources) == 1 {
+			api.Resource, api.Group, api.Versions = o.Resources[0].Resource, o.Resources[0].Group, o.Resources[0].Versions
+		}
+		apis = append(apis, api)
+	}
+	return apis
 }
 
 // noStatusWarning goes with an API whose CRD has no status subresource.
@@ -206,8 +313,34 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	resources, names, err := h.svc.Select(r.PostForm[web.FieldAPI])
-	var problem *bindservice.SelectionError
+	// Each generation picks from its own list: APIs of the catalog for
+	// v1alpha1, offers for v1alpha2.
+	var (
+		names   []string
+		doBind  func(consumer binding.Consumer) ([]byte, error)
+		problem *bindservice.SelectionError
+		err     error
+	)
+	if sess.Flow.V1alpha2() {
+		var picks []bindservice.Pick
+		picks, err = h.svc.SelectOffers(r.PostForm[web.FieldAPI])
+		for _, p := range picks {
+			names = append(names, p.Offer.Name)
+		}
+		doBind = func(c binding.Consumer) ([]byte, error) {
+			return h.svc.BindOffers(ctx, sess, c, lc.Flow.ClusterID, picks)
+		}
+	} else {
+		var resources []binding.Resource
+		resources, names, err = h.svc.Select(r.PostForm[web.FieldAPI])
+		doBind = func(c binding.Consumer) ([]byte, error) {
+			return h.svc.Bind(ctx, sess, c, lc.Flow.ClusterID, resources)
+		}
+	}
+	if errors.Is(err, bindservice.ErrNoProvider) {
+		h.internalError(w, "selecting", err)
+		return
+	}
 	if errors.As(err, &problem) {
 		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, tickedSet(r.PostForm[web.FieldAPI]), problem.Problem)
 		return
@@ -221,7 +354,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	}
 
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
-	body, err := h.svc.Bind(ctx, sess, consumer, lc.Flow.ClusterID, resources)
+	body, err := doBind(consumer)
 	switch {
 	case err == nil:
 	case errors.As(err, &problem):
@@ -244,7 +377,15 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	h.clearLoginCookie(w)
 	h.log.Info("bound", "session", sess.ID, "consumer", consumer.ID(), "cluster", lc.Flow.ClusterID, "clusterKind", string(lc.Flow.ClusterKind), "apis", strings.Join(names, ","))
 	if sess.CallbackURL != "" {
-		h.redirectToCLI(w, r, sess.CallbackURL, body)
+		if sess.Flow == sessionkey.FlowBrowserV1alpha2 {
+			// Padded base64url, with the CLI's session ID, 303.
+			q := url.Values{}
+			q.Set("session_id", sess.CallbackSessionID)
+			q.Set("binding_response", base64.URLEncoding.EncodeToString(body))
+			h.redirectCLI(w, r, sess.CallbackURL, q)
+		} else {
+			h.redirectToCLI(w, r, sess.CallbackURL, body)
+		}
 		if h.cfg.OnDelivered != nil {
 			h.cfg.OnDelivered(body)
 		}

@@ -22,10 +22,10 @@ import (
 	"strings"
 	"time"
 
-	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
-
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/clitoken"
+	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/oidc"
 )
 
@@ -44,7 +44,7 @@ type Catalog interface {
 // Provisioner sets a consumer up on the provider cluster (implemented by
 // *binding.Provisioner).
 type Provisioner interface {
-	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*v1alpha1.BindingResponse, error)
+	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error)
 	// Existing says whether the identity is bound already, and since when.
 	Existing(ctx context.Context, c binding.Consumer, clusterID string) (created time.Time, exists bool, err error)
 }
@@ -84,6 +84,17 @@ type Config struct {
 	// callback flow redirects the browser to the CLI with it (the poll
 	// flow hands it out in internal/httpapi). It must not block.
 	OnDelivered func(response []byte)
+	// Offers list what the v1alpha2 flows' selection page offers; nil:
+	// those flows (internal/protocol/v1alpha2) are not served.
+	Offers OfferLister
+	// Tokens mint the CLI token at the end of `kubectl bind login`
+	// (FlowCLILogin); nil: that login is not served.
+	Tokens *clitoken.Tokens
+}
+
+// OfferLister lists the offers (implemented by *offers.Source).
+type OfferLister interface {
+	List() []offers.Offer
 }
 
 // Handler serves the browser routes.

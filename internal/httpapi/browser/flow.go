@@ -3,9 +3,12 @@ package browser
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/url"
+	"slices"
 
 	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
 
@@ -21,9 +24,12 @@ const (
 	// clusterReplaced: the session presented an ID the link did not prove;
 	// the bind gets a new ID instead, never the presented one's namespace.
 	clusterReplaced clusterKind = "replaced"
-	// clusterCallback: the released CLI's ID from the callback flow's c,
-	// honoured as before: the result goes to this browser's own machine.
+	// clusterCallback: the released CLI's ID from the callback flow's c
+	// (or, in the v1alpha2 browser flow, consumer_id), honoured as before:
+	// the result goes to this browser's own machine.
 	clusterCallback clusterKind = "callback"
+	// clusterNone: the CLI login, which binds nothing.
+	clusterNone clusterKind = "none"
 )
 
 // flow is what the login at the identity provider carries (signed,
@@ -46,24 +52,43 @@ func (f flow) encode() []byte {
 
 func parseFlow(state []byte) (flow, bool) {
 	var f flow
-	if json.Unmarshal(state, &f) != nil || f.SessionID == "" || f.ClusterID == "" {
+	if json.Unmarshal(state, &f) != nil || f.SessionID == "" {
 		return flow{}, false
 	}
 	switch f.ClusterKind {
 	case clusterNew, clusterProven, clusterReplaced:
-		return f, f.CallbackURL == "" && f.CLISessionID == ""
+		return f, f.ClusterID != "" && f.CallbackURL == "" && f.CLISessionID == ""
 	case clusterCallback:
-		return f, f.CallbackURL != "" && f.CLISessionID != ""
+		return f, f.ClusterID != "" && f.CallbackURL != "" && f.CLISessionID != ""
+	case clusterNone:
+		return f, f.ClusterID == "" && f.CallbackURL != "" && f.CLISessionID != ""
 	}
 	return flow{}, false
 }
 
+// errFlowMismatch: a flow state whose session is of another flow than
+// its cluster kind says (only a bug of ours makes one: states are signed).
+var errFlowMismatch = errors.New("the login state does not fit its session's flow")
+
 // session opens the flow's session: the ID checked by its keys (never
-// trusted from the state alone), the callback fields from the flow.
+// trusted from the state alone), the callback fields from the flow, which
+// must fit the session's flow.
 func (h *Handler) session(f flow) (bindservice.Session, error) {
 	sess, err := h.svc.Open(f.SessionID)
 	if err != nil {
 		return sess, err
+	}
+	var want []clusterKind
+	switch sess.Flow {
+	case sessionkey.FlowPoll, sessionkey.FlowPollV1alpha2:
+		want = []clusterKind{clusterNew, clusterProven, clusterReplaced}
+	case sessionkey.FlowCallback, sessionkey.FlowBrowserV1alpha2:
+		want = []clusterKind{clusterCallback}
+	case sessionkey.FlowCLILogin:
+		want = []clusterKind{clusterNone}
+	}
+	if !slices.Contains(want, f.ClusterKind) {
+		return bindservice.Session{}, errFlowMismatch
 	}
 	sess.CallbackURL, sess.CallbackSessionID = f.CallbackURL, f.CLISessionID
 	return sess, nil

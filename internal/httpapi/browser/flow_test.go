@@ -10,6 +10,7 @@ var validFlows = []flow{
 	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterProven},
 	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterReplaced},
 	{SessionID: "sid-1", ClusterID: "aB3dE9", ClusterKind: clusterCallback, CallbackURL: "http://localhost:41234/callback", CLISessionID: "cli-1"},
+	{SessionID: "sid-1", ClusterID: "", ClusterKind: clusterNone, CallbackURL: "http://127.0.0.1:41234/callback", CLISessionID: "cli-1"},
 }
 
 func TestFlowStateRoundTrip(t *testing.T) {
@@ -33,6 +34,9 @@ func TestFlowStateRoundTrip(t *testing.T) {
 		`{"s":"sid-1","c":"aB3dE9","ck":"callback"}`,
 		`{"s":"sid-1","c":"aB3dE9","ck":"callback","cb":"http://localhost:1/callback"}`,
 		`{"s":"sid-1","c":"aB3dE9","ck":"callback","cs":"cli-1"}`,
+		`{"s":"sid-1","c":"aB3dE9","ck":"none","cb":"http://127.0.0.1:1/callback","cs":"cli-1"}`,
+		`{"s":"sid-1","c":"","ck":"none","cs":"cli-1"}`,
+		`{"s":"sid-1","c":"","ck":"none","cb":"http://127.0.0.1:1/callback"}`,
 		`{"s":1,"c":"cluster-1","ck":"new"}`,
 		`{"s":"sid-1","c":"cluster-1","ck":"new"} trailing`,
 	} {
@@ -60,8 +64,8 @@ func FuzzParseFlowState(f *testing.F) {
 		if !ok {
 			return
 		}
-		if fl.SessionID == "" || fl.ClusterID == "" {
-			t.Fatalf("%q parsed to %+v, without a session or cluster", b, fl)
+		if fl.SessionID == "" || (fl.ClusterID == "") != (fl.ClusterKind == clusterNone) {
+			t.Fatalf("%q parsed to %+v, without a session, or with a cluster exactly when it binds none", b, fl)
 		}
 		callbackFields := fl.CallbackURL != "" || fl.CLISessionID != ""
 		switch fl.ClusterKind {
@@ -69,7 +73,7 @@ func FuzzParseFlowState(f *testing.F) {
 			if callbackFields {
 				t.Fatalf("%q parsed to a poll-flow %+v with callback fields", b, fl)
 			}
-		case clusterCallback:
+		case clusterCallback, clusterNone:
 			if fl.CallbackURL == "" || fl.CLISessionID == "" {
 				t.Fatalf("%q parsed to a callback flow %+v without its callback", b, fl)
 			}

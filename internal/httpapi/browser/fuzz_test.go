@@ -99,15 +99,11 @@ type recordingProvisioner struct {
 	calls []provisionCall
 }
 
-func (p *recordingProvisioner) Provision(_ context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*v1alpha1.BindingResponse, error) {
+func (p *recordingProvisioner) Provision(_ context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, provisionCall{c, clusterID, slices.Clone(resources)})
-	return &v1alpha1.BindingResponse{
-		APIVersion: v1alpha1.GroupVersion, Kind: v1alpha1.KindBindingResponse,
-		Authentication: v1alpha1.BindingAuthentication{OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{}},
-		Kubeconfig:     []byte("apiVersion: v1\nkind: Config\n"),
-	}, nil
+	return &binding.Result{Kubeconfig: []byte("apiVersion: v1\nkind: Config\n"), ConsumerID: c.ID()}, nil
 }
 
 func (p *recordingProvisioner) Existing(context.Context, binding.Consumer, string) (time.Time, bool, error) {

@@ -167,6 +167,10 @@ type Options struct {
 	// logs; "" makes a temporary folder. Etcd data left in it by an earlier
 	// start is removed. Stop never removes Dir.
 	Dir string
+	// ExtraControllers are kube-controller-manager controllers to run
+	// besides the default ones (the service-account, token and root-CA
+	// controllers), e.g. "clusterrole-aggregation-controller".
+	ExtraControllers []string
 }
 
 // Start starts a control plane; the caller must call Stop. ctx bounds only
@@ -184,7 +188,7 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	// Try again when a free port chosen for a server got taken by someone
 	// else before the server bound it.
 	for attempt := 1; ; attempt++ {
-		cp, err := startIn(ctx, binDir, opts.Dir)
+		cp, err := startIn(ctx, binDir, opts.Dir, opts.ExtraControllers)
 		if err == nil || !errors.Is(err, errPortInUse) || attempt == 3 {
 			return cp, err
 		}
@@ -195,8 +199,8 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 func (cp *ControlPlane) Stop() { cp.stop() }
 
 // startIn makes one attempt to start a control plane in dir ("" = a new
-// temporary folder).
-func startIn(ctx context.Context, binDir, dir string) (_ *ControlPlane, err error) {
+// temporary folder), whose controller manager also runs extraControllers.
+func startIn(ctx context.Context, binDir, dir string, extraControllers []string) (_ *ControlPlane, err error) {
 	begin := time.Now()
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "kube-bind-controlplane-"); err != nil {
@@ -323,7 +327,7 @@ func startIn(ctx context.Context, binDir, dir string) (_ *ControlPlane, err erro
 		"--leader-elect=false",
 		"--service-account-private-key-file="+saKeyFile,
 		"--root-ca-file="+caFile,
-		"--controllers=serviceaccount-token-controller,serviceaccount-controller,root-ca-certificate-publisher-controller",
+		"--controllers="+strings.Join(append([]string{"serviceaccount-token-controller", "serviceaccount-controller", "root-ca-certificate-publisher-controller"}, extraControllers...), ","),
 	); err != nil {
 		return nil, err
 	}

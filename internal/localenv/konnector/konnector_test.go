@@ -101,8 +101,12 @@ func TestRefusesServersNotOnLoopback(t *testing.T) {
 }
 
 func TestReleasedBinariesMatchTheirSums(t *testing.T) {
-	for _, name := range []string{"konnector", "kubectl-bind"} {
-		p, err := konnector.ReleasedPath(name)
+	for _, b := range []struct{ release, name string }{
+		{konnector.ReleasedVersion, "konnector"}, {konnector.ReleasedVersion, "kubectl-bind"},
+		{konnector.ReleasedV1alpha2, "konnector"}, {konnector.ReleasedV1alpha2, "kubectl-bind"},
+		{konnector.ReleasedV1alpha2, "backend"},
+	} {
+		p, err := konnector.ReleasedPathOf(b.release, b.name)
 		if err != nil {
 			t.Fatal(err)
 		}

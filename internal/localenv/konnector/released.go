@@ -15,14 +15,19 @@ import (
 	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
-// ReleasedVersion is the kube-bind release whose binaries the demo and the
-// tests run.
-const ReleasedVersion = "v0.4.8"
+// The kube-bind releases whose binaries the demo and the tests run: the
+// last of the v1alpha1 generation, and the newest of v1alpha2.
+const (
+	ReleasedVersion  = "v0.4.8"
+	ReleasedV1alpha2 = "v0.8.2"
+)
 
-// PeersEnv names the folder holding the released binaries (konnector.gz,
-// kubectl-bind.gz and SHA256SUMS of the unzipped files). Without it the
-// folder kube-bind-v0.4.8 is looked for in shared/peers or peers beside
-// the repository or one of its parents.
+// PeersEnv names the folder holding a folder kube-bind-<version> per
+// release, each with the released binaries (konnector.gz, kubectl-bind.gz)
+// and SHA256SUMS of the unzipped files. It may also name one such release
+// folder, whose siblings are then the other releases. Without it the
+// folders are looked for in shared/peers or peers beside the repository or
+// one of its parents.
 const PeersEnv = "KUBE_BIND_TEST_PEERS"
 
 var (
@@ -30,18 +35,22 @@ var (
 	releasedPaths = map[string]string{}
 )
 
-// ReleasedPath returns the path of the released kube-bind binary name
-// ("konnector" or "kubectl-bind"): unzipped once into
-// $HOME/.cache/kube-bind-backend/kube-bind-v0.4.8/ and checked against
+// ReleasedPath is ReleasedPathOf the v1alpha1 release.
+func ReleasedPath(name string) (string, error) { return ReleasedPathOf(ReleasedVersion, name) }
+
+// ReleasedPathOf returns the path of the kube-bind binary name
+// ("konnector", "kubectl-bind", "backend") of release: unzipped once into
+// $HOME/.cache/kube-bind-backend/kube-bind-<release>/ and checked against
 // SHA256SUMS (the cached copy too, once per process), or why the release
 // folder or a binary is not usable.
-func ReleasedPath(name string) (string, error) {
+func ReleasedPathOf(release, name string) (string, error) {
 	releasedMu.Lock()
 	defer releasedMu.Unlock()
-	if p, ok := releasedPaths[name]; ok {
+	key := release + "/" + name
+	if p, ok := releasedPaths[key]; ok {
 		return p, nil
 	}
-	src, err := peersDir()
+	src, err := peersDir(release)
 	if err != nil {
 		return "", err
 	}
@@ -53,10 +62,10 @@ func ReleasedPath(name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cache := filepath.Join(home, ".cache", "kube-bind-backend", "kube-bind-"+ReleasedVersion)
+	cache := filepath.Join(home, ".cache", "kube-bind-backend", "kube-bind-"+release)
 	dst := filepath.Join(cache, name)
 	if got, err := fileSum(dst); err == nil && got == want {
-		releasedPaths[name] = dst
+		releasedPaths[key] = dst
 		return dst, nil
 	}
 	if err := os.MkdirAll(cache, 0o755); err != nil {
@@ -65,16 +74,21 @@ func ReleasedPath(name string) (string, error) {
 	if err := gunzipTo(filepath.Join(src, name+".gz"), dst, want); err != nil {
 		return "", err
 	}
-	releasedPaths[name] = dst
+	releasedPaths[key] = dst
 	return dst, nil
 }
 
-// peersDir finds the folder of the released binaries.
-func peersDir() (string, error) {
-	const folder = "kube-bind-" + ReleasedVersion
+// peersDir finds the folder of release's binaries.
+func peersDir(release string) (string, error) {
+	folder := "kube-bind-" + release
 	if d := os.Getenv(PeersEnv); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "SHA256SUMS")); err == nil {
+			// One release's folder: the others are its siblings.
+			d = filepath.Dir(d)
+		}
+		d = filepath.Join(d, folder)
 		if _, err := os.Stat(filepath.Join(d, "SHA256SUMS")); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", PeersEnv, d, err)
+			return "", fmt.Errorf("%s: %w", PeersEnv, err)
 		}
 		return d, nil
 	}

@@ -6,7 +6,7 @@
 //
 // A session ID is base64url without padding (strict: one spelling per ID) of
 //
-//	version (1 byte: 1 poll flow, 2 callback flow)
+//	flow    (1 byte: see Flow; it also names the protocol generation)
 //	key ID  (4 bytes: the first bytes of SHA-256 of the key)
 //	expiry  (4 bytes: Unix seconds, big-endian)
 //	random  (16 bytes)
@@ -47,7 +47,26 @@ const (
 	// FlowCallback: a released CLI's callback flow; nobody outside holds
 	// the secret and nothing polls.
 	FlowCallback Flow = 2
+	// FlowPollV1alpha2: the poll flow of a session created at
+	// /api/sessions; it ends with a kube-bind.io/v1alpha2 response.
+	FlowPollV1alpha2 Flow = 3
+	// FlowBrowserV1alpha2: the browser flow of plain `kubectl bind`
+	// (v0.6+): the response goes to the CLI's localhost callback.
+	FlowBrowserV1alpha2 Flow = 4
+	// FlowCLILogin: `kubectl bind login`; it ends with a CLI token, not
+	// a binding.
+	FlowCLILogin Flow = 5
 )
+
+// Valid: a flow this backend issues.
+func (f Flow) Valid() bool { return f >= FlowPoll && f <= FlowCLILogin }
+
+// Polled: the client holds the session secret and polls for the outcome,
+// which is therefore recorded in the store.
+func (f Flow) Polled() bool { return f == FlowPoll || f == FlowPollV1alpha2 }
+
+// V1alpha2: the flow's responses are kube-bind.io/v1alpha2.
+func (f Flow) V1alpha2() bool { return f >= FlowPollV1alpha2 }
 
 const (
 	headerLen    = 1 + 4 + 4 + 16
@@ -135,7 +154,7 @@ func (k *Keys) Open(id string) (Session, error) {
 	}
 	b := buf[:n]
 	flow := Flow(b[0])
-	if flow != FlowPoll && flow != FlowCallback {
+	if !flow.Valid() {
 		return Session{}, ErrMalformed
 	}
 	clusterID := string(b[headerLen:])

@@ -56,6 +56,31 @@ func TestAnyReplicaOpens(t *testing.T) {
 	}
 }
 
+// TestFlows: every flow survives the round trip and names its
+// generation; a flow byte this backend never issues is malformed.
+func TestFlows(t *testing.T) {
+	k := mustKeys(t, keyA)
+	for _, tc := range []struct {
+		flow             Flow
+		polled, v1alpha2 bool
+	}{
+		{FlowPoll, true, false}, {FlowCallback, false, false},
+		{FlowPollV1alpha2, true, true}, {FlowBrowserV1alpha2, false, true}, {FlowCLILogin, false, true},
+	} {
+		s := k.Issue(tc.flow, "", time.Now().Add(time.Minute))
+		got, err := k.Open(s.ID)
+		if err != nil || got.Flow != tc.flow || got.Flow.Polled() != tc.polled || got.Flow.V1alpha2() != tc.v1alpha2 {
+			t.Errorf("flow %d: %+v %v", tc.flow, got, err)
+		}
+	}
+	for _, bad := range []Flow{0, 6, 255} {
+		s := k.Issue(bad, "", time.Now().Add(time.Minute))
+		if _, err := k.Open(s.ID); !errors.Is(err, ErrMalformed) {
+			t.Errorf("flow %d opened: %v", bad, err)
+		}
+	}
+}
+
 func TestRotation(t *testing.T) {
 	exp := time.Now().Add(time.Minute)
 	old := mustKeys(t, keyA).Issue(FlowPoll, "", exp)
@@ -107,6 +132,7 @@ func FuzzOpen(f *testing.F) {
 	k := mustKeys(f, keyA)
 	f.Add(k.Issue(FlowPoll, "", time.Now()).ID)
 	f.Add(k.Issue(FlowCallback, "abcdefghijklmnopqrstuvwxyz", time.Now()).ID)
+	f.Add(k.Issue(FlowCLILogin, "", time.Now()).ID)
 	f.Add("AQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")
 	f.Fuzz(func(t *testing.T, id string) {
 		s, err := k.Open(id)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +42,25 @@ func Main(run func() int) int {
 // not ready in time; its logs are shown when the test failed.
 func Start(t testing.TB, base string, args []string, readyWithin time.Duration) *procs.Buffer {
 	t.Helper()
-	cmd := exec.Command(Binary, args...)
+	return StartBinary(t, Binary, base, args, readyWithin).Logs
+}
+
+// Process is a backend started by StartBinary.
+type Process struct {
+	// Logs holds everything it wrote so far.
+	Logs *procs.Buffer
+	stop func()
+}
+
+// Stop ends the backend (SIGINT, kill after 10s) and waits until it is
+// gone; safe to call more than once, and called when the test ends.
+func (p *Process) Stop() { p.stop() }
+
+// StartBinary is Start with another build of the backend (bin), e.g. a
+// previous release; the Process can be stopped before the test ends.
+func StartBinary(t testing.TB, bin, base string, args []string, readyWithin time.Duration) *Process {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	logs := &procs.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -51,16 +70,22 @@ func Start(t testing.TB, base string, args []string, readyWithin time.Duration) 
 	exited := make(chan struct{})
 	var waitErr error
 	go func() { waitErr = cmd.Wait(); close(exited) }()
+	var once sync.Once
+	p := &Process{Logs: logs, stop: func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			select {
+			case <-exited:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exited
+			}
+		})
+	}}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		p.Stop()
 		if t.Failed() {
-			t.Logf("backend logs:\n%s", logs.String())
+			t.Logf("backend %s logs:\n%s", bin, logs.String())
 		}
 	})
 	deadline := time.Now().Add(readyWithin)
@@ -71,7 +96,7 @@ func Start(t testing.TB, base string, args []string, readyWithin time.Duration) 
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return logs
+				return p
 			}
 			last = fmt.Sprintf("%d %s", resp.StatusCode, body)
 		} else {

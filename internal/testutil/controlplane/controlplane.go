@@ -53,13 +53,42 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	return controlplane.Start(ctx, opts)
 }
 
+// Own starts a control plane of the test's own with opts (beside the
+// package's shared ones), for a test that needs one apart, such as a
+// competing backend's provider cluster. It is stopped when the test ends;
+// its logs are kept (and their folder printed) when the test failed or
+// KeepLogsEnv is set. It fails the test if it cannot start.
+func Own(t testing.TB, opts Options) *ControlPlane {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cp, err := controlplane.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("controlplane: %v", err)
+	}
+	t.Logf("controlplane: own one started in %v at %s (logs: %s)", cp.StartupDuration().Round(time.Millisecond), cp.Host(), cp.LogDir())
+	t.Cleanup(func() {
+		cp.Stop()
+		if t.Failed() || os.Getenv(KeepLogsEnv) != "" {
+			t.Logf("controlplane: logs of %s kept in %s", cp.Host(), cp.LogDir())
+		} else {
+			_ = os.RemoveAll(cp.LogDir())
+		}
+	})
+	return cp
+}
+
 var (
-	mu       sync.Mutex
-	inMain   bool
-	started  bool
-	shared   *ControlPlane
-	startErr error
+	mu     sync.Mutex
+	inMain bool
+	shared = map[string]*sharedPlane{} // by role: "provider", "consumer"
 )
+
+// sharedPlane is one of the package's control planes, started on first use.
+type sharedPlane struct {
+	cp  *ControlPlane
+	err error
+}
 
 // RunMain runs the package's tests (m.Run) and stops the control plane
 // afterwards, if a test started one; it returns the exit code for os.Exit.
@@ -96,40 +125,57 @@ func RunMain(m *testing.M) int {
 // not call RunMain.
 func Get(t testing.TB) *ControlPlane {
 	t.Helper()
+	return get(t, "provider")
+}
+
+// Consumer returns a second control plane of the package, independent of
+// Get's, that stands for a consumer's cluster; started on first use and
+// stopped like Get's.
+func Consumer(t testing.TB) *ControlPlane {
+	t.Helper()
+	return get(t, "consumer")
+}
+
+func get(t testing.TB, role string) *ControlPlane {
+	t.Helper()
 	mu.Lock()
 	defer mu.Unlock()
 	if !inMain {
 		t.Fatal("controlplane.Get needs the package's TestMain to call os.Exit(controlplane.RunMain(m)), " +
 			"which stops the control plane at the end")
 	}
-	if !started {
-		started = true
-		shared, startErr = controlplane.Start(context.Background(), Options{})
-		if startErr == nil {
-			t.Logf("controlplane: started in %v (API server ready after %v) at %s (logs: %s)",
-				shared.StartupDuration().Round(time.Millisecond), shared.APIServerReadyDuration().Round(time.Millisecond),
-				shared.Host(), shared.LogDir())
+	p, ok := shared[role]
+	if !ok {
+		p = &sharedPlane{}
+		shared[role] = p
+		p.cp, p.err = controlplane.Start(context.Background(), Options{})
+		if p.err == nil {
+			t.Logf("controlplane: %s started in %v (API server ready after %v) at %s (logs: %s)", role,
+				p.cp.StartupDuration().Round(time.Millisecond), p.cp.APIServerReadyDuration().Round(time.Millisecond),
+				p.cp.Host(), p.cp.LogDir())
 		}
 	}
-	if startErr != nil {
-		t.Fatalf("controlplane: %v", startErr)
+	if p.err != nil {
+		t.Fatalf("controlplane: %s: %v", role, p.err)
 	}
-	return shared
+	return p.cp
 }
 
 func stopShared(keepLogs bool) {
 	mu.Lock()
 	defer mu.Unlock()
-	if shared == nil {
-		return
+	for role, p := range shared {
+		if p.cp == nil {
+			continue
+		}
+		p.cp.Stop()
+		if keepLogs {
+			fmt.Fprintf(os.Stderr, "controlplane: logs of the %s's etcd, kube-apiserver and kube-controller-manager kept in %s\n", role, p.cp.LogDir())
+		} else {
+			_ = os.RemoveAll(p.cp.LogDir())
+		}
 	}
-	shared.Stop()
-	if keepLogs {
-		fmt.Fprintf(os.Stderr, "controlplane: logs of etcd, kube-apiserver and kube-controller-manager kept in %s\n", shared.LogDir())
-	} else {
-		_ = os.RemoveAll(shared.LogDir())
-	}
-	shared = nil
+	clear(shared)
 }
 
 // WriteKubeconfig writes cfg as a kubeconfig file in t.TempDir and returns

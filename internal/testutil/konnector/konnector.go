@@ -1,6 +1,7 @@
 // Package konnector is internal/localenv/konnector for tests: a konnector
 // that is stopped when the test ends, and helpers that fail the test
-// instead of returning an error.
+// instead of returning an error; also the released kubectl-bind, run and
+// driven through its browser parts (cli.go).
 package konnector
 
 import (
@@ -42,9 +43,16 @@ func Start(t testing.TB, o Options) *Konnector {
 // test when the release folder cannot be found or a sum does not match.
 func ReleasedBinary(t testing.TB, name string) string {
 	t.Helper()
-	p, err := konnector.ReleasedPath(name)
+	return ReleasedBinaryOf(t, konnector.ReleasedVersion, name)
+}
+
+// ReleasedBinaryOf is ReleasedBinary of another release (e.g.
+// konnector.ReleasedV1alpha2).
+func ReleasedBinaryOf(t testing.TB, release, name string) string {
+	t.Helper()
+	p, err := konnector.ReleasedPathOf(release, name)
 	if err != nil {
-		t.Fatalf("released kube-bind %s: %v", konnector.ReleasedVersion, err)
+		t.Fatalf("released kube-bind %s: %v", release, err)
 	}
 	return p
 }

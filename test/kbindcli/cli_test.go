@@ -1,0 +1,208 @@
+package kbindcli
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
+	"github.com/kbprovider/backend/internal/testutil/konnector"
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+)
+
+// TestReleasedCLI logs in with the released kubectl-bind v0.8.2, binds
+// through both of its flows, and checks that the released konnector
+// v0.8.2 syncs what was bound.
+func TestReleasedCLI(t *testing.T) {
+	e := startEnv(t)
+	k := startKonnector(t, e)
+	home := t.TempDir()
+	login(t, e, home, alice)
+
+	t.Run("template flow", func(t *testing.T) {
+		c := runCLI(t, home, "apiservice", "--template-name", widgetAPI.Name(), "--name", "widgets",
+			"--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-konnector")
+		if code := c.Wait(t, 3*time.Minute); code != 0 {
+			t.Fatalf("kubectl-bind apiservice: exit %d", code)
+		}
+		expectBinding(t, e, "widgets")
+		syncsBothWays(t, e, widgetAPI, "w1")
+	})
+
+	t.Run("browser flow", func(t *testing.T) {
+		c := runCLI(t, home, "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-browser", "--skip-konnector")
+		line := c.Line(t, func(s string) bool { return strings.Contains(s, "Please manually open: ") })
+		u := line[strings.Index(line, "http"):]
+		bindInBrowser(t, e, u, alice, gadgetAPI.Name())
+		if code := c.Wait(t, 3*time.Minute); code != 0 {
+			t.Fatalf("kubectl-bind: exit %d", code)
+		}
+		expectBinding(t, e, gadgetAPI.Name())
+		syncsBothWays(t, e, gadgetAPI, "g1")
+	})
+
+	t.Run("template with a claim", func(t *testing.T) {
+		ctx := context.Background()
+		providerDyn := dynamic.NewForConfigOrDie(e.provider.AdminConfig())
+		template := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "kube-bind.io/v1alpha2", "kind": "APIServiceExportTemplate",
+			"metadata": map[string]any{"name": "sprockets-with-settings"},
+			"spec": map[string]any{
+				"description": "Sprockets, and the settings the provider keeps for them",
+				"resources":   []any{map[string]any{"group": sprocketAPI.Group, "resource": sprocketAPI.Plural, "versions": []any{"v1alpha1"}}},
+				"permissionClaims": []any{map[string]any{"group": "", "resource": "configmaps",
+					"selector": map[string]any{"labelSelector": map[string]any{"matchLabels": map[string]any{"app": "sprockets"}}}}},
+			},
+		}}
+		templates := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha2", Resource: "apiserviceexporttemplates"}
+		if _, err := providerDyn.Resource(templates).Create(ctx, template, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The template is offered once the backend's informer saw it.
+		await.Within(t, time.Minute, 200*time.Millisecond, "the template to be offered", func() (bool, error) {
+			c := runCLI(t, home, "templates")
+			c.Wait(t, time.Minute)
+			return strings.Contains(c.Stdout.String(), "sprockets-with-settings"), nil
+		})
+		c := runCLI(t, home, "apiservice", "--template-name", "sprockets-with-settings", "--name", "sprockets",
+			"--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-konnector")
+		if code := c.Wait(t, 3*time.Minute); code != 0 {
+			t.Fatalf("kubectl-bind apiservice: exit %d", code)
+		}
+		expectBinding(t, e, "sprockets")
+		syncsBothWays(t, e, sprocketAPI, "s1")
+
+		// A ConfigMap the claim selects, made by the provider next to the
+		// synced object, reaches the consumer's namespace.
+		list, err := providerDyn.Resource(sprocketAPI.GVR()).List(ctx, metav1.ListOptions{})
+		if err != nil || len(list.Items) != 1 {
+			t.Fatalf("sprockets on the provider: %v %d", err, len(list.Items))
+		}
+		kube := kubernetes.NewForConfigOrDie(e.provider.AdminConfig())
+		cm := &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "sprocket-settings", Namespace: list.Items[0].GetNamespace(), Labels: map[string]string{"app": "sprockets"}},
+			Data:       map[string]string{"speed": "fast"},
+		}
+		if _, err := kube.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		consumerKube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
+		await.Within(t, 2*time.Minute, 200*time.Millisecond, "the claimed ConfigMap to reach the consumer", func() (bool, error) {
+			got, err := consumerKube.CoreV1().ConfigMaps("default").Get(ctx, "sprocket-settings", metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return err == nil && got.Data["speed"] == "fast", err
+		})
+	})
+
+	t.Run("login of a user not allowed", func(t *testing.T) {
+		home := t.TempDir()
+		c := runCLI(t, home, "login", e.baseURL, "--skip-browser")
+		b := chromium.New(t)
+		b.Open(c.URL(t))
+		oidcprovider.SignIn(t, b, mallory)
+		if code := c.Wait(t, time.Minute); code == 0 {
+			t.Fatal("kubectl-bind login of a user outside the allow-list exited 0")
+		}
+		if !strings.Contains(c.Stderr.String(), "access_denied") {
+			t.Errorf("the CLI was not told access_denied:\n%s", c.Stderr.String())
+		}
+	})
+
+	t.Run("forged token", func(t *testing.T) {
+		forged := t.TempDir()
+		cfg, err := os.ReadFile(home + "/kube-bind-config.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One character of the signature changed.
+		re := regexp.MustCompile(`(kbt1\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*)([A-Za-z0-9_-])`)
+		if !re.Match(cfg) {
+			t.Fatalf("no CLI token in the kube-bind config:\n%s", cfg)
+		}
+		tampered := re.ReplaceAllFunc(cfg, func(m []byte) []byte {
+			last := m[len(m)-1]
+			if last == 'A' {
+				last = 'B'
+			} else {
+				last = 'A'
+			}
+			return append(m[:len(m)-1:len(m)-1], last)
+		})
+		if err := os.WriteFile(forged+"/kube-bind-config.yaml", tampered, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// The backend refuses the token itself...
+		req, _ := http.NewRequest(http.MethodGet, e.baseURL+"/api/templates", nil)
+		req.Header.Set("Authorization", "Bearer "+string(regexp.MustCompile(`kbt1\.[A-Za-z0-9_.-]+`).Find(tampered)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET /api/templates with a forged token: %s, want 401", resp.Status)
+		}
+		// ...and the released CLI, which reads any answer as a
+		// BindingResponse (its exit code stays 0), binds nothing.
+		c := runCLI(t, forged, "apiservice", "--template-name", exampleapis.MangoDB.Name(), "--name", "forged",
+			"--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-konnector")
+		c.Wait(t, time.Minute)
+		if !strings.Contains(c.Stderr.String(), "unexpected response") {
+			t.Errorf("the CLI did not report the refusal:\n%s", c.Stderr.String())
+		}
+		if _, err := dynamic.NewForConfigOrDie(e.consumer.AdminConfig()).Resource(konnector.BindingGVR).Get(context.Background(), "forged", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("a forged token made APIServiceBinding forged: %v", err)
+		}
+	})
+
+	if log := k.Log(); strings.Contains(strings.ToLower(log), "forbidden") {
+		t.Errorf("the konnector was refused something:\n%s", grepLines(log, "orbidden"))
+	}
+	if done, err := k.Exited(); done {
+		t.Errorf("the konnector exited: %v", err)
+	}
+}
+
+// bindInBrowser opens u, signs user in, picks apis and presses Bind.
+func bindInBrowser(t testing.TB, e *env, u string, user oidcprovider.User, apis ...string) {
+	t.Helper()
+	konnector.PressBind(t, konnector.OpenBindPage(t, u, e.baseURL, user), apis...)
+}
+
+// expectBinding checks that the CLI made APIServiceBinding name.
+func expectBinding(t testing.TB, e *env, name string) {
+	t.Helper()
+	konnector.ExpectBinding(t, e.consumer.AdminConfig(), name)
+}
+
+// syncsBothWays checks that an object of api syncs both ways.
+func syncsBothWays(t testing.TB, e *env, api exampleapis.API, name string) {
+	t.Helper()
+	konnector.SyncsBothWays(t, e.consumer.AdminConfig(), e.provider.AdminConfig(), api, name, namespacePrefix)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
