@@ -13,6 +13,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apiextensionsinformers "k8s.io/apiextensions-apiserver/pkg/client/informers/externalversions"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -180,6 +181,21 @@ func (c *Catalog) exported(crd *apiextensionsv1.CustomResourceDefinition) (Expor
 		return ExportedAPI{}, false
 	}
 	return api, true
+}
+
+// ExportedNow says whether the API <resource>.<group> is exported, read
+// from the API server rather than the cache: for decisions that delete,
+// which a cache lagging the cluster must not take.
+func (c *Catalog) ExportedNow(ctx context.Context, group, resource string) (bool, error) {
+	crd, err := c.client.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, resource+"."+group, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, ok := c.exported(crd)
+	return ok, nil
 }
 
 // ExportedCRD returns the cached CRD of an exported API the consumer scope

@@ -94,7 +94,7 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			// The schemas of the bound resources for konnector v0.8, and
 			// the APIServiceNamespaces a request's spec.namespaces asks for.
 			rule(kubeBindGroup, []string{"boundschemas"}, "get", "create", "patch", "update", "delete"),
-			rule(kubeBindGroup, []string{"apiservicenamespaces"}, "create", "patch"),
+			rule(kubeBindGroup, []string{"apiservicenamespaces"}, "get", "create", "patch"),
 			// The consumer's rights on the resources it bound: a Role of
 			// exactly those resources, which the backend does not hold
 			// itself (escalate, bind), confined to the backend's namespaces.

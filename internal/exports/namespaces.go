@@ -183,8 +183,17 @@ func (r *run) removeChildren(ctx context.Context, consumerNS string, keep map[st
 		if ns.DeletionTimestamp != nil || keep[ns.Labels[LabelAPIServiceNamespace]] {
 			continue
 		}
+		wanted, err := r.stillWanted(ctx, consumerNS, ns.Labels[LabelAPIServiceNamespace], keep == nil)
+		if err != nil {
+			return err
+		}
+		if wanted {
+			// The cache lags the cluster; the APIServiceNamespace's own
+			// event brings this namespace back here.
+			continue
+		}
 		uid := ns.UID
-		err := r.kube.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		err = r.kube.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return fmt.Errorf("deleting namespace %s of APIServiceNamespace %s/%s: %w", ns.Name, consumerNS,
 				ns.Labels[LabelAPIServiceNamespace], err)
@@ -194,4 +203,34 @@ func (r *run) removeChildren(ctx context.Context, consumerNS string, keep map[st
 			"apiservicenamespace", ns.Labels[LabelAPIServiceNamespace], "provider_namespace", ns.Name)
 	}
 	return nil
+}
+
+// stillWanted reads the API server, not the caches, before a namespace
+// made for APIServiceNamespace name of consumerNS is deleted: the caches
+// of namespaces and of APIServiceNamespaces are filled by separate
+// watches, and during a leader handover another controller may have made
+// the namespace for an APIServiceNamespace this one has not seen yet. A
+// namespace is wanted while its APIServiceNamespace exists (whole: while
+// consumerNS is still a consumer's namespace).
+func (r *run) stillWanted(ctx context.Context, consumerNS, name string, whole bool) (bool, error) {
+	if whole {
+		ns, err := r.kube.CoreV1().Namespaces().Get(ctx, consumerNS, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("reading namespace %s: %w", consumerNS, err)
+		}
+		if ns.DeletionTimestamp != nil || !binding.IsConsumerNamespace(ns) {
+			return false, nil
+		}
+	}
+	a, err := r.dynamic.Resource(kbresources.APIServiceNamespacesV1alpha2).Namespace(consumerNS).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading APIServiceNamespace %s/%s: %w", consumerNS, name, err)
+	}
+	return a.GetDeletionTimestamp() == nil, nil
 }

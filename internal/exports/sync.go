@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -86,8 +88,19 @@ func (r *run) deleteExport(ctx context.Context, ns string, have *unstructured.Un
 	if have == nil || have.GetDeletionTimestamp() != nil {
 		return nil
 	}
+	// The catalog's cache may lag a CRD labelled just now, which another
+	// controller (a leader handover) has already exported: ask the API
+	// server before deleting.
+	resource, group, _ := strings.Cut(missing, ".")
+	exported, err := r.cfg.Catalog.ExportedNow(ctx, group, resource)
+	if err != nil {
+		return fmt.Errorf("checking whether %s is exported: %w", missing, err)
+	}
+	if exported {
+		return &requeueAfter{d: time.Second, reason: "the catalog has not seen " + missing + " exported yet"}
+	}
 	uid := have.GetUID()
-	err := r.dynamic.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Delete(ctx, have.GetName(),
+	err = r.dynamic.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Delete(ctx, have.GetName(),
 		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting APIServiceExport %s/%s: %w", ns, have.GetName(), err)
