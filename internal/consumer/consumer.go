@@ -28,10 +28,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	kjson "sigs.k8s.io/json"
 )
 
 // Options configure a Binder; the zero values of the optional ones are
@@ -290,7 +292,10 @@ func parseRequests(raws []json.RawMessage, gen generation) ([]request, error) {
 			} `json:"spec"`
 		}
 		var obj map[string]any
-		if err := json.Unmarshal(raw, &r); err != nil {
+		// Case-sensitive: the checks below must read the very fields the
+		// object keeps when it is passed on (encoding/json would take
+		// "ApiVersion" for apiVersion).
+		if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, &r); err != nil {
 			return nil, fmt.Errorf("requests[%d]: %w", i, err)
 		}
 		if err := json.Unmarshal(raw, &obj); err != nil {
@@ -301,6 +306,11 @@ func parseRequests(raws []json.RawMessage, gen generation) ([]request, error) {
 		}
 		if r.Metadata.Name == "" || len(r.Spec.Resources) == 0 {
 			return nil, fmt.Errorf("requests[%d] has no name or no resources", i)
+		}
+		// The name becomes an object's name on both clusters: refuse one
+		// the API servers would, before anything is written.
+		if errs := validation.IsDNS1123Subdomain(r.Metadata.Name); len(errs) > 0 {
+			return nil, fmt.Errorf("requests[%d]: name %q: %s", i, r.Metadata.Name, strings.Join(errs, "; "))
 		}
 		if seen[r.Metadata.Name] {
 			return nil, fmt.Errorf("requests[%d]: %s comes twice", i, r.Metadata.Name)

@@ -55,6 +55,7 @@ func FuzzValidateBindingResponse(f *testing.F) {
 	}
 	f.Add(kc, []byte(`[{"apiVersion":"v1","kind":"APIServiceExportRequest"}]`), fuzzSID, fuzzSID, false)
 	f.Add(kc, []byte(`[1, null]`), "other", fuzzSID, false)
+	f.Add(kc, []byte(`[{"ApiVersion":"kube-bind.io/v1alpha1","Kind":"APIServiceExportRequest"}]`), fuzzSID, fuzzSID, false)
 	f.Add(pollbackend.BindingResponse(f, fuzzSID, "kube-bind-abc", "mangodbs.mangodb.com"), []byte(nil), "", fuzzSID, true)
 	f.Add([]byte(`{"apiVersion":"kube-bind.io/v1alpha1","kind":"BindingResponse","authentication":{"oauth2CodeGrant":{"sid":"s"}},"kubeconfig":"e30="}`), []byte(nil), "", "s", true)
 	f.Fuzz(func(t *testing.T, kubeconfig, requests []byte, respSID, sid string, whole bool) {

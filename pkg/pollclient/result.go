@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"k8s.io/client-go/tools/clientcmd"
+	kjson "sigs.k8s.io/json"
 
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
@@ -112,7 +113,8 @@ func validateResponse(groupVersion, apiVersion, kind string, authn v1alpha1.Bind
 			APIVersion string `json:"apiVersion"`
 			Kind       string `json:"kind"`
 		}
-		if err := json.Unmarshal(raw, &tm); err != nil {
+		// Case-sensitive, as the request is passed on as it is.
+		if err := kjson.UnmarshalCaseSensitivePreserveInts(raw, &tm); err != nil {
 			return fail("requests[%d]: %v", i, err)
 		}
 		if tm.APIVersion != groupVersion || tm.Kind != v1alpha1.KindAPIServiceExportRequest {
