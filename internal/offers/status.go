@@ -63,9 +63,8 @@ func (s *Source) RunStatus(ctx context.Context) error {
 // condition differs from its verdict. A failed write is logged and left
 // for the next change or resync.
 func (s *Source) writeStatus(ctx context.Context) {
-	verdicts := s.Templates()
 	for _, t := range s.cachedTemplates() {
-		v := verdicts[t.Metadata.Name]
+		v := judge(s.catalog, t, s.cfg)
 		want := v1alpha2.Condition{Type: ConditionReady, Status: string(metav1.ConditionTrue), Reason: ReasonOffered,
 			Message: "offered to consumers"}
 		if !v.Offered() {
