@@ -46,7 +46,7 @@ func bindInBrowserThen(t *testing.T, e *env, u string, beforeBind func(), apis .
 	if status := b.Open(u); status != http.StatusOK {
 		t.Fatalf("the URL led to status %d at %s", status, b.URL())
 	}
-	signIn(t, b, alice)
+	oidcprovider.SignIn(t, b, alice)
 	if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
 		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
 	}
@@ -67,16 +67,6 @@ func bindInBrowserThen(t *testing.T, e *env, u string, beforeBind func(), apis .
 	pressed := time.Now()
 	b.ClickAndWait("button[value=bind]")
 	return pressed
-}
-
-func signIn(t *testing.T, b *chromium.Browser, user oidcprovider.User) {
-	t.Helper()
-	b.Fill("#login", user.Name)
-	b.Fill("#password", user.Password)
-	b.Submit("button[type=submit]")
-	if b.Exists("form[action$='/confirm'] button") {
-		b.ClickAndWait("form[action$='/confirm'] button")
-	}
 }
 
 // startKonnectorWhenReady waits until the command deployed the konnector

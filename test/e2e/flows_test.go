@@ -26,17 +26,6 @@ import (
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
 
-// signIn fills the identity provider's login form and confirms consent.
-func signIn(t *testing.T, b *chromium.Browser, user oidcprovider.User) {
-	t.Helper()
-	b.Fill("#login", user.Name)
-	b.Fill("#password", user.Password)
-	b.Submit("button[type=submit]")
-	if b.Exists("form[action$='/confirm'] button") {
-		b.ClickAndWait("form[action$='/confirm'] button")
-	}
-}
-
 func TestPollFlowInBrowser(t *testing.T) {
 	e := startEnv(t, backendOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -72,7 +61,7 @@ func TestPollFlowInBrowser(t *testing.T) {
 	if status := b.Open(authURL); status != http.StatusOK {
 		t.Fatalf("authentication URL led to status %d at %s", status, b.URL())
 	}
-	signIn(t, b, alice)
+	oidcprovider.SignIn(t, b, alice)
 	if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
 		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
 	}
@@ -259,7 +248,7 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 	authURL := e.baseURL + "/authorize?" + url.Values{"c": {cliCluster}, "p": {itoa(cb.port)}, "s": {cliSession}}.Encode()
 	b := chromium.New(t)
 	b.Open(authURL)
-	signIn(t, b, bob)
+	oidcprovider.SignIn(t, b, bob)
 	b.Click("input[value='mangodbs.mangodb.com']")
 	// Released CLIs print no code: the page names the callback on this
 	// machine instead, and the user confirms having started it.

@@ -19,6 +19,7 @@ import (
 	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
 	"github.com/kbprovider/backend/internal/testutil/issued"
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/bindproof"
 )
@@ -111,7 +112,7 @@ func bindInBrowser(t *testing.T, e *env, link, wantCode, wantKind string) string
 	if status := b.Open(link); status != http.StatusOK {
 		t.Fatalf("link led to %d at %s: %s", status, b.URL(), b.Text("body"))
 	}
-	signIn(t, b, alice)
+	oidcprovider.SignIn(t, b, alice)
 	if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
 		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
 	}

@@ -173,7 +173,7 @@ func TestRefusals(t *testing.T) {
 		s, authURL := e.newSession(t)
 		b := chromium.New(t)
 		b.Open(authURL)
-		signIn(t, b, dave)
+		oidcprovider.SignIn(t, b, dave)
 		if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
 			t.Fatalf("not on the selection page: %s", b.URL())
 		}

@@ -29,12 +29,7 @@ func bindInBrowser(t *testing.T, base, u string, apis ...string) {
 	if status := b.Open(u); status != http.StatusOK {
 		t.Fatalf("the URL led to status %d at %s", status, b.URL())
 	}
-	b.Fill("#login", alice.Name)
-	b.Fill("#password", alice.Password)
-	b.Submit("button[type=submit]")
-	if b.Exists("form[action$='/confirm'] button") {
-		b.ClickAndWait("form[action$='/confirm'] button")
-	}
+	oidcprovider.SignIn(t, b, alice)
 	if !strings.HasPrefix(b.URL(), base+"/bind") {
 		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
 	}
