@@ -8,6 +8,7 @@
 # nodes); Ctrl-C stops it all.
 #
 #   hack/demo.sh [--listen-address 127.0.0.1:8080] [--oidc-address 127.0.0.1:5556]
+#                [--diagnostics-address 127.0.0.1:9090]
 #                [--state-dir DIR] [--user demo] [--password demo-password]
 #
 # On a fresh machine it first installs the OIDC provider's npm packages and

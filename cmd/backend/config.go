@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"log/slog"
 	"math"
 	"net"
@@ -50,11 +52,17 @@ type config struct {
 	LogFormat string // "json" or "text"
 
 	ShowVersion bool
+
+	// MemoryLimit is the container's memory limit in bytes (0: none); the
+	// Go runtime's soft limit is set below it (memoryLimitShare).
+	MemoryLimit int64
 }
 
 // rawFlags are the flag values as given, before validation.
 type rawFlags struct {
+	memoryLimit                                           string
 	listenAddress, externalURL                            string
+	diagnosticsAddress                                    string
 	oidcIssuerURL, oidcClientID                           string
 	oidcClientSecret, oidcClientSecretFile                string
 	oidcCallbackURL, oidcAllowedUsers, oidcAllowedGroups  string
@@ -62,8 +70,11 @@ type rawFlags struct {
 	cookieEncryptionKey, cookieEncryptionKeyFile          string
 	clusterSecretKey, clusterSecretKeyFile                string
 	credentials                                           credentialsFlags
+	quota                                                 quotaFlags
 	externalAddress, externalCAFile, externalServerName   string
 	prettyName, namespacePrefix, consumerScope            string
+	admissionPolicy                                       string
+	unsafeSkipAdmissionPolicyCheck                        bool
 	kubeconfig, kubeContext                               string
 	sessionTTL, pollInterval, gracePeriod, shutdownTimout time.Duration
 	maxPolledSessions                                     int
@@ -92,6 +103,7 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	s, d, i, b := fs.StringVar, fs.DurationVar, fs.IntVar, fs.BoolVar
 
 	s(&r.listenAddress, "listen-address", ":8080", "address to serve HTTP(S) on (host:port)")
+	s(&r.diagnosticsAddress, "diagnostics-address", "127.0.0.1:9090", "address (host:port) to serve /healthz, /readyz, /metrics and the status page /statusz on, for probes, Prometheus and the operator; loopback by default, the chart sets :<port> so that the kubelet and Prometheus reach it; never route it from the Internet (the public listener serves only a terse /healthz and /readyz)")
 	s(&r.externalURL, "external-url", "", "public URL of the backend (scheme, host, optional path prefix); every advertised URL and every signature check uses it (default: http://<listen-address>, for local use only)")
 
 	s(&r.oidcIssuerURL, "oidc-issuer-url", "", "issuer URL of the OpenID Connect provider users log in at")
@@ -110,6 +122,7 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	s(&r.clusterSecretKey, "cluster-secret-key", "", "base64 key (32 to 64 bytes) from which cluster secrets are derived; all replicas need the same, and it must survive restarts and upgrades; several keys (whitespace-separated): the first issues secrets, all prove them, a rotation (default: random per process)")
 	s(&r.clusterSecretKeyFile, "cluster-secret-key-file", "", "file holding base64 cluster secret keys, one per line: the first issues cluster secrets, the others (previous keys during a rotation) still prove theirs")
 	r.credentials.register(fs)
+	r.quota.register(fs)
 
 	s(&r.externalAddress, "external-address", "", "API server address put into issued kubeconfigs (default: the provider cluster's)")
 	s(&r.externalCAFile, "external-ca-file", "", "PEM CA bundle put into issued kubeconfigs (default: the provider cluster's)")
@@ -119,6 +132,8 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	s(&r.namespacePrefix, "namespace-prefix", "kube-bind-", "prefix of the provider namespaces made for consumers")
 	s(&r.consumerScope, "consumer-scope", "Namespaced", "scope of resources consumers may bind: Namespaced or Cluster")
 	s(&r.kubeconfig, "kubeconfig", "", "kubeconfig of the provider cluster (default: in-cluster configuration, else $KUBECONFIG)")
+	s(&r.admissionPolicy, "admission-policy", "kube-bind-backend-scope", "name of the ValidatingAdmissionPolicy confining the backend to the namespaces it made (the chart's <release>-scope); at start the backend proves with dry-run requests that it is in force and refuses to start where it is not, and the leader checks again every 5 minutes")
+	b(&r.unsafeSkipAdmissionPolicyCheck, "unsafe-skip-admission-policy-check", false, "UNSAFE: start without proving that --admission-policy confines the backend; without that policy whoever takes over the backend can grant itself Secrets and ServiceAccount tokens in any namespace and delete any namespace. Only for a backend that runs as a cluster admin anyway (local demos, tests)")
 	s(&r.kubeContext, "context", "", "context of the kubeconfig to use (default: its current context)")
 
 	d(&r.sessionTTL, "session-ttl", 10*time.Minute, "how long a binding session lives after creation")
@@ -127,9 +142,10 @@ func newFlagSet(r *rawFlags, out io.Writer) *flag.FlagSet {
 	i(&r.maxPolledSessions, "max-polled-sessions", 100000, "most sessions whose poll pace and nonces a replica remembers (about 40 MB at most); beyond it the least recently polled session is forgotten")
 	d(&r.longPollMaxWait, "long-poll-max-wait", longpoll.DefaultMaxWait, "longest a poll that asks with \"Prefer: wait=N\" is held until its session ends (whole seconds, at most 50s); advertised in discovery as longPollMaxWait; 0 turns long polling off")
 	i(&r.maxLongPolls, "max-long-polls", longpoll.DefaultMaxHeld, "most polls held open at once, per replica; beyond it a poll that asks to wait is answered at once")
-	i(&r.maxConnections, "max-connections", 4096, "most connections served at once; beyond it new ones wait in the listen backlog (0: no limit). Keep it below the open-file limit (ulimit -n)")
+	s(&r.memoryLimit, "memory-limit", "", "the container's memory limit, a byte count or quantity (256Mi); the Go runtime keeps its heap under 85% of it unless GOMEMLIMIT is set. The chart sets it from the container's limit")
+	i(&r.maxConnections, "max-connections", 4096, "most connections served at once; beyond it a new one takes the place of an idle keep-alive connection or of one silent for 0.5s since it was accepted, else waits in the listen backlog (0: no limit). Keep it below the open-file limit (ulimit -n)")
 	i(&r.maxConnectionsPerClient, "max-connections-per-client", 64, "most connections from one client IP address at once; more are closed at once (0: no limit). Behind a proxy that does not keep client addresses, every connection is the proxy's")
-	fs.Float64Var(&r.sessionCreateRate, "session-create-rate", 10, "POST /sessions allowed per second per client (an IPv4 address, an IPv6 /64), with a burst of three seconds' worth; more are answered 429 slow_down (0: no limit). Behind a proxy that does not keep client addresses every client shares the proxy's: raise it or set 0")
+	fs.Float64Var(&r.sessionCreateRate, "session-create-rate", 10, "requests that create something for an anonymous caller (POST /sessions, /api/sessions; GET /authorize, /callback, /api/authorize, /) allowed per second per client (an IPv4 address, an IPv6 /64), one bucket, with a burst of three seconds' worth; more are answered 429 (0: no limit). Behind a proxy that does not keep client addresses every client shares the proxy's: raise it or set 0")
 	d(&r.shutdownTimout, "shutdown-timeout", 25*time.Second, "how long in-flight requests may take to finish on SIGTERM")
 
 	s(&r.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -220,6 +236,7 @@ func want(f *flag.Flag, err error) string {
 func (r *rawFlags) validate() (*config, error) {
 	c := &config{Config: server.Config{
 		ListenAddress:      r.listenAddress,
+		DiagnosticsAddress: r.diagnosticsAddress,
 		OIDCIssuerURL:      r.oidcIssuerURL,
 		OIDCClientID:       r.oidcClientID,
 		OIDCAllowedUsers:   splitList(r.oidcAllowedUsers),
@@ -228,6 +245,7 @@ func (r *rawFlags) validate() (*config, error) {
 		ExternalServerName: r.externalServerName,
 		PrettyName:         strings.TrimSpace(r.prettyName),
 		NamespacePrefix:    r.namespacePrefix,
+		AdmissionPolicy:    r.admissionPolicyToCheck(),
 		Kubeconfig:         r.kubeconfig,
 		Context:            r.kubeContext,
 		SessionTTL:         r.sessionTTL,
@@ -246,6 +264,11 @@ func (r *rawFlags) validate() (*config, error) {
 
 	if _, _, err := net.SplitHostPort(r.listenAddress); err != nil {
 		fail("--listen-address %q: want host:port, e.g. :8080 or 127.0.0.1:8080", r.listenAddress)
+	}
+	if _, port, err := net.SplitHostPort(r.diagnosticsAddress); err != nil {
+		fail("--diagnostics-address %q: want host:port, e.g. :9090 or 127.0.0.1:9090", r.diagnosticsAddress)
+	} else if _, public, err := net.SplitHostPort(r.listenAddress); err == nil && port == public && port != "0" {
+		fail("--diagnostics-address %q: needs a port of its own, not the --listen-address port %s", r.diagnosticsAddress, public)
 	}
 	if r.externalURL != "" {
 		u, err := parseHTTPURL(r.externalURL)
@@ -305,6 +328,9 @@ func (r *rawFlags) validate() (*config, error) {
 	var credErrs []error
 	c.Credentials, credErrs = r.credentials.validate()
 	errs = append(errs, credErrs...)
+	if c.ConsumerQuota, err = r.quota.validate(); err != nil {
+		errs = append(errs, err)
+	}
 
 	if r.externalCAFile != "" {
 		b, err := os.ReadFile(r.externalCAFile)
@@ -328,6 +354,9 @@ func (r *rawFlags) validate() (*config, error) {
 	}
 	if err := binding.ValidatePrefix(r.namespacePrefix); err != nil {
 		fail("--namespace-prefix: %v", err)
+	}
+	if msgs := validation.IsDNS1123Subdomain(r.admissionPolicy); !r.unsafeSkipAdmissionPolicyCheck && len(msgs) > 0 {
+		fail("--admission-policy %q: %s", r.admissionPolicy, strings.Join(msgs, "; "))
 	}
 	if c.ConsumerScope, err = binding.ParseScope(r.consumerScope); err != nil {
 		fail("--consumer-scope: %v", err)
@@ -402,6 +431,14 @@ func (r *rawFlags) validate() (*config, error) {
 	}
 	errs = append(errs, r.validateLeaderElection(c)...)
 	errs = append(errs, r.validateGC(c)...)
+	if r.memoryLimit != "" {
+		q, err := resource.ParseQuantity(r.memoryLimit)
+		if err != nil || q.Value() < 32<<20 {
+			fail("--memory-limit %q: must be a quantity of at least 32Mi, e.g. 256Mi", r.memoryLimit)
+		} else {
+			c.MemoryLimit = q.Value()
+		}
+	}
 	return c, errors.Join(errs...)
 }
 
@@ -514,4 +551,13 @@ func joinInts(ns []int) string {
 		s[i] = fmt.Sprint(n)
 	}
 	return strings.Join(s, " or ")
+}
+
+// admissionPolicyToCheck is the policy the server proves at start, "" when
+// the operator chose to run unconfined.
+func (r *rawFlags) admissionPolicyToCheck() string {
+	if r.unsafeSkipAdmissionPolicyCheck {
+		return ""
+	}
+	return r.admissionPolicy
 }

@@ -53,16 +53,16 @@ func TestClusterKeyAndCredentials(t *testing.T) {
 	if len(c.ClusterSecretKeys) != 1 || len(c.ClusterSecretKeys[0]) != 32 || !c.ClusterSecretKeyGenerated {
 		t.Errorf("cluster secret key not generated: %d keys, generated %v", len(c.ClusterSecretKeys), c.ClusterSecretKeyGenerated)
 	}
-	if c.Credentials != (credentials.Policy{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute}) {
+	if c.Credentials != (credentials.Policy{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute, BindingLifetime: 720 * time.Hour}) {
 		t.Errorf("credential defaults %+v", c.Credentials)
 	}
 	key := bytes.Repeat([]byte{9}, 48)
-	c = mustParse(t, []string{"--credential-lifetime=10m", "--credential-rotation-point=0.05", "--credential-overlap=20s"},
+	c = mustParse(t, []string{"--credential-lifetime=10m", "--credential-rotation-point=0.05", "--credential-overlap=20s", "--binding-lifetime=0"},
 		map[string]string{"KUBE_BIND_CLUSTER_SECRET_KEY": base64.StdEncoding.EncodeToString(key)})
 	if !reflect.DeepEqual(c.ClusterSecretKeys, [][]byte{key}) || c.ClusterSecretKeyGenerated {
 		t.Errorf("cluster secret keys %x (generated %v)", c.ClusterSecretKeys, c.ClusterSecretKeyGenerated)
 	}
-	if c.Credentials != (credentials.Policy{Lifetime: 10 * time.Minute, RotationPoint: 0.05, Overlap: 20 * time.Second}) {
+	if c.Credentials != (credentials.Policy{Lifetime: 10 * time.Minute, RotationPoint: 0.05, Overlap: 20 * time.Second, BindingLifetime: 0}) {
 		t.Errorf("credentials %+v", c.Credentials)
 	}
 }
@@ -193,6 +193,8 @@ func TestInvalidConfig(t *testing.T) {
 		{nil, map[string]string{"KUBE_BIND_MAX_POLLED_SESSIONS": "many"}, "want a whole number"},
 		{nil, map[string]string{"KUBE_BIND_COOKIE_SIGNING_KEY": "short"}, "--cookie-signing-key"},
 		{[]string{"--listen-address", "8080"}, nil, "--listen-address"},
+		{[]string{"--diagnostics-address", "9090"}, nil, `--diagnostics-address "9090": want host:port`},
+		{[]string{"--listen-address", ":9000", "--diagnostics-address", "127.0.0.1:9000"}, nil, "needs a port of its own"},
 		{[]string{"--oidc-issuer-url", "https://idp"}, nil, "--oidc-issuer-client-id is required"},
 		{[]string{"--oidc-issuer-url", "https://idp", "--oidc-issuer-client-id", "x"}, nil, "--oidc-issuer-client-secret or"},
 		{[]string{"--oidc-issuer-client-secret", "a", "--oidc-issuer-client-secret-file", "/x"}, nil, "give only one"},
@@ -218,6 +220,7 @@ func TestInvalidConfig(t *testing.T) {
 		{[]string{"stray"}, nil, "unexpected arguments"},
 		{[]string{"--cluster-secret-key", base64.StdEncoding.EncodeToString(make([]byte, 16))}, nil, "--cluster-secret-key: decodes to 16 bytes"},
 		{[]string{"--credential-lifetime", "5m"}, nil, "--credential-lifetime 5m0s: must be at least 10m0s"},
+		{[]string{"--binding-lifetime", "47h"}, nil, "--binding-lifetime 47h0m0s: must be 0 (never) or at least 2 credential lifetimes"},
 		{[]string{"--credential-rotation-point", "1"}, nil, "--credential-rotation-point 1: want a fraction"},
 		{[]string{"--credential-rotation-point", "0"}, nil, "--credential-rotation-point 0: want a fraction"},
 		{[]string{"--credential-overlap", "0s"}, nil, "--credential-overlap 0s: must be positive"},

@@ -30,7 +30,7 @@ func TestIdleConnectionsOfOneClientDoNotBlockOthers(t *testing.T) {
 	addr := fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t))
 	const perClient = 8
 	cmd := exec.Command(prlimit, "--nofile=64:64", bin,
-		"--listen-address", addr,
+		"--listen-address", addr, "--diagnostics-address", "127.0.0.1:0",
 		"--max-connections", "40",
 		"--max-connections-per-client", fmt.Sprint(perClient),
 		"--log-format", "json")

@@ -24,7 +24,8 @@ func TestIdleConnectionsAtTheCapMakeRoom(t *testing.T) {
 	const addrs, perAddr = 64, 4
 	bin := buildBackend(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t))
-	cmd := exec.Command(bin, "--listen-address", addr,
+	diag := fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t))
+	cmd := exec.Command(bin, "--listen-address", addr, "--diagnostics-address", diag,
 		"--max-connections", fmt.Sprint(addrs*perAddr), "--max-connections-per-client", fmt.Sprint(perAddr),
 		"--log-format", "json")
 	cmd.Env = os.Environ()
@@ -87,7 +88,7 @@ func TestIdleConnectionsAtTheCapMakeRoom(t *testing.T) {
 		}
 	}
 	// The cap was full: each new client took an idle connection's place.
-	resp, err := from(net.IPv4(127, 0, 3, 1), 1).Get("http://" + addr + "/metrics")
+	resp, err := from(net.IPv4(127, 0, 3, 1), 1).Get("http://" + diag + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ current-context: c
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin,
-		"--listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)),
+		"--listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)), "--diagnostics-address", "127.0.0.1:0",
 		"--session-store", "hashring",
 		"--peer-listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)),
 		"--peer-key", procs.RandomKey(t, 32),

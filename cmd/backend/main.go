@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -55,6 +56,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := newLogger(cfg, stderr)
 	slog.SetDefault(logger)
+	if soft := setMemoryLimit(cfg.MemoryLimit, getenv("GOMEMLIMIT")); soft > 0 {
+		logger.Info("Go memory limit set from --memory-limit", "limit_bytes", cfg.MemoryLimit, "gomemlimit_bytes", soft)
+	}
 	// client-go logs through klog: route it through the same handler, so
 	// that --log-format json gives one JSON object per line for all of it.
 	klog.SetSlogLogger(logger.With("component", "client-go"))
@@ -98,6 +102,22 @@ func warnDefaults(cfg *config, logger *slog.Logger) {
 				"secret, codes, ID tokens, the provider's session cookies); use https", "flag", "oidc-issuer-url", "issuer_url", cfg.OIDCIssuerURL)
 		}
 	}
+	if cfg.OIDCCallbackURL != "" {
+		if u, err := url.Parse(cfg.OIDCCallbackURL); err == nil && plainHTTPOffLoopback(u) {
+			logger.Warn("--oidc-callback-url is http on a host that is not this machine (loopback): the identity provider "+
+				"sends browsers there with their login codes and the backend's cookies unencrypted; use https",
+				"flag", "oidc-callback-url", "callback_url", cfg.OIDCCallbackURL)
+		}
+	}
+	for _, e := range cfg.CallbackAllowList {
+		// Released CLIs listen on loopback http, which is allowed
+		// without an entry; an http entry elsewhere is a remote host.
+		if u, err := url.Parse(e); err == nil && plainHTTPOffLoopback(u) {
+			logger.Warn("--callback-allowed-urls has an http URL on a host that is not this machine (loopback): the callback "+
+				"flow would send browsers there with the binding's response (tokens and the kubeconfig) unencrypted; use https",
+				"flag", "callback-allowed-urls", "callback_url", e)
+		}
+	}
 	if cfg.ClusterSecretKeyGenerated {
 		logger.Warn("--cluster-secret-key not set: using a random key; the cluster secrets issued now stop proving their cluster IDs on restart "+
 			"(those clients then bind into new provider namespaces), and replicas must share one key; for local use only", "flag", "cluster-secret-key")
@@ -125,4 +145,21 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// memoryLimitShare is the part of the container's memory limit the Go
+// runtime aims to stay under: the rest is for memory it does not manage
+// (stacks of threads, cgo) and for the time a collection takes.
+const memoryLimitShare = 0.85
+
+// setMemoryLimit sets the runtime's soft memory limit from the container's
+// limit, unless GOMEMLIMIT (which the runtime read at start) says
+// otherwise; it returns the limit set, or 0.
+func setMemoryLimit(limit int64, gomemlimit string) int64 {
+	if limit <= 0 || gomemlimit != "" {
+		return 0
+	}
+	soft := int64(float64(limit) * memoryLimitShare)
+	debug.SetMemoryLimit(soft)
+	return soft
 }

@@ -61,7 +61,7 @@ func TestProcess(t *testing.T) {
 		t.Fatalf("--version: %q, %v", out, err)
 	}
 
-	cmd := exec.Command(bin, "--listen-address=127.0.0.1:0", "--log-level=debug", "--pretty-name=Process Test")
+	cmd := exec.Command(bin, "--listen-address=127.0.0.1:0", "--diagnostics-address=127.0.0.1:0", "--log-level=debug", "--pretty-name=Process Test")
 	cmd.Env = append(os.Environ(), "KUBE_BIND_POLL_INTERVAL=1s")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -82,9 +82,9 @@ func TestProcess(t *testing.T) {
 		}
 	})
 
-	// The log line "serving" says where the backend is.
+	// The log line "serving" says where the backend and its diagnostics are.
 	lines := bufio.NewScanner(stderr)
-	found := make(chan string, 1)
+	found := make(chan [2]string, 1)
 	var logs procs.Buffer
 	logDone := make(chan struct{})
 	go func() {
@@ -95,18 +95,20 @@ func TestProcess(t *testing.T) {
 			var rec struct {
 				Msg         string `json:"msg"`
 				ExternalURL string `json:"external_url"`
+				Diagnostics string `json:"diagnostics_address"`
 			}
 			if !sent && json.Unmarshal(lines.Bytes(), &rec) == nil && rec.Msg == "serving" {
-				found <- rec.ExternalURL
+				found <- [2]string{rec.ExternalURL, "http://" + rec.Diagnostics}
 				sent = true
 			}
 		}
 	}()
 	go func() { <-logDone; waitErr = cmd.Wait(); close(exited) }()
 
-	var base string
+	var base, diag string
 	select {
-	case base = <-found:
+	case where := <-found:
+		base, diag = where[0], where[1]
 	case <-exited:
 		t.Fatalf("backend exited early: %v\n%s", waitErr, logs.String())
 	case <-time.After(20 * time.Second):
@@ -116,7 +118,7 @@ func TestProcess(t *testing.T) {
 		t.Fatalf("external URL %q, want the derived http://127.0.0.1:<port>", base)
 	}
 	client := &http.Client{Timeout: 10 * time.Second}
-	get := func(path string) (*http.Response, []byte) {
+	getAt := func(base, path string) (*http.Response, []byte) {
 		t.Helper()
 		resp, err := client.Get(base + path)
 		if err != nil {
@@ -126,6 +128,7 @@ func TestProcess(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp, b
 	}
+	get := func(path string) (*http.Response, []byte) { t.Helper(); return getAt(base, path) }
 
 	resp, body := get("/export")
 	var bp v1alpha1.BindingProvider
@@ -139,8 +142,19 @@ func TestProcess(t *testing.T) {
 	if resp, body := get("/healthz"); resp.StatusCode != 200 {
 		t.Fatalf("/healthz: %d %s", resp.StatusCode, body)
 	}
-	if resp, body := get("/readyz"); resp.StatusCode != 200 || !strings.Contains(string(body), "[+]shutdown ok") {
-		t.Fatalf("/readyz: %d %s", resp.StatusCode, body)
+	// The public port says ready or not, no more, and serves no metrics;
+	// the diagnostics port has the detail.
+	if resp, body := get("/readyz?verbose"); resp.StatusCode != 200 || string(body) != "ok\n" {
+		t.Fatalf("public /readyz: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := get("/metrics"); resp.StatusCode != 404 {
+		t.Fatalf("public /metrics: %d, want 404\n%.200s", resp.StatusCode, body)
+	}
+	if resp, body := getAt(diag, "/readyz"); resp.StatusCode != 200 || !strings.Contains(string(body), "[+]shutdown ok") {
+		t.Fatalf("diagnostics /readyz: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := getAt(diag, "/metrics"); resp.StatusCode != 200 || !strings.Contains(string(body), "go_goroutines") {
+		t.Fatalf("diagnostics /metrics: %d %.200s", resp.StatusCode, body)
 	}
 
 	resp, err = client.Post(poll.SessionURL, "application/json", strings.NewReader(`{"clusterID":"aB3dE9"}`))
@@ -207,6 +221,11 @@ func TestProcess(t *testing.T) {
 			t.Fatalf("no shutdown log 10s after SIGTERM\n%s", logs.String())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// While the request drains, the kubelet's probe on the diagnostics
+	// port sees the replica not ready.
+	if resp, body := getAt(diag, "/readyz"); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "[-]shutdown failed") {
+		t.Fatalf("diagnostics /readyz while draining: %d %s", resp.StatusCode, body)
 	}
 	if _, err := conn.Write([]byte(sessionBody[5:])); err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 // An http --external-url or --oidc-issuer-url outside loopback is
 // accepted, with a WARN line at start-up that names the flag and says
 // what travels unencrypted; on loopback (the demo, the tests) and with
-// https there is none (issue 23).
+// https there is none.
 func TestWarnPlainHTTPOutsideLoopback(t *testing.T) {
 	for _, c := range []struct {
 		external, issuer string
@@ -63,6 +63,54 @@ func TestWarnPlainHTTPOutsideLoopback(t *testing.T) {
 		}
 		if strings.Join(warned, ",") != strings.Join(c.warn, ",") {
 			t.Errorf("external %q, issuer %q: warned about %q, want %q:\n%s", c.external, c.issuer, warned, c.warn, buf.String())
+		}
+	}
+}
+
+// The other URLs a browser is sent to with something secret are warned
+// about too: --oidc-callback-url (login codes, cookies) and each
+// --callback-allowed-urls entry (the binding's response) when http off
+// loopback; never for https or loopback.
+func TestWarnPlainHTTPCallbackURLs(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		warn []string // "flag=url" of each warning, in order
+	}{
+		{[]string{"--oidc-callback-url=https://bind.example.com/callback", "--callback-allowed-urls=https://cli.example.com/cb"}, nil},
+		{[]string{"--oidc-callback-url=http://localhost:8080/callback", "--callback-allowed-urls=http://127.0.0.1:9/cb,http://[::1]:9/cb"}, nil},
+		{[]string{"--oidc-callback-url=http://bind.example.com/callback"}, []string{"oidc-callback-url=http://bind.example.com/callback"}},
+		{[]string{"--callback-allowed-urls=https://cli.example.com/cb,http://cli.example.com/cb,http://10.1.2.3:8000/cb"},
+			[]string{"callback-allowed-urls=http://cli.example.com/cb", "callback-allowed-urls=http://10.1.2.3:8000/cb"}},
+	} {
+		args := append([]string{"--cookie-signing-key=" + strings.Repeat("A", 43), "--cookie-encryption-key=" + strings.Repeat("B", 43),
+			"--cluster-secret-key=" + strings.Repeat("C", 43), "--external-url=https://bind.example.com",
+			"--oidc-issuer-url=https://idp.example.com", "--oidc-issuer-client-id=backend", "--oidc-issuer-client-secret=s3cret"}, c.args...)
+		cfg := mustParse(t, args, nil)
+		var buf bytes.Buffer
+		warnDefaults(cfg, slog.New(slog.NewJSONHandler(&buf, nil)))
+
+		var warned []string
+		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			if line == "" {
+				continue
+			}
+			var rec struct {
+				Level, Msg, Flag string
+				URL              string `json:"callback_url"`
+			}
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			if rec.Level != "WARN" || rec.Flag != "oidc-callback-url" && rec.Flag != "callback-allowed-urls" {
+				continue
+			}
+			warned = append(warned, rec.Flag+"="+rec.URL)
+			if !strings.Contains(rec.Msg, "--"+rec.Flag) || !strings.Contains(rec.Msg, "unencrypted") || !strings.Contains(rec.Msg, "https") {
+				t.Errorf("%q: warning %q does not name the flag and say what travels unencrypted", c.args, rec.Msg)
+			}
+		}
+		if strings.Join(warned, " ") != strings.Join(c.warn, " ") {
+			t.Errorf("%q: warned %q, want %q:\n%s", c.args, warned, c.warn, buf.String())
 		}
 	}
 }

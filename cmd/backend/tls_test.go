@@ -29,7 +29,7 @@ func TestTLSRotation(t *testing.T) {
 	vol := certs.NewSecretVolume(t, first)
 
 	addr := fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t))
-	cmd := exec.Command(bin, "--listen-address="+addr, "--log-format=text",
+	cmd := exec.Command(bin, "--listen-address="+addr, "--diagnostics-address=127.0.0.1:0", "--log-format=text",
 		"--tls-cert-file="+vol.CertFile(), "--tls-key-file="+vol.KeyFile())
 	logs := startProcess(t, cmd)
 	base := "https://" + addr

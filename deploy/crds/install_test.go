@@ -2,6 +2,7 @@ package crds
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -190,6 +191,22 @@ spec:
 	mustRefuse("removing parameters", err, "parameters are immutable")
 	_, err = r.Patch(ctx, "widgets.example.com", types.MergePatchType, []byte(`{"spec":{"parameters":{"size":4}}}`), metav1.PatchOptions{})
 	mustRefuse("changing parameters", err, "parameters are immutable")
+	// Parameters are flat and bounded; a nested or long value is refused.
+	for name, params := range map[string]string{
+		"nested":   `{deep: {a: [1, 2]}}`,
+		"long":     `{text: "` + strings.Repeat("x", 1025) + `"}`,
+		"long key": `{` + strings.Repeat("k", 64) + `: 1}`,
+		"too many": `{` + manyKeys(33) + `}`,
+	} {
+		_, err = create("apiserviceexportrequests", `
+apiVersion: kube-bind.io/v1alpha2
+kind: APIServiceExportRequest
+metadata: {name: params.example.com}
+spec:
+  resources: [{group: example.com, resource: widgets}]
+  parameters: `+params)
+		mustRefuse("parameters "+name, err, "spec.parameters")
+	}
 	_, err = r.Patch(ctx, "widgets.example.com", types.MergePatchType, []byte(`{"status":{"phase":"Done"}}`), metav1.PatchOptions{}, "status")
 	mustRefuse("unknown phase", err, "status.phase")
 	if _, err := r.Patch(ctx, "widgets.example.com", types.MergePatchType, []byte(`{"status":{"phase":"Succeeded"}}`), metav1.PatchOptions{}, "status"); err != nil {
@@ -408,4 +425,16 @@ spec: {description: All of it, templates: [{name: crd-test-template}]}`), metav1
 	if len(inCategory) != 5 {
 		t.Errorf("resources in category kube-bindings: %v, want 5", inCategory)
 	}
+}
+
+// manyKeys is a YAML flow map body with n distinct keys.
+func manyKeys(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "k%d: %d", i, i)
+	}
+	return b.String()
 }

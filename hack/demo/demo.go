@@ -58,7 +58,8 @@ func (d *demo) start(ctx context.Context) error {
 	o := d.opts
 	d.baseURL = "http://" + o.listenAddress
 	// Refuse taken ports before starting anything, naming the flag.
-	for _, a := range []struct{ flag, addr string }{{"--listen-address", o.listenAddress}, {"--oidc-address", o.oidcAddress}} {
+	for _, a := range []struct{ flag, addr string }{{"--listen-address", o.listenAddress}, {"--oidc-address", o.oidcAddress},
+		{"--diagnostics-address", o.diagAddress}} {
 		l, err := net.Listen("tcp", a.addr)
 		if err != nil {
 			return fmt.Errorf("cannot listen on %s (%v): is another demo running? Choose another address with %s", a.addr, err, a.flag)
@@ -90,7 +91,7 @@ func (d *demo) start(ctx context.Context) error {
 	}
 
 	t := time.Now()
-	if err := exampleapis.Prepare(ctx, d.cp.AdminConfig(), exampleAPIs...); err != nil {
+	if err := exampleapis.Prepare(ctx, d.cp, exampleAPIs...); err != nil {
 		return fmt.Errorf("installing the kube-bind CRDs and the example APIs: %w", err)
 	}
 	d.step("installed the kube-bind CRDs, the consumer ClusterRoles and the example APIs %s (%s)", describeAPIs(), since(t))
@@ -183,6 +184,7 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	}
 	cmd := exec.Command(o.backendBinary,
 		"--listen-address", o.listenAddress,
+		"--diagnostics-address", o.diagAddress,
 		"--external-url", d.baseURL,
 		"--oidc-issuer-url", d.idp.IssuerURL,
 		"--oidc-issuer-client-id", d.idp.ClientID,
@@ -196,6 +198,8 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 		"KUBE_BIND_OIDC_ISSUER_CLIENT_SECRET="+clientSecret,
 		"KUBE_BIND_COOKIE_SIGNING_KEY="+signing,
 		"KUBE_BIND_COOKIE_ENCRYPTION_KEY="+encryption,
+		// The demo's backend is the control plane's admin: nothing to confine.
+		"KUBE_BIND_UNSAFE_SKIP_ADMISSION_POLICY_CHECK=true",
 	)
 	cmd.Stdout, cmd.Stderr = d.backendLog, d.backendLog
 	// Its own process group: a Ctrl-C on the terminal reaches only the demo,
@@ -218,11 +222,14 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	last := "no answer"
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.baseURL+"/readyz?verbose", nil)
+		// Ready, and the identity provider and the cluster answer: the
+		// status page of the diagnostics listener says both.
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+o.diagAddress+"/statusz", nil)
 		if resp, err := client.Do(req); err == nil {
 			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusOK && resp.Header.Get("X-Ready") == "true" &&
+				!strings.Contains(string(body), "\n[-]") && !strings.Contains(string(body), "\n[?]") {
 				return nil
 			}
 			last = fmt.Sprintf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
@@ -233,7 +240,7 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 		case <-d.backendDone:
 			return fmt.Errorf("exited while starting")
 		case <-ctx.Done():
-			return fmt.Errorf("not ready after %s (/readyz: %s)", readyTimeout, last)
+			return fmt.Errorf("not ready after %s (/statusz: %s)", readyTimeout, last)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

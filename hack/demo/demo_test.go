@@ -47,6 +47,7 @@ type demoRun struct {
 	exited           chan error
 	state            string
 	listen, oidcAddr string
+	diagAddr         string
 	stopped          bool // the test stops it itself
 }
 
@@ -64,8 +65,8 @@ func startDemo(t *testing.T, env ...string) *demoRun {
 		t.Fatal("the OIDC provider's npm packages are missing: run hack/install-test-deps.sh")
 	}
 
-	d := &demoRun{state: filepath.Join(t.TempDir(), "state"), listen: freeAddr(t), oidcAddr: freeAddr(t), stderr: &procs.Buffer{}, exited: make(chan error, 1)}
-	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", d.listen, "--oidc-address", d.oidcAddr, "--state-dir", d.state)
+	d := &demoRun{state: filepath.Join(t.TempDir(), "state"), listen: freeAddr(t), oidcAddr: freeAddr(t), diagAddr: freeAddr(t), stderr: &procs.Buffer{}, exited: make(chan error, 1)}
+	cmd := exec.Command("bash", "hack/demo.sh", "--listen-address", d.listen, "--oidc-address", d.oidcAddr, "--diagnostics-address", d.diagAddr, "--state-dir", d.state)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), env...)
 	// If this test dies, the demo dies too, and with it what it started.

@@ -41,6 +41,7 @@ type options struct {
 	stateDir        string
 	listenAddress   string
 	oidcAddress     string
+	diagAddress     string
 	binDir          string // kube-apiserver & co.; "" = found like the tests do
 	backendBinary   string
 	pollBinary      string
@@ -66,6 +67,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.stateDir, "state-dir", "", "folder for logs, certificates, kubeconfigs and the poll client's output (default: a new temporary folder)")
 	fs.StringVar(&o.listenAddress, "listen-address", "127.0.0.1:8080", "address of the backend; its URL is http://<listen-address>")
 	fs.StringVar(&o.oidcAddress, "oidc-address", "127.0.0.1:5556", "address of the OpenID Connect provider")
+	fs.StringVar(&o.diagAddress, "diagnostics-address", "127.0.0.1:9090", "address of the backend's probes, metrics and status page (/statusz)")
 	fs.StringVar(&o.binDir, "bin-dir", "", "folder of etcd, kube-apiserver, kube-controller-manager and kubectl (default: $KUBE_BIND_TEST_BINARIES, else the cache of hack/install-test-binaries.sh)")
 	fs.StringVar(&o.backendBinary, "backend-binary", filepath.Join(filepath.Dir(self), "backend"), "the backend (cmd/backend), built")
 	fs.StringVar(&o.pollBinary, "poll-binary", filepath.Join(filepath.Dir(self), "kube-bind-poll"), "the poll client (cmd/kube-bind-poll), built")
@@ -160,6 +162,7 @@ kube-bind demo is ready (came up in %s).
   Demo user:    %s
   Password:     %s
   (identity provider at %s)
+  (backend status, metrics: http://%s/statusz, /metrics)
 
 Bind APIs into the consumer cluster, a second local cluster, with one command
 in another terminal. It prints a URL to open in a browser: log in there, tick
@@ -174,7 +177,7 @@ on your PATH:
 
 `,
 		took.Round(100*time.Millisecond),
-		export, o.user, o.password, d.idp.IssuerURL,
+		export, o.user, o.password, d.idp.IssuerURL, o.diagAddress,
 		poll, skip, consumer, export,
 		shellQuote(filepath.Dir(o.pollBinary)), shellQuote(d.cp.BinDir()),
 		skip, consumer, export)

@@ -627,6 +627,7 @@ func peerFallbacks(addr string) float64 {
 type server struct {
 	cmd     *exec.Cmd
 	addr    string // host:port of its public listener
+	diag    string // host:port of its metrics (its diagnostics listener, or addr for a build before it had one)
 	logs    *bytes.Buffer
 	logsMu  *sync.Mutex
 	stopped chan struct{}
@@ -726,9 +727,32 @@ func startServer(o options, argv []string, addr, path string, want int) (*server
 }
 
 // startBackend starts a backend and waits until it is ready (the
-// hashring's session records read).
+// hashring's session records read), on its diagnostics listener where the
+// build has one (a free port), else on its public one.
 func startBackend(o options, path string, args []string, addr string) (*server, error) {
-	return startServer(o, append([]string{path}, args...), addr, "/readyz", http.StatusOK)
+	diag := addr
+	if hasDiagnostics(path) {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		diag = fmt.Sprintf("127.0.0.1:%d", port)
+		args = append(slices.Clip(args), "--diagnostics-address", diag)
+	}
+	b, err := startServer(o, append([]string{path}, args...), diag, "/readyz", http.StatusOK)
+	if err != nil {
+		return nil, err
+	}
+	b.addr, b.diag = addr, diag
+	return b, nil
+}
+
+// hasDiagnostics reports whether the backend at path has
+// --diagnostics-address (builds before it served /metrics and /readyz on
+// the public listener).
+func hasDiagnostics(path string) bool {
+	out, _ := exec.Command(path, "-h").CombinedOutput()
+	return bytes.Contains(out, []byte("-diagnostics-address"))
 }
 
 func (b *server) logString() string {
@@ -923,7 +947,7 @@ func (bn *bench) measure(mode string, bin binary) (result, error) {
 		}
 		var f float64
 		for _, s := range servers {
-			f += peerFallbacks(s.addr)
+			f += peerFallbacks(s.diag)
 		}
 		return f
 	}

@@ -67,3 +67,64 @@ func FuzzNamespaceName(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseBoundBy: a bound-by annotation (written by the backend, but
+// editable by whoever may patch ClusterBindings) never panics the
+// controller; what it accepts has an identity Provision accepts and
+// recordable groups, and encodes to a record that parses to the same.
+func FuzzParseBoundBy(f *testing.F) {
+	f.Add(BoundBy{Issuer: "https://idp.example.com", Subject: "alice", Email: "a@example.com", Groups: []string{"team-a"}, GroupsKnown: true}.Encode())
+	f.Add(BoundBy{Issuer: "https://idp", Subject: "sub"}.Encode())
+	f.Add(`{"iss":"i","sub":"s","groups":["g"]}`)
+	f.Add(`{"iss":"i","sub":"s","extra":1}`)
+	f.Add(`{"iss":"i","sub":"s"} {}`)
+	f.Add(`{"iss":"","sub":"s"}`)
+	f.Add(`null`)
+	f.Fuzz(func(t *testing.T, raw string) {
+		b, err := ParseBoundBy(raw)
+		if err != nil {
+			if !errors.Is(err, ErrBadBoundBy) {
+				t.Fatalf("error %v is not ErrBadBoundBy", err)
+			}
+			return
+		}
+		if validateIdentity(Consumer{Issuer: b.Issuer, Subject: b.Subject}, "x") != nil {
+			t.Fatalf("accepted an identity Provision refuses: %+v", b)
+		}
+		if _, ok := RecordableGroups(b.Groups); !ok || !b.GroupsKnown && len(b.Groups) > 0 {
+			t.Fatalf("accepted groups Provision never records: %+v", b)
+		}
+		again, err := ParseBoundBy(b.Encode())
+		if err != nil {
+			t.Fatalf("own encoding of %+v refused: %v", b, err)
+		}
+		if again.Encode() != b.Encode() {
+			t.Fatalf("round trip: %+v, want %+v", again, b)
+		}
+	})
+}
+
+// Every record Provision writes parses back.
+func TestBoundByOfProvision(t *testing.T) {
+	many := make([]string, MaxBoundGroups+1)
+	for i := range many {
+		many[i] = "g"
+	}
+	for _, c := range []Consumer{
+		{Issuer: "https://idp", Subject: strings.Repeat("s", maxSubjectLength)},
+		{Issuer: "https://idp", Subject: "s", Claims: &Claims{Email: "a@b", Groups: []string{"x", strings.Repeat("y", maxBoundGroupsBytes-1)}, GroupsKnown: true}},
+		{Issuer: "https://idp", Subject: "s", Claims: &Claims{Groups: many, GroupsKnown: true}},
+		{Issuer: strings.Repeat("\x01", maxIssuerLength), Subject: strings.Repeat("\"", maxSubjectLength), Claims: &Claims{Email: strings.Repeat("<", maxBoundEmailBytes)}},
+		{Issuer: "i", Subject: "s", Claims: &Claims{Email: strings.Repeat("e", maxBoundEmailBytes+1)}},
+		{Issuer: "i", Subject: "s", Claims: &Claims{Email: "\xff"}},
+	} {
+		b := boundBy(c)
+		got, err := ParseBoundBy(b.Encode())
+		if err != nil {
+			t.Fatalf("record of %+v: %v", c, err)
+		}
+		if got.Subject != c.Subject || (c.Claims != nil && len(c.Claims.Groups) > MaxBoundGroups && got.GroupsKnown) {
+			t.Errorf("record of %+v parsed to %+v", c, got)
+		}
+	}
+}

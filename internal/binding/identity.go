@@ -16,6 +16,10 @@ import (
 type Consumer struct {
 	Issuer  string
 	Subject string
+	// Claims of the login that binds, recorded for the allow-list
+	// re-check (AnnotationBoundBy); nil: issuer and subject only. They do
+	// not take part in the identity.
+	Claims *Claims
 }
 
 // ID is the identity as the BindingResponse names it, "<issuer>/<subject>".

@@ -70,6 +70,12 @@ func doSetup(cp *controlplane.ControlPlane) error {
 	if err := crds.Install(ctx, admin); err != nil {
 		return err
 	}
+	if err := cp.RestartControllerManager(ctx); err != nil {
+		return err
+	}
+	if err := crds.AwaitQuotaCounting(ctx, admin, 45*time.Second); err != nil {
+		return err
+	}
 	if err := InstallClusterRoles(ctx, admin); err != nil {
 		return err
 	}

@@ -48,6 +48,9 @@ type Config struct {
 	// that accepts connections but never answers cannot hang a bind;
 	// 0 means 60s.
 	Timeout time.Duration
+	// Quota caps what the consumer creates in its namespace; the zero
+	// value means DefaultQuota.
+	Quota Quota
 }
 
 // Resource is one API a consumer selected.
@@ -104,6 +107,12 @@ func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
+	}
+	if cfg.Quota == (Quota{}) {
+		cfg.Quota = DefaultQuota()
+	}
+	if err := cfg.Quota.Validate(); err != nil {
+		return nil, err
 	}
 	ep, err := resolveEndpoint(cfg, rc)
 	if err != nil {
@@ -171,6 +180,8 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 		what string
 		do   func(context.Context) error
 	}{
+		// The quota first: the consumer can create nothing before it holds.
+		{"applying the consumer's resource quota", func(ctx context.Context) error { return p.applyQuota(ctx, ns) }},
 		{"applying service account", func(ctx context.Context) error { return p.applyServiceAccount(ctx, ns) }},
 		{"applying consumer role binding", func(ctx context.Context) error { return p.applyConsumerRoleBinding(ctx, ns) }},
 		// A new token on every bind: a rebind never hands out a token
@@ -180,7 +191,7 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 			kubeconfig = t.Kubeconfig
 			return err
 		}},
-		{"applying ClusterBinding", func(ctx context.Context) error { return p.applyClusterBinding(ctx, ns) }},
+		{"applying ClusterBinding", func(ctx context.Context) error { return p.applyClusterBinding(ctx, ns, c) }},
 	}
 	for _, s := range steps {
 		if err := retryForbidden(ctx, func() error { return s.do(ctx) }); err != nil {
@@ -333,7 +344,8 @@ func (p *Provisioner) applyConsumerRoleBinding(ctx context.Context, ns string) e
 	return err
 }
 
-func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error {
+func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string, c Consumer) error {
+	now := formatTime(p.now())
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": kubeBindGroup + "/v1alpha1",
 		"kind":       "ClusterBinding",
@@ -341,8 +353,14 @@ func (p *Provisioner) applyClusterBinding(ctx context.Context, ns string) error 
 			"name":      ClusterBindingName,
 			"namespace": ns,
 			"labels":    map[string]any{LabelManagedBy: managedByValue},
-			// The last step: the binding is complete (garbage collection).
-			"annotations": map[string]any{AnnotationProvisionedAt: time.Now().UTC().Format(time.RFC3339)},
+			"annotations": map[string]any{
+				// The last step: the binding is complete (garbage collection).
+				AnnotationProvisionedAt: now,
+				// A user's bind starts the binding's lifetime anew, and
+				// says whom the allow-list re-check judges.
+				AnnotationBoundAt: now,
+				AnnotationBoundBy: boundBy(c).Encode(),
+			},
 		},
 		"spec": map[string]any{
 			"kubeconfigSecretRef": map[string]any{"name": KubeconfigSecretName, "key": KubeconfigSecretKey},

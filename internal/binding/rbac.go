@@ -26,6 +26,11 @@ const (
 	// BackendClusterRole is the backend's cluster-wide role, bound to its
 	// service account by a ClusterRoleBinding.
 	BackendClusterRole = "kube-bind-backend"
+	// ConsumerExportsRole and ConsumerClaimsRole name the Roles (and their
+	// RoleBindings) the controllers make in the backend's namespaces for a
+	// consumer's bound and claimed resources (internal/exports).
+	ConsumerExportsRole = "kube-bind-consumer-exports"
+	ConsumerClaimsRole  = "kube-bind-consumer-claims"
 )
 
 const kubeBindGroup = "kube-bind.io"
@@ -83,6 +88,7 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			// clusterbindings/status rule below).
 			rule("", []string{"secrets"}, "list"),
 			rule("", []string{"serviceaccounts/token"}, "create"),
+			rule("", []string{"resourcequotas"}, "get", "create", "patch"),
 			rule("rbac.authorization.k8s.io", []string{"rolebindings"}, "get", "create", "patch"),
 			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
 			// Answering requests and APIServiceNamespaces; the Healthy and
@@ -97,8 +103,16 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			rule(kubeBindGroup, []string{"apiservicenamespaces"}, "get", "create", "patch"),
 			// The consumer's rights on the resources it bound: a Role of
 			// exactly those resources, which the backend does not hold
-			// itself (escalate, bind), confined to the backend's namespaces.
-			rule("rbac.authorization.k8s.io", []string{"roles"}, "create", "patch", "escalate", "bind"),
+			// itself. escalate and bind only for the two Roles it makes, by
+			// name (it applies them with their name in the URL): no other
+			// Role, and no ClusterRole, can carry rights it lacks.
+			rule("rbac.authorization.k8s.io", []string{"roles"}, "create", "patch"),
+			rbacv1.PolicyRule{
+				APIGroups:     []string{"rbac.authorization.k8s.io"},
+				Resources:     []string{"roles"},
+				Verbs:         []string{"escalate", "bind"},
+				ResourceNames: []string{ConsumerExportsRole, ConsumerClaimsRole},
+			},
 		),
 		role(ConsumerClusterRole,
 			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiservicenamespaces"},

@@ -28,15 +28,15 @@ func TestNamespaceName(t *testing.T) {
 		c   Consumer
 		cid string
 	}{
-		{Consumer{"https://idp.example.com", "alice"}, "abc123"},
-		{Consumer{"https://idp.example.com", "alice"}, "abc124"},
-		{Consumer{"https://idp.example.com", "Alice"}, "abc123"},
-		{Consumer{"https://idp.example.com/", "alice"}, "abc123"},
-		{Consumer{"a/b", "c"}, "x"},
-		{Consumer{"a", "b/c"}, "x"},
-		{Consumer{"a", "b"}, "\x00c"},
-		{Consumer{"a", "b\x00"}, "c"},
-		{Consumer{"https://idp", "ünïcödé ../../ ; DROP TABLE"}, "x"},
+		{Consumer{Issuer: "https://idp.example.com", Subject: "alice"}, "abc123"},
+		{Consumer{Issuer: "https://idp.example.com", Subject: "alice"}, "abc124"},
+		{Consumer{Issuer: "https://idp.example.com", Subject: "Alice"}, "abc123"},
+		{Consumer{Issuer: "https://idp.example.com/", Subject: "alice"}, "abc123"},
+		{Consumer{Issuer: "a/b", Subject: "c"}, "x"},
+		{Consumer{Issuer: "a", Subject: "b/c"}, "x"},
+		{Consumer{Issuer: "a", Subject: "b"}, "\x00c"},
+		{Consumer{Issuer: "a", Subject: "b\x00"}, "c"},
+		{Consumer{Issuer: "https://idp", Subject: "ünïcödé ../../ ; DROP TABLE"}, "x"},
 	}
 	seen := map[string]int{}
 	for i, id := range ids {
@@ -81,7 +81,7 @@ func TestValidatePrefix(t *testing.T) {
 }
 
 func TestValidateIdentity(t *testing.T) {
-	good := Consumer{"https://idp", "sub"}
+	good := Consumer{Issuer: "https://idp", Subject: "sub"}
 	if err := validateIdentity(good, "c1"); err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +89,11 @@ func TestValidateIdentity(t *testing.T) {
 		c   Consumer
 		cid string
 	}{
-		{Consumer{"", "sub"}, "c"},
-		{Consumer{"https://idp", ""}, "c"},
+		{Consumer{Issuer: "", Subject: "sub"}, "c"},
+		{Consumer{Issuer: "https://idp", Subject: ""}, "c"},
 		{good, ""},
-		{Consumer{"https://idp", "\xff"}, "c"},
-		{Consumer{"https://idp", strings.Repeat("s", maxSubjectLength+1)}, "c"},
+		{Consumer{Issuer: "https://idp", Subject: "\xff"}, "c"},
+		{Consumer{Issuer: "https://idp", Subject: strings.Repeat("s", maxSubjectLength+1)}, "c"},
 		{good, strings.Repeat("c", maxClusterIDLength+1)},
 	} {
 		if err := validateIdentity(tc.c, tc.cid); !errors.Is(err, ErrInvalidIdentity) {

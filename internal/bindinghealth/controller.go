@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbcache"
 	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/workloop"
 )
@@ -93,6 +94,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	all := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
 	r.bindings = managed.ForResource(kbresources.ClusterBindings).Informer()
 	r.requests = all.ForResource(kbresources.APIServiceExportRequests).Informer()
+	// The caches keep only what is read (heartbeats, conditions, phases):
+	// consumers write these objects.
+	if err := r.bindings.SetTransform(kbcache.Transform(kbcache.Options{Drop: [][]string{{"spec"}}})); err != nil {
+		return err
+	}
+	if err := r.requests.SetTransform(kbcache.Transform(kbcache.Options{Drop: [][]string{{"spec"}, {"status", "conditions"}}})); err != nil {
+		return err
+	}
 	enqueue := func(obj any) {
 		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
 			r.queue.Add(key)

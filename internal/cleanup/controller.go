@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbcache"
 	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/workloop"
 )
@@ -162,6 +163,26 @@ func (c *Controller) Run(ctx context.Context) error {
 	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
 	r.requests = dynFactory.ForResource(kbresources.APIServiceExportRequests).Informer()
 	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespaces).Informer()
+	// The caches keep only what the cleanup reads: consumers write these
+	// objects, and a cache must not grow with what they stored. Of
+	// requests and APIServiceNamespaces only their existence counts.
+	existence := kbcache.Transform(kbcache.Options{Drop: [][]string{{"spec"}, {"status"}}})
+	for inf, t := range map[cache.SharedIndexInformer]cache.TransformFunc{
+		r.namespaces: kbcache.Transform(kbcache.Options{
+			Annotations: []string{binding.AnnotationIssuer, binding.AnnotationSubject, binding.AnnotationCluster,
+				binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
+			Labels: []string{binding.LabelManagedBy, binding.LabelConsumerNamespace, binding.LabelRevoked},
+		}),
+		r.bindings: kbcache.Transform(kbcache.Options{
+			Annotations: []string{binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
+		}),
+		r.requests: existence,
+		r.apiNS:    existence,
+	} {
+		if err := inf.SetTransform(t); err != nil {
+			return err
+		}
+	}
 
 	onNamespace := func(obj any) {
 		if ns, ok := obj.(*corev1.Namespace); ok && binding.IsConsumerNamespace(ns) {

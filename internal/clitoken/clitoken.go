@@ -10,13 +10,21 @@
 // decoding is strict) and mac = HMAC-SHA256(key, "kube-bind cli token\n"
 // || payload). The payload is, in this order:
 //
-//	version    1 byte (1)
+//	version    1 byte (2)
 //	key ID     4 bytes: the first bytes of SHA-256 of the signing key
 //	issued at  8 bytes: Unix seconds, big-endian
 //	expiry     8 bytes: Unix seconds, big-endian
 //	token ID   16 random bytes (names the token in logs)
 //	issuer     8 bytes: the first bytes of SHA-256 of the OIDC issuer URL
 //	subject    1 byte length n (1..255), then n bytes: the OIDC subject
+//	e-mail     1 byte length (0..255), then the address if verified
+//	groups     1 byte count k (0..32, or 255: not known), then k times
+//	           1 byte length (1..255) and the group; 1 KiB at most in all
+//
+// The e-mail and groups let a bind made with the token record whom the
+// allow-lists admitted (internal/binding's BoundBy), and let the bind
+// judge the user by the allow-lists of the moment. Version 1 tokens end
+// at the subject; they verify with no e-mail and unknown groups.
 //
 // Tokens are signed, not encrypted: whoever holds one holds the
 // credential anyway. The signing keys are derived with HKDF-SHA256 from
@@ -44,13 +52,21 @@ import (
 const Prefix = "kbt1."
 
 const (
-	version     = 1
-	macLabel    = "kube-bind cli token\n"
-	hkdfInfo    = "kube-bind cli token key"
-	fixedLen    = 1 + 4 + 8 + 8 + 16 + 8 + 1
-	maxSubject  = 255
-	macLen      = sha256.Size
-	maxTokenLen = len(Prefix) + (fixedLen+maxSubject+2)/3*4 + 1 + (macLen+2)/3*4
+	version        = 2
+	versionSubject = 1 // tokens of the previous release: subject only
+	macLabel       = "kube-bind cli token\n"
+	hkdfInfo       = "kube-bind cli token key"
+	fixedLen       = 1 + 4 + 8 + 8 + 16 + 8 + 1
+	maxSubject     = 255
+	maxEmail       = 255
+	// MaxGroups and maxGroupBytes bound the groups a token carries; a
+	// user with more gets a token with unknown groups.
+	MaxGroups     = 32
+	maxGroupBytes = 1024
+	groupsUnknown = 255
+	macLen        = sha256.Size
+	maxPayloadLen = fixedLen + maxSubject + 1 + maxEmail + 1 + MaxGroups + maxGroupBytes
+	maxTokenLen   = len(Prefix) + (maxPayloadLen+2)/3*4 + 1 + (macLen+2)/3*4
 	// clockSkew is how far in the future an issue time may lie (replicas'
 	// clocks differ a little).
 	clockSkew = 5 * time.Minute
@@ -155,14 +171,13 @@ func (t *Tokens) TTL() time.Duration { return t.ttl }
 
 // Claims are what a verified token says.
 type Claims struct {
-	// Subject is the OIDC subject the token was issued to (of the
-	// configured issuer).
-	Subject   string
+	User
 	IssuedAt  time.Time
 	ExpiresAt time.Time
 	// ID names the token in logs (32 hex digits); not a secret.
 	ID string
 
+	version byte
 	keyID   [4]byte
 	tokenID [16]byte
 }
@@ -170,17 +185,49 @@ type Claims struct {
 // Issuer is the OIDC issuer the tokens' subjects are of.
 func (t *Tokens) Issuer() string { return t.issuer }
 
-// Issue makes a token for subject of issuer (which must be the
-// configured one), valid for the configured TTL.
-func (t *Tokens) Issue(issuer, subject string) (token string, c Claims, err error) {
+// User is whom a token was issued to, as the identity provider said at
+// the login.
+type User struct {
+	// Subject is the OIDC subject (of the configured issuer).
+	Subject string
+	// Email is the address the ID token marked verified, or empty.
+	Email string
+	// Groups of the ID token, when GroupsKnown.
+	Groups      []string
+	GroupsKnown bool
+}
+
+// carried is u as a token carries it: an address too long for the token
+// is left out, and groups beyond its bounds are not known (a partial list
+// would judge the user by groups that may not be what admitted them).
+func (u User) carried() User {
+	if len(u.Email) > maxEmail || !utf8.ValidString(u.Email) {
+		u.Email = ""
+	}
+	n := 0
+	for _, g := range u.Groups {
+		n += len(g)
+		if g == "" || len(g) > 255 || !utf8.ValidString(g) {
+			n = maxGroupBytes + 1
+		}
+	}
+	if !u.GroupsKnown || len(u.Groups) > MaxGroups || n > maxGroupBytes {
+		u.Groups, u.GroupsKnown = nil, false
+	}
+	return u
+}
+
+// Issue makes a token for user u of issuer (which must be the configured
+// one), valid for the configured TTL.
+func (t *Tokens) Issue(issuer string, u User) (token string, c Claims, err error) {
 	if issuer != t.issuer {
 		return "", Claims{}, ErrWrongIssuer
 	}
-	if subject == "" || len(subject) > maxSubject || !utf8.ValidString(subject) {
+	if u.Subject == "" || len(u.Subject) > maxSubject || !utf8.ValidString(u.Subject) {
 		return "", Claims{}, fmt.Errorf("clitoken: the subject must be 1 to %d bytes of UTF-8", maxSubject)
 	}
 	now := t.now().Truncate(time.Second)
-	c = Claims{Subject: subject, IssuedAt: now, ExpiresAt: now.Add(t.ttl), keyID: t.keys[0].id}
+	c = Claims{User: u.carried(), IssuedAt: now, ExpiresAt: now.Add(t.ttl), version: version, keyID: t.keys[0].id}
 	rand.Read(c.tokenID[:])
 	c.ID = hex.EncodeToString(c.tokenID[:])
 	return t.encode(t.keys[0].secret, c), c, nil
@@ -188,7 +235,7 @@ func (t *Tokens) Issue(issuer, subject string) (token string, c Claims, err erro
 
 func (t *Tokens) encode(secret []byte, c Claims) string {
 	p := make([]byte, fixedLen, fixedLen+len(c.Subject))
-	p[0] = version
+	p[0] = c.version
 	copy(p[1:5], c.keyID[:])
 	binary.BigEndian.PutUint64(p[5:13], uint64(c.IssuedAt.Unix()))
 	binary.BigEndian.PutUint64(p[13:21], uint64(c.ExpiresAt.Unix()))
@@ -196,6 +243,21 @@ func (t *Tokens) encode(secret []byte, c Claims) string {
 	copy(p[37:45], t.issuerHash[:])
 	p[45] = byte(len(c.Subject))
 	p = append(p, c.Subject...)
+	switch {
+	case c.version == versionSubject:
+	case !c.GroupsKnown:
+		p = append(p, byte(len(c.Email)))
+		p = append(p, c.Email...)
+		p = append(p, groupsUnknown)
+	default:
+		p = append(p, byte(len(c.Email)))
+		p = append(p, c.Email...)
+		p = append(p, byte(len(c.Groups)))
+		for _, g := range c.Groups {
+			p = append(p, byte(len(g)))
+			p = append(p, g...)
+		}
+	}
 	payload := base64.RawURLEncoding.EncodeToString(p)
 	return Prefix + payload + "." + base64.RawURLEncoding.EncodeToString(mac(secret, payload))
 }
@@ -221,14 +283,18 @@ func (t *Tokens) Verify(token string) (Claims, error) {
 		return Claims{}, ErrMalformed
 	}
 	p, ok := strictDecode(payload)
-	if !ok || len(p) < fixedLen+1 || p[0] != version || int(p[45]) != len(p)-fixedLen {
+	if !ok || len(p) < fixedLen+1 {
+		return Claims{}, ErrMalformed
+	}
+	u, ok := decodeUser(p)
+	if !ok {
 		return Claims{}, ErrMalformed
 	}
 	got, ok := strictDecode(sig)
 	if !ok || len(got) != macLen {
 		return Claims{}, ErrMalformed
 	}
-	var c Claims
+	c := Claims{version: p[0]}
 	copy(c.keyID[:], p[1:5])
 	var secret []byte
 	for _, k := range t.keys {
@@ -251,7 +317,7 @@ func (t *Tokens) Verify(token string) (Claims, error) {
 	c.IssuedAt, c.ExpiresAt = time.Unix(int64(iat), 0), time.Unix(int64(exp), 0)
 	copy(c.tokenID[:], p[21:37])
 	c.ID = hex.EncodeToString(c.tokenID[:])
-	c.Subject = string(p[fixedLen:])
+	c.User = u
 	now := t.now()
 	switch {
 	case !hmac.Equal(p[37:45], t.issuerHash[:]):
@@ -262,11 +328,79 @@ func (t *Tokens) Verify(token string) (Claims, error) {
 		return Claims{}, ErrNotYetValid
 	case !t.notBefore.IsZero() && c.IssuedAt.Before(t.notBefore):
 		return Claims{}, ErrRevoked
-	case !utf8.ValidString(c.Subject):
+	case !utf8.ValidString(c.Subject) || !utf8.ValidString(c.Email):
 		return Claims{}, ErrMalformed
+	}
+	for _, g := range c.Groups {
+		if !utf8.ValidString(g) {
+			return Claims{}, ErrMalformed
+		}
 	}
 	return c, nil
 }
+
+// decodeUser reads the user part of a payload of either version; every
+// byte must belong to a field.
+func decodeUser(p []byte) (User, bool) {
+	r := reader{b: p[fixedLen-1:]}
+	subject, ok := r.field()
+	if !ok || subject == "" {
+		return User{}, false
+	}
+	u := User{Subject: subject}
+	switch p[0] {
+	case versionSubject:
+		return u, r.done()
+	case version:
+	default:
+		return User{}, false
+	}
+	if u.Email, ok = r.field(); !ok {
+		return User{}, false
+	}
+	k, ok := r.byte()
+	if !ok || (k > MaxGroups && k != groupsUnknown) {
+		return User{}, false
+	}
+	if k == groupsUnknown {
+		return u, r.done()
+	}
+	u.GroupsKnown = true
+	n := 0
+	for range k {
+		g, ok := r.field()
+		if !ok || g == "" {
+			return User{}, false
+		}
+		n += len(g)
+		u.Groups = append(u.Groups, g)
+	}
+	return u, n <= maxGroupBytes && r.done()
+}
+
+// reader reads length-prefixed fields of a payload.
+type reader struct{ b []byte }
+
+func (r *reader) byte() (byte, bool) {
+	if len(r.b) == 0 {
+		return 0, false
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c, true
+}
+
+func (r *reader) field() (string, bool) {
+	n, ok := r.byte()
+	if !ok || int(n) > len(r.b) {
+		return "", false
+	}
+	f := string(r.b[:n])
+	r.b = r.b[n:]
+	return f, true
+}
+
+func (r *reader) done() bool { return len(r.b) == 0 }
 
 // strictDecode decodes base64url without padding in its one canonical
 // spelling (no padding, no line breaks, zero unused bits).

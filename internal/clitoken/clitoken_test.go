@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +32,7 @@ func newTokens(t testing.TB, clock *fakeclock.Clock, keys ...[]byte) *Tokens {
 func TestIssueVerify(t *testing.T) {
 	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	tk := newTokens(t, clock, keyA)
-	tok, c, err := tk.Issue(issuer, "alice")
+	tok, c, err := tk.Issue(issuer, User{Subject: "alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +44,7 @@ func TestIssueVerify(t *testing.T) {
 		!got.ExpiresAt.Equal(clock.Now().Add(DefaultTTL)) || !got.IssuedAt.Equal(clock.Now()) {
 		t.Fatalf("Verify: %+v, %v", got, err)
 	}
-	if _, c2, _ := tk.Issue(issuer, "alice"); c2.ID == c.ID {
+	if _, c2, _ := tk.Issue(issuer, User{Subject: "alice"}); c2.ID == c.ID {
 		t.Error("two tokens with one ID")
 	}
 	// Another replica (the same key bytes) verifies it.
@@ -63,7 +65,7 @@ func TestIssueVerify(t *testing.T) {
 func TestRefusals(t *testing.T) {
 	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	tk := newTokens(t, clock, keyA)
-	tok, _, _ := tk.Issue(issuer, "alice")
+	tok, _, _ := tk.Issue(issuer, User{Subject: "alice"})
 
 	other, err := New(Config{SessionKeys: [][]byte{keyA}, Issuer: "https://other.example.com", Now: clock.Now})
 	if err != nil {
@@ -84,7 +86,7 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("issued at not-before: %v", err)
 	}
 	future := newTokens(t, fakeclock.At(clock.Now().Add(time.Hour)), keyA)
-	ftok, _, _ := future.Issue(issuer, "alice")
+	ftok, _, _ := future.Issue(issuer, User{Subject: "alice"})
 	if _, err := tk.Verify(ftok); !errors.Is(err, ErrNotYetValid) {
 		t.Errorf("issued an hour ahead: %v", err)
 	}
@@ -110,7 +112,7 @@ func TestRefusals(t *testing.T) {
 		"line break":       {Prefix + payload[:10] + "\n" + payload[10:] + "." + sig, ErrMalformed},
 		"standard base64":  {Prefix + payload + "." + base64.StdEncoding.EncodeToString(mustDecode(sig)), ErrMalformed},
 		"short mac":        {Prefix + payload + "." + sig[:40], ErrMalformed},
-		"other subject":    {forged(func(q []byte) { q[len(q)-1] = 'x' }), ErrBadSignature},
+		"other subject":    {forged(func(q []byte) { q[fixedLen] = 'x' }), ErrBadSignature},
 		"later expiry":     {forged(func(q []byte) { q[20]++ }), ErrBadSignature},
 		"length mismatch":  {forged(func(q []byte) { q[45]++ }), ErrMalformed},
 		"zero mac":         {Prefix + payload + "." + base64.RawURLEncoding.EncodeToString(make([]byte, 32)), ErrBadSignature},
@@ -143,12 +145,12 @@ func bumpLast(c byte) string {
 func TestRotation(t *testing.T) {
 	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	old := newTokens(t, clock, keyA)
-	oldTok, _, _ := old.Issue(issuer, "alice")
+	oldTok, _, _ := old.Issue(issuer, User{Subject: "alice"})
 	rotated := newTokens(t, clock, keyB, keyA)
 	if _, err := rotated.Verify(oldTok); err != nil {
 		t.Fatalf("a token of the previous key: %v", err)
 	}
-	newTok, _, _ := rotated.Issue(issuer, "alice")
+	newTok, _, _ := rotated.Issue(issuer, User{Subject: "alice"})
 	if _, err := old.Verify(newTok); !errors.Is(err, ErrUnknownKey) {
 		t.Errorf("the old replica verified a token of the new key: %v", err)
 	}
@@ -179,14 +181,14 @@ func TestConfig(t *testing.T) {
 	}
 	tk := newTokens(t, fakeclock.At(time.Now()), keyA)
 	for _, sub := range []string{"", strings.Repeat("x", 256), "\xff"} {
-		if _, _, err := tk.Issue(issuer, sub); err == nil {
+		if _, _, err := tk.Issue(issuer, User{Subject: sub}); err == nil {
 			t.Errorf("subject %q issued", sub)
 		}
 	}
-	if _, _, err := tk.Issue("https://other.example.com", "alice"); !errors.Is(err, ErrWrongIssuer) {
+	if _, _, err := tk.Issue("https://other.example.com", User{Subject: "alice"}); !errors.Is(err, ErrWrongIssuer) {
 		t.Errorf("another issuer's subject: %v", err)
 	}
-	if tok, _, err := tk.Issue(issuer, strings.Repeat("x", 255)); err != nil || len(tok) > maxTokenLen {
+	if tok, _, err := tk.Issue(issuer, User{Subject: strings.Repeat("x", 255)}); err != nil || len(tok) > maxTokenLen {
 		t.Errorf("the longest subject: %d bytes, %v", len(tok), err)
 	}
 }
@@ -198,20 +200,23 @@ func FuzzVerify(f *testing.F) {
 	clock := fakeclock.At(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	tk := newTokens(f, clock, keyA, keyB)
 	for _, sub := range []string{"alice", "x", strings.Repeat("s", 255), "ünïcode"} {
-		tok, _, _ := tk.Issue(issuer, sub)
+		tok, _, _ := tk.Issue(issuer, User{Subject: sub})
 		f.Add(tok)
 		f.Add(tok + "=")
 		f.Add(strings.ToUpper(tok))
 	}
-	prev, _, _ := newTokens(f, clock, keyB).Issue(issuer, "bob")
+	prev, _, _ := newTokens(f, clock, keyB).Issue(issuer, User{Subject: "bob"})
 	f.Add(prev)
+	full, _, _ := tk.Issue(issuer, User{Subject: "carol", Email: "carol@example.com", Groups: []string{"devs", "ops"}, GroupsKnown: true})
+	f.Add(full)
+	f.Add(subjectOnlyToken(tk, "dave"))
 	f.Add("kbt1..")
 	f.Add("kbt1.AQ.AA")
 	f.Add("")
 	f.Fuzz(func(t *testing.T, token string) {
 		c, err := tk.Verify(token)
 		if err != nil {
-			if c != (Claims{}) {
+			if !reflect.DeepEqual(c, Claims{}) {
 				t.Fatalf("claims %+v with error %v", c, err)
 			}
 			return
@@ -229,4 +234,59 @@ func FuzzVerify(f *testing.F) {
 			t.Fatalf("accepted claims %+v", c)
 		}
 	})
+}
+
+// subjectOnlyToken is a token of the previous format (version 1: the
+// subject only), as a backend of the previous release issued it.
+func subjectOnlyToken(tk *Tokens, subject string) string {
+	now := tk.now().Truncate(time.Second)
+	c := Claims{User: User{Subject: subject}, IssuedAt: now, ExpiresAt: now.Add(tk.ttl), version: versionSubject, keyID: tk.keys[0].id}
+	return tk.encode(tk.keys[0].secret, c)
+}
+
+// A token carries the verified address and the groups of the login, so
+// that a bind made with it is judged and recorded like a browser bind;
+// what does not fit the token leaves the groups unknown, never partial.
+func TestUserCarried(t *testing.T) {
+	tk := newTokens(t, fakeclock.At(time.Now()), keyA)
+	many := make([]string, MaxGroups+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("g%d", i)
+	}
+	for _, tc := range []struct {
+		name string
+		in   User
+		want User
+	}{
+		{"all", User{Subject: "a", Email: "a@example.com", Groups: []string{"devs", "ops"}, GroupsKnown: true},
+			User{Subject: "a", Email: "a@example.com", Groups: []string{"devs", "ops"}, GroupsKnown: true}},
+		{"no groups, known", User{Subject: "a", GroupsKnown: true}, User{Subject: "a", GroupsKnown: true}},
+		{"groups not known", User{Subject: "a", Groups: []string{"devs"}}, User{Subject: "a"}},
+		{"too many groups", User{Subject: "a", Groups: many, GroupsKnown: true}, User{Subject: "a"}},
+		{"too long in all", User{Subject: "a", Groups: []string{strings.Repeat("g", 250), strings.Repeat("h", 250), strings.Repeat("i", 250), strings.Repeat("j", 250), strings.Repeat("k", 250)}, GroupsKnown: true}, User{Subject: "a"}},
+		{"a group too long", User{Subject: "a", Groups: []string{strings.Repeat("g", 256)}, GroupsKnown: true}, User{Subject: "a"}},
+		{"an empty group", User{Subject: "a", Groups: []string{""}, GroupsKnown: true}, User{Subject: "a"}},
+		{"address too long", User{Subject: "a", Email: strings.Repeat("e", 256)}, User{Subject: "a"}},
+	} {
+		tok, issued, err := tk.Issue(issuer, tc.in)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got, err := tk.Verify(tok)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !reflect.DeepEqual(got.User, tc.want) || !reflect.DeepEqual(issued.User, tc.want) {
+			t.Errorf("%s: verified %+v, issued %+v, want %+v", tc.name, got.User, issued.User, tc.want)
+		}
+		if len(tok) > maxTokenLen {
+			t.Errorf("%s: token of %d bytes, longer than %d", tc.name, len(tok), maxTokenLen)
+		}
+	}
+	// The previous release's tokens still verify, with nothing known
+	// beyond the subject.
+	got, err := tk.Verify(subjectOnlyToken(tk, "dave"))
+	if err != nil || !reflect.DeepEqual(got.User, User{Subject: "dave"}) {
+		t.Errorf("version 1 token: %+v, %v", got.User, err)
+	}
 }

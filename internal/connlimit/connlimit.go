@@ -1,9 +1,10 @@
 // Package connlimit caps the connections a listener hands to a server: in
 // total, and per client, so that one client holding many idle connections
 // can exhaust neither the process's file descriptors nor the server's
-// patience for everybody else. At the total cap, a connection idle
-// between requests (keep-alive) is closed to make room for a new one:
-// see Listener.ConnState.
+// patience for everybody else. At the total cap, a connection without a
+// request in flight (idle between requests of a keep-alive connection, or
+// silent since it was accepted) is closed to make room for a new one: see
+// Listener.ConnState.
 package connlimit
 
 import (
@@ -13,17 +14,36 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 )
+
+// SilentGrace is how long a connection may stay silent after it was
+// accepted (no complete request header yet; a TLS handshake counts as
+// silence) before it may be closed for a new connection at the total cap.
+// A client sends its first request within a few round trips of
+// connecting; one that connects and says nothing holds a slot as an idle
+// keep-alive connection does, and the server's ReadHeaderTimeout would
+// free it only after seconds.
+const SilentGrace = 500 * time.Millisecond
+
+// IdleSettle is how long a connection must have been idle before it may
+// be closed for a new one. An HTTP/2 connection reports itself idle when
+// its last stream ends, possibly before the last frames of the answer
+// are written: closing it at once would cut that answer off.
+const IdleSettle = 100 * time.Millisecond
 
 // Listener wraps a net.Listener. A connection from a client that already
 // holds MaxPerClient is closed at once, so that one client cannot take
 // every slot. Beyond MaxTotal open connections, a new connection (the
 // Listener takes at most one out of the kernel's backlog) gets the slot of
-// the longest-idle keep-alive connection, which is closed; while no
-// connection is idle, it waits until one closes or becomes idle, as a
+// the longest-idle keep-alive connection (idle for IdleSettle at least),
+// else of the longest-silent connection accepted more than SilentGrace ago
+// that has not sent a request, which is closed; while there is neither, it waits until a
+// connection closes, becomes idle or has been silent long enough, as a
 // process out of file descriptors would, but without failing accept calls.
-// Idle is what the http.Server reports to ConnState, which must be set as
-// the server's ConnState hook for idle connections to be closed first.
+// Idle and silent are what the http.Server reports to ConnState (StateIdle,
+// StateNew), which must be set as the server's ConnState hook for such
+// connections to be closed first; without it none is.
 type Listener struct {
 	net.Listener
 	maxPerClient int
@@ -31,11 +51,18 @@ type Listener struct {
 
 	mu       sync.Mutex
 	byClient map[netip.Addr]int
-	// idle holds the connections without a request in flight, the
+	// idle holds the keep-alive connections between requests, the
 	// longest-idle first (*conn values).
 	idle list.List
+	// silent holds the connections that have sent no request yet, the
+	// earliest accepted first (*conn values).
+	silent list.List
 	// becameIdle wakes an Accept that waits for a slot.
 	becameIdle chan struct{}
+	// silentGrace is SilentGrace, shorter in tests.
+	silentGrace time.Duration
+	// idleSettle is IdleSettle.
+	idleSettle time.Duration
 
 	refused   atomic.Int64
 	evicted   atomic.Int64
@@ -47,7 +74,7 @@ type Listener struct {
 // (ClientKey); zero (or less) means no cap.
 func New(ln net.Listener, maxTotal, maxPerClient int) *Listener {
 	l := &Listener{Listener: ln, maxPerClient: maxPerClient, byClient: map[netip.Addr]int{},
-		becameIdle: make(chan struct{}, 1), closed: make(chan struct{})}
+		becameIdle: make(chan struct{}, 1), closed: make(chan struct{}), silentGrace: SilentGrace, idleSettle: IdleSettle}
 	if maxTotal > 0 {
 		l.slots = make(chan struct{}, maxTotal)
 	}
@@ -89,68 +116,112 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 }
 
-// acquire takes a slot: a free one, else that of the longest-idle
-// connection (closed here; its Close gives its slot back), else it waits
-// for a connection to close or become idle.
+// acquire takes a slot: a free one, else that of a connection without a
+// request in flight (takeVictim; closed here, its Close gives its slot
+// back), else it waits for a connection to close, or to have been idle
+// or silent long enough.
 func (l *Listener) acquire() error {
 	if l.slots == nil {
 		return nil
 	}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		select {
 		case l.slots <- struct{}{}:
 			return nil
 		default:
 		}
-		if victim := l.takeIdle(); victim != nil {
+		victim, wait := l.takeVictim(time.Now())
+		if victim != nil {
 			l.evicted.Add(1)
 			// Close returns once the slot is back (a concurrent Close by
 			// the server finishes first, as sync.Once waits for it).
 			victim.Close()
 			continue
 		}
+		var silentLongEnough <-chan time.Time
+		if wait > 0 {
+			if timer == nil {
+				timer = time.NewTimer(wait)
+			} else {
+				timer.Reset(wait)
+			}
+			silentLongEnough = timer.C
+		}
 		select {
 		case l.slots <- struct{}{}:
 			return nil
 		case <-l.becameIdle:
+		case <-silentLongEnough:
 		case <-l.closed:
 			return net.ErrClosed
 		}
 	}
 }
 
-// takeIdle removes the longest-idle connection from the idle list and
-// returns it; nil when none is idle.
-func (l *Listener) takeIdle() *conn {
+// takeVictim removes the connection to close for a new one from its list
+// and returns it: the longest-idle one if it has been idle for the
+// settle time, else the longest-silent one if it was accepted at least the
+// grace before now. With neither, it returns how long until one of them
+// is (0: none is idle or silent).
+func (l *Listener) takeVictim(now time.Time) (*conn, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.idle.Front()
-	if e == nil {
-		return nil
+	var wait time.Duration
+	for _, q := range []struct {
+		list  *list.List
+		after time.Duration
+	}{{&l.idle, l.idleSettle}, {&l.silent, l.silentGrace}} {
+		e := q.list.Front()
+		if e == nil {
+			continue
+		}
+		c := e.Value.(*conn)
+		if w := c.listedAt.Add(q.after).Sub(now); w > 0 {
+			if wait == 0 || w < wait {
+				wait = w
+			}
+			continue
+		}
+		q.list.Remove(e)
+		c.listed, c.list = nil, nil
+		return c, 0
 	}
-	c := l.idle.Remove(e).(*conn)
-	c.idleAt = nil
-	return c
+	return nil, wait
 }
 
-// ConnState is the http.Server's ConnState hook: it keeps the list of
-// idle connections (between requests of a keep-alive connection), which
-// are closed first when the total cap is reached. A request that arrives
-// on an idle connection just as it is closed fails as it would at the
-// server's IdleTimeout; HTTP clients retry such requests on a new
-// connection where it is safe.
+// ConnState is the http.Server's ConnState hook: it keeps the lists of
+// idle connections (between requests of a keep-alive connection) and of
+// silent ones (accepted, no request yet: StateNew, also during a TLS
+// handshake), which are closed first when the total cap is reached. A
+// request that arrives on such a connection just as it is closed fails as
+// it would at the server's IdleTimeout or ReadHeaderTimeout; HTTP clients
+// retry such requests on a new connection where it is safe.
 func (l *Listener) ConnState(nc net.Conn, state http.ConnState) {
 	c := unwrap(nc)
 	if c == nil || c.l != l {
 		return
 	}
 	l.mu.Lock()
-	if c.idleAt != nil {
-		l.idle.Remove(c.idleAt)
-		c.idleAt = nil
+	if c.listed != nil {
+		c.list.Remove(c.listed)
+		c.listed, c.list = nil, nil
 	}
-	if state == http.StateIdle && !c.closed {
-		c.idleAt = l.idle.PushBack(c)
+	if !c.closed {
+		switch state {
+		case http.StateIdle:
+			c.list = &l.idle
+		case http.StateNew:
+			c.list = &l.silent
+		}
+		if c.list != nil {
+			c.listed, c.listedAt = c.list.PushBack(c), time.Now()
+		}
 	}
 	l.mu.Unlock()
 	if state == http.StateIdle {
@@ -211,9 +282,9 @@ func (l *Listener) unadmit(addr netip.Addr) {
 func (l *Listener) forget(c *conn) {
 	l.mu.Lock()
 	c.closed = true
-	if c.idleAt != nil {
-		l.idle.Remove(c.idleAt)
-		c.idleAt = nil
+	if c.listed != nil {
+		c.list.Remove(c.listed)
+		c.listed, c.list = nil, nil
 	}
 	l.mu.Unlock()
 	l.unadmit(c.addr)
@@ -254,8 +325,11 @@ type conn struct {
 	l    *Listener
 	addr netip.Addr
 	once sync.Once
-	// idleAt is its element of l.idle while idle (guarded by l.mu).
-	idleAt *list.Element
+	// listed is its element of list, l.idle or l.silent, while it is
+	// idle or silent, since listedAt (all guarded by l.mu).
+	listed   *list.Element
+	list     *list.List
+	listedAt time.Time
 	// closed is set once Close gave the slots back (guarded by l.mu).
 	closed bool
 }

@@ -2,6 +2,7 @@ package credentials
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,9 +11,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
@@ -21,6 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbcache"
 	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/workloop"
 )
@@ -38,7 +43,11 @@ type Config struct {
 	// NamespacePrefix: only ClusterBindings in namespaces with this prefix
 	// (--namespace-prefix) are the backend's.
 	NamespacePrefix string
-	Logger          *slog.Logger
+	// Allowed says whether the allow-list still admits the identity that
+	// bound (nil: everybody). It is asked on every reconcile, so on start
+	// and at least hourly for every binding.
+	Allowed func(binding.BoundBy) bool
+	Logger  *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -53,6 +62,9 @@ type Controller struct {
 	log  *slog.Logger
 	kube kubernetes.Interface
 	dyn  dynamic.Interface
+	// quiet holds the namespaces whose last look found that a heartbeat
+	// alone changes nothing (HeartbeatMatters false).
+	quiet sync.Map
 }
 
 // New checks cfg; it does not contact the cluster.
@@ -89,6 +101,11 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 func (c *Controller) Run(ctx context.Context) error {
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, 0)
 	informer := factory.ForResource(kbresources.ClusterBindings).Informer()
+	// The cache keeps only what Observe reads: the konnector writes the
+	// status, and a cache must not grow with what it stored.
+	if err := informer.SetTransform(kbcache.Transform(kbcache.Options{Annotations: []string{AnnotationRotate, binding.AnnotationBoundAt, binding.AnnotationBoundBy}})); err != nil {
+		return err
+	}
 	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -99,8 +116,13 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		AddFunc: enqueue,
+		UpdateFunc: func(old, obj any) {
+			if u, ok := obj.(*unstructured.Unstructured); ok && c.heartbeatIsNoNews(old, u) {
+				return
+			}
+			enqueue(obj)
+		},
 	}); err != nil {
 		return err
 	}
@@ -112,29 +134,61 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		return ctx.Err()
 	}
-	c.log.Info("credentials controller: running", "lifetime", c.cfg.Policy.Lifetime, "rotationPoint", c.cfg.Policy.RotationPoint, "overlap", c.cfg.Policy.Overlap)
+	c.log.Info("credentials controller: running", "lifetime", c.cfg.Policy.Lifetime, "rotationPoint", c.cfg.Policy.RotationPoint,
+		"overlap", c.cfg.Policy.Overlap, "bindingLifetime", c.cfg.Policy.BindingLifetime, "allowListRecheck", c.cfg.Allowed != nil)
 	store := informer.GetStore()
-	workloop.Run(ctx, queue, 1, func(ctx context.Context, ns string) (time.Duration, error) {
+	workloop.Run(ctx, queue, workers, func(ctx context.Context, ns string) (time.Duration, error) {
 		return c.reconcile(ctx, ns, store)
 	}, c.log, "credentials")
 	c.log.Info("credentials controller: stopped")
 	return nil
 }
 
+// heartbeatIsNoNews says whether the update from old to cb is only a
+// konnector heartbeat in a namespace where heartbeats change nothing;
+// the look the last decision scheduled still comes.
+func (c *Controller) heartbeatIsNoNews(old any, cb *unstructured.Unstructured) bool {
+	prev, ok := old.(*unstructured.Unstructured)
+	if !ok {
+		return false
+	}
+	if q, ok := c.quiet.Load(cb.GetNamespace()); !ok || !q.(bool) {
+		return false
+	}
+	strip := func(u *unstructured.Unstructured) map[string]any {
+		o := runtime.DeepCopyJSON(u.Object)
+		unstructured.RemoveNestedField(o, "status", "lastHeartbeatTime")
+		unstructured.RemoveNestedField(o, "metadata", "resourceVersion")
+		return o
+	}
+	return equality.Semantic.DeepEqual(strip(prev), strip(cb))
+}
+
+// workers is how many namespaces are looked at at once. Every konnector
+// heartbeat (each 2.5 min) wakes its namespace, and a look reads three
+// objects: at 10,000 consumers one worker falls behind (67 wake-ups a
+// second), delaying rotations and revocations. The work per namespace is
+// independent; the API server's capacity is the limit.
+const workers = 4
+
 // reconcile observes one namespace, decides and acts; it returns when to
 // look again.
 func (c *Controller) reconcile(ctx context.Context, ns string, store cache.Store) (time.Duration, error) {
 	obj, exists, err := store.GetByKey(ns + "/" + binding.ClusterBindingName)
 	if err != nil || !exists {
+		c.quiet.Delete(ns)
 		return 0, err
 	}
 	cb := obj.(*unstructured.Unstructured)
 	state, err := c.Observe(ctx, ns, cb)
 	if err != nil {
+		c.quiet.Delete(ns)
 		return 0, err
 	}
 	now := c.cfg.Now()
 	d := Decide(now, state, c.cfg.Policy)
+	// A look that acts looks again at once; until then heartbeats count.
+	c.quiet.Store(ns, !HeartbeatMatters(state) && !d.Rotate && len(d.MarkRetired) == 0 && len(d.Revoke) == 0)
 	if err := c.act(ctx, ns, cb, d, now); err != nil {
 		return 0, err
 	}
@@ -150,6 +204,16 @@ func (c *Controller) Observe(ctx context.Context, ns string, cb *unstructured.Un
 		s.LastHeartbeat, _ = time.Parse(time.RFC3339, hb)
 	}
 	s.RotationRequested = parseTime(cb.GetAnnotations()[AnnotationRotate])
+	s.BoundAt = parseTime(cb.GetAnnotations()[binding.AnnotationBoundAt])
+	if raw, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; ok && c.cfg.Allowed != nil {
+		who, err := binding.ParseBoundBy(raw)
+		if err != nil {
+			// Only the backend and the provider's admins write it: judge
+			// an unreadable record as nobody.
+			c.log.Warn("credentials: unreadable record of who bound", "namespace", ns, "error", err)
+		}
+		s.NotAllowed = !c.cfg.Allowed(who)
+	}
 	secrets := c.kube.CoreV1().Secrets(ns)
 	kc, err := secrets.Get(ctx, binding.KubeconfigSecretName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -221,12 +285,22 @@ func (c *Controller) act(ctx context.Context, ns string, cb *unstructured.Unstru
 			return fmt.Errorf("marking token Secret %s/%s retired: %w", ns, name, err)
 		}
 	}
+	revokeAll := d.Condition != nil && (d.Condition.Reason == ReasonBindingExpired || d.Condition.Reason == ReasonUserNotAllowed)
 	for _, name := range d.Revoke {
 		err := secrets.Delete(ctx, name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("revoking token Secret %s/%s: %w", ns, name, err)
 		}
-		c.log.Info("credentials: revoked a replaced token", "namespace", ns, "secret", name)
+		if revokeAll {
+			c.log.Info("credentials: revoked a token of an ended binding", "namespace", ns, "secret", name, "reason", d.Condition.Reason)
+		} else {
+			c.log.Info("credentials: revoked a replaced token", "namespace", ns, "secret", name)
+		}
+	}
+	if d.RecordBoundAt {
+		if err := c.recordBoundAt(ctx, cb, now); err != nil {
+			return err
+		}
 	}
 	if d.Rotate {
 		t, err := c.cfg.Issuer.IssueToken(ctx, ns, binding.IssuedByRotation)
@@ -238,6 +312,32 @@ func (c *Controller) act(ctx context.Context, ns string, cb *unstructured.Unstru
 	if d.Condition != nil {
 		return c.report(ctx, cb, *d.Condition, now)
 	}
+	return nil
+}
+
+// recordBoundAt starts the lifetime of a binding made before it was
+// recorded, and records its identity from its namespace, so that the
+// allow-list judges it by subject.
+func (c *Controller) recordBoundAt(ctx context.Context, cb *unstructured.Unstructured, now time.Time) error {
+	ann := map[string]any{binding.AnnotationBoundAt: now.UTC().Format(time.RFC3339)}
+	if _, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; !ok {
+		ns, err := c.kube.CoreV1().Namespaces().Get(ctx, cb.GetNamespace(), metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading namespace %s for the record of who bound: %w", cb.GetNamespace(), err)
+		}
+		who := binding.BoundBy{Issuer: ns.Annotations[binding.AnnotationIssuer], Subject: ns.Annotations[binding.AnnotationSubject]}
+		ann[binding.AnnotationBoundBy] = who.Encode()
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
+	if err != nil {
+		return err
+	}
+	_, err = c.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).Patch(ctx, cb.GetName(), types.MergePatchType, patch,
+		metav1.PatchOptions{FieldManager: fieldManager})
+	if err != nil {
+		return fmt.Errorf("recording the start of the lifetime of %s: %w", cb.GetNamespace(), err)
+	}
+	c.log.Info("credentials: a binding made before lifetimes were recorded starts its lifetime now", "namespace", cb.GetNamespace())
 	return nil
 }
 

@@ -5,7 +5,11 @@
 // cluster and restarts with it), revokes a replaced token once the
 // konnector has shown it was alive long enough after the replacement to
 // switch, and reports on the ClusterBinding, as condition CredentialsValid,
-// whether the konnector can still hold a valid token.
+// whether the konnector can still hold a valid token. It ends every
+// credential of a binding whose absolute lifetime, counted from the
+// user's last bind, is over, or whose user the allow-list no longer
+// admits: whoever copied a token once can follow the rotations through
+// the kubeconfig Secret, so only a bind by the user may extend access.
 //
 // Decide is the whole policy, a pure function of the observed state and a
 // clock; Controller only observes, acts and requeues. It runs on the
@@ -28,6 +32,12 @@ const (
 	ReasonExpired  = "CredentialsExpired"
 	ReasonRevoked  = "CredentialsRevoked"
 	ReasonMigrated = "LegacyTokenMigrating"
+	// ReasonBindingExpired: the binding's lifetime since the user's last
+	// bind is over; every token is revoked until the user binds again.
+	ReasonBindingExpired = "BindingExpired"
+	// ReasonUserNotAllowed: the allow-list no longer admits the user who
+	// bound; every token is revoked.
+	ReasonUserNotAllowed = "UserNotAllowed"
 )
 
 // Token is one issued token as its Secrets describe it. Zero times are
@@ -61,6 +71,11 @@ type State struct {
 	// RotationRequested is the time in the ClusterBinding's annotation
 	// AnnotationRotate: an operator (or a test) asks for a new token now.
 	RotationRequested time.Time
+	// BoundAt is when the user last bound (binding.AnnotationBoundAt);
+	// zero for a binding made before it was recorded.
+	BoundAt time.Time
+	// NotAllowed: the allow-list no longer admits the user who bound.
+	NotAllowed bool
 }
 
 // AnnotationRotate on a ClusterBinding, with an RFC 3339 time, asks for
@@ -81,7 +96,16 @@ type Policy struct {
 	// Overlap: a replaced token is revoked once the konnector sent a
 	// heartbeat at least this long after the replacement.
 	Overlap time.Duration
+	// BindingLifetime is how long after the user's last bind the binding's
+	// credentials end (--binding-lifetime); 0: never (a thief who copied
+	// a token once follows the rotations for as long as the binding
+	// lives).
+	BindingLifetime time.Duration
 }
+
+// MinBindingLifetimes is the shortest --binding-lifetime, in credential
+// lifetimes: a konnector gets at least one rotation between two binds.
+const MinBindingLifetimes = 2
 
 // Validate checks the policy; the errors name the flags that set it. The
 // backend's command reports them with the others, and New refuses a
@@ -96,6 +120,10 @@ func (p Policy) Validate() []error {
 	}
 	if p.Overlap <= 0 {
 		errs = append(errs, fmt.Errorf("--credential-overlap %s: must be positive", p.Overlap))
+	}
+	if p.BindingLifetime < 0 || p.BindingLifetime > 0 && p.BindingLifetime < MinBindingLifetimes*p.Lifetime {
+		errs = append(errs, fmt.Errorf("--binding-lifetime %s: must be 0 (never) or at least %d credential lifetimes (%s with --credential-lifetime %s)",
+			p.BindingLifetime, MinBindingLifetimes, MinBindingLifetimes*p.Lifetime, p.Lifetime))
 	}
 	if len(errs) == 0 {
 		if rest := (p.Lifetime - time.Duration(float64(p.Lifetime)*p.RotationPoint)).Round(time.Second); p.Overlap >= rest {
@@ -125,6 +153,10 @@ type Decision struct {
 	Condition *Condition
 	// RequeueAfter is when to look again without a new event (0: never).
 	RequeueAfter time.Duration
+	// RecordBoundAt: the binding has no AnnotationBoundAt (made before it
+	// was recorded); record now as its start, so its lifetime counts from
+	// the upgrade.
+	RecordBoundAt bool
 }
 
 // maxRequeue bounds how long the controller sleeps on a namespace, so that
@@ -142,6 +174,15 @@ func Decide(now time.Time, s State, p Policy) Decision {
 		if t.After(now) && (next.IsZero() || t.Before(next)) {
 			next = t
 		}
+	}
+
+	if end, reason := ended(now, s, p); reason != "" {
+		return revokeAll(now, s, end, reason)
+	}
+	if s.BoundAt.IsZero() {
+		d.RecordBoundAt = p.BindingLifetime > 0
+	} else if p.BindingLifetime > 0 {
+		wake(s.BoundAt.Add(p.BindingLifetime))
 	}
 
 	cur := *s.Current
@@ -190,6 +231,49 @@ func Decide(now time.Time, s State, p Policy) Decision {
 		d.RequeueAfter = time.Second // look again at the new state
 	}
 	return d
+}
+
+// ended says whether the binding's credentials are over, and since when:
+// the user is no longer allowed (now), or its lifetime ended.
+func ended(now time.Time, s State, p Policy) (time.Time, string) {
+	if s.NotAllowed {
+		return now, ReasonUserNotAllowed
+	}
+	if p.BindingLifetime > 0 && !s.BoundAt.IsZero() {
+		if end := s.BoundAt.Add(p.BindingLifetime); !now.Before(end) {
+			return end, ReasonBindingExpired
+		}
+	}
+	return time.Time{}, ""
+}
+
+// revokeAll revokes every token issued before end (a token issued after
+// it comes from a bind the state does not show yet), and issues none.
+func revokeAll(now time.Time, s State, end time.Time, reason string) Decision {
+	var d Decision
+	for _, t := range append([]Token{*s.Current}, s.Retired...) {
+		if t == *s.Current && s.CurrentRevoked {
+			continue
+		}
+		if t.IssuedAt.IsZero() || t.IssuedAt.Before(end) {
+			d.Revoke = append(d.Revoke, t.Secret)
+		}
+	}
+	msg := fmt.Sprintf("the binding's lifetime ended at %s (it was bound at %s); every token is revoked; bind again to get a new one",
+		formatTime(end), formatTime(s.BoundAt))
+	if reason == ReasonUserNotAllowed {
+		msg = "the user who bound is no longer allowed to bind; every token is revoked"
+	}
+	d.Condition = &Condition{Status: "False", Reason: reason, Message: msg}
+	d.RequeueAfter = maxRequeue
+	return d
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "an unknown time"
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // rotationTime is when a token is due for replacement.
@@ -242,4 +326,17 @@ func condition(now time.Time, s State, olderValid bool) *Condition {
 	}
 	return &Condition{Status: "False", Reason: ReasonExpired,
 		Message: fmt.Sprintf("the konnector did not pick up a rotated token before its previous one expired (last heartbeat %s); bind again to get a new one", last)}
+}
+
+// HeartbeatMatters says whether a konnector heartbeat alone could change
+// the decision on s: while a replaced token waits for the konnector to
+// show it switched, or while the current token came by rotation and no
+// heartbeat since shows the konnector has it. Otherwise a heartbeat is no
+// news, and the controller need not look (each look costs three reads;
+// every konnector heartbeats each 2.5 minutes).
+func HeartbeatMatters(s State) bool {
+	if s.Current == nil || s.Current.Legacy || len(s.Retired) > 0 {
+		return true
+	}
+	return s.Current.IssuedBy == binding.IssuedByRotation && s.LastHeartbeat.Before(s.Current.IssuedAt)
 }

@@ -209,3 +209,29 @@ func TestRotationRequested(t *testing.T) {
 		t.Error("a request dated in the future rotated now")
 	}
 }
+
+// A heartbeat is news only while a replaced token waits for the konnector
+// to switch, or while the current token came by rotation and the
+// konnector has not heartbeated since: otherwise the controller may
+// ignore it.
+func TestHeartbeatMatters(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	byBind := &Token{Secret: "t1", IssuedBy: binding.IssuedByBind, IssuedAt: t0, ExpiresAt: t0.Add(24 * time.Hour)}
+	byRotation := &Token{Secret: "t2", IssuedBy: binding.IssuedByRotation, IssuedAt: t0, ExpiresAt: t0.Add(24 * time.Hour)}
+	for _, c := range []struct {
+		name string
+		s    State
+		want bool
+	}{
+		{"nothing managed yet", State{}, true},
+		{"legacy token", State{Current: &Token{Secret: binding.TokenSecretName, Legacy: true}}, true},
+		{"bound, nothing retired", State{Current: byBind, LastHeartbeat: t0.Add(-time.Hour)}, false},
+		{"a retired token waits", State{Current: byBind, Retired: []Token{{Secret: "t0", RetiredAt: t0}}, LastHeartbeat: t0.Add(time.Hour)}, true},
+		{"rotated, no heartbeat since", State{Current: byRotation, LastHeartbeat: t0.Add(-time.Minute)}, true},
+		{"rotated, heartbeat since", State{Current: byRotation, LastHeartbeat: t0.Add(time.Minute)}, false},
+	} {
+		if got := HeartbeatMatters(c.s); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -377,19 +377,7 @@ func TestLegacyMigrationRevocationAndRebind(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	condition := func() map[string]any {
-		cb, err := dyn.Resource(kbresources.ClusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		conds, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
-		for _, c := range conds {
-			if m := c.(map[string]any); m["type"] == credentials.ConditionType {
-				return m
-			}
-		}
-		return nil
-	}
+	condition := func() map[string]any { return credentialsCondition(ctx, t, dyn, ns) }
 	heartbeat(time.Now())
 	var current string
 	poll(t, "the legacy token was replaced by an expiring one", 30*time.Second, func(ctx context.Context) (bool, error) {
@@ -465,4 +453,21 @@ func TestLegacyMigrationRevocationAndRebind(t *testing.T) {
 		c := condition()
 		return c != nil && c["status"] == "True", nil
 	})
+}
+
+// credentialsCondition is the CredentialsValid condition of the
+// ClusterBinding in ns, or nil.
+func credentialsCondition(ctx context.Context, t *testing.T, dyn dynamic.Interface, ns string) map[string]any {
+	t.Helper()
+	cb, err := dyn.Resource(kbresources.ClusterBindings).Namespace(ns).Get(ctx, "cluster", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
+	for _, c := range conds {
+		if m := c.(map[string]any); m["type"] == credentials.ConditionType {
+			return m
+		}
+	}
+	return nil
 }

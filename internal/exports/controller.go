@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kbcache"
 	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/workloop"
@@ -157,6 +158,23 @@ func (c *Controller) Run(ctx context.Context) error {
 	r.exports = dynFactory.ForResource(kbresources.APIServiceExportsV1alpha2).Informer()
 	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespacesV1alpha2).Informer()
 	r.schemas = dynFactory.ForResource(kbresources.BoundSchemas).Informer()
+	// The caches keep only what the reconcile reads: consumers write these
+	// objects, and a cache must not grow with what they stored.
+	ownedOnly := kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}, Drop: [][]string{{"status"}}})
+	for inf, t := range map[cache.SharedIndexInformer]cache.TransformFunc{
+		r.namespaces: kbcache.Transform(kbcache.Options{
+			Annotations: []string{binding.AnnotationIssuer, binding.AnnotationSubject, binding.AnnotationCluster},
+			Labels:      []string{binding.LabelManagedBy, binding.LabelConsumerNamespace, LabelAPIServiceNamespace},
+		}),
+		r.requests: kbcache.Transform(kbcache.Options{}),
+		r.apiNS:    kbcache.Transform(kbcache.Options{}),
+		r.exports:  ownedOnly,
+		r.schemas:  ownedOnly,
+	} {
+		if err := inf.SetTransform(t); err != nil {
+			return err
+		}
+	}
 
 	// Any change in a namespace's kube-bind objects re-checks that namespace.
 	byNamespace := func(obj any) {

@@ -31,7 +31,7 @@ func TestLaggingCacheKeepsNamespaceOfLiveAPIServiceNamespace(t *testing.T) {
 	cp := controlplane.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := exampleapis.Prepare(ctx, cp.AdminConfig()); err != nil {
+	if err := exampleapis.Prepare(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
 	kube := kubernetes.NewForConfigOrDie(cp.AdminConfig())
@@ -103,7 +103,7 @@ func TestLaggingCatalogKeepsExport(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	api := exampleapis.API{Group: "lagging.example.com", Plural: "lags", Kind: "Lag", Exported: true}
-	if err := exampleapis.Prepare(ctx, cp.AdminConfig(), api); err != nil {
+	if err := exampleapis.Prepare(ctx, cp, api); err != nil {
 		t.Fatal(err)
 	}
 	kube := kubernetes.NewForConfigOrDie(cp.AdminConfig())

@@ -18,14 +18,14 @@ import (
 // ConsumerExportsRole names the Role (and its RoleBinding) that gives a
 // consumer's service account the resources it bound, in its own provider
 // namespace and in each namespace made for one of its APIServiceNamespaces.
-const ConsumerExportsRole = "kube-bind-consumer-exports"
+const ConsumerExportsRole = binding.ConsumerExportsRole
 
 // ConsumerClaimsRole names the Role (and its RoleBinding) that gives a
 // consumer's service account the resources its exports claim, only in the
 // namespaces made for its APIServiceNamespaces: never in its own provider
 // namespace, which holds its kubeconfig and token Secrets. RBAC cannot
 // match labels; the konnector applies the claims' selectors.
-const ConsumerClaimsRole = "kube-bind-consumer-claims"
+const ConsumerClaimsRole = binding.ConsumerClaimsRole
 
 // consumerVerbs are what the konnector does with a bound resource's
 // objects on the provider side: it creates and updates the spec, deletes,

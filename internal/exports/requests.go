@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -171,7 +172,7 @@ func exportedElsewhere(holders map[string]string, w *wantedExport) string {
 func (r *run) setPhase(ctx context.Context, req *unstructured.Unstructured, phase, message string) error {
 	status := map[string]any{"phase": phase}
 	if message != "" {
-		status["terminalMessage"] = message
+		status["terminalMessage"] = truncate(message, maxMessage)
 	}
 	patch, _ := json.Marshal(map[string]any{
 		"metadata": map[string]any{"resourceVersion": req.GetResourceVersion()},
@@ -188,4 +189,20 @@ func (r *run) setPhase(ctx context.Context, req *unstructured.Unstructured, phas
 	r.log.Info("exports: request answered", "namespace", req.GetNamespace(), "request", req.GetName(), "phase", phase,
 		"message", message, "since_creation", time.Since(req.GetCreationTimestamp().Time).Round(time.Millisecond).String())
 	return nil
+}
+
+// maxMessage is the schema's bound on terminalMessage and condition
+// messages (deploy/crds).
+const maxMessage = 4096
+
+// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n-len("…")]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
 }

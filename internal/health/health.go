@@ -1,6 +1,8 @@
-// Package health is the readiness-check abstraction: each dependency of the
-// backend (identity provider, provider cluster, session store peers) offers
-// a Check, and /readyz reports all of them.
+// Package health holds the backend's checks. Two kinds, kept apart:
+// readiness checks read this replica's own state (a shutdown flag, a
+// cache's sync) and decide /readyz; a Monitor looks at the dependencies
+// every replica shares (identity provider, provider cluster) on a timer
+// and reports them to the operator only.
 package health
 
 import (
@@ -10,10 +12,9 @@ import (
 	"time"
 )
 
-// Check is one readiness condition. Check returns nil when the dependency
-// is usable, else an error saying in words what is missing, e.g.
-// "discovery failing: dial tcp ...: connection refused". It must return
-// promptly when ctx is done.
+// Check is one condition. Check returns nil when it holds, else an error
+// saying in words what is missing, e.g. "discovery failing: dial tcp ...:
+// connection refused". It must return promptly when ctx is done.
 type Check interface {
 	Name() string
 	Check(ctx context.Context) error

@@ -109,7 +109,7 @@ func otherSpellings(sig string) []string {
 	return out
 }
 
-// One signature has exactly one accepted spelling (issue 23): base64url
+// One signature has exactly one accepted spelling: base64url
 // without padding, canonical (the unused bits of the last character are
 // zero), 43 characters.
 func TestVerifyAcceptsOneSpelling(t *testing.T) {

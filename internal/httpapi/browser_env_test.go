@@ -105,6 +105,8 @@ type browserOpts struct {
 	// a TLS-terminating ingress; the test server stays plain http (see
 	// tlsJar).
 	https bool
+	// sessionCreateRate is Config.SessionCreateRate (0: no limit).
+	sessionCreateRate float64
 }
 
 func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
@@ -174,6 +176,8 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		Readiness:    nil,
 		Browser:      bh,
 		Now:          clock.Now,
+
+		SessionCreateRate: o.sessionCreateRate,
 	})
 	if err != nil {
 		t.Fatal(err)

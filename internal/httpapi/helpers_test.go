@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/clusterkey"
@@ -154,6 +155,14 @@ func newEnv(t testing.TB, o envOpts) *env {
 		t.Cleanup(e.srv.Close)
 	}
 	return e
+}
+
+// metricsText is the handler's registry in the text format that
+// /metrics on the diagnostics listener serves.
+func (e *env) metricsText() string {
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	return rec.Body.String()
 }
 
 // do sends a request to the test server. target is a path with query, or

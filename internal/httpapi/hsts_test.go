@@ -40,7 +40,7 @@ func TestHSTS(t *testing.T) {
 			{"DELETE", prefix + "/export", "", 405},
 			{"GET", "/healthz", "", 200},
 			{"GET", "/readyz", "", 200},
-			{"GET", "/metrics", "", 200},
+			{"GET", "/metrics", "", 404},
 		}
 		check := func(r req, resp *http.Response) {
 			t.Helper()

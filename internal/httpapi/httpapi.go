@@ -1,6 +1,8 @@
 // Package httpapi is the backend's HTTP surface: discovery (GET /export),
 // poll sessions (POST /sessions, GET /poll) per docs/protocol.md §0, §1 and
-// §4, the probes /healthz and /readyz, and Prometheus metrics on /metrics.
+// §4, and the terse probes /healthz and /readyz (ok or not, no detail;
+// /metrics and the detailed probes are internal/diagnostics', on a
+// listener of their own).
 // The browser routes (/authorize, /callback, /bind) are Config.Browser's,
 // mounted here beside the others: New mounts every route in one router.
 package httpapi
@@ -17,7 +19,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/health"
@@ -62,11 +63,13 @@ type Config struct {
 	Sessions *bindservice.Service
 	// Logger receives access and error logs (default: discard).
 	Logger *slog.Logger
-	// Metrics is the registry the handler's metrics are registered in and
-	// that /metrics serves (default: a new registry). Pass a fresh one per
-	// handler; registering twice in one registry fails.
+	// Metrics is the registry the handler's metrics are registered in
+	// (default: a new registry); it is served elsewhere (internal/
+	// diagnostics). Pass a fresh one per handler; registering twice in one
+	// registry fails.
 	Metrics *prometheus.Registry
 	// Readiness are the checks /readyz runs; it is ready when all pass.
+	// They must read this replica's own state only: anybody may ask.
 	Readiness []health.Check
 	// Browser, if set, serves the browser routes /authorize, /callback
 	// and /bind (under the external URL's path prefix). While it is nil,
@@ -95,9 +98,12 @@ type Config struct {
 	// sessions of the v1alpha2 generation (sessionkey.FlowPollV1alpha2),
 	// which end with a kube-bind.io/v1alpha2 BindingResponse.
 	V1alpha2Sessions bool
-	// SessionCreateRate is how many POST /sessions one client may make
-	// per second, with a burst of three seconds' worth; more are answered
-	// 429 slow_down with Retry-After. 0: no limit. The client is the
+	// SessionCreateRate is how many requests that create something for
+	// an anonymous caller one client may make per second, with a burst of
+	// three seconds' worth, all from one bucket: POST /sessions and
+	// /api/sessions, and the GETs that start a login or spend its state
+	// (/authorize, /callback, and RootRoutes marked Creates). More are
+	// answered 429 with Retry-After. 0: no limit. The client is the
 	// connection's address (connlimit.ClientKey: an IPv6 /64 is one
 	// client); proxy headers are not trusted, so behind a proxy that does
 	// not keep client addresses every client shares the proxy's.
@@ -170,16 +176,18 @@ func New(cfg Config) (http.Handler, error) {
 
 	r.Get("/healthz", named("/healthz", s.healthz))
 	r.Get("/readyz", named("/readyz", s.readyz))
-	metricsHandler := promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{ErrorLog: slogErrorLog{cfg.Logger}})
-	r.Get("/metrics", named("/metrics", metricsHandler.ServeHTTP))
 
 	api := func(r chi.Router) {
 		r.Get(PathExport, named(PathExport, s.serveExport))
-		r.Post(PathSessions, named(PathSessions, s.createSession))
+		r.Post(PathSessions, named(PathSessions, s.paceSessions(s.createSession)))
 		r.Get(PathPoll, named(PathPoll, s.poll))
 		if cfg.Browser != nil {
 			for _, rt := range cfg.Browser.Routes() {
-				r.Method(rt.Method, rt.Path, named(rt.Path, rt.Handler))
+				h := rt.Handler
+				if rt.Method == http.MethodGet && (rt.Path == PathAuthorize || rt.Path == PathCallback) {
+					h = s.paceLogins(h)
+				}
+				r.Method(rt.Method, rt.Path, named(rt.Path, h))
 				s.browserPaths[prefix+rt.Path] = rt.Path
 			}
 		} else {
@@ -192,10 +200,14 @@ func New(cfg Config) (http.Handler, error) {
 		r.Route(prefix, api)
 	}
 	for _, rt := range cfg.RootRoutes {
-		r.Method(rt.Method, rt.Path, named(rt.Path, rt.Handler))
+		h := rt.Handler
+		if rt.Creates {
+			h = s.paceLogins(h)
+		}
+		r.Method(rt.Method, rt.Path, named(rt.Path, h))
 	}
 	if cfg.V1alpha2Sessions {
-		r.Post(PathSessionsV1alpha2, named(PathSessionsV1alpha2, s.createSessionV1alpha2))
+		r.Post(PathSessionsV1alpha2, named(PathSessionsV1alpha2, s.paceSessions(s.createSessionV1alpha2)))
 	}
 	return s.middleware(r), nil
 }
@@ -233,7 +245,8 @@ type server struct {
 	browserPaths map[string]string
 	// minPollGap is the poll interval less the jitter tolerance.
 	minPollGap time.Duration
-	// createLimit paces POST /sessions per client (nil: no limit).
+	// createLimit paces the routes that create something, per client
+	// (nil: no limit).
 	createLimit *clientLimiter
 }
 
@@ -250,8 +263,3 @@ func pollTolerance(interval time.Duration) time.Duration {
 func minPollGap(interval time.Duration) time.Duration {
 	return interval - pollTolerance(interval)
 }
-
-// slogErrorLog adapts slog to promhttp's error logger.
-type slogErrorLog struct{ l *slog.Logger }
-
-func (s slogErrorLog) Println(v ...any) { s.l.Error("metrics: " + fmt.Sprint(v...)) }

@@ -221,7 +221,7 @@ func TestExportAdvertisesLongPoll(t *testing.T) {
 
 func (e *env) wantMetrics(lines ...string) {
 	e.t.Helper()
-	b := string(readAll(e.t, e.do("GET", "/metrics", nil)))
+	b := e.metricsText()
 	for _, l := range lines {
 		if !strings.Contains(b, l+"\n") {
 			e.t.Errorf("metrics lack %q", l)

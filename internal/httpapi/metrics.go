@@ -21,8 +21,10 @@ type metrics struct {
 	sessionsCreated prometheus.Counter
 	// sessionsRateLimited counts POST /sessions answered 429.
 	sessionsRateLimited prometheus.Counter
-	polls               map[string]prometheus.Counter
-	duration            *prometheus.HistogramVec
+	// loginsRateLimited counts login starts and callbacks answered 429.
+	loginsRateLimited prometheus.Counter
+	polls             map[string]prometheus.Counter
+	duration          *prometheus.HistogramVec
 
 	// observers caches resolved histogram children, so that observing a
 	// request does not hash label values or allocate.
@@ -43,7 +45,11 @@ func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error
 		}),
 		sessionsRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "kube_bind_backend", Name: "sessions_rate_limited_total",
-			Help: "POST /sessions answered 429 because their client made too many (--session-create-rate).",
+			Help: "POST /sessions and POST /api/sessions answered 429 because their client made too many (--session-create-rate).",
+		}),
+		loginsRateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "kube_bind_backend", Name: "logins_rate_limited_total",
+			Help: "Login starts (GET /authorize, /api/authorize, /) and callbacks answered 429 because their client made too many requests that create something (--session-create-rate).",
 		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kube_bind_backend", Name: "http_request_duration_seconds",
@@ -60,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error
 	for _, o := range pollOutcomes {
 		m.polls[o] = pollsVec.WithLabelValues(o)
 	}
-	collectors := []prometheus.Collector{m.sessionsCreated, m.sessionsRateLimited, pollsVec, m.duration}
+	collectors := []prometheus.Collector{m.sessionsCreated, m.sessionsRateLimited, m.loginsRateLimited, pollsVec, m.duration}
 	if lp != nil {
 		collectors = append(collectors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

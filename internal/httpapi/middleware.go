@@ -143,14 +143,14 @@ func (s *server) finish(rec *recorder, r *http.Request, start time.Time) {
 // ERROR for what an operator must act on. A 503 is a refusal with
 // Retry-After: at the session limit (a flood of clients must not flood the
 // log with errors) or while a dependency is away, which its handler logs
-// itself at ERROR once per failure and /readyz reports; so WARN here.
+// itself at ERROR once per failure and the diagnostics report; so WARN here.
 func accessLogLevel(route string, status int) slog.Level {
 	switch {
 	case status == http.StatusServiceUnavailable:
 		return slog.LevelWarn
 	case status >= 500:
 		return slog.LevelError
-	case route == "/healthz" || route == "/readyz" || route == "/metrics":
+	case route == "/healthz" || route == "/readyz":
 		return slog.LevelDebug
 	case route == PathPoll && (status == http.StatusForbidden || status == http.StatusTooManyRequests):
 		return slog.LevelDebug

@@ -10,8 +10,9 @@ import (
 	"github.com/kbprovider/backend/internal/health"
 )
 
-// readinessTimeout bounds each readiness check.
-const readinessTimeout = 3 * time.Second
+// readinessTimeout bounds each readiness check; they read this replica's
+// own state only.
+const readinessTimeout = time.Second
 
 // healthz says the process is alive and serving; it checks nothing else,
 // so that a dependency that is down never gets the pod restarted.
@@ -20,35 +21,22 @@ func (s *server) healthz(w http.ResponseWriter, _ *http.Request) {
 	w.Write([]byte("ok\n"))
 }
 
-// readyz runs every readiness check and lists each one's state:
-//
-//	[+]oidc ok
-//	[-]cluster failed: ...
-//
-// 200 when all pass, 503 otherwise.
+// readyz answers 200 "ok" while every readiness check holds, else 503
+// "not ready", and nothing more: this is the public listener, for load
+// balancers that health-check the port they send traffic to. Which check
+// failed and why is on the diagnostics listener only.
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
-	results := health.Run(r.Context(), s.cfg.Readiness, readinessTimeout)
-	var b strings.Builder
-	status := http.StatusOK
-	for _, res := range results {
+	for _, res := range health.Run(r.Context(), s.cfg.Readiness, readinessTimeout) {
 		if res.Err != nil {
-			status = http.StatusServiceUnavailable
-			b.WriteString("[-]" + res.Name + " failed: " + oneLine(res.Err.Error()) + "\n")
-		} else {
-			b.WriteString("[+]" + res.Name + " ok\n")
+			w.Header()["Content-Type"] = hdrText
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte("not ready\n"))
+			return
 		}
 	}
-	if status == http.StatusOK {
-		b.WriteString("ready\n")
-	} else {
-		b.WriteString("not ready\n")
-	}
 	w.Header()["Content-Type"] = hdrText
-	w.WriteHeader(status)
-	w.Write([]byte(b.String()))
+	w.Write([]byte("ok\n"))
 }
-
-func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
 
 func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
 	writeError(w, http.StatusNotFound, errNotFound, "there is nothing at "+r.URL.Path+"; discovery is at "+PathExport)

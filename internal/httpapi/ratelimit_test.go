@@ -41,17 +41,19 @@ func TestSessionCreateRateLimit(t *testing.T) {
 		Metrics:           reg,
 		Now:               clock.Now,
 		SessionCreateRate: 2, // burst 6
+		V1alpha2Sessions:  true,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	post := func(remote string) *http.Response {
-		r := httptest.NewRequest("POST", "/sessions", strings.NewReader("{}"))
+	postTo := func(path, remote string) *http.Response {
+		r := httptest.NewRequest("POST", path, strings.NewReader("{}"))
 		r.RemoteAddr = remote
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		return w.Result()
 	}
+	post := func(remote string) *http.Response { return postTo("/sessions", remote) }
 	want := func(resp *http.Response, status int, what string) {
 		t.Helper()
 		if resp.StatusCode != status {
@@ -89,8 +91,16 @@ func TestSessionCreateRateLimit(t *testing.T) {
 	}
 	want(post(a), 429, "beyond the burst again")
 
-	if n := counterValue(t, reg, "kube_bind_backend_sessions_rate_limited_total"); n != 5 {
-		t.Errorf("sessions_rate_limited_total %v, want 5", n)
+	// POST /api/sessions (v1alpha2) draws from the same bucket.
+	const c = "192.0.2.3:1000"
+	for i := range 6 {
+		want(postTo([]string{"/api/sessions", "/sessions"}[i%2], c), 201, "v1alpha2 and v1alpha1 sessions within the shared burst")
+	}
+	wantError(t, postTo("/api/sessions", c), 429, v1alpha1.ErrorSlowDown)
+	want(postTo("/sessions", c), 429, "v1alpha1 after the shared burst")
+
+	if n := counterValue(t, reg, "kube_bind_backend_sessions_rate_limited_total"); n != 7 {
+		t.Errorf("sessions_rate_limited_total %v, want 7", n)
 	}
 }
 
@@ -122,5 +132,39 @@ func TestClientLimiterBounded(t *testing.T) {
 	}
 	if newClientLimiter(0, 100) != nil {
 		t.Fatal("rate 0 is no limit")
+	}
+}
+
+// The browser routes that create something share the bucket of POST
+// /sessions: GET /authorize starts a login (a login state, and a poll
+// link spends a nonce as a single-use mark), GET /callback spends the
+// state (another mark) and asks the identity provider. A whole bind
+// (session, authorize, callback) fits in the burst; beyond it they are
+// answered 429 with Retry-After before anything is created, HEAD is not
+// counted, and the bucket refills with time.
+func TestLoginRoutesShareTheCreateRate(t *testing.T) {
+	be := newBrowserEnv(t, browserOpts{sessionCreateRate: 1})                        // burst 3
+	ps, authURL := be.authURL()                                                      // 1
+	client, back := be.loginCallback(authURL)                                        // 2: GET /authorize
+	if resp, body := be.send(client, "GET", back.String()); resp.StatusCode >= 400 { // 3: GET /callback
+		t.Fatalf("callback within the burst: %d %s", resp.StatusCode, body)
+	}
+	callbackLink := be.ext.String() + "/authorize?p=34567&s=cli-session&c=" + ps.ClusterID
+	for _, u := range []string{be.signedURL(ps, be.ext.String()+"/authorize"), callbackLink, be.ext.String() + "/callback?state=x&code=y"} {
+		resp, body := be.send(be.jar(), "GET", u)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" || !strings.Contains(body, "Try again in 1 s") {
+			t.Errorf("GET %s beyond the burst: %d (Retry-After %q) %s, want 429", u, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+	if resp, body := be.send(be.jar(), "HEAD", callbackLink); resp.StatusCode != http.StatusOK {
+		t.Errorf("HEAD of a callback link beyond the burst: %d %s, want 200 (creates nothing, not paced)", resp.StatusCode, body)
+	}
+	wantError(t, be.do("POST", "/sessions", nil), http.StatusTooManyRequests, v1alpha1.ErrorSlowDown)
+	if n := counterValue(t, be.reg, "kube_bind_backend_logins_rate_limited_total"); n != 3 {
+		t.Errorf("logins_rate_limited_total %v, want 3", n)
+	}
+	be.clock.Advance(time.Second)
+	if resp, body := be.send(be.jar(), "GET", callbackLink); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("a callback link a second later: %d %s, want 303 to the identity provider", resp.StatusCode, body)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/kbprovider/backend/internal/connlimit"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
@@ -34,17 +33,6 @@ func (s *server) createSessionV1alpha2(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) createSessionOf(w http.ResponseWriter, r *http.Request, flow sessionkey.Flow, apiVersion string) {
-	if s.createLimit != nil {
-		// The client is the connection's address; proxy headers are not
-		// trusted (Config.SessionCreateRate).
-		if wait := s.createLimit.allow(connlimit.ClientOf(r.RemoteAddr), s.cfg.Now()); wait > 0 {
-			s.metrics.sessionsRateLimited.Inc()
-			retryAfter(w.Header(), ceilSeconds(wait))
-			writeError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
-				"this client created too many sessions in a short time; wait as long as Retry-After says")
-			return
-		}
-	}
 	body, tooLarge, err := readBody(w, r, maxSessionBody)
 	switch {
 	case tooLarge:

@@ -12,7 +12,7 @@ import (
 
 // The e-mail allow-list matches only an address the identity provider
 // says it verified: email_verified must be the JSON boolean true. Absent,
-// false, a string, a number or null is not verified (issue 23), and the
+// false, a string, a number or null is not verified, and the
 // subject or a group still lets the user in.
 func TestEmailAllowListNeedsVerifiedAddress(t *testing.T) {
 	idp := newTokenIdP(t)

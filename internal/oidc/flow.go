@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 
 	gooidc "github.com/coreos/go-oidc/v3/oidc"
@@ -175,25 +174,13 @@ func (a *Authenticator) verifyIDToken(ctx context.Context, prov *gooidc.Provider
 	if id.Subject == "" {
 		return Identity{}, false, fmt.Errorf("%w: ID token without subject", ErrLoginFailed)
 	}
+	id.EmailVerified = emailVerified
 	return id, emailVerified, nil
 }
 
 func (a *Authenticator) allowed(id Identity, emailVerified bool) bool {
-	if len(a.cfg.AllowedUsers) == 0 && len(a.cfg.AllowedGroups) == 0 {
-		return true
-	}
-	if slices.Contains(a.cfg.AllowedUsers, id.Subject) {
-		return true
-	}
-	if id.Email != "" && emailVerified && slices.Contains(a.cfg.AllowedUsers, id.Email) {
-		return true
-	}
-	for _, g := range id.Groups {
-		if slices.Contains(a.cfg.AllowedGroups, g) {
-			return true
-		}
-	}
-	return false
+	id.EmailVerified = emailVerified
+	return a.cfg.AllowList().Allows(id)
 }
 
 // HostCookiePrefix starts the name of every cookie the backend sets over

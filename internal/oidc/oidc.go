@@ -78,10 +78,10 @@ type Config struct {
 	// A provider that does not answer in time is ErrIdPUnavailable: the
 	// login can be tried again.
 	ExchangeTimeout time.Duration
-	// HealthInterval is how long the readiness Check trusts its last look
-	// at the provider's discovery document (a failed look: at most 5 s);
-	// default 30s. However often /readyz is asked, the provider is asked at
-	// most once per interval.
+	// HealthInterval is how long Check trusts its last look at the
+	// provider's discovery document (a failed look: at most 5 s); default
+	// 30s. However often Check is called, the provider is asked at most
+	// once per interval.
 	HealthInterval time.Duration
 	Logger         *slog.Logger
 	// Clock, for tests; default time.Now. It also drives ID-token expiry.
@@ -93,7 +93,9 @@ type Identity struct {
 	Issuer  string
 	Subject string
 	Email   string
-	Groups  []string
+	// EmailVerified: the ID token's email_verified is the boolean true.
+	EmailVerified bool
+	Groups        []string
 }
 
 var (
@@ -250,8 +252,9 @@ func (a *Authenticator) Name() string { return "oidc" }
 // Check reports whether the identity provider was discovered and, since
 // then, still answers: it fetches the discovery document again when its
 // last look is older than HealthInterval (5 s after a failure), one
-// request at a time, and otherwise answers from that look. So /readyz
-// notices a provider that went away after start-up without hammering it.
+// request at a time, and otherwise answers from that look. So the
+// dependency monitor notices a provider that went away after start-up
+// without hammering it.
 func (a *Authenticator) Check(ctx context.Context) error {
 	a.mu.Lock()
 	discovered, lastErr := a.provider != nil, a.lastErr

@@ -3,6 +3,7 @@ package oidc
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/cookiejar"
@@ -70,6 +71,14 @@ func newEnv(t *testing.T) *env {
 		Users: []oidcprovider.User{
 			{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"devs", "ops"}},
 			{Name: "bob", Password: "bob-pw", Email: "bob@example.com"},
+			// The same address, which the provider did not (or not
+			// properly) say it verified.
+			{Name: "mallory-absent", Password: "mallory-absent-pw", Email: "alice@example.com", NoEmailVerified: true},
+			{Name: "mallory-false", Password: "mallory-false-pw", Email: "alice@example.com", EmailVerified: json.RawMessage(`false`)},
+			{Name: "mallory-string", Password: "mallory-string-pw", Email: "alice@example.com", EmailVerified: json.RawMessage(`"true"`)},
+			{Name: "mallory-string-false", Password: "mallory-string-false-pw", Email: "alice@example.com", EmailVerified: json.RawMessage(`"false"`)},
+			{Name: "mallory-one", Password: "mallory-one-pw", Email: "alice@example.com", EmailVerified: json.RawMessage(`1`)},
+			{Name: "mallory-null", Password: "mallory-null-pw", Email: "alice@example.com", EmailVerified: json.RawMessage(`null`)},
 		},
 	})
 	return e
@@ -365,6 +374,15 @@ func TestLoginAgainstRealProvider(t *testing.T) {
 			{"unlisted subject", []string{"bob"}, nil, "alice", false},
 			{"listed email", []string{"alice@example.com"}, []string{"admins"}, "alice", true},
 			{"neither", []string{"carol"}, []string{"admins"}, "bob", false},
+			// An e-mail entry matches only an address the ID token marks
+			// email_verified: true (the JSON boolean).
+			{"listed email, email_verified absent", []string{"alice@example.com"}, nil, "mallory-absent", false},
+			{"listed email, email_verified false", []string{"alice@example.com"}, nil, "mallory-false", false},
+			{`listed email, email_verified "true"`, []string{"alice@example.com"}, nil, "mallory-string", false},
+			{`listed email, email_verified "false"`, []string{"alice@example.com"}, nil, "mallory-string-false", false},
+			{"listed email, email_verified 1", []string{"alice@example.com"}, nil, "mallory-one", false},
+			{"listed email, email_verified null", []string{"alice@example.com"}, nil, "mallory-null", false},
+			{"listed subject, email_verified absent", []string{"mallory-absent"}, nil, "mallory-absent", true},
 		} {
 			e.use(func(c *Config) { c.AllowedUsers, c.AllowedGroups = tc.users, tc.groups })
 			browser := newBrowser(t)

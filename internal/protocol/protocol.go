@@ -18,4 +18,8 @@ type Route struct {
 	// call /api/… at the host root, whatever path the external URL has).
 	Path    string
 	Handler http.HandlerFunc
+	// Creates: the route makes something for an anonymous caller (a
+	// session, a login state that a callback spends as a single-use
+	// mark), so internal/httpapi paces it per client.
+	Creates bool
 }

@@ -1,6 +1,9 @@
 package server
 
 import (
+	"context"
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
@@ -14,9 +17,11 @@ import (
 // browserPart is the browser login and the provider cluster side behind
 // it, as the public handler needs them.
 type browserPart struct {
-	handler     *browser.Handler
-	checks      []health.Check
-	onDelivered func(response []byte)
+	handler *browser.Handler
+	// readiness: this replica's own caches; dependencies: what every
+	// replica shares (the identity provider, the provider cluster).
+	readiness, dependencies []health.Check
+	onDelivered             func(response []byte)
 	// offers and tokens serve the v1alpha2 routes (server.newV1alpha2).
 	offers *offers.Source
 	tokens *clitoken.Tokens
@@ -27,7 +32,7 @@ type browserPart struct {
 // handler, the delivery marker and the provider-side controllers. Without
 // an identity provider configured it builds none of them: discovery,
 // sessions and polls still work, and /authorize answers 503.
-func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
+func (s *Server) newBrowser(ctx context.Context, reg *prometheus.Registry) (browserPart, error) {
 	cfg := s.cfg
 	if cfg.OIDCIssuerURL == "" || cfg.OIDCClientID == "" {
 		s.log.Warn("browser login disabled: --oidc-issuer-url and --oidc-issuer-client-id are not set; /authorize answers 503 until it is configured",
@@ -36,6 +41,9 @@ func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 	}
 	rc, err := s.provider()
 	if err != nil {
+		return browserPart{}, err
+	}
+	if err := s.checkScopeAtStart(ctx, rc); err != nil {
 		return browserPart{}, err
 	}
 	catalog, err := binding.NewCatalog(rc, cfg.ConsumerScope, binding.WithLogger(s.log.With("component", "catalog")))
@@ -49,6 +57,7 @@ func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 		ExternalCA:         cfg.ExternalCA,
 		ExternalServerName: cfg.ExternalServerName,
 		TokenLifetime:      cfg.Credentials.Lifetime,
+		Quota:              cfg.ConsumerQuota,
 	})
 	if err != nil {
 		return browserPart{}, err
@@ -77,9 +86,10 @@ func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 		AllowedUsers:        cfg.OIDCAllowedUsers,
 		AllowedGroups:       cfg.OIDCAllowedGroups,
 		// The login may take as long as the session it belongs to.
-		StateTTL: cfg.SessionTTL,
-		UseOnce:  browser.StateOnce(s.sessions),
-		Logger:   s.log.With("component", "oidc"),
+		StateTTL:       cfg.SessionTTL,
+		UseOnce:        browser.StateOnce(s.sessions),
+		HealthInterval: dependencyInterval,
+		Logger:         s.log.With("component", "oidc"),
 	})
 	if err != nil {
 		return browserPart{}, err
@@ -114,8 +124,19 @@ func (s *Server) newBrowser(reg *prometheus.Registry) (browserPart, error) {
 		loop{"offers", src.Run},
 		loop{"oidc discovery", login.Run},
 		loop{"delivery marker", marker.Run})
-	return browserPart{handler: handler, checks: []health.Check{login, catalog}, onDelivered: marker.Delivered,
-		offers: src, tokens: tokens}, nil
+	// Ready once the exported APIs are cached: what this replica needs to
+	// serve the browser part. Neither the identity provider nor the
+	// provider cluster decides it: every replica shares them, and taking
+	// all replicas out of their Service during an outage would stop the
+	// polls of finished binds too.
+	cached := health.CheckFunc("exported-apis", func(context.Context) error {
+		if !catalog.HasSynced() {
+			return errors.New("the exported APIs are not cached yet")
+		}
+		return nil
+	})
+	return browserPart{handler: handler, readiness: []health.Check{cached}, dependencies: []health.Check{login, catalog},
+		onDelivered: marker.Delivered, offers: src, tokens: tokens}, nil
 }
 
 // currentKey and previousKeys split a key list, the current key first,

@@ -18,6 +18,9 @@ import (
 type Config struct {
 	// ListenAddress is where the public API is served (host:port).
 	ListenAddress string
+	// DiagnosticsAddress is where probes, metrics and the status page are
+	// served (host:port; internal/diagnostics), apart from the public API.
+	DiagnosticsAddress string
 	// ExternalURL is nil when --external-url was not given: it is then
 	// derived from the address the backend listens on (ExternalURLFor).
 	ExternalURL *url.URL
@@ -57,6 +60,10 @@ type Config struct {
 	// Policy.Validate).
 	Credentials credentials.Policy
 
+	// ConsumerQuota caps the objects each consumer creates (checked with
+	// binding.Quota.Validate).
+	ConsumerQuota binding.Quota
+
 	// The provider cluster (internal/binding).
 	Kubeconfig         string
 	Context            string
@@ -66,6 +73,11 @@ type Config struct {
 	PrettyName         string
 	NamespacePrefix    string        // checked with binding.ValidatePrefix
 	ConsumerScope      binding.Scope // from binding.ParseScope
+	// AdmissionPolicy names the ValidatingAdmissionPolicy that confines the
+	// backend to the namespaces it made: with it set, the backend refuses to
+	// start where dry-run probes show no such confinement, and the leader
+	// probes again periodically (internal/scopecheck). "" checks nothing.
+	AdmissionPolicy string
 
 	// LongPoll: polls that ask to wait for their session's end
 	// (--long-poll-max-wait, --max-long-polls; checked with

@@ -12,10 +12,12 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindinghealth"
 	"github.com/kbprovider/backend/internal/cleanup"
+	"github.com/kbprovider/backend/internal/clitoken"
 	"github.com/kbprovider/backend/internal/credentials"
 	"github.com/kbprovider/backend/internal/exports"
 	"github.com/kbprovider/backend/internal/leader"
 	"github.com/kbprovider/backend/internal/offers"
+	"github.com/kbprovider/backend/internal/oidc"
 )
 
 // controllerRestart is the pause before a failed controller starts again.
@@ -58,6 +60,7 @@ func (s *Server) newControllers(rc *rest.Config, catalog *binding.Catalog, src *
 		Policy:          cfg.Credentials,
 		Issuer:          p,
 		NamespacePrefix: cfg.NamespacePrefix,
+		Allowed:         stillAllowed(oidc.AllowList{Users: cfg.OIDCAllowedUsers, Groups: cfg.OIDCAllowedGroups}),
 		Logger:          credLog,
 	})
 	if err != nil {
@@ -68,6 +71,13 @@ func (s *Server) newControllers(rc *rest.Config, catalog *binding.Catalog, src *
 		{"binding health", health.Run, healthLog},
 		{"cleanup", clean.Run, cleanupLog},
 		{"credentials", creds.Run, credLog},
+	}
+	if cfg.AdmissionPolicy != "" {
+		scope, err := s.newScopeController(rc, reg)
+		if err != nil {
+			return nil, err
+		}
+		controllers = append(controllers, controller{"admission policy check", scope.Run, scope.log})
 	}
 	if src != nil {
 		offersLog := s.log.With("component", "offers")
@@ -116,5 +126,29 @@ func (c controller) runUntilDone(ctx context.Context) {
 			case <-time.After(controllerRestart):
 			}
 		}
+	}
+}
+
+// stillAllowed judges the recorded identity of a binding by the
+// allow-list the logins use; nil when everybody may bind.
+func stillAllowed(l oidc.AllowList) func(binding.BoundBy) bool {
+	if l.Open() {
+		return nil
+	}
+	return func(b binding.BoundBy) bool {
+		id := oidc.Identity{Issuer: b.Issuer, Subject: b.Subject, Email: b.Email, EmailVerified: b.Email != "", Groups: b.Groups}
+		return l.AllowsRecorded(id, b.GroupsKnown)
+	}
+}
+
+// cliUserAllowed judges the user a CLI token names by the same
+// allow-list; nil when everybody may bind.
+func cliUserAllowed(l oidc.AllowList) func(clitoken.User) bool {
+	if l.Open() {
+		return nil
+	}
+	return func(u clitoken.User) bool {
+		id := oidc.Identity{Subject: u.Subject, Email: u.Email, EmailVerified: u.Email != "", Groups: u.Groups}
+		return l.AllowsRecorded(id, u.GroupsKnown)
 	}
 }

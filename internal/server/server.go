@@ -3,7 +3,8 @@
 // session store with, for the hashring, its peer API server and peer
 // discovery, the OIDC login, the catalog and provisioner, the browser
 // handler, the provider-side controllers under leader election, the
-// delivery marker, TLS reload, connection limits), and Run runs every
+// delivery marker, TLS reload, connection limits, the diagnostics
+// listener and its dependency monitor), and Run runs every
 // loop until its context ends, then shuts down in a fixed order and waits
 // for all of them (see Run).
 //
@@ -34,6 +35,7 @@ import (
 	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/longpoll"
+	"github.com/kbprovider/backend/internal/oidc"
 	protov1alpha2 "github.com/kbprovider/backend/internal/protocol/v1alpha2"
 	"github.com/kbprovider/backend/internal/servingcert"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -50,6 +52,10 @@ type Server struct {
 
 	ln  net.Listener
 	srv *http.Server
+	// diagLn and diagSrv serve probes, metrics and the status page
+	// (newDiagnostics), apart from the public listener.
+	diagLn  net.Listener
+	diagSrv *http.Server
 
 	store sessions.Store
 	keys  *sessionkey.Keys
@@ -104,6 +110,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		}
 	}()
 
+	if cfg.DiagnosticsAddress == "" {
+		return nil, errors.New("no diagnostics address: probes and metrics need a listener of their own")
+	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.ListenAddress)
 	if err != nil {
@@ -119,7 +128,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.ext = ext
 
-	storeChecks, err := s.newSessionStore()
+	storeReadiness, storeDependencies, err := s.newSessionStore()
 	if err != nil {
 		return nil, fmt.Errorf("cannot set up the session store %q: %w", cfg.Store.Kind, err)
 	}
@@ -135,7 +144,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Help: "Connections closed at once because their client held --max-connections-per-client.",
 	}, func() float64 { return float64(limited.Refused()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "kube_bind_backend", Name: "idle_connections_closed_total",
-		Help: "Idle keep-alive connections closed to make room for new ones at --max-connections.",
+		Help: "Connections without a request in flight (idle keep-alive, or silent since accepted) closed to make room for new ones at --max-connections.",
 	}, func() float64 { return float64(limited.Evicted()) }))
 	if r := s.ring; r != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -149,14 +158,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.clusterKey = key
 	// Readiness fails as soon as shutdown begins, so load balancers stop
-	// sending new requests while in-flight ones finish.
+	// sending new requests while in-flight ones finish. It follows only
+	// this replica's own state, never a dependency every replica shares.
 	s.shuttingDown = health.NewStatus("shutdown", nil)
-	readiness := append([]health.Check{s.shuttingDown}, storeChecks...)
+	readiness := append([]health.Check{s.shuttingDown}, storeReadiness...)
 
 	// The browser part builds the session service with the catalog and
 	// provisioner it binds with; without it, sessions are issued and
 	// polled but never bound here.
-	b, err := s.newBrowser(reg)
+	b, err := s.newBrowser(ctx, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +175,15 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
-	readiness = append(readiness, b.checks...)
+	readiness = append(readiness, b.readiness...)
+	// The catalog's check covers the provider cluster where it runs.
+	dependencies := b.dependencies
+	if len(dependencies) == 0 {
+		dependencies = storeDependencies
+	}
+	if err := s.newDiagnostics(ctx, reg, readiness, dependencies); err != nil {
+		return nil, err
+	}
 	s.longPoll = longpoll.New(cfg.LongPoll)
 	v2, err := s.newV1alpha2(b)
 	if err != nil {
@@ -241,9 +259,11 @@ func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
 		PrettyName:      s.cfg.PrettyName,
 		Sessions:        s.sessions,
 		Issuer:          s.cfg.OIDCIssuerURL,
+		Allows:          cliUserAllowed(oidc.AllowList{Users: s.cfg.OIDCAllowedUsers, Groups: s.cfg.OIDCAllowedGroups}),
 		PollInterval:    s.cfg.PollInterval,
 		LongPollMaxWait: s.longPoll.MaxWait(),
 		PollSessions:    true,
+		NoCallbackFlow:  s.cfg.NoCallbackFlow,
 		OnDelivered:     b.onDelivered,
 		Logger:          s.log.With("component", "v1alpha2"),
 	}
@@ -259,6 +279,9 @@ func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
 
 // Addr is the address the public API listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// DiagnosticsAddr is the address the diagnostics listener listens on.
+func (s *Server) DiagnosticsAddr() net.Addr { return s.diagLn.Addr() }
 
 // ExternalURL is the URL the backend advertises.
 func (s *Server) ExternalURL() *url.URL { return s.ext }
@@ -301,7 +324,9 @@ func (s *Server) servingTLS() (*tls.Config, error) {
 //     also bounds the handover);
 //  3. stop the peer API (after its in-flight requests, within the same
 //     deadline): until the public server stopped, other replicas may still
-//     ask this one about the sessions it owns;
+//     ask this one about the sessions it owns; then the diagnostics
+//     listener, which kept answering probes (not ready) and scrapes
+//     through the drain;
 //  4. stop the provider-side controllers and release the leader Lease, so
 //     another replica takes over at once;
 //  5. stop the background loops (TLS reload, discovery, the session
@@ -323,8 +348,8 @@ func (s *Server) Run(ctx context.Context) error {
 		controllers.Go(func() { s.controllers(ctrlCtx) })
 	}
 
-	// The servers: a failure of either ends Run.
-	failed := make(chan error, 2)
+	// The servers: a failure of any ends Run.
+	failed := make(chan error, 3)
 	var servers sync.WaitGroup
 	// Read before serving: Serve changes the TLS configuration (HTTP/2).
 	withTLS := s.srv.TLSConfig != nil
@@ -339,6 +364,11 @@ func (s *Server) Run(ctx context.Context) error {
 			failed <- err
 		}
 	})
+	servers.Go(func() {
+		if err := s.diagSrv.Serve(s.diagLn); !errors.Is(err, http.ErrServerClosed) {
+			failed <- err
+		}
+	})
 	if s.ring != nil {
 		servers.Go(func() {
 			if err := s.ring.Serve(s.peerLn); err != nil {
@@ -349,7 +379,7 @@ func (s *Server) Run(ctx context.Context) error {
 			"self", s.cfg.Store.PeerSelfURL, "discovery", s.cfg.Store.PeerServiceName != "")
 	}
 	s.log.Info("serving", "version", version.Version, "address", s.ln.Addr().String(),
-		"external_url", s.ext.String(), "tls", withTLS)
+		"external_url", s.ext.String(), "tls", withTLS, "diagnostics_address", s.diagLn.Addr().String())
 
 	var errs []error
 	select {
@@ -378,6 +408,9 @@ func (s *Server) Run(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("draining peer requests: %w", err))
 		}
 	}
+	if err := s.diagSrv.Shutdown(drain); err != nil {
+		s.diagSrv.Close()
+	}
 	servers.Wait()
 	// 4.
 	stopControllers()
@@ -399,5 +432,8 @@ func (s *Server) close() {
 	}
 	if s.peerLn != nil {
 		s.peerLn.Close()
+	}
+	if s.diagLn != nil {
+		s.diagLn.Close()
 	}
 }

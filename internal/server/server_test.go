@@ -56,7 +56,7 @@ func TestRunServesAndStops(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	await.True(t, "the backend is ready", func() bool {
-		resp, err := http.Get(base + "/readyz")
+		resp, err := http.Get("http://" + s.DiagnosticsAddr().String() + "/readyz")
 		if err != nil {
 			return false
 		}
@@ -79,7 +79,7 @@ func TestRunServesAndStops(t *testing.T) {
 	}
 	// A second backend cannot take the peer port: New fails and releases
 	// what it opened.
-	cfg.ListenAddress = "127.0.0.1:0"
+	cfg.ListenAddress, cfg.DiagnosticsAddress = "127.0.0.1:0", "127.0.0.1:0"
 	if _, err := New(context.Background(), cfg); err == nil {
 		t.Fatal("a second backend on the same peer address started")
 	}
@@ -93,7 +93,7 @@ func TestRunServesAndStops(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return 30s after its context ended")
 	}
-	for _, addr := range []string{s.Addr().String(), peerAddr} {
+	for _, addr := range []string{s.Addr().String(), peerAddr, s.DiagnosticsAddr().String()} {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
 			t.Errorf("%s still accepts connections after Run returned", addr)
@@ -107,7 +107,7 @@ func TestRunServesAndStops(t *testing.T) {
 // New fails, releasing the public listener, when a part cannot be built.
 func TestNewReleasesWhatItOpened(t *testing.T) {
 	addr := "127.0.0.1:" + itoa(procs.FreePort(t))
-	cfg := Config{ListenAddress: addr, ClusterSecretKeys: [][]byte{[]byte("too short")}, MaxPolledSessions: 1}
+	cfg := Config{ListenAddress: addr, DiagnosticsAddress: "127.0.0.1:0", ClusterSecretKeys: [][]byte{[]byte("too short")}, MaxPolledSessions: 1}
 	if _, err := New(context.Background(), cfg); err == nil {
 		t.Fatal("New accepted a short cluster secret key")
 	}
@@ -116,21 +116,38 @@ func TestNewReleasesWhatItOpened(t *testing.T) {
 		t.Fatalf("the listener of the failed New is still open: %v", err)
 	}
 	ln.Close()
+
+	// The diagnostics port taken: New fails, saying so.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg = testConfig(&procs.Buffer{})
+	cfg.ListenAddress, cfg.DiagnosticsAddress = addr, taken.Addr().String()
+	if _, err := New(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "diagnostics address") {
+		t.Fatalf("New with the diagnostics port taken: %v", err)
+	}
+	if ln, err = net.Listen("tcp", addr); err != nil {
+		t.Fatalf("the public listener of the failed New is still open: %v", err)
+	}
+	ln.Close()
 }
 
 // testConfig is a valid configuration with the memory store that logs
 // JSON to logs.
 func testConfig(logs *procs.Buffer) Config {
 	return Config{
-		ListenAddress:     "127.0.0.1:0",
-		Logger:            slog.New(slog.NewJSONHandler(logs, nil)),
-		ClusterSecretKeys: [][]byte{bytes.Repeat([]byte("k"), 32)},
-		PrettyName:        "Test",
-		SessionTTL:        time.Minute,
-		PollInterval:      time.Second,
-		GracePeriod:       time.Minute,
-		MaxPolledSessions: 10,
-		Store:             StoreConfig{Kind: StoreMemory},
+		ListenAddress:      "127.0.0.1:0",
+		DiagnosticsAddress: "127.0.0.1:0",
+		Logger:             slog.New(slog.NewJSONHandler(logs, nil)),
+		ClusterSecretKeys:  [][]byte{bytes.Repeat([]byte("k"), 32)},
+		PrettyName:         "Test",
+		SessionTTL:         time.Minute,
+		PollInterval:       time.Second,
+		GracePeriod:        time.Minute,
+		MaxPolledSessions:  10,
+		Store:              StoreConfig{Kind: StoreMemory},
 	}
 }
 
@@ -152,7 +169,7 @@ func TestShutdownReleasesLongPolls(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	metrics := func() string {
-		resp, err := http.Get(base + "/metrics")
+		resp, err := http.Get("http://" + s.DiagnosticsAddr().String() + "/metrics")
 		if err != nil {
 			return ""
 		}

@@ -28,31 +28,33 @@ const discoveryRetry = 5 * time.Second
 // newSessionStore builds the configured store and the keys sessions are
 // derived with. For the hashring it also listens on the peer address (so a
 // port in use fails in New), and adds the record informer and, with a peer
-// Service, the discovery loop. It returns the store's readiness checks.
-func (s *Server) newSessionStore() ([]health.Check, error) {
+// Service, the discovery loop. It returns the store's readiness checks
+// (its own cache) and the dependency it shares with every replica (the
+// provider cluster).
+func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err error) {
 	limits := sessions.Limits{MaxPolledSessions: s.cfg.MaxPolledSessions, Grace: s.cfg.GracePeriod}
 	keys, err := s.sessionKeys()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.keys = keys
 	if s.cfg.Store.Kind != StoreHashring {
 		s.store = memory.New(limits, nil)
-		return nil, nil
+		return nil, nil, nil
 	}
 	sc := s.cfg.Store
 	rc, err := s.provider()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("session records: %w", err)
+		return nil, nil, fmt.Errorf("session records: %w", err)
 	}
 	records, err := kube.New(kube.Options{Client: client, Namespace: sc.Namespace, Limits: limits,
 		Logger: s.log.With("component", "session-records")})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.loops = append(s.loops, loop{"session records", records.Run})
 	synced := health.CheckFunc("session-records", func(context.Context) error {
@@ -65,13 +67,13 @@ func (s *Server) newSessionStore() ([]health.Check, error) {
 	log := s.log.With("component", "hashring")
 	r, err := ring.New(ring.Options{Self: sc.PeerSelfURL, Keys: sc.PeerKeys, Inner: records, Logger: log})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.store, s.ring = r, r
 	var lc net.ListenConfig
 	ln, err := lc.Listen(context.Background(), "tcp", sc.PeerListenAddress)
 	if err != nil {
-		return nil, fmt.Errorf("cannot listen on the peer address %s: %w", sc.PeerListenAddress, err)
+		return nil, nil, fmt.Errorf("cannot listen on the peer address %s: %w", sc.PeerListenAddress, err)
 	}
 	s.peerLn = ln
 
@@ -80,7 +82,7 @@ func (s *Server) newSessionStore() ([]health.Check, error) {
 		if len(sc.Peers) == 0 {
 			log.Warn("hashring without --peers or --peer-service: this replica answers every session alone")
 		}
-		return []health.Check{synced}, nil
+		return []health.Check{synced}, []health.Check{clusterCheck(client)}, nil
 	}
 	// Discovery: until the EndpointSlices were read once, this replica
 	// places every session on itself, which is safe (every replica reads
@@ -95,7 +97,7 @@ func (s *Server) newSessionStore() ([]health.Check, error) {
 	s.loops = append(s.loops, loop{"peer discovery", func(ctx context.Context) {
 		peerdiscovery.Run(ctx, client, opts, set, discoveryRetry, log)
 	}})
-	return []health.Check{synced}, nil
+	return []health.Check{synced}, []health.Check{clusterCheck(client)}, nil
 }
 
 // sessionKeys returns the keys sessions are derived with: the configured

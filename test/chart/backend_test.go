@@ -100,10 +100,15 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		sets = append(sets, "tls.enabled=true", "tls.existingSecret=kbb-tls")
 	}
 	objs := renderIn(t, releaseNS, sets...)
+	// The probes go to the diagnostics listener, plain HTTP whatever the
+	// public port serves.
 	probe := asMap(t, asMap(t, container(t, objs)["readinessProbe"])["httpGet"])
-	if got := strings.ToLower(probe["scheme"].(string)); got != scheme {
-		t.Fatalf("the chart's readiness probe uses %s, the backend serves %s", got, scheme)
+	if probe["scheme"] != "HTTP" || probe["port"] != "diagnostics" {
+		t.Fatalf("the chart's readiness probe %v, want HTTP on port diagnostics", probe)
 	}
+	diagPort := freePort(t)
+	diag := fmt.Sprintf("http://127.0.0.1:%d", diagPort)
+	diagClient := &http.Client{Timeout: 5 * time.Second}
 	if hashring {
 		publishPeerEndpoints(t, ctx, admin, objs, podIP, peerPort)
 	}
@@ -116,6 +121,9 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		// Not on every interface of the test machine.
 		if strings.HasPrefix(s, "--listen-address=") {
 			s = fmt.Sprintf("--listen-address=127.0.0.1:%d", port)
+		}
+		if strings.HasPrefix(s, "--diagnostics-address=") {
+			s = fmt.Sprintf("--diagnostics-address=127.0.0.1:%d", diagPort)
 		}
 		if strings.HasPrefix(s, "--peer-listen-address=") {
 			s = fmt.Sprintf("--peer-listen-address=%s", net.JoinHostPort(podIP, fmt.Sprint(peerPort)))
@@ -159,12 +167,12 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// Ready: the identity provider is found and the provider cluster is
-	// reachable with the chart's RBAC.
+	// Ready, and the identity provider is found and the provider cluster
+	// is reachable with the chart's RBAC (the status page).
 	var code int
 	var body string
 	for deadline := time.Now().Add(20 * time.Second); ; {
-		code, body, err = get(client, base+probe["path"].(string))
+		code, body, err = get(diagClient, diag+probe["path"].(string))
 		if err == nil && code == http.StatusOK {
 			break
 		}
@@ -174,6 +182,20 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Logf("/readyz with the chart's configuration: %d %s", code, strings.TrimSpace(body))
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		code, body, err = get(diagClient, diag+"/statusz")
+		if err == nil && code == http.StatusOK && strings.Contains(body, "[+]oidc ok") && strings.Contains(body, "[+]provider-cluster ok") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/statusz never showed both dependencies answering: %d %v\n%s\nlogs:\n%s", code, err, body, logs.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The public port has neither the metrics nor the detail.
+	if code, body, err := get(client, base+"/metrics"); err != nil || code != http.StatusNotFound {
+		t.Errorf("public /metrics with the chart's configuration: %d %v %.200s", code, err, body)
+	}
 	if mode == memoryMode {
 		// The controllers run: leader election with the chart's Lease Role
 		// (POD_NAMESPACE as the chart sets it), and their caches fill with

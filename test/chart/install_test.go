@@ -21,6 +21,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
@@ -90,6 +91,10 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("helm install took %v", time.Since(start).Round(time.Millisecond))
+	// Consumers' quotas count objects of the CRDs the chart installed.
+	if err := exampleapis.AwaitQuotaCounting(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
 	// The notes give the export URL and the redirect URL to register.
 	for _, want := range []string{"kubectl bind https://bind.example.com/export", "https://bind.example.com/callback"} {
 		if !strings.Contains(out, want) {
@@ -228,6 +233,10 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		testConsumerNamespace(t, cp, admin)
 	})
 
+	t.Run("escalation attempts without the admission policy", func(t *testing.T) {
+		testEscalationWithoutPolicy(t, cp, admin)
+	})
+
 	t.Run("backend binary with the chart's flags, keys and ServiceAccount, memory store", func(t *testing.T) {
 		testBackendRunsWithChartConfig(t, cp, admin, memoryMode)
 	})
@@ -254,13 +263,7 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	tr, err := admin.CoreV1().ServiceAccounts(releaseNS).CreateToken(ctx, fullname, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(600))},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	asSA := cp.ConfigForToken(tr.Status.Token)
+	asSA := backendSAConfig(ctx, t, cp, admin)
 	as := kubernetes.NewForConfigOrDie(asSA)
 
 	// An exported API for the consumer to bind.
@@ -331,7 +334,8 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		{ns, "create", "apiserviceexports.kube-bind.io", nil}, {ns, "patch", "apiserviceexports.kube-bind.io", nil},
 		{ns, "delete", "apiserviceexports.kube-bind.io", nil},
 		{ns, "create", "roles.rbac.authorization.k8s.io", nil}, {ns, "patch", "roles.rbac.authorization.k8s.io", nil},
-		{ns, "escalate", "roles.rbac.authorization.k8s.io", nil}, {ns, "bind", "roles.rbac.authorization.k8s.io", nil},
+		{ns, "escalate", "roles.rbac.authorization.k8s.io/" + binding.ConsumerExportsRole, nil},
+		{ns, "bind", "roles.rbac.authorization.k8s.io/" + binding.ConsumerClaimsRole, nil},
 		// Consumer credentials (internal/binding tokens, internal/credentials).
 		{ns, "list", "secrets", nil},
 		{ns, "create", "serviceaccounts/token", nil},
@@ -342,6 +346,8 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		{ns, "create", "pods", nil},
 		{ns, "delete", "rolebindings.rbac.authorization.k8s.io", nil},
 		{ns, "delete", "roles.rbac.authorization.k8s.io", nil},
+		{ns, "escalate", "roles.rbac.authorization.k8s.io", nil},
+		{ns, "bind", "roles.rbac.authorization.k8s.io/admin", nil},
 		{ns, "patch", "apiserviceexportrequests.kube-bind.io", nil},
 		{ns, "delete", "apiserviceexportrequests.kube-bind.io", nil},
 		{"default", "create", "serviceaccounts", nil},
@@ -463,4 +469,17 @@ func runControllersAsChartAccount(t *testing.T, ctx context.Context, asSA *rest.
 	if _, err := consumer.Resource(kb("apiserviceexports")).Namespace(ns).Get(ctx, "mangodbs.example.com", metav1.GetOptions{}); err != nil {
 		t.Errorf("the APIServiceExport, read with the issued kubeconfig: %v", err)
 	}
+}
+
+// backendSAConfig is a client config with a token of the chart's
+// ServiceAccount: the backend's rights exactly.
+func backendSAConfig(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface) *rest.Config {
+	t.Helper()
+	tr, err := admin.CoreV1().ServiceAccounts(releaseNS).CreateToken(ctx, fullname, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr(int64(600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cp.ConfigForToken(tr.Status.Token)
 }

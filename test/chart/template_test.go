@@ -3,6 +3,7 @@ package chart_test
 import (
 	"bytes"
 	"encoding/base64"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -74,8 +75,8 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 	}
 	for probe, path := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {
 		get := asMap(t, asMap(t, c[probe])["httpGet"])
-		if get["path"] != path || get["port"] != "http" || get["scheme"] != "HTTP" {
-			t.Errorf("%s = %v, want HTTP GET %s on port http", probe, get, path)
+		if get["path"] != path || get["port"] != "diagnostics" || get["scheme"] != "HTTP" {
+			t.Errorf("%s = %v, want HTTP GET %s on port diagnostics", probe, get, path)
 		}
 	}
 	if res := asMap(t, c["resources"]); res["requests"] == nil || asMap(t, res["limits"])["memory"] == nil {
@@ -85,6 +86,7 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 	f := flags(t, objs)
 	want := map[string]string{
 		"--listen-address":                 ":8080",
+		"--diagnostics-address":            ":9090",
 		"--external-url":                   "https://bind.example.com",
 		"--oidc-issuer-url":                "https://login.example.com",
 		"--oidc-issuer-client-id":          "kube-bind",
@@ -214,7 +216,7 @@ func assertSafeRollout(t *testing.T, objs objects, preStop, grace int64) {
 		t.Errorf("grace %ds, preStop %ds, shutdown timeout %s: no time left for the drain", grace, preStop, shutdown)
 	}
 	// Readiness gates the rollout: maxUnavailable 0 waits for the new pod's
-	// /readyz, which the backend answers only once it joined the ring.
+	// /readyz, which the backend answers only once its session records are read.
 	if get := asMap(t, asMap(t, c["readinessProbe"])["httpGet"]); get["path"] != "/readyz" {
 		t.Errorf("readinessProbe %v, want /readyz", get)
 	}
@@ -299,8 +301,9 @@ func TestTLSFromCertManager(t *testing.T) {
 		t.Errorf("TLS flags %q %q", f["--tls-cert-file"], f["--tls-key-file"])
 	}
 	c := container(t, objs)
-	if get := asMap(t, asMap(t, c["readinessProbe"])["httpGet"]); get["scheme"] != "HTTPS" {
-		t.Errorf("readiness probe scheme %v with TLS on", get["scheme"])
+	// The probes' port stays plain HTTP: TLS is the public port's.
+	if get := asMap(t, asMap(t, c["readinessProbe"])["httpGet"]); get["scheme"] != "HTTP" || get["port"] != "diagnostics" {
+		t.Errorf("readiness probe %v with TLS on, want HTTP on port diagnostics", get)
 	}
 	mounted := false
 	for _, m := range asSlice(t, c["volumeMounts"]) {
@@ -400,6 +403,9 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 		{"drain as long as the grace period", []string{"shutdownTimeout=1m", "preStopSleepSeconds=0"},
 			[]string{"terminationGracePeriodSeconds=60 is too short", "shutdownTimeout=1m", "60s in all"}},
 		{"drain in hours", []string{"shutdownTimeout=1h"}, []string{"is too short", "3605s in all"}},
+		{"diagnostics on the public port", []string{"diagnostics.port=8080"}, []string{"diagnostics.port=8080 is containerPort"}},
+		{"diagnostics on the peer port", []string{"diagnostics.port=8081"}, []string{"diagnostics.port=8081 is hashring.port"}},
+		{"diagnostics port out of range", []string{"diagnostics.port=70000"}, []string{"/diagnostics/port"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := renderErr(t, setArgs(append(requiredValues(), tc.sets...))...)
@@ -493,10 +499,13 @@ func TestNetworkPolicy(t *testing.T) {
 	objs := render(t, "networkPolicy.enabled=true", "networkPolicy.httpFrom[0].namespaceSelector.matchLabels.team=ingress")
 	np := objs.get(t, "NetworkPolicy", fullname)
 	rules := asSlice(t, field(t, np, "spec", "ingress"))
-	if len(rules) != 2 {
-		t.Fatalf("want a rule for the http port and one for the peer port, got %v", rules)
+	if len(rules) != 3 {
+		t.Fatalf("want a rule for the http port, the diagnostics port and the peer port, got %v", rules)
 	}
-	httpRule, peerRule := asMap(t, rules[0]), asMap(t, rules[1])
+	httpRule, diagRule, peerRule := asMap(t, rules[0]), asMap(t, rules[1]), asMap(t, rules[2])
+	if p := asMap(t, asSlice(t, diagRule["ports"])[0]); p["port"] != "diagnostics" || diagRule["from"] != nil {
+		t.Errorf("diagnostics rule %v: want port diagnostics from anywhere by default", diagRule)
+	}
 	if p := asMap(t, asSlice(t, httpRule["ports"])[0]); p["port"] != "http" {
 		t.Errorf("first rule ports %v", p)
 	}
@@ -512,8 +521,13 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	// One replica: no peer port to open.
 	one := render(t, "networkPolicy.enabled=true", "replicaCount=1")
-	if n := len(asSlice(t, field(t, one.get(t, "NetworkPolicy", fullname), "spec", "ingress"))); n != 1 {
-		t.Errorf("%d ingress rules for one replica, want 1", n)
+	if n := len(asSlice(t, field(t, one.get(t, "NetworkPolicy", fullname), "spec", "ingress"))); n != 2 {
+		t.Errorf("%d ingress rules for one replica, want 2 (http, diagnostics)", n)
+	}
+	scraped := render(t, "networkPolicy.enabled=true", "networkPolicy.diagnosticsFrom[0].namespaceSelector.matchLabels.team=monitoring")
+	diag := asMap(t, asSlice(t, field(t, scraped.get(t, "NetworkPolicy", fullname), "spec", "ingress"))[1])
+	if from := asSlice(t, diag["from"]); len(from) != 1 || asMap(t, from[0])["namespaceSelector"] == nil {
+		t.Errorf("diagnostics rule %v: want the configured namespaceSelector", diag)
 	}
 }
 
@@ -537,5 +551,55 @@ func TestMountedSecretsAreReadOnlyAndGroupReadable(t *testing.T) {
 	}
 	if fs := field(t, d, "spec", "template", "spec", "securityContext", "fsGroup"); fs != int64(65532) {
 		t.Errorf("fsGroup %v, want 65532 (the group that may read the secret files)", fs)
+	}
+}
+
+// Probes, metrics and the status page have a port of their own in the pod,
+// which neither the Service nor (through it) the Ingress or HTTPRoute
+// expose; Prometheus finds it by the pod's annotations.
+func TestDiagnosticsPortIsNotExposed(t *testing.T) {
+	for _, sets := range [][]string{nil, {"diagnostics.port=9100", "tls.enabled=true", "tls.existingSecret=tls",
+		"ingress.enabled=true", "httpRoute.enabled=true", "httpRoute.parentRefs[0].name=public"}} {
+		objs := render(t, sets...)
+		want := int64(9090)
+		if sets != nil {
+			want = 9100
+		}
+		c := container(t, objs)
+		var diag map[string]any
+		for _, p := range asSlice(t, c["ports"]) {
+			if pm := asMap(t, p); pm["name"] == "diagnostics" {
+				diag = pm
+			}
+		}
+		if diag == nil || diag["containerPort"] != want {
+			t.Errorf("%v: container port diagnostics %v, want %d", sets, diag, want)
+		}
+		if f := flags(t, objs); f["--diagnostics-address"] != fmt.Sprintf(":%d", want) {
+			t.Errorf("%v: --diagnostics-address %q", sets, f["--diagnostics-address"])
+		}
+		for _, svc := range objs.ofKind("Service") {
+			for _, p := range asSlice(t, field(t, svc, "spec", "ports")) {
+				pm := asMap(t, p)
+				if tp := pm["targetPort"]; tp == "diagnostics" || tp == want || pm["port"] == want {
+					t.Errorf("%v: Service %s exposes the diagnostics port: %v", sets, svc.GetName(), pm)
+				}
+			}
+		}
+		ann := asMap(t, field(t, objs.get(t, "Deployment", fullname), "spec", "template", "metadata", "annotations"))
+		if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != fmt.Sprint(want) || ann["prometheus.io/path"] != "/metrics" {
+			t.Errorf("%v: pod annotations %v, want Prometheus scraping of port %d", sets, ann, want)
+		}
+		if sets != nil {
+			ing := objs.get(t, "Ingress", fullname)
+			b, _ := ing.MarshalJSON()
+			if strings.Contains(string(b), "diagnostics") || strings.Contains(string(b), "9100") {
+				t.Errorf("Ingress reaches the diagnostics port: %s", b)
+			}
+		}
+	}
+	off := render(t, "diagnostics.prometheusAnnotations=false")
+	if _, has := asMap(t, field(t, off.get(t, "Deployment", fullname), "spec", "template", "metadata", "annotations"))["prometheus.io/scrape"]; has {
+		t.Error("prometheus.io/scrape with diagnostics.prometheusAnnotations=false")
 	}
 }

@@ -79,7 +79,7 @@ func startEnv(t *testing.T) *env {
 	consumer := controlplane.Consumer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := exampleapis.Prepare(ctx, provider.AdminConfig(),
+	if err := exampleapis.Prepare(ctx, provider,
 		exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing, queueAPI, bucketAPI, widgetAPI, gadgetAPI); err != nil {
 		t.Fatalf("preparing the provider cluster: %v", err)
 	}

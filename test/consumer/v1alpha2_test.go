@@ -47,7 +47,7 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 	defer cancel()
 	provider := controlplane.Get(t)
 	cons := freshConsumer(t)
-	if err := exampleapis.Prepare(ctx, provider.AdminConfig(), sheriffAPI); err != nil {
+	if err := exampleapis.Prepare(ctx, provider, sheriffAPI); err != nil {
 		t.Fatalf("preparing the provider cluster: %v", err)
 	}
 	ns, kubeconfig := providerNamespace(ctx, t, provider)
@@ -363,7 +363,7 @@ func TestBindV1alpha2EndToEnd(t *testing.T) {
 	e := startEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	if err := exampleapis.Prepare(ctx, e.provider.AdminConfig(), rangerAPI, marshalAPI); err != nil {
+	if err := exampleapis.Prepare(ctx, e.provider, rangerAPI, marshalAPI); err != nil {
 		t.Fatal(err)
 	}
 	e2 := *e

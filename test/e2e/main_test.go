@@ -63,7 +63,7 @@ func prepareCluster(t *testing.T, cp *controlplane.ControlPlane) {
 	clusterOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		clusterErr = exampleapis.Prepare(ctx, cp.AdminConfig(), exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing)
+		clusterErr = exampleapis.Prepare(ctx, cp, exampleapis.MangoDB, exampleapis.Redis, exampleapis.SecretThing)
 	})
 	if clusterErr != nil {
 		t.Fatalf("preparing the control plane: %v", clusterErr)

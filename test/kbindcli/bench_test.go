@@ -49,7 +49,7 @@ func BenchmarkBindToProvider(b *testing.B) {
 	ours := func(tb testing.TB, api exampleapis.API) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := exampleapis.Prepare(ctx, e.provider.AdminConfig(), api); err != nil {
+		if err := exampleapis.Prepare(ctx, e.provider, api); err != nil {
 			tb.Fatal(err)
 		}
 	}

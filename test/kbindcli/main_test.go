@@ -64,7 +64,7 @@ func startEnv(t testing.TB) *env {
 	consumer := controlplane.Consumer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := exampleapis.Prepare(ctx, provider.AdminConfig(), exampleapis.MangoDB, widgetAPI, gadgetAPI, sprocketAPI); err != nil {
+	if err := exampleapis.Prepare(ctx, provider, exampleapis.MangoDB, widgetAPI, gadgetAPI, sprocketAPI); err != nil {
 		t.Fatalf("preparing the provider cluster: %v", err)
 	}
 	port := procs.FreePort(t)

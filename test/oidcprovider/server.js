@@ -12,6 +12,7 @@
 //     "clientSecret": "…",
 //     "redirectURIs": ["http://127.0.0.1:8080/callback"],
 //     "users": [{"name": "alice", "password": "…", "email": "…", "groups": ["…"]}]
+//     (a user may also have "emailVerified": <any JSON> or "noEmailVerified": true)
 //   }
 //
 // Once it serves, it prints one line to stdout: {"issuer": "http://127.0.0.1:PORT"}.
@@ -167,13 +168,18 @@ server.listen(cfg.port || 0, cfg.host || '127.0.0.1', () => {
       return {
         accountId: sub,
         async claims() {
-          return {
+          const claims = {
             sub,
             name: user.name,
             email: user.email,
             email_verified: Boolean(user.email),
             groups: user.groups || [],
           };
+          // A test user may carry email_verified as any JSON value (a
+          // provider that spells it wrongly), or none at all.
+          if ('emailVerified' in user) claims.email_verified = user.emailVerified;
+          if (user.noEmailVerified) delete claims.email_verified;
+          return claims;
         },
       };
     },

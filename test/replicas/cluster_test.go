@@ -70,6 +70,7 @@ type replica struct {
 	addr     string // public listener, host:port
 	peerAddr string // peer listener, host:port
 	peerURL  string // https://peerAddr, as --peers lists it
+	diagAddr string // diagnostics listener (probes, metrics), host:port
 	args     []string
 
 	logs   *procs.Buffer // of every process, one after another
@@ -113,6 +114,7 @@ func (r *replica) start(t *testing.T) {
 	r.runs++
 	fmt.Fprintf(r.logs, "=== %s: process %d started at %s ===\n", r.name, r.runs, time.Now().Format("15:04:05.000"))
 	cmd := exec.Command(backendproc.Binary, r.args...)
+	cmd.Env = append(os.Environ(), backendproc.UnsafeSkipScopeCheckEnv)
 	cmd.Stdout, cmd.Stderr = r.logs, r.logs
 	// In its own process group, killed if the test binary dies.
 	if err := localprocs.StartTied(cmd); err != nil {
@@ -202,25 +204,34 @@ func (r *replica) thaw(t *testing.T) {
 	r.frozen = false
 }
 
-// readyz returns /readyz's status and body.
+// readyz returns the status and body of /readyz on the diagnostics
+// listener, which lists each readiness check.
 func (r *replica) readyz() (int, string, error) {
+	code, body, _, err := r.diagnostics("/readyz")
+	return code, body, err
+}
+
+// diagnostics gets path from the diagnostics listener.
+func (r *replica) diagnostics(path string) (int, string, http.Header, error) {
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + r.addr + "/readyz?verbose")
+	resp, err := c.Get("http://" + r.diagAddr + path)
 	if err != nil {
-		return 0, "", err
+		return 0, "", nil, err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), nil
+	return resp.StatusCode, string(b), resp.Header, nil
 }
 
-// waitReady waits up to 60 s until /readyz answers 200.
+// waitReady waits up to 60 s until the replica is ready and sees every
+// dependency (identity provider, provider cluster) answer: the status
+// page of its diagnostics listener.
 func (r *replica) waitReady(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		code, body, err := r.readyz()
-		if code == http.StatusOK {
+		code, body, h, err := r.diagnostics("/statusz")
+		if code == http.StatusOK && h.Get("X-Ready") == "true" && !strings.Contains(body, "\n[-]") && !strings.Contains(body, "\n[?]") {
 			return
 		}
 		select {
@@ -239,36 +250,15 @@ func (r *replica) waitReady(t *testing.T) {
 // (VmRSS and VmHWM of /proc/<pid>/status).
 func (r *replica) memory(t *testing.T) (rss, peak int64) {
 	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", r.pid()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) != 3 || fields[2] != "kB" {
-			continue
-		}
-		n, _ := strconv.ParseInt(fields[1], 10, 64)
-		switch fields[0] {
-		case "VmRSS:":
-			rss = n << 10
-		case "VmHWM:":
-			peak = n << 10
-		}
-	}
-	if rss == 0 {
-		t.Fatalf("no VmRSS in /proc/%d/status", r.pid())
-	}
-	return rss, peak
+	return procs.Memory(t, r.pid())
 }
 
-// metric returns the value of an unlabelled metric on /metrics.
+// metric returns the value of an unlabelled metric on /metrics of the
+// diagnostics listener.
 func (r *replica) metric(t *testing.T, name string) float64 {
 	t.Helper()
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + r.addr + "/metrics")
+	resp, err := c.Get("http://" + r.diagAddr + "/metrics")
 	if err != nil {
 		t.Fatalf("%s /metrics: %v", r.name, err)
 	}
@@ -451,12 +441,13 @@ func newCluster(t *testing.T, opts clusterOpts) *cluster {
 
 // newReplica prepares a replica on fresh ports of host.
 func newReplica(t *testing.T, name, host string) *replica {
-	port, peerPort := procs.FreePort(t), procs.FreePort(t)
+	port, peerPort, diagPort := procs.FreePort(t), procs.FreePort(t), procs.FreePort(t)
 	r := &replica{
 		name:     name,
 		host:     host,
 		addr:     net.JoinHostPort(host, strconv.Itoa(port)),
 		peerAddr: net.JoinHostPort(host, strconv.Itoa(peerPort)),
+		diagAddr: net.JoinHostPort(host, strconv.Itoa(diagPort)),
 	}
 	r.peerURL = "https://" + r.peerAddr
 	return r
@@ -477,6 +468,7 @@ func (c *cluster) replicaArgs(r *replica, peers []string, keyFile, logLevel stri
 	}
 	return []string{
 		"--listen-address", r.addr,
+		"--diagnostics-address", r.diagAddr,
 		"--external-url", c.ext,
 		"--session-store", "hashring",
 		"--session-namespace", c.ns,

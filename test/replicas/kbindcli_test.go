@@ -48,7 +48,7 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 	cp := controlplane.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := exampleapis.Prepare(ctx, cp.AdminConfig(), sprocketAPI, gizmoAPI); err != nil {
+	if err := exampleapis.Prepare(ctx, cp, sprocketAPI, gizmoAPI); err != nil {
 		t.Fatalf("preparing the provider cluster: %v", err)
 	}
 

@@ -69,7 +69,7 @@ func prepareCluster(t *testing.T, cp *controlplane.ControlPlane) {
 	clusterOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		clusterErr = exampleapis.Prepare(ctx, cp.AdminConfig(), exampleapis.MangoDB)
+		clusterErr = exampleapis.Prepare(ctx, cp, exampleapis.MangoDB)
 	})
 	if clusterErr != nil {
 		t.Fatalf("preparing the control plane: %v", clusterErr)

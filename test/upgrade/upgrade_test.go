@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -160,13 +161,13 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 	var newBackend *backendproc.Process
 	if !t.Run("Upgrade", func(t *testing.T) {
 		oldBackend.Stop()
-		if err := exampleapis.Prepare(ctx, provider.AdminConfig(), mango); err != nil {
+		if err := exampleapis.Prepare(ctx, provider, mango); err != nil {
 			t.Fatalf("installing the new CRDs: %v", err)
 		}
 		if v := servedVersions(ctx, t, pCRDs, crds.APIServiceExports); v != "v1alpha1,v1alpha2(storage)" {
 			t.Fatalf("after the upgrade %s serves %s, want v1alpha1 and v1alpha2 (storage)", crds.APIServiceExports, v)
 		}
-		newBackend = backendproc.StartBinary(t, backendproc.Binary, base, args, 90*time.Second)
+		newBackend = backendproc.StartBinary(t, backendproc.Binary, base, slices.Concat(args, backendproc.DiagnosticsArgs(t)), 90*time.Second)
 
 		// The export turns dual, its v1alpha1 fields untouched.
 		await.Within(t, 2*time.Minute, 200*time.Millisecond, "the export to become dual (spec.resources) and its BoundSchema", func() (bool, error) {

@@ -83,10 +83,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "/" (urlParse .Values.externalURL).path }}
 {{- end }}
 
-{{- define "kbb.scheme" -}}
-{{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
-{{- end }}
-
 {{/*
 Checks across values that the schema cannot express, with messages that say
 what to set. Included by the Deployment so every render runs them.
@@ -122,6 +118,12 @@ what to set. Included by the Deployment so every render runs them.
 {{- end }}
 {{- if and (not $v.callbackFlow) $v.callbackAllowedURLs }}
 {{- fail "\n\ncallbackAllowedURLs with callbackFlow=false: the allow-list is for the callback flow; empty it or turn the callback flow on" }}
+{{- end }}
+{{- if eq (int $v.diagnostics.port) (int $v.containerPort) }}
+{{- fail (printf "\n\ndiagnostics.port=%d is containerPort: the diagnostics need a port of their own, which the Service does not expose" (int $v.diagnostics.port)) }}
+{{- end }}
+{{- if and (eq (include "kbb.sessionStore" .) "hashring") (eq (int $v.diagnostics.port) (int $v.hashring.port)) }}
+{{- fail (printf "\n\ndiagnostics.port=%d is hashring.port: give each its own port" (int $v.diagnostics.port)) }}
 {{- end }}
 {{- if and $v.httpRoute.enabled (not $v.httpRoute.parentRefs) }}
 {{- fail "\n\nhttpRoute.enabled needs httpRoute.parentRefs: the Gateway(s) to attach to, e.g. [{name: public, namespace: gateways}]" }}
@@ -162,6 +164,7 @@ Secrets are passed as files, never as flag values.
 {{- $keys := $v.secrets.keys }}
 {{- $args := list
   (printf "--listen-address=:%d" (int $v.containerPort))
+  (printf "--diagnostics-address=:%d" (int $v.diagnostics.port))
   (printf "--external-url=%s" $v.externalURL)
   (printf "--pretty-name=%s" $v.prettyName)
   (printf "--namespace-prefix=%s" $v.namespacePrefix)
@@ -175,6 +178,9 @@ Secrets are passed as files, never as flag values.
   (printf "--credential-lifetime=%s" $v.credentials.lifetime)
   (printf "--credential-rotation-point=%s" (toString $v.credentials.rotationPoint))
   (printf "--credential-overlap=%s" $v.credentials.overlap)
+  (printf "--binding-lifetime=%s" $v.credentials.bindingLifetime)
+  (printf "--consumer-max-export-requests=%d" (int $v.consumer.maxExportRequests))
+  (printf "--consumer-max-namespaces=%d" (int $v.consumer.maxNamespaces))
   (printf "--session-ttl=%s" $v.session.ttl)
   (printf "--poll-interval=%s" $v.session.pollInterval)
   (printf "--max-polled-sessions=%d" (int $v.session.maxPolled))
@@ -192,6 +198,13 @@ Secrets are passed as files, never as flag values.
   (printf "--gc-unused-binding-after=%s" $v.gc.unusedBindingAfter)
   (printf "--gc-dry-run=%t" $v.gc.dryRun)
 }}
+{{- /* The backend refuses to start unless its admission policy is in force;
+turning the policy off is turning that check off, knowingly. */}}
+{{- if and $v.rbac.create $v.admissionPolicy.enabled }}
+{{- $args = append $args (printf "--admission-policy=%s-scope" (include "kbb.fullname" .)) }}
+{{- else }}
+{{- $args = append $args "--unsafe-skip-admission-policy-check=true" }}
+{{- end }}
 {{- with $v.oidc.callbackURL }}
 {{- $args = append $args (printf "--oidc-callback-url=%s" .) }}
 {{- end }}

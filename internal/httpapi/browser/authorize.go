@@ -31,7 +31,7 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) {
 	case q.Has("p") || q.Has("u"):
 		if h.cfg.NoCallbackFlow {
 			// Before any login, creating nothing; HEAD gets the same.
-			h.page(w, http.StatusNotFound, pageNoCallbackFlow, "")
+			h.RefuseCallbackFlow(w)
 			return
 		}
 		h.authorizeCallback(w, r, q)
@@ -121,6 +121,10 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 // cluster) or plain `kubectl bind` (FlowBrowserV1alpha2, binding as
 // clusterID, the CLI's unproven consumer_id). A HEAD creates nothing.
 func (h *Handler) BeginRedirectLogin(w http.ResponseWriter, r *http.Request, sf sessionkey.Flow, callbackURL, cliSessionID, clusterID string) {
+	if h.cfg.NoCallbackFlow {
+		h.RefuseCallbackFlow(w)
+		return
+	}
 	kind := clusterCallback
 	switch {
 	case sf == sessionkey.FlowCLILogin && h.cfg.Tokens != nil:
@@ -138,6 +142,13 @@ func (h *Handler) BeginRedirectLogin(w http.ResponseWriter, r *http.Request, sf 
 	sess := h.svc.CreateRedirectSession(sf, callbackURL, cliSessionID)
 	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: kind,
 		CallbackURL: callbackURL, CLISessionID: cliSessionID}.encode())
+}
+
+// RefuseCallbackFlow renders the page of a callback-flow link (v1alpha1's
+// p or u, v1alpha2's CLI login or browser flow) with the callback flow
+// off: 404, before any login.
+func (h *Handler) RefuseCallbackFlow(w http.ResponseWriter) {
+	h.page(w, http.StatusNotFound, pageNoCallbackFlow, "")
 }
 
 // RefuseLink renders the page of a link refused before any login.

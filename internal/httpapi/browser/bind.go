@@ -12,6 +12,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/clitoken"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
@@ -67,11 +68,18 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	if !h.stillPending(ctx, w, sess) {
 		return
 	}
+	if h.cfg.NoCallbackFlow && sess.CallbackURL != "" {
+		// Begun on a replica (or before a restart) with the flow on:
+		// nothing goes to a callback from here.
+		h.RefuseCallbackFlow(w)
+		return
+	}
 	if sess.Flow == sessionkey.FlowCLILogin {
 		h.finishCLILogin(w, r, sess, id)
 		return
 	}
-	lc := loginCookie{Flow: f, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, CSRF: newCSRFToken()}
+	lc := loginCookie{Flow: f, Issuer: id.Issuer, Subject: id.Subject, Email: id.Email, EmailVerified: id.EmailVerified, CSRF: newCSRFToken()}
+	lc.Groups, lc.GroupsKnown = binding.RecordableGroups(id.Groups)
 	if err := h.setLoginCookie(w, lc); err != nil {
 		h.internalError(w, "setting the login cookie", err)
 		return
@@ -133,7 +141,11 @@ func oauthError(err error) string {
 // logged-in user and sends the browser to the CLI's callback with it
 // (docs/v1alpha2.md §2.4). The token is never logged; its ID is.
 func (h *Handler) finishCLILogin(w http.ResponseWriter, r *http.Request, sess bindservice.Session, id oidc.Identity) {
-	token, claims, err := h.cfg.Tokens.Issue(id.Issuer, id.Subject)
+	user := clitoken.User{Subject: id.Subject, Groups: id.Groups, GroupsKnown: true}
+	if id.EmailVerified {
+		user.Email = id.Email
+	}
+	token, claims, err := h.cfg.Tokens.Issue(id.Issuer, user)
 	if err != nil {
 		h.log.Warn("no CLI token for this login", "session", sess.ID, "consumer", binding.Consumer{Issuer: id.Issuer, Subject: id.Subject}.ID(), "error", err)
 		h.redirectError(w, r, sess, "server_error", "this provider cannot issue a token to this user")
@@ -174,7 +186,18 @@ func (h *Handler) redirectCLI(w http.ResponseWriter, r *http.Request, callback s
 		return
 	}
 	u.RawQuery = q.Encode()
+	noTrace(w)
 	http.Redirect(w, r, u.String(), http.StatusSeeOther)
+}
+
+// noTrace marks an answer whose redirect URL carries a credential: no
+// cache keeps it, and the browser sends no Referer on to the callback.
+// The URL itself still lands in the browser's history: the released CLIs
+// read the credential from their callback's query and accept it nowhere
+// else (not in a POST body).
+func noTrace(w http.ResponseWriter) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Referrer-Policy", "no-referrer")
 }
 
 // showSelection renders the API selection page for a logged-in browser.
@@ -353,7 +376,11 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}
+	if h.cfg.NoCallbackFlow && sess.CallbackURL != "" {
+		h.RefuseCallbackFlow(w)
+		return
+	}
+	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject, Claims: lc.claims()}
 	body, err := doBind(consumer)
 	switch {
 	case err == nil:
@@ -413,6 +440,7 @@ func (h *Handler) redirectToCLI(w http.ResponseWriter, r *http.Request, callback
 	q := u.Query()
 	q.Set("response", base64.StdEncoding.EncodeToString(body))
 	u.RawQuery = q.Encode()
+	noTrace(w)
 	http.Redirect(w, r, u.String(), http.StatusFound)
 }
 

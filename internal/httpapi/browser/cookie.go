@@ -7,6 +7,7 @@ import (
 
 	"github.com/gorilla/securecookie"
 
+	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/oidc"
 )
@@ -46,6 +47,11 @@ type loginCookie struct {
 	Issuer  string `json:"iss"`
 	Subject string `json:"sub"`
 	Email   string `json:"email,omitempty"`
+	// EmailVerified, Groups and GroupsKnown are recorded with the binding
+	// for the allow-list re-check (binding.Claims).
+	EmailVerified bool     `json:"ev,omitempty"`
+	Groups        []string `json:"grp,omitempty"`
+	GroupsKnown   bool     `json:"gk,omitempty"`
 	// CSRF is the token the selection form must post back.
 	CSRF string `json:"csrf"`
 }
@@ -129,4 +135,13 @@ func (h *Handler) loggedIn(w http.ResponseWriter, r *http.Request, sid string) (
 		return lc, bindservice.Session{}, false
 	}
 	return lc, sess, true
+}
+
+// claims are the login's claims the binding records.
+func (lc loginCookie) claims() *binding.Claims {
+	c := &binding.Claims{Groups: lc.Groups, GroupsKnown: lc.GroupsKnown}
+	if lc.EmailVerified {
+		c.Email = lc.Email
+	}
+	return c
 }

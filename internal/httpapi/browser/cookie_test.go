@@ -3,6 +3,7 @@ package browser
 import (
 	"bytes"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,8 @@ func TestLoginCookieKeyRotation(t *testing.T) {
 	oldHash, newHash := key('h', 32), key('H', 64)
 	oldBlock, newBlock := key('b', 16), key('B', 32)
 	lc := loginCookie{Flow: flow{SessionID: "Zr7Q2mWbX9kLp3Vt", ClusterID: "k2d6r3xqz7m5a4wbe6ty3nvu5q"},
-		Issuer: "https://idp.example.com", Subject: "alice", Email: "alice@example.com", CSRF: newCSRFToken()}
+		Issuer: "https://idp.example.com", Subject: "alice", Email: "alice@example.com", EmailVerified: true,
+		Groups: []string{"team-a"}, GroupsKnown: true, CSRF: newCSRFToken()}
 	codecs := func(hash, block [][]byte) cookieCodecs { return newCookieCodecs(hash, block, 600) }
 	encode := func(cs cookieCodecs) string {
 		t.Helper()
@@ -34,7 +36,7 @@ func TestLoginCookieKeyRotation(t *testing.T) {
 	}
 	opens := func(cs cookieCodecs, v string) bool {
 		var got loginCookie
-		return cs.Decode(loginCookieName, v, &got) == nil && got == lc
+		return cs.Decode(loginCookieName, v, &got) == nil && reflect.DeepEqual(got, lc)
 	}
 
 	oldCookie := encode(codecs([][]byte{oldHash}, [][]byte{oldBlock}))

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -621,7 +622,8 @@ func FuzzBindForm(f *testing.F) {
 			}
 		}
 		c := calls[0]
-		if !slices.Equal(c.resources, want) || c.clusterID != lc.Flow.ClusterID || c.consumer != (binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}) {
+		if !slices.Equal(c.resources, want) || c.clusterID != lc.Flow.ClusterID || c.consumer.Issuer != lc.Issuer || c.consumer.Subject != lc.Subject ||
+			!reflect.DeepEqual(c.consumer.Claims, lc.claims()) {
 			t.Fatalf("body %q: provisioned %+v, want resources %v for cluster %s", body, c, want, lc.Flow.ClusterID)
 		}
 		if !callbackFlow {
@@ -675,7 +677,7 @@ func FuzzLoginCookie(f *testing.F) {
 	other.SetSerializer(securecookie.JSONEncoder{})
 	f.Fuzz(func(t *testing.T, value, sid, iss, sub, email string, flip uint16) {
 		var got loginCookie
-		if err := e.h.cookies.Decode(loginCookieName, value, &got); err == nil && !slices.Contains(minted, got) {
+		if err := e.h.cookies.Decode(loginCookieName, value, &got); err == nil && !slices.ContainsFunc(minted, func(m loginCookie) bool { return reflect.DeepEqual(m, got) }) {
 			t.Fatalf("value %q decoded to %+v, which the backend never encoded", value, got)
 		}
 
@@ -694,7 +696,7 @@ func FuzzLoginCookie(f *testing.F) {
 			b, _ := json.Marshal(*s)
 			_ = json.Unmarshal(b, s)
 		}
-		if back != want {
+		if !reflect.DeepEqual(back, want) {
 			t.Fatalf("round trip: %+v, want %+v", back, want)
 		}
 		if other.Decode(loginCookieName, v, &back) == nil {
@@ -707,7 +709,7 @@ func FuzzLoginCookie(f *testing.F) {
 		i := int(flip) % len(b)
 		b[i] ^= 1 << (flip % 7)
 		back = loginCookie{}
-		if err := e.h.cookies.Decode(loginCookieName, string(b), &back); err == nil && back != want {
+		if err := e.h.cookies.Decode(loginCookieName, string(b), &back); err == nil && !reflect.DeepEqual(back, want) {
 			t.Fatalf("a changed cookie decoded to %+v", back)
 		}
 	})

@@ -73,22 +73,37 @@ func TestCallbackAllowListIsExact(t *testing.T) {
 	}
 	h := &Handler{allowList: allow}
 	for u, ok := range map[string]bool{
-		"https://cli.example.com/cb":      true,
-		"https://CLI.example.com/cb":      true,
-		"https://cli.example.com/cb/x":    false,
-		"https://cli.example.com/cbx":     false,
-		"https://cli.example.com/cb/":     false,
-		"https://cli.example.com/cb?x=1":  false,
-		"https://cli.example.com/cb?":     false,
-		"https://cli.example.com/%63b":    false,
-		"https://cli.example.com:443/cb":  false,
-		"https://cli.example.com/":        false,
-		"http://cli.example.com/cb":       false,
-		"https://root.example.com":        true,
-		"https://root.example.com/":       true,
-		"https://root.example.com/x":      false,
-		"http://127.0.0.1:5000/cb?x=1":    true,
-		"http://localhost:8000/any/thing": true,
+		"https://cli.example.com/cb":     true,
+		"https://CLI.example.com/cb":     true,
+		"https://cli.example.com/cb/x":   false,
+		"https://cli.example.com/cbx":    false,
+		"https://cli.example.com/cb/":    false,
+		"https://cli.example.com/cb?x=1": false,
+		"https://cli.example.com/cb?":    false,
+		"https://cli.example.com/%63b":   false,
+		"https://cli.example.com:443/cb": false,
+		"https://cli.example.com/":       false,
+		"http://cli.example.com/cb":      false,
+		// Userinfo, another port, a longer host, encoded or extra path
+		// characters, a fragment: none is the allowed URL.
+		"https://cli.example.com@evil.example.com/cb":   false,
+		"https://evil@cli.example.com/cb":               false,
+		"https://cli.example.com:8443/cb":               false,
+		"https://cli.example.com.evil.example.com/cb":   false,
+		"https://cli.example.com./cb":                   false,
+		"https://cli.example.com/cb%2F..%2Fx":           false,
+		"https://cli.example.com/cb/../cb":              false,
+		"https://cli.example.com/c%62":                  false,
+		"https://cli.example.com/cb%00":                 false,
+		"https://cli.example.com/cb;x":                  false,
+		"https://cli.example.com/cb#x":                  false,
+		"https://cli.example.com/cb\\x":                 false,
+		"https://cli.example.com%2Eevil.example.com/cb": false,
+		"https://root.example.com":                      true,
+		"https://root.example.com/":                     true,
+		"https://root.example.com/x":                    false,
+		"http://127.0.0.1:5000/cb?x=1":                  true,
+		"http://localhost:8000/any/thing":               true,
 	} {
 		got, problem := h.callbackURL(url.Values{"u": {u}})
 		switch {
@@ -105,5 +120,32 @@ func TestCallbackAllowListIsExact(t *testing.T) {
 	// resolves elsewhere.
 	if _, errs := ParseCallbackAllowList([]string{"https://cli.example.com/a/../cb", "https://x.example.com/cb?"}); len(errs) != 2 {
 		t.Errorf("entries with a dot segment or an empty query: %v", errs)
+	}
+}
+
+// A callback-flow login begun where the flow was on (another replica
+// during a roll-out, or before a restart) and finished where it is off
+// sends nothing to the callback: the login callback and the bind answer
+// the 404 page, and nothing is provisioned.
+func TestNoCallbackFlowRefusesLoginsInFlight(t *testing.T) {
+	e := newRefusalEnv(t)
+	link := func(s string) string {
+		return "/authorize?" + url.Values{"p": {"41234"}, "s": {s}, "c": {"Zx81Qp"}}.Encode()
+	}
+	// Logged in with the flow on; the flow is turned off before Bind.
+	c, form := e.login(link("cliSession1"), "dave")
+	state := e.loginState(link("cliSession2"))
+	e.h.cfg.NoCallbackFlow = true
+
+	w := e.post(form, nil, c)
+	if w.Code != http.StatusNotFound || w.Header().Get("Location") != "" || !strings.Contains(w.Body.String(), "poll flow only") {
+		t.Errorf("bind with the flow turned off: %d to %q, want the 404 page:\n%.300s", w.Code, w.Header().Get("Location"), w.Body)
+	}
+	w = e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "user": {"dave"}}.Encode(), nil, nil)
+	if w.Code != http.StatusNotFound || w.Header().Get("Location") != "" || !strings.Contains(w.Body.String(), "poll flow only") {
+		t.Errorf("login callback with the flow turned off: %d to %q, want the 404 page:\n%.300s", w.Code, w.Header().Get("Location"), w.Body)
+	}
+	if calls := e.prov.take(); len(calls) != 0 {
+		t.Errorf("provisioned %+v, want nothing", calls)
 	}
 }

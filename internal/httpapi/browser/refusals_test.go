@@ -641,6 +641,11 @@ func TestCallbackFlowBindInProcess(t *testing.T) {
 	if w.Code != http.StatusFound || err != nil || loc.Host != "localhost:41234" || loc.Query().Get("response") == "" {
 		t.Fatalf("bind: %d to %q, want 302 to the CLI's callback with the response", w.Code, w.Header().Get("Location"))
 	}
+	// The URL carries the response: no cache keeps the answer, and no
+	// Referer goes on to the callback.
+	if rp, cc := w.Header().Get("Referrer-Policy"), w.Header().Get("Cache-Control"); rp != "no-referrer" || cc != "no-store" {
+		t.Errorf("the redirect with the response: Referrer-Policy %q, Cache-Control %q; want no-referrer, no-store", rp, cc)
+	}
 	if calls := e.prov.take(); len(calls) != 1 || calls[0].clusterID != "Zx81Qp" {
 		t.Fatalf("provisioned %+v, want once for the CLI's cluster ID", calls)
 	}

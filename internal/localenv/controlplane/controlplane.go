@@ -1,7 +1,7 @@
 // Package controlplane runs a real Kubernetes control plane: etcd,
 // kube-apiserver (client-certificate authentication, RBAC, service-account
-// tokens) and kube-controller-manager (service-account, token and root-CA
-// controllers), all on loopback, as separate processes tied to the caller
+// tokens) and kube-controller-manager (service-account, token, root-CA and
+// resource-quota controllers), all on loopback, as separate processes tied to the caller
 // (the kernel ends them if it dies).
 //
 // The local demo (hack/demo) and the tests both use it:
@@ -168,8 +168,10 @@ type Options struct {
 	// start is removed. Stop never removes Dir.
 	Dir string
 	// ExtraControllers are kube-controller-manager controllers to run
-	// besides the default ones (the service-account, token and root-CA
-	// controllers), e.g. "clusterrole-aggregation-controller".
+	// besides the default ones (the service-account, token, root-CA and
+	// resource-quota controllers: the backend gives each consumer a
+	// quota, which admits nothing until this controller has counted),
+	// e.g. "clusterrole-aggregation-controller".
 	ExtraControllers []string
 }
 
@@ -327,7 +329,7 @@ func startIn(ctx context.Context, binDir, dir string, extraControllers []string)
 		"--leader-elect=false",
 		"--service-account-private-key-file="+saKeyFile,
 		"--root-ca-file="+caFile,
-		"--controllers="+strings.Join(append([]string{"serviceaccount-token-controller", "serviceaccount-controller", "root-ca-certificate-publisher-controller"}, extraControllers...), ","),
+		"--controllers="+strings.Join(append([]string{"serviceaccount-token-controller", "serviceaccount-controller", "root-ca-certificate-publisher-controller", "resourcequota-controller"}, extraControllers...), ","),
 	); err != nil {
 		return nil, err
 	}
@@ -424,15 +426,41 @@ func (cp *ControlPlane) stop() {
 // same flags on the same port (etcd keeps every object), and returns once
 // its /readyz answers ok.
 func (cp *ControlPlane) RestartAPIServer(ctx context.Context, down time.Duration) error {
+	if err := cp.restart(ctx, "kube-apiserver", down); err != nil {
+		return err
+	}
+	admin, err := kubernetes.NewForConfig(cp.admin)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	return cp.waitFor(ctx, "kube-apiserver /readyz after a restart", func(ctx context.Context) (bool, error) {
+		_, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil, nil
+	})
+}
+
+// RestartControllerManager stops kube-controller-manager and starts it
+// again. Its resource-quota controller discovers the cluster's kinds at
+// start and then only every 30 s: a restart right after installing CRDs
+// lets quotas count their objects at once.
+func (cp *ControlPlane) RestartControllerManager(ctx context.Context) error {
+	return cp.restart(ctx, "kube-controller-manager", 0)
+}
+
+// restart stops the named process, waits down, and starts it again with
+// the same arguments.
+func (cp *ControlPlane) restart(ctx context.Context, name string, down time.Duration) error {
 	cp.mu.Lock()
 	var old *process
-	i := slices.IndexFunc(cp.procs, func(p *process) bool { return p.name == "kube-apiserver" })
+	i := slices.IndexFunc(cp.procs, func(p *process) bool { return p.name == name })
 	if i >= 0 {
 		old = cp.procs[i]
 	}
 	cp.mu.Unlock()
 	if old == nil {
-		return errors.New("controlplane: no kube-apiserver")
+		return errors.New("controlplane: no " + name)
 	}
 	old.stop(stopGrace)
 	select {
@@ -447,16 +475,7 @@ func (cp *ControlPlane) RestartAPIServer(ctx context.Context, down time.Duration
 	cp.mu.Lock()
 	cp.procs[i] = p
 	cp.mu.Unlock()
-	admin, err := kubernetes.NewForConfig(cp.admin)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-	return cp.waitFor(ctx, "kube-apiserver /readyz after a restart", func(ctx context.Context) (bool, error) {
-		_, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil, nil
-	})
+	return nil
 }
 
 // freePorts finds n distinct loopback ports free at this moment. Another

@@ -16,10 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/deploy/crds"
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 )
 
 // API is an example namespaced API served as a CRD.
@@ -80,14 +80,19 @@ func CRD(a API) *apiextensionsv1.CustomResourceDefinition {
 	}
 }
 
-// Prepare installs the kube-bind.io CRDs and the consumer ClusterRoles, and
-// creates the CRDs of apis (an existing one is kept), waiting until every
+// Prepare installs the kube-bind.io CRDs and the consumer ClusterRoles,
+// waits until resource quotas count kube-bind objects (the backend's
+// per-consumer quota), and creates the CRDs of apis (an existing one is kept), waiting until every
 // CRD is established.
-func Prepare(ctx context.Context, admin *rest.Config, apis ...API) error {
+func Prepare(ctx context.Context, cp *controlplane.ControlPlane, apis ...API) error {
+	admin := cp.AdminConfig()
 	if err := crds.Install(ctx, admin); err != nil {
 		return err
 	}
 	if err := binding.InstallClusterRoles(ctx, admin); err != nil {
+		return err
+	}
+	if err := AwaitQuotaCounting(ctx, cp); err != nil {
 		return err
 	}
 	client, err := apiextensionsclient.NewForConfig(admin)
@@ -125,4 +130,18 @@ func WaitEstablished(ctx context.Context, crds apiextensionsv1client.CustomResou
 		return fmt.Errorf("CRD %s not established: %w", name, err)
 	}
 	return nil
+}
+
+// AwaitQuotaCounting returns once resource quotas count kube-bind objects
+// on cp (crds.AwaitQuotaCounting), restarting kube-controller-manager to
+// discover CRDs installed since it started, rather than waiting up to 30 s
+// for its next look.
+func AwaitQuotaCounting(ctx context.Context, cp *controlplane.ControlPlane) error {
+	if crds.AwaitQuotaCounting(ctx, cp.AdminConfig(), 2*time.Second) == nil {
+		return nil
+	}
+	if err := cp.RestartControllerManager(ctx); err != nil {
+		return err
+	}
+	return crds.AwaitQuotaCounting(ctx, cp.AdminConfig(), 45*time.Second)
 }

@@ -32,6 +32,12 @@ type User struct {
 	Password string   `json:"password"`
 	Email    string   `json:"email,omitempty"`
 	Groups   []string `json:"groups,omitempty"`
+	// EmailVerified is the ID token's email_verified claim as raw JSON
+	// (e.g. `"true"`, `1`, `null`), for testing what a relying party
+	// trusts; nil: true when Email is set. NoEmailVerified leaves the
+	// claim out.
+	EmailVerified   json.RawMessage `json:"emailVerified,omitempty"`
+	NoEmailVerified bool            `json:"noEmailVerified,omitempty"`
 }
 
 // Options configure the provider of one test (or of the local demo).

@@ -68,6 +68,9 @@ type Browser interface {
 	// RefuseLink renders the HTML page of a link refused before any
 	// login, with status and what was wrong.
 	RefuseLink(w http.ResponseWriter, status int, problem string)
+	// RefuseCallbackFlow renders the page of a callback-flow link on a
+	// provider that has the callback flow off.
+	RefuseCallbackFlow(w http.ResponseWriter)
 }
 
 // Config configures the Handler.
@@ -84,6 +87,10 @@ type Config struct {
 	Tokens *clitoken.Tokens
 	// Issuer is the OIDC issuer the tokens' subjects belong to.
 	Issuer string
+	// Allows judges a token's user by the allow-lists of the moment, so
+	// that a user removed from them cannot bind with a token issued
+	// before; nil: everybody.
+	Allows func(clitoken.User) bool
 	// Browser runs logins; nil: /api/authorize and / answer 503.
 	Browser Browser
 	// PollInterval and LongPollMaxWait go into the poll method.
@@ -92,6 +99,12 @@ type Config struct {
 	// PollSessions: POST /api/sessions is served, so discovery lists the
 	// poll method.
 	PollSessions bool
+	// NoCallbackFlow (--callback-flow=false): discovery offers the poll
+	// method only, and the routes of the flows that end at the CLI's
+	// localhost callback (the CLI login, the browser flow) and of the
+	// CLI token the login hands out (templates, collections, bind)
+	// answer 404, before any login.
+	NoCallbackFlow bool
 	// OnDelivered is called with each response POST /api/bind hands out
 	// (binding.DeliveryMarker); it must not block.
 	OnDelivered func(response []byte)
@@ -110,6 +123,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.ExternalURL == nil || cfg.Sessions == nil {
 		return nil, errors.New("v1alpha2: ExternalURL and Sessions are required")
 	}
+	if cfg.NoCallbackFlow && !cfg.PollSessions {
+		return nil, errors.New("v1alpha2: with the callback flow off, the poll sessions must be served (nothing else would bind)")
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -127,12 +143,12 @@ func (h *Handler) Routes() []protocol.Route {
 	return []protocol.Route{
 		{Method: http.MethodGet, Path: PathExports, Handler: h.serveExports},
 		{Method: http.MethodGet, Path: PathExportsOld, Handler: h.redirectExports},
-		{Method: http.MethodGet, Path: PathAuthorize, Handler: h.authorize},
+		{Method: http.MethodGet, Path: PathAuthorize, Handler: h.authorize, Creates: true},
 		{Method: http.MethodHead, Path: PathAuthorize, Handler: h.authorize},
 		{Method: http.MethodGet, Path: PathTemplates, Handler: h.templates},
 		{Method: http.MethodGet, Path: PathCollections, Handler: h.collections},
 		{Method: http.MethodPost, Path: PathBind, Handler: h.bind},
-		{Method: http.MethodGet, Path: PathRoot, Handler: h.root},
+		{Method: http.MethodGet, Path: PathRoot, Handler: h.root, Creates: true},
 		{Method: http.MethodHead, Path: PathRoot, Handler: h.root},
 	}
 }
@@ -168,6 +184,9 @@ func (h *Handler) exportsDocument() v1alpha2.BindingProvider {
 		doc.AuthenticationMethods = append(doc.AuthenticationMethods,
 			v1alpha2.AuthenticationMethod{Method: v1alpha2.MethodOAuth2CodeGrantPoll, OAuth2CodeGrantPoll: poll})
 	}
+	if h.cfg.NoCallbackFlow {
+		return doc
+	}
 	doc.AuthenticationMethods = append(doc.AuthenticationMethods, v1alpha2.AuthenticationMethod{
 		Method:          v1alpha2.MethodOAuth2CodeGrant,
 		OAuth2CodeGrant: &v1alpha2.OAuth2CodeGrant{AuthenticatedURL: h.rootURL(PathAuthorize)},
@@ -193,6 +212,10 @@ func (h *Handler) redirectExports(w http.ResponseWriter, r *http.Request) {
 // authorize is GET /api/authorize of `kubectl bind login`: refused with
 // 400 before any login unless the query is exactly right.
 func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.NoCallbackFlow {
+		h.callbackFlowOff(w)
+		return
+	}
 	if h.cfg.Browser == nil || h.cfg.Tokens == nil {
 		h.unavailablePage(w)
 		return
@@ -208,6 +231,10 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) {
 
 // root is GET / of plain `kubectl bind`.
 func (h *Handler) root(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.NoCallbackFlow {
+		h.callbackFlowOff(w)
+		return
+	}
 	if h.cfg.Browser == nil {
 		h.unavailablePage(w)
 		return
@@ -221,6 +248,22 @@ func (h *Handler) root(w http.ResponseWriter, r *http.Request) {
 	h.cfg.Browser.BeginRedirectLogin(w, r, sessionkey.FlowBrowserV1alpha2, req.RedirectURL, req.SessionID, req.ConsumerID)
 }
 
+// callbackFlowOff answers a browser-flow or CLI-login link with the
+// callback flow off: 404 before any login, creating nothing.
+func (h *Handler) callbackFlowOff(w http.ResponseWriter) {
+	if h.cfg.Browser != nil {
+		h.cfg.Browser.RefuseCallbackFlow(w)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusNotFound)
+	io.WriteString(w, noCallbackFlow+"\n")
+}
+
+// noCallbackFlow says why the released CLI's flows are refused.
+const noCallbackFlow = "this provider binds with the poll flow only (OAuth2CodeGrantPoll, e.g. kube-bind-poll): " +
+	"kubectl bind login, the browser flow and the CLI token routes are off"
+
 func (h *Handler) unavailablePage(w http.ResponseWriter) {
 	w.Header().Set("Retry-After", "30")
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -231,6 +274,12 @@ func (h *Handler) unavailablePage(w http.ResponseWriter) {
 // authenticated checks the bearer token and the cluster_id the CLI may
 // append; it answers the refusal itself.
 func (h *Handler) authenticated(w http.ResponseWriter, r *http.Request) (clitoken.Claims, bool) {
+	if h.cfg.NoCallbackFlow {
+		// The token came from the CLI login, which is off: a token
+		// issued before the switch is not honoured either.
+		writeError(w, http.StatusNotFound, v1alpha2.ErrorResourceNotFound, noCallbackFlow)
+		return clitoken.Claims{}, false
+	}
 	if h.cfg.Tokens == nil || h.cfg.Offers == nil {
 		w.Header().Set("Retry-After", "30")
 		writeError(w, http.StatusServiceUnavailable, v1alpha2.ErrorUnavailable, "sign-in is not configured on this provider yet")
@@ -248,6 +297,11 @@ func (h *Handler) authenticated(w http.ResponseWriter, r *http.Request) (clitoke
 		h.log.Info("CLI token refused", "path", r.URL.Path, "reason", err.Error())
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kube-bind", error="invalid_token"`)
 		writeError(w, http.StatusUnauthorized, v1alpha2.ErrorAuthenticationFailed, err.Error()+": run kubectl bind login again")
+		return clitoken.Claims{}, false
+	}
+	if h.cfg.Allows != nil && !h.cfg.Allows(c.User) {
+		h.log.Info("CLI token of a user the allow-lists no longer admit", "path", r.URL.Path, "token", c.ID)
+		writeError(w, http.StatusForbidden, v1alpha2.ErrorAuthorizationFailed, "you are not allowed to bind at this provider (any more)")
 		return clitoken.Claims{}, false
 	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
@@ -350,7 +404,8 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, v1alpha2.ErrorResourceNotFound, "the template "+req.Template+" is not offered by this provider")
 		return
 	}
-	consumer := binding.Consumer{Issuer: h.cfg.Issuer, Subject: claims.Subject}
+	consumer := binding.Consumer{Issuer: h.cfg.Issuer, Subject: claims.Subject,
+		Claims: &binding.Claims{Email: claims.Email, Groups: claims.Groups, GroupsKnown: claims.GroupsKnown}}
 	resp, err := h.cfg.Sessions.BindDirect(r.Context(), consumer, req.ClusterIdentity, claims.ID,
 		bindservice.Pick{Name: req.Name, Offer: offer})
 	var problem *bindservice.SelectionError

@@ -12,6 +12,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -157,7 +158,15 @@ type env struct {
 	delivered chan []byte
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { t.Helper(); return newEnvWith(t, envOptions{}) }
+
+type envOptions struct {
+	noCallbackFlow bool // --callback-flow=false
+	allows         func(clitoken.User) bool
+}
+
+func newEnvWith(t *testing.T, o envOptions) *env {
+	noCallbackFlow := o.noCallbackFlow
 	t.Helper()
 	e := &env{t: t, clock: fakeclock.At(time.Now().Truncate(time.Second)), prov: &provisioner{},
 		login: &login{states: map[string][]byte{}, user: "alice"}, delivered: make(chan []byte, 10)}
@@ -178,17 +187,18 @@ func newEnv(t *testing.T) *env {
 	bh, err := browser.New(browser.Config{ExternalURL: ext, ProviderName: "Test", Sessions: svc, Login: e.login,
 		Catalog: catalog{}, Provisioner: e.prov, CookieHashKeys: [][]byte{bytes.Repeat([]byte("h"), 32)},
 		CookieBlockKeys: [][]byte{bytes.Repeat([]byte("b"), 32)}, Now: e.clock.Now, OnDelivered: onDelivered,
-		Offers: testOffers, Tokens: e.tokens})
+		Offers: testOffers, Tokens: e.tokens, NoCallbackFlow: noCallbackFlow})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h, err := New(Config{ExternalURL: ext, PrettyName: "Test", Sessions: svc, Offers: testOffers, Tokens: e.tokens,
-		Issuer: issuer, Browser: bh, PollInterval: 2 * time.Second, PollSessions: true, OnDelivered: onDelivered})
+		Issuer: issuer, Browser: bh, PollInterval: 2 * time.Second, PollSessions: true, OnDelivered: onDelivered,
+		NoCallbackFlow: noCallbackFlow, Allows: o.allows})
 	if err != nil {
 		t.Fatal(err)
 	}
 	handler, err := httpapi.New(httpapi.Config{ExternalURL: ext, PrettyName: "Test", Sessions: svc, Browser: bh,
-		Now: e.clock.Now, RootRoutes: h.Routes(), V1alpha2Sessions: true})
+		Now: e.clock.Now, RootRoutes: h.Routes(), V1alpha2Sessions: true, NoCallbackFlow: noCallbackFlow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,6 +291,7 @@ func TestCLILogin(t *testing.T) {
 	if err != nil || c.Subject != "alice" {
 		t.Errorf("the token: %+v %v", c, err)
 	}
+	checkNoTrace(t, "the redirect with the CLI token", resp)
 	if resp.Header.Get("Set-Cookie") != "" {
 		t.Errorf("the CLI login set a cookie: %s", resp.Header.Get("Set-Cookie"))
 	}
@@ -355,11 +366,48 @@ func TestAuthorizeRefusals(t *testing.T) {
 }
 
 func (e *env) token(subject string) string {
-	tok, _, err := e.tokens.Issue(issuer, subject)
+	tok, _, err := e.tokens.Issue(issuer, clitoken.User{Subject: subject})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return tok
+}
+
+// A bind with a CLI token records the login's verified address and
+// groups, which the token carries; a token of a user the allow-lists no
+// longer admit binds nothing and lists nothing (403).
+func TestBindJudgesTheTokensUser(t *testing.T) {
+	e := newEnvWith(t, envOptions{allows: func(u clitoken.User) bool { return slices.Contains(u.Groups, "binders") }})
+	tok := func(groups ...string) string {
+		tok, _, err := e.tokens.Issue(issuer, clitoken.User{Subject: "alice", Email: "alice@example.com", Groups: groups, GroupsKnown: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	allowed := []string{"Authorization", "Bearer " + tok("binders", "devs"), "Content-Type", "application/json"}
+	if resp, body := e.do(e.client(), "POST", "/api/bind", strings.NewReader(bindBody("my-db", "mangodb-with-secrets", "2f1c-uid")), allowed...); resp.StatusCode != 200 {
+		t.Fatalf("bind: %d %s", resp.StatusCode, body)
+	}
+	calls := e.prov.take()
+	if len(calls) != 1 || calls[0].consumer.Claims == nil ||
+		!reflect.DeepEqual(*calls[0].consumer.Claims, binding.Claims{Email: "alice@example.com", Groups: []string{"binders", "devs"}, GroupsKnown: true}) {
+		t.Fatalf("provisioned %+v", calls)
+	}
+	removed := []string{"Authorization", "Bearer " + tok("devs"), "Content-Type", "application/json"}
+	for _, path := range []string{"/api/bind", "/api/templates", "/api/collections"} {
+		method, body := "GET", io.Reader(nil)
+		if path == "/api/bind" {
+			method, body = "POST", strings.NewReader(bindBody("my-db", "mangodb-with-secrets", "2f1c-uid"))
+		}
+		resp, got := e.do(e.client(), method, path, body, removed...)
+		if resp.StatusCode != 403 || !strings.Contains(got, v1alpha2.ErrorAuthorizationFailed) {
+			t.Errorf("%s with the token of a user no longer admitted: %d %s", path, resp.StatusCode, got)
+		}
+	}
+	if calls := e.prov.take(); len(calls) != 0 {
+		t.Errorf("provisioned for a user no longer admitted: %+v", calls)
+	}
 }
 
 func TestTemplatesAndCollections(t *testing.T) {
@@ -441,7 +489,7 @@ func TestBind(t *testing.T) {
 		t.Errorf("request %s", br.Requests[0])
 	}
 	calls := e.prov.take()
-	if len(calls) != 1 || calls[0].consumer != (binding.Consumer{Issuer: issuer, Subject: "alice"}) || calls[0].clusterID != "2f1c-uid" ||
+	if len(calls) != 1 || calls[0].consumer.ID() != issuer+"/alice" || calls[0].clusterID != "2f1c-uid" ||
 		!slices.Equal(calls[0].resources, []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}) {
 		t.Errorf("provisioned %+v", calls)
 	}
@@ -532,6 +580,7 @@ func TestBrowserFlow(t *testing.T) {
 	if loc.Query().Get("session_id") != "CLISESSION234567" {
 		t.Errorf("session_id %q", loc.Query().Get("session_id"))
 	}
+	checkNoTrace(t, "the redirect with binding_response", resp)
 	raw, err := base64.URLEncoding.DecodeString(loc.Query().Get("binding_response"))
 	if err != nil {
 		t.Fatalf("binding_response is not padded base64url: %v", err)
@@ -565,6 +614,73 @@ func TestBrowserFlow(t *testing.T) {
 	}
 	if b, err := base64.URLEncoding.DecodeString(loc.Query().Get("binding_response")); err != nil || string(b) != "{}" {
 		t.Errorf("denied binding_response %q %v", b, err)
+	}
+	checkNoTrace(t, "the redirect with an error", resp)
+}
+
+// checkNoTrace: an answer whose redirect URL carries a credential is not
+// cached and sends no Referer on.
+func checkNoTrace(t *testing.T, what string, resp *http.Response) {
+	t.Helper()
+	if got := resp.Header.Get("Referrer-Policy"); got != "no-referrer" {
+		t.Errorf("%s: Referrer-Policy %q, want no-referrer", what, got)
+	}
+	if got := resp.Header.Get("Cache-Control"); got != "no-store" {
+		t.Errorf("%s: Cache-Control %q, want no-store", what, got)
+	}
+}
+
+// With the callback flow off (--callback-flow=false) the released CLI's
+// flows are gone: discovery offers the poll method only; the CLI login
+// and the browser flow answer 404 with a page that says so before any
+// login (HEAD too); the CLI token routes answer 404 even to a token
+// issued before; the poll sessions still work.
+func TestNoCallbackFlow(t *testing.T) {
+	e := newEnvWith(t, envOptions{noCallbackFlow: true})
+	resp, body := e.do(e.client(), "GET", "/api/exports", nil)
+	var doc v1alpha2.BindingProvider
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &doc) != nil {
+		t.Fatalf("GET /api/exports: %d %s", resp.StatusCode, body)
+	}
+	if len(doc.AuthenticationMethods) != 1 || doc.AuthenticationMethods[0].Method != "OAuth2CodeGrantPoll" || strings.Contains(body, "OAuth2CodeGrant\"") {
+		t.Errorf("discovery with the callback flow off: %s", body)
+	}
+	browserQ := url.Values{"session_id": {"CLISESSION234567"}, "redirect_url": {cliCallback}, "consumer_id": {"9a7d-uid"}}
+	for _, link := range []string{"/api/authorize?" + loginQuery().Encode(), "/?" + browserQ.Encode(), "/api/authorize?redirect_url=x", "/"} {
+		for _, method := range []string{"GET", "HEAD"} {
+			resp, body := e.do(e.client(), method, link, nil)
+			if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Location") != "" || resp.Header.Get("Set-Cookie") != "" ||
+				!strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+				t.Errorf("%s %s: %d, Location %q, cookie %q; want a 404 page", method, link, resp.StatusCode,
+					resp.Header.Get("Location"), resp.Header.Get("Set-Cookie"))
+			}
+			if method == "GET" && !strings.Contains(body, "poll flow only") {
+				t.Errorf("GET %s: the page does not say the provider binds with the poll flow only:\n%.300s", link, body)
+			}
+		}
+	}
+	if len(e.login.states) != 0 {
+		t.Errorf("%d logins began", len(e.login.states))
+	}
+	tok := e.token("alice")
+	for _, r := range []struct{ method, path, body string }{
+		{"GET", "/api/templates", ""},
+		{"GET", "/api/collections", ""},
+		{"POST", "/api/bind", bindBody("mangodb", "mangodb-with-secrets", "9a7d-uid")},
+	} {
+		resp, body := e.do(e.client(), r.method, r.path, strings.NewReader(r.body), "Authorization", "Bearer "+tok)
+		var apiErr v1alpha2.Error
+		if resp.StatusCode != http.StatusNotFound || json.Unmarshal([]byte(body), &apiErr) != nil ||
+			apiErr.Code != v1alpha2.ErrorResourceNotFound || !strings.Contains(apiErr.Message, "poll flow only") {
+			t.Errorf("%s %s with a token: %d %s; want 404 saying the provider binds with the poll flow only", r.method, r.path, resp.StatusCode, body)
+		}
+	}
+	if calls := e.prov.take(); len(calls) != 0 {
+		t.Errorf("provisioned %+v", calls)
+	}
+	// The poll flow is untouched.
+	if resp, body := e.do(e.client(), "POST", "/api/sessions", nil); resp.StatusCode != http.StatusCreated {
+		t.Errorf("POST /api/sessions: %d %s", resp.StatusCode, body)
 	}
 }
 

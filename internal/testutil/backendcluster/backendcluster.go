@@ -37,7 +37,7 @@ func Backend(t testing.TB, cp *controlplane.ControlPlane, user string, apis ...e
 	if !prepared[key] {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := exampleapis.Prepare(ctx, cp.AdminConfig(), apis...); err != nil {
+		if err := exampleapis.Prepare(ctx, cp, apis...); err != nil {
 			t.Fatalf("preparing the control plane: %v", err)
 		}
 		if _, err := cp.UserWithClusterRole(ctx, user, binding.BackendClusterRole); err != nil {

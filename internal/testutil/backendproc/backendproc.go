@@ -9,9 +9,15 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/procs"
@@ -37,30 +43,70 @@ func Main(run func() int) int {
 }
 
 // Start runs Binary with args until the test ends (then SIGINT, and kill
-// after 10s), and waits up to readyWithin until base/readyz answers 200:
-// every dependency is there. The test fails if the process exits or is
-// not ready in time; its logs are shown when the test failed.
+// after 10s), and waits up to readyWithin until it is ready and every
+// dependency answers (StartBinary). Without --diagnostics-address in args
+// it gets one on a free loopback port. The test fails if the process
+// exits or is not ready in time; its logs are shown when the test failed.
 func Start(t testing.TB, base string, args []string, readyWithin time.Duration) *procs.Buffer {
 	t.Helper()
+	if diagnosticsAddress(args) == "" {
+		args = slices.Concat(args, DiagnosticsArgs(t))
+	}
 	return StartBinary(t, Binary, base, args, readyWithin).Logs
+}
+
+// DiagnosticsArgs are the flags of a diagnostics listener on a free
+// loopback port, for a backend of this build (earlier releases have no
+// such flag).
+func DiagnosticsArgs(t testing.TB) []string {
+	return []string{"--diagnostics-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t))}
+}
+
+// diagnosticsAddress is the --diagnostics-address in args, "" if none.
+func diagnosticsAddress(args []string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--diagnostics-address="); ok {
+			return v
+		}
+		if a == "--diagnostics-address" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 // Process is a backend started by StartBinary.
 type Process struct {
 	// Logs holds everything it wrote so far.
 	Logs *procs.Buffer
-	stop func()
+	// PID is the process's id, e.g. to read /proc/<PID>/status.
+	PID int
+	// Diagnostics is the URL of its diagnostics listener ("" for a
+	// release before it had one).
+	Diagnostics string
+	stop        func()
 }
 
 // Stop ends the backend (SIGINT, kill after 10s) and waits until it is
 // gone; safe to call more than once, and called when the test ends.
 func (p *Process) Stop() { p.stop() }
 
+// UnsafeSkipScopeCheckEnv turns off the backend's start-up proof that an
+// admission policy confines it (--unsafe-skip-admission-policy-check).
+const UnsafeSkipScopeCheckEnv = "KUBE_BIND_UNSAFE_SKIP_ADMISSION_POLICY_CHECK=true"
+
 // StartBinary is Start with another build of the backend (bin), e.g. a
-// previous release; the Process can be stopped before the test ends.
+// previous release, and args as they are; the Process can be stopped
+// before the test ends. With --diagnostics-address in args it waits until
+// the status page there says ready with every dependency answering;
+// without (an earlier release), until base/readyz answers 200.
 func StartBinary(t testing.TB, bin, base string, args []string, readyWithin time.Duration) *Process {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
+	// The tests' backends run as the control plane's admin, where no
+	// admission policy can confine them (test/chart runs one confined).
+	// An environment variable, which earlier releases ignore, not a flag.
+	cmd.Env = append(os.Environ(), UnsafeSkipScopeCheckEnv)
 	logs := &procs.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -71,7 +117,30 @@ func StartBinary(t testing.TB, bin, base string, args []string, readyWithin time
 	var waitErr error
 	go func() { waitErr = cmd.Wait(); close(exited) }()
 	var once sync.Once
-	p := &Process{Logs: logs, stop: func() {
+	ready := func() (bool, string, error) {
+		resp, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false, "", err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Sprintf("%d %s", resp.StatusCode, body), nil
+	}
+	var diag string
+	if addr := diagnosticsAddress(args); addr != "" {
+		diag = "http://" + addr
+		ready = func() (bool, string, error) {
+			resp, err := http.Get(diag + "/statusz")
+			if err != nil {
+				return false, "", err
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			ok := resp.Header.Get("X-Ready") == "true" && !strings.Contains(string(body), "\n[-]") && !strings.Contains(string(body), "\n[?]")
+			return ok, fmt.Sprintf("%d %s", resp.StatusCode, body), nil
+		}
+	}
+	p := &Process{Logs: logs, PID: cmd.Process.Pid, Diagnostics: diag, stop: func() {
 		once.Do(func() {
 			_ = cmd.Process.Signal(os.Interrupt)
 			select {
@@ -91,16 +160,14 @@ func StartBinary(t testing.TB, bin, base string, args []string, readyWithin time
 	deadline := time.Now().Add(readyWithin)
 	var last string
 	for {
-		resp, err := http.Get(base + "/readyz")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, body)
-		} else {
+		ok, state, err := ready()
+		if ok {
+			return p
+		}
+		if err != nil {
 			last = err.Error()
+		} else {
+			last = state
 		}
 		select {
 		case <-exited:
@@ -136,4 +203,29 @@ func BrowserArgs(t testing.TB, port int, base string, idp *oidcprovider.Provider
 		"--poll-interval", "1s",
 		"--log-format", "text",
 	}
+}
+
+// ChartMemoryLimit is the chart's default resources.limits.memory in
+// bytes: what a replica must stay under, as the chart runs it.
+func ChartMemoryLimit(t testing.TB) int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(procs.RepoRoot(), "charts", "kube-bind-backend", "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Resources struct {
+			Limits struct {
+				Memory string `json:"memory"`
+			} `json:"limits"`
+		} `json:"resources"`
+	}
+	if err := yaml.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	q, err := resource.ParseQuantity(v.Resources.Limits.Memory)
+	if err != nil || q.Value() <= 0 {
+		t.Fatalf("chart memory limit %q: %v", v.Resources.Limits.Memory, err)
+	}
+	return q.Value()
 }

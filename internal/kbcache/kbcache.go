@@ -1,0 +1,89 @@
+// Package kbcache trims objects before they enter an informer's cache.
+// Consumers write kube-bind objects on the provider cluster, and every
+// replica's leader caches them cluster-wide: what a cache holds must be
+// bounded by what the controllers read, not by what a consumer stored
+// (annotations of 256 KiB, free-form fields, long condition messages).
+package kbcache
+
+import (
+	"unicode/utf8"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/cache"
+)
+
+// MaxConditionText is how much of a condition's message and reason a
+// cache keeps; the controllers compare only their own, shorter ones.
+const MaxConditionText = 256
+
+// Options say what a cache keeps besides names, namespaces, UIDs,
+// resource versions, owner references, deletion marks and the fields
+// not dropped.
+type Options struct {
+	// Annotations and Labels the controller reads; all others are dropped.
+	Annotations []string
+	Labels      []string
+	// Drop lists fields the controller never reads, e.g. {"spec"}.
+	Drop [][]string
+}
+
+// Transform returns a cache.TransformFunc for SetTransform. It always
+// drops managedFields, spec.parameters and condition text beyond
+// MaxConditionText, and keeps only the listed annotations and labels.
+func Transform(o Options) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		m, ok := obj.(metav1.Object)
+		if !ok {
+			return obj, nil // a DeletedFinalStateUnknown: its object was trimmed when cached
+		}
+		m.SetManagedFields(nil)
+		m.SetAnnotations(only(m.GetAnnotations(), o.Annotations))
+		m.SetLabels(only(m.GetLabels(), o.Labels))
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil
+		}
+		unstructured.RemoveNestedField(u.Object, "spec", "parameters")
+		for _, f := range o.Drop {
+			unstructured.RemoveNestedField(u.Object, f...)
+		}
+		status, _ := u.Object["status"].(map[string]any)
+		if conds, ok := status["conditions"].([]any); ok {
+			for _, c := range conds {
+				if c, ok := c.(map[string]any); ok {
+					for _, k := range []string{"message", "reason"} {
+						if s, ok := c[k].(string); ok {
+							c[k] = Truncate(s, MaxConditionText)
+						}
+					}
+				}
+			}
+		}
+		return obj, nil
+	}
+}
+
+func only(have map[string]string, keep []string) map[string]string {
+	var out map[string]string
+	for _, k := range keep {
+		if v, ok := have[k]; ok {
+			if out == nil {
+				out = make(map[string]string, len(keep))
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// Truncate cuts s to at most n bytes, on a rune boundary.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,530 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/credentials"
+	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/testutil/backendcluster"
+	"github.com/kbprovider/backend/internal/testutil/backendproc"
+	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/procs"
+)
+
+const (
+	namespacePrefix = "kb-scale-"
+	issuer          = "https://idp.scale.example"
+	clusterID       = "scale-cluster"
+	backendUser     = "kube-bind-backend-scale"
+	// workers bind consumers at once: enough to keep the API server busy.
+	workers = 16
+	// newBinds are timed one after another once all consumers are bound.
+	newBinds = 5
+	// heartbeatEvery is how often the released konnector (v0.8) writes
+	// its ClusterBinding's heartbeat: half its 5-minute interval.
+	heartbeatEvery = 150 * time.Second
+)
+
+var mango = exampleapis.MangoDB
+
+// With N consumers bound (KUBE_BIND_SCALE_CONSUMERS, default 200) before
+// two replicas start: the leader answers every consumer's request and
+// reports every credential valid, each replica stays under the chart's
+// memory limit, a new bind among them completes, and one rotation of
+// every credential reaches every kubeconfig Secret. Durations, memory and
+// CPU are logged as figures ("figure:" lines), not asserted, but for the
+// memory limit.
+func TestConsumersAtScale(t *testing.T) {
+	n := envInt(t, "KUBE_BIND_SCALE_CONSUMERS", 200)
+	window := envDuration(t, "KUBE_BIND_SCALE_REST", 20*time.Second)
+	ctx := context.Background()
+	cp := controlplane.Get(t)
+	s := newScale(t, cp)
+
+	// The consumers, bound before the backend starts: a new leader finds
+	// them all at once.
+	start := time.Now()
+	if err := parallel(n, workers, func(i int) error { _, err := s.bind(ctx, i); return err }); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	figure(t, "bound %d consumers (Provision and one request each, %d at once) in %s: %.0f binds/s",
+		n, workers, took.Round(time.Second), float64(n)/took.Seconds())
+
+	limit := backendproc.ChartMemoryLimit(t)
+	start = time.Now()
+	reps := startReplicas(t, cp, limit)
+	leader, follower := waitLeader(t, reps)
+	s.waitSettled(t, n, time.Now().Add(settleTimeout(n)))
+	figure(t, "the leader answered all %d requests and reported every credential valid %s after the replicas started",
+		n, time.Since(start).Round(time.Second))
+
+	time.Sleep(5 * time.Second) // the last events, and a GC cycle
+	for _, r := range []*replica{leader, follower} {
+		rss, peak := procs.Memory(t, r.PID)
+		figure(t, "%s with %d consumers: VmRSS %.1f MiB, peak VmHWM %.1f MiB (chart limit %.0f MiB)",
+			r.role, n, mib(rss), mib(peak), mib(limit))
+		if peak >= limit {
+			t.Errorf("%s: peak VmHWM %.1f MiB reaches the chart's memory limit %.0f MiB", r.role, mib(peak), mib(limit))
+		}
+	}
+
+	for _, r := range []*replica{leader, follower} {
+		figure(t, "%s at rest, no heartbeats: %.1f millicores over %s", r.role, procs.CPUMillicores(t, r.PID, window), window)
+	}
+	stopHeartbeats := s.heartbeats(ctx, n)
+	time.Sleep(heartbeatEvery / 10) // every konnector's first heartbeats have begun
+	both := []*replica{leader, follower}
+	cpus := make([]float64, len(both))
+	var wg sync.WaitGroup
+	for i, r := range both {
+		wg.Go(func() { cpus[i] = procs.CPUMillicores(t, r.PID, window) })
+	}
+	wg.Wait()
+	beats := stopHeartbeats()
+	for i, r := range both {
+		figure(t, "%s at rest with every konnector's heartbeat (%.1f/s): %.1f millicores over %s",
+			r.role, float64(n)/heartbeatEvery.Seconds(), cpus[i], window)
+	}
+	if beats == 0 {
+		t.Errorf("no heartbeat was written")
+	}
+
+	// New binds among the n: Provision, then the konnector's request
+	// until it is answered and its APIServiceExport exists.
+	var provisions, answers []time.Duration
+	for i := range newBinds {
+		t0 := time.Now()
+		ns, err := s.provision(ctx, n+i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := s.request(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		s.waitAnswered(t, ns, 2*time.Minute)
+		provisions, answers = append(provisions, t1.Sub(t0)), append(answers, time.Since(t1))
+	}
+	figure(t, "a new bind among %d: Provision %s, its request answered with an APIServiceExport %s later (median of %d; all: %v / %v)",
+		n, median(provisions), median(answers), newBinds, provisions, answers)
+
+	// One rotation of every credential, asked for on every ClusterBinding
+	// at once, until every kubeconfig Secret names a new token.
+	total := n + newBinds
+	before := s.kubeconfigTokens(t)
+	if len(before) != total {
+		t.Fatalf("%d kubeconfig Secrets, want %d", len(before), total)
+	}
+	// The request must be later than every issue time (whole seconds).
+	time.Sleep(1100 * time.Millisecond)
+	stamp := time.Now().UTC().Format(time.RFC3339)
+	start = time.Now()
+	if err := s.askRotation(ctx, stamp); err != nil {
+		t.Fatal(err)
+	}
+	annotated := time.Since(start)
+	s.waitRotated(t, before, start.Add(rotationTimeout(total)))
+	took = time.Since(start)
+	figure(t, "rotated all %d credentials in %s (%.1f/s; annotating every ClusterBinding took %s of it)",
+		total, took.Round(time.Second), float64(total)/took.Seconds(), annotated.Round(time.Second))
+	for _, r := range []*replica{leader, follower} {
+		rss, peak := procs.Memory(t, r.PID)
+		figure(t, "%s after the rotation: VmRSS %.1f MiB, peak VmHWM %.1f MiB", r.role, mib(rss), mib(peak))
+		if peak >= limit {
+			t.Errorf("%s: peak VmHWM %.1f MiB reaches the chart's memory limit %.0f MiB", r.role, mib(peak), mib(limit))
+		}
+	}
+}
+
+// scale holds the clients of a run.
+type scale struct {
+	prov *binding.Provisioner
+	dyn  dynamic.Interface
+	kube kubernetes.Interface
+}
+
+func newScale(t *testing.T, cp *controlplane.ControlPlane) *scale {
+	t.Helper()
+	// The provisioner runs as a user holding only the backend's
+	// ClusterRole, as the backend does; unthrottled, as the point is to
+	// make the objects quickly.
+	rc := rest.CopyConfig(backendcluster.Backend(t, cp, backendUser, mango))
+	rc.QPS, rc.Burst = 1000, 2000
+	cat := backendcluster.Catalog(t, rc, mango)
+	prov, err := binding.NewProvisioner(rc, cat, binding.Config{NamespacePrefix: namespacePrefix, ProviderPrettyName: "Scale provider"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := rest.CopyConfig(cp.AdminConfig())
+	admin.QPS, admin.Burst = 1000, 2000
+	return &scale{prov: prov, dyn: dynamic.NewForConfigOrDie(admin), kube: kubernetes.NewForConfigOrDie(admin)}
+}
+
+// bind binds consumer i and makes its konnector's request.
+func (s *scale) bind(ctx context.Context, i int) (string, error) {
+	ns, err := s.provision(ctx, i)
+	if err != nil {
+		return "", err
+	}
+	return ns, s.request(ctx, ns)
+}
+
+func (s *scale) provision(ctx context.Context, i int) (string, error) {
+	c := binding.Consumer{Issuer: issuer, Subject: fmt.Sprintf("consumer-%05d", i)}
+	res, err := s.prov.Provision(ctx, c, clusterID, []binding.Resource{mango.Resource()})
+	if err != nil {
+		return "", fmt.Errorf("consumer %d: %w", i, err)
+	}
+	return res.Namespace, nil
+}
+
+// request makes the APIServiceExportRequest the konnector makes for the
+// bound API.
+func (s *scale) request(ctx context.Context, ns string) error {
+	req := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha2", "kind": "APIServiceExportRequest",
+		"metadata": map[string]any{"name": mango.Name()},
+		"spec": map[string]any{"resources": []any{map[string]any{
+			"group": mango.Group, "resource": mango.Plural, "versions": []any{exampleapis.Version},
+		}}},
+	}}
+	_, err := s.dyn.Resource(kbresources.APIServiceExportRequestsV1alpha2).Namespace(ns).Create(ctx, req, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("request in %s: %w", ns, err)
+	}
+	return nil
+}
+
+// waitSettled waits until every one of the n consumers has its request
+// Succeeded, its APIServiceExport, and CredentialsValid=True on its
+// ClusterBinding.
+func (s *scale) waitSettled(t *testing.T, n int, deadline time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	for {
+		succeeded, exported, valid := 0, 0, 0
+		err := listAll(ctx, s.dyn.Resource(kbresources.APIServiceExportRequestsV1alpha2), func(u *unstructured.Unstructured) {
+			if p, _, _ := unstructured.NestedString(u.Object, "status", "phase"); p == exports.PhaseSucceeded && ours(u) {
+				succeeded++
+			}
+		})
+		if err == nil {
+			err = listAll(ctx, s.dyn.Resource(kbresources.APIServiceExportsV1alpha2), func(u *unstructured.Unstructured) {
+				if u.GetName() == mango.Name() && ours(u) {
+					exported++
+				}
+			})
+		}
+		if err == nil {
+			err = listAll(ctx, s.dyn.Resource(kbresources.ClusterBindings), func(u *unstructured.Unstructured) {
+				if ours(u) && credentialsValid(u) {
+					valid++
+				}
+			})
+		}
+		if err == nil && succeeded == n && exported == n && valid == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("of %d consumers, %d requests succeeded, %d exports made, %d credentials reported valid (last error: %v)",
+				n, succeeded, exported, valid, err)
+		}
+		time.Sleep(pollEvery(n))
+	}
+}
+
+func ours(u *unstructured.Unstructured) bool {
+	return strings.HasPrefix(u.GetNamespace(), namespacePrefix)
+}
+
+func credentialsValid(cb *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		if m["type"] == credentials.ConditionType {
+			return m["status"] == "True"
+		}
+	}
+	return false
+}
+
+// waitAnswered polls (every 10 ms, as an impatient konnector) until the
+// request in ns succeeded and its APIServiceExport exists.
+func (s *scale) waitAnswered(t *testing.T, ns string, within time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(within)
+	for {
+		req, err := s.dyn.Resource(kbresources.APIServiceExportRequestsV1alpha2).Namespace(ns).Get(ctx, mango.Name(), metav1.GetOptions{})
+		if err == nil {
+			if p, _, _ := unstructured.NestedString(req.Object, "status", "phase"); p == exports.PhaseSucceeded {
+				if _, err = s.dyn.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Get(ctx, mango.Name(), metav1.GetOptions{}); err == nil {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the request in %s was not answered with an export within %s (last error: %v)", ns, within, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// heartbeats writes each consumer's ClusterBinding heartbeat every
+// heartbeatEvery, spread evenly, as n konnectors would, until the returned
+// function is called; it returns how many were written.
+func (s *scale) heartbeats(ctx context.Context, n int) (stop func() int) {
+	nss := make([]string, 0, n)
+	_ = listAll(ctx, s.dyn.Resource(kbresources.ClusterBindings), func(u *unstructured.Unstructured) {
+		if ours(u) {
+			nss = append(nss, u.GetNamespace())
+		}
+	})
+	ctx, cancel := context.WithCancel(ctx)
+	const beaters = 4
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	written := 0
+	gap := heartbeatEvery * beaters / time.Duration(max(len(nss), 1))
+	for b := range beaters {
+		wg.Go(func() {
+			tick := time.NewTicker(gap)
+			defer tick.Stop()
+			for i := b; ; i += beaters {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				ns := nss[i%len(nss)]
+				patch := fmt.Sprintf(`{"status":{"lastHeartbeatTime":%q,"heartbeatInterval":"5m0s"}}`, time.Now().UTC().Format(time.RFC3339))
+				_, err := s.dyn.Resource(kbresources.ClusterBindings).Namespace(ns).Patch(ctx, binding.ClusterBindingName,
+					types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+				if err == nil {
+					mu.Lock()
+					written++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	return func() int { cancel(); wg.Wait(); return written }
+}
+
+// kubeconfigTokens maps each consumer namespace to the token Secret its
+// kubeconfig Secret names.
+func (s *scale) kubeconfigTokens(t *testing.T) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	opts := metav1.ListOptions{FieldSelector: "metadata.name=" + binding.KubeconfigSecretName, Limit: 500}
+	for {
+		list, err := s.kube.CoreV1().Secrets("").List(context.Background(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sec := range list.Items {
+			if strings.HasPrefix(sec.Namespace, namespacePrefix) {
+				out[sec.Namespace] = sec.Annotations[binding.AnnotationTokenSecret]
+			}
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out
+		}
+	}
+}
+
+// askRotation sets the rotation annotation on every consumer's
+// ClusterBinding, as an operator would with kubectl annotate.
+func (s *scale) askRotation(ctx context.Context, stamp string) error {
+	var nss []string
+	if err := listAll(ctx, s.dyn.Resource(kbresources.ClusterBindings), func(u *unstructured.Unstructured) {
+		if ours(u) {
+			nss = append(nss, u.GetNamespace())
+		}
+	}); err != nil {
+		return err
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, credentials.AnnotationRotate, stamp)
+	return parallel(len(nss), workers, func(i int) error {
+		_, err := s.dyn.Resource(kbresources.ClusterBindings).Namespace(nss[i]).Patch(ctx, binding.ClusterBindingName,
+			types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
+}
+
+// waitRotated waits until every kubeconfig Secret of before names another
+// token.
+func (s *scale) waitRotated(t *testing.T, before map[string]string, deadline time.Time) {
+	t.Helper()
+	for {
+		now := s.kubeconfigTokens(t)
+		left := 0
+		for ns, tok := range before {
+			if now[ns] == tok {
+				left++
+			}
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d kubeconfig Secrets still name their old token", left, len(before))
+		}
+		time.Sleep(pollEvery(len(before)))
+	}
+}
+
+// replica is one backend process.
+type replica struct {
+	*backendproc.Process
+	role string // "leader" or "follower", once known
+}
+
+// startReplicas starts two backends, leader election on, with the
+// chart's memory limit.
+func startReplicas(t *testing.T, cp *controlplane.ControlPlane, limit int64) []*replica {
+	t.Helper()
+	ports := []int{procs.FreePort(t), procs.FreePort(t)}
+	var redirects []string
+	for _, p := range ports {
+		redirects = append(redirects, fmt.Sprintf("http://127.0.0.1:%d/callback", p))
+	}
+	idp := oidcprovider.Start(t, oidcprovider.Options{RedirectURIs: redirects})
+	var reps []*replica
+	for _, port := range ports {
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		args := append(backendproc.BrowserArgs(t, port, base, idp, cp.AdminKubeconfigPath(), "Scale provider", namespacePrefix),
+			"--memory-limit", strconv.FormatInt(limit, 10),
+			"--leader-election-namespace", "default")
+		args = append(args, backendproc.DiagnosticsArgs(t)...)
+		reps = append(reps, &replica{Process: backendproc.StartBinary(t, backendproc.Binary, base, args, 2*time.Minute)})
+	}
+	return reps
+}
+
+// waitLeader finds which replica leads.
+func waitLeader(t *testing.T, reps []*replica) (leader, follower *replica) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		for i, r := range reps {
+			if strings.Contains(r.Logs.String(), "leader election: became leader") {
+				leader, follower = r, reps[1-i]
+				leader.role, follower.role = "leader", "follower"
+				return leader, follower
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no replica became leader within a minute")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// listAll lists a resource in every namespace, 500 at a time.
+func listAll(ctx context.Context, r dynamic.NamespaceableResourceInterface, each func(*unstructured.Unstructured)) error {
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		list, err := r.List(ctx, opts)
+		if err != nil {
+			return err
+		}
+		for i := range list.Items {
+			each(&list.Items[i])
+		}
+		if opts.Continue = list.GetContinue(); opts.Continue == "" {
+			return nil
+		}
+	}
+}
+
+// parallel runs do(0..n-1) on at most w goroutines and returns the first
+// error (the others still finish).
+func parallel(n, w int, do func(i int) error) error {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	for range w {
+		wg.Go(func() {
+			for i := range next {
+				if err := do(i); err != nil {
+					once.Do(func() { first = err })
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return first
+}
+
+// Timeouts that grow with n: a failure is a consumer left behind, not a
+// slow machine.
+func settleTimeout(n int) time.Duration { return 5*time.Minute + time.Duration(n)*200*time.Millisecond }
+func rotationTimeout(n int) time.Duration {
+	return 5*time.Minute + time.Duration(n)*500*time.Millisecond
+}
+func pollEvery(n int) time.Duration { return max(time.Second, time.Duration(n)*time.Millisecond) }
+
+func figure(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Logf("figure: "+format, args...)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2].Round(time.Millisecond)
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
+}
+
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive duration such as 60s", name, v)
+	}
+	return d
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
