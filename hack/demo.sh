@@ -7,9 +7,13 @@
 # konnector that command deploys as a local process (the clusters have no
 # nodes); Ctrl-C stops it all.
 #
-#   hack/demo.sh [--listen-address 127.0.0.1:8080] [--oidc-address 127.0.0.1:5556]
+#   hack/demo.sh [--node] [--listen-address 127.0.0.1:8080] [--oidc-address 127.0.0.1:5556]
 #                [--diagnostics-address 127.0.0.1:9090]
 #                [--state-dir DIR] [--user demo] [--password demo-password]
+#
+# --node (as root): the provider cluster gets a real node, and the backend
+# runs as the chart's two pods (helm install), behind their Service at
+# http://10.0.0.200; the identity provider listens on the node's address.
 #
 # On a fresh machine it first installs the OIDC provider's npm packages and
 # builds the pinned Kubernetes binaries (minutes, once; then cached). It
@@ -22,8 +26,16 @@ export KUBE_BIND_DEMO_T0
 
 log() { printf '[demo %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-bash hack/install-test-deps.sh --no-browser
-KUBE_BIND_TEST_BINARIES=$(bash hack/install-test-binaries.sh --without-helm | tail -n 1)
+node=""
+for arg in "$@"; do if [ "$arg" = --node ]; then node=yes; fi; done
+if [ -n "$node" ]; then
+  # The node's runtime, kubelet & co. and helm.
+  bash hack/install-test-deps.sh --no-browser --node
+  KUBE_BIND_TEST_BINARIES=$(bash hack/install-test-binaries.sh | tail -n 1)
+else
+  bash hack/install-test-deps.sh --no-browser
+  KUBE_BIND_TEST_BINARIES=$(bash hack/install-test-binaries.sh --without-helm | tail -n 1)
+fi
 export KUBE_BIND_TEST_BINARIES
 
 # A folder per checkout that stays: go build relinks only what changed, so a
@@ -36,6 +48,10 @@ log "building the backend, kube-bind-poll, the demo and the konnector's network 
 go build -o "$bin/" ./cmd/backend ./cmd/kube-bind-poll ./hack/demo ./internal/localenv/konnector/netbridge
 # kubectl finds plugins on PATH by name: `kubectl bind-poll` runs this.
 ln -f "$bin/kube-bind-poll" "$bin/kubectl-bind_poll"
+if [ -n "$node" ]; then
+  # The image's backend: static, as the Dockerfile builds it.
+  CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$bin/backend-static" ./cmd/backend
+fi
 log "built in $((SECONDS - t))s"
 
 # exec: the demo gets Ctrl-C and SIGTERM itself and stops everything it started.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds pinned kube-apiserver, kube-controller-manager, kubectl, etcd and helm
+# Builds pinned kube-apiserver, kube-controller-manager, kubectl, etcd and helm,
+# and the node's kubelet, kube-scheduler and kube-proxy (internal/localenv/node),
 # from the Go module proxy, once, and caches the finished binaries under
 # $HOME/.cache. Prints the folder that holds them as its last line of stdout.
 # A second call returns at once. Progress goes to stderr.
@@ -8,8 +9,9 @@
 #   hack/install-test-binaries.sh --print-dir  print the folder if complete, else exit 1;
 #                                              never builds (the Go test helpers use this)
 #   hack/install-test-binaries.sh --without-helm
-#                                              all but helm (the local demo, hack/demo.sh:
-#                                              saves about 7 of 21 minutes on a fresh machine)
+#                                              the control plane only: no helm, no node
+#                                              (the local demo, hack/demo.sh: saves about
+#                                              half the build on a fresh machine)
 #
 # Environment: K8S_VERSION, ETCD_VERSION, HELM_VERSION (pins),
 # KUBE_BIND_BACKEND_CACHE (cache root, default $HOME/.cache/kube-bind-backend).
@@ -20,13 +22,18 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 
 cache_root="${KUBE_BIND_BACKEND_CACHE:-$HOME/.cache/kube-bind-backend}"
-dest="$cache_root/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
-k8s_cmds=(kube-apiserver kube-controller-manager kubectl)
+# "-node": this folder also holds the node's binaries, so a folder of an
+# earlier version of this script is never taken for a complete one.
+dest="$cache_root/k8s-${K8S_VERSION}-node-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
+# The folder of that earlier version: binaries found there are copied, not rebuilt.
+old_dest="$cache_root/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
+node_cmds=(kubelet kube-scheduler kube-proxy)
+k8s_cmds=(kube-apiserver kube-controller-manager kubectl "${node_cmds[@]}")
 all=("${k8s_cmds[@]}" etcd helm)
 mode="${1:-}"
 case "$mode" in
   ""|--print-dir) ;;
-  --without-helm) all=("${k8s_cmds[@]}" etcd); mode="" ;;
+  --without-helm) k8s_cmds=(kube-apiserver kube-controller-manager kubectl); all=("${k8s_cmds[@]}" etcd); mode="" ;;
   *) echo "usage: $0 [--print-dir | --without-helm]" >&2; exit 2 ;;
 esac
 
@@ -67,6 +74,20 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 
 begin=$SECONDS
+mkdir -p "$dest"
+# Binaries of the same pinned versions in the earlier folder are complete
+# (it only ever held finished ones): copy them instead of building again.
+for b in "${missing[@]}"; do
+  if [ -x "$old_dest/$b" ] && [ "$b" != helm -o "$("$old_dest/$b" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ]; then
+    cp "$old_dest/$b" "$dest/.$b.tmp" && mv -f "$dest/.$b.tmp" "$dest/$b"
+    log "copied $b from $old_dest"
+  fi
+done
+find_missing
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "$dest"
+  exit 0
+fi
 log "building ${missing[*]} into $dest (about 5-15 minutes on a fresh 2-core machine; cached afterwards)"
 mkdir -p "$dest"
 

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Installs what the tests need besides the Go-built binaries
 # (hack/install-test-binaries.sh): Debian's chromium for the browser tests,
-# nftables for the tests that drop a replica's packets, and
+# nftables for the tests that drop a replica's packets, containerd, runc and
+# the CNI plugins for the one-node cluster (internal/localenv/node), and
 # the npm packages of the test OpenID Connect provider (npm ci, from its lock
 # file). Returns at once when everything is already there.
 #
 #   hack/install-test-deps.sh               chromium and npm ci
 #   hack/install-test-deps.sh --no-browser  npm ci only (the local demo, hack/demo.sh)
+#   hack/install-test-deps.sh --no-browser --node
+#                                           and the node's runtime (hack/demo.sh --node)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 browser=yes
-case "${1:-}" in
-  "") ;;
-  --no-browser) browser=no ;;
-  *) echo "usage: $0 [--no-browser]" >&2; exit 2 ;;
-esac
+node=""
+for arg in "$@"; do
+  case "$arg" in
+    --no-browser) browser=no ;;
+    --node) node=yes ;;
+    *) echo "usage: $0 [--no-browser] [--node]" >&2; exit 2 ;;
+  esac
+done
 
 log() { printf '[install-test-deps %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -37,6 +43,19 @@ fi
 # refusals) with rules on loopback addresses only.
 if [ "$browser" = yes ] && ! command -v nft >/dev/null 2>&1; then
   apt_install nftables
+fi
+
+# The one-node cluster's runtime (test/node, hack/demo.sh --node): Debian's
+# containerd 1.6, runc and CNI plugins (bridge, host-local, loopback).
+if [ "$browser" = yes ] || [ "$node" = yes ]; then
+  node_pkgs=()
+  command -v containerd >/dev/null 2>&1 || node_pkgs+=(containerd)
+  command -v runc >/dev/null 2>&1 || node_pkgs+=(runc)
+  [ -x /usr/lib/cni/bridge ] || node_pkgs+=(containernetworking-plugins)
+  command -v nft >/dev/null 2>&1 || node_pkgs+=(nftables)
+  if [ ${#node_pkgs[@]} -gt 0 ]; then
+    apt_install "${node_pkgs[@]}"
+  fi
 fi
 
 for dir in test/oidcprovider; do

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/node"
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
 	"github.com/kbprovider/backend/internal/localenv/procs"
 )
@@ -32,6 +33,7 @@ type demo struct {
 
 	baseURL       string
 	cp            *controlplane.ControlPlane // the provider cluster
+	node          *node.Node                 // with --node: the provider cluster's node
 	consumerCP    *controlplane.ControlPlane // the consumer cluster
 	idp           *oidcprovider.Provider
 	idpLog        *os.File
@@ -58,8 +60,22 @@ func (d *demo) start(ctx context.Context) error {
 	o := d.opts
 	d.baseURL = "http://" + o.listenAddress
 	// Refuse taken ports before starting anything, naming the flag.
-	for _, a := range []struct{ flag, addr string }{{"--listen-address", o.listenAddress}, {"--oidc-address", o.oidcAddress},
-		{"--diagnostics-address", o.diagAddress}} {
+	addrs := []struct{ flag, addr string }{{"--listen-address", o.listenAddress}, {"--oidc-address", o.oidcAddress},
+		{"--diagnostics-address", o.diagAddress}}
+	if o.node {
+		// The backend is the chart's pods behind their Service; the
+		// identity provider listens on the node's address.
+		if err := node.Preflight(); err != nil {
+			return err
+		}
+		a, err := d.oidcAddressOnNode()
+		if err != nil {
+			return err
+		}
+		addrs = addrs[:0]
+		o.oidcAddress = a
+	}
+	for _, a := range addrs {
 		l, err := net.Listen("tcp", a.addr)
 		if err != nil {
 			return fmt.Errorf("cannot listen on %s (%v): is another demo running? Choose another address with %s", a.addr, err, a.flag)
@@ -91,10 +107,12 @@ func (d *demo) start(ctx context.Context) error {
 	}
 
 	t := time.Now()
-	if err := exampleapis.Prepare(ctx, d.cp, exampleAPIs...); err != nil {
-		return fmt.Errorf("installing the kube-bind CRDs and the example APIs: %w", err)
+	if !o.node { // (with --node, the chart installs them)
+		if err := exampleapis.Prepare(ctx, d.cp, exampleAPIs...); err != nil {
+			return fmt.Errorf("installing the kube-bind CRDs and the example APIs: %w", err)
+		}
+		d.step("installed the kube-bind CRDs, the consumer ClusterRoles and the example APIs %s (%s)", describeAPIs(), since(t))
 	}
-	d.step("installed the kube-bind CRDs, the consumer ClusterRoles and the example APIs %s (%s)", describeAPIs(), since(t))
 
 	t = time.Now()
 	if d.idpLog, err = os.Create(d.path("oidc-provider.log")); err != nil {
@@ -118,10 +136,16 @@ func (d *demo) start(ctx context.Context) error {
 	d.step("OpenID Connect provider up at %s (%s)", d.idp.IssuerURL, since(t))
 
 	t = time.Now()
-	if err := d.startBackend(ctx, secret); err != nil {
-		return fmt.Errorf("backend (log: %s): %w", d.path("backend.log"), err)
+	if o.node {
+		if err := d.installChart(ctx, secret); err != nil {
+			return err
+		}
+	} else {
+		if err := d.startBackend(ctx, secret); err != nil {
+			return fmt.Errorf("backend (log: %s): %w", d.path("backend.log"), err)
+		}
+		d.step("backend ready at %s (%s)", d.baseURL, since(t))
 	}
-	d.step("backend ready at %s (%s)", d.baseURL, since(t))
 
 	if d.konnectorBinary != "" {
 		if err := d.startKonnectorWatcher(); err != nil {
@@ -157,10 +181,16 @@ func (d *demo) startClusters(ctx context.Context) error {
 		d.step("consumer control plane up at %s (%s)", cp.Host(), since(t))
 		d.consumerCP = cp
 	}()
-	cp, err := controlplane.Start(ctx, controlplane.Options{BinDir: o.binDir, Dir: d.path("controlplane")})
-	if err == nil {
-		d.cp = cp
-		d.step("provider control plane up at %s (%s)", cp.Host(), since(t))
+	var err error
+	if o.node {
+		err = d.startNode(ctx)
+	} else {
+		var cp *controlplane.ControlPlane
+		cp, err = controlplane.Start(ctx, controlplane.Options{BinDir: o.binDir, Dir: d.path("controlplane")})
+		if err == nil {
+			d.cp = cp
+			d.step("provider control plane up at %s (%s)", cp.Host(), since(t))
+		}
 	}
 	<-consumerDone
 	if err != nil {
@@ -270,6 +300,16 @@ func (d *demo) stop() {
 	}
 	if d.idpLog != nil {
 		d.idpLog.Close()
+	}
+	// The node puts the host back as it was (and stops its control plane).
+	if d.node != nil {
+		if drops, err := node.GuardDrops(); err != nil || drops > 0 {
+			d.step("the node's network guard: %v, %d packets dropped that would have left this machine:\n%s", err, drops, node.GuardListing())
+		}
+		if err := d.node.Stop(); err != nil {
+			d.step("%v", err)
+		}
+		d.cp = nil
 	}
 	// Both clusters at once, as they started.
 	var wg sync.WaitGroup

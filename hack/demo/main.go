@@ -49,6 +49,7 @@ type options struct {
 	user            string
 	password        string
 	prettyName      string
+	node            bool
 }
 
 func main() {
@@ -75,6 +76,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.user, "user", "demo", "name of the demo user at the OpenID Connect provider")
 	fs.StringVar(&o.password, "password", "demo-password", "password of the demo user")
 	fs.StringVar(&o.prettyName, "pretty-name", "kube-bind demo provider", "provider name shown to consumers")
+	fs.BoolVar(&o.node, "node", false, "run the provider cluster with a node (root only): the backend as the chart's pods behind their Service at http://"+nodeServiceIP+"; --listen-address and --diagnostics-address are then unused")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -84,6 +86,11 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	for _, b := range []struct{ flag, path string }{{"--backend-binary", o.backendBinary}, {"--poll-binary", o.pollBinary}, {"--netbridge-binary", o.netbridgeBinary}} {
 		if st, err := os.Stat(b.path); err != nil || st.IsDir() {
 			return nil, fmt.Errorf("%s %s: not found; start the demo with hack/demo.sh, which builds it", b.flag, b.path)
+		}
+	}
+	if static := filepath.Join(filepath.Dir(o.backendBinary), "backend-static"); o.node {
+		if _, err := os.Stat(static); err != nil {
+			return nil, fmt.Errorf("--node: %s (the backend built for an image) not found; start the demo with hack/demo.sh --node, which builds it", static)
 		}
 	}
 	if o.user == "" || o.password == "" {
@@ -162,7 +169,7 @@ kube-bind demo is ready (came up in %s).
   Demo user:    %s
   Password:     %s
   (identity provider at %s)
-  (backend status, metrics: http://%s/statusz, /metrics)
+  (%s)
 
 Bind APIs into the consumer cluster, a second local cluster, with one command
 in another terminal. It prints a URL to open in a browser: log in there, tick
@@ -177,7 +184,7 @@ on your PATH:
 
 `,
 		took.Round(100*time.Millisecond),
-		export, o.user, o.password, d.idp.IssuerURL, o.diagAddress,
+		export, o.user, o.password, d.idp.IssuerURL, d.statusHint(),
 		poll, skip, consumer, export,
 		shellQuote(filepath.Dir(o.pollBinary)), shellQuote(d.cp.BinDir()),
 		skip, consumer, export)

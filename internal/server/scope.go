@@ -22,6 +22,11 @@ const (
 	// scopeRecheck is how often the leader probes again: a policy deleted
 	// while the backend runs is reported within this time.
 	scopeRecheck = 5 * time.Minute
+	// policyLoadGrace is how long an admitted probe at start is asked
+	// again: the API server enforces a policy only once its admission
+	// plugin has loaded it, a moment after it was created, and helm
+	// creates the chart's policy and starts the pods together.
+	policyLoadGrace = 15 * time.Second
 )
 
 func (s *Server) scopeOptions() scopecheck.Options {
@@ -44,10 +49,17 @@ func (s *Server) checkScopeAtStart(ctx context.Context, rc *rest.Config) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, scopeStartWait)
 	defer cancel()
+	unconfinedUntil := time.Now().Add(policyLoadGrace)
 	for {
 		err := scopecheck.Check(ctx, kube, s.scopeOptions())
-		if err == nil || errors.Is(err, scopecheck.ErrUnconfined) {
-			return err
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, scopecheck.ErrUnconfined) {
+			if time.Now().After(unconfinedUntil) {
+				return err
+			}
+			s.log.Info("a probe of the admission policy was admitted; asking again while the API server may still be loading it", "policy", s.cfg.AdmissionPolicy)
 		}
 		select {
 		case <-ctx.Done():

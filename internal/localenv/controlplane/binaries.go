@@ -50,6 +50,10 @@ func findBinaries() (string, error) {
 	return dir, nil
 }
 
+// FindBinaries finds the test binaries as Start does (the node's
+// package, internal/localenv/node, looks for its own beside them).
+func FindBinaries() (string, error) { return findBinaries() }
+
 func checkBinaries(dir string) error {
 	var missing []string
 	for _, b := range requiredBinaries {

@@ -50,11 +50,12 @@ func newAuthority() (*authority, error) {
 
 // serving issues the API server's certificate, valid for the names a client
 // inside or outside the (pretend) cluster may use.
-func (a *authority) serving() (certPEM, keyPEM []byte, err error) {
+// extraIPs are further addresses it serves on (a node's IP).
+func (a *authority) serving(extraIPs ...net.IP) (certPEM, keyPEM []byte, err error) {
 	return a.issue(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP("10.0.0.1")},
+		IPAddresses: append([]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), net.ParseIP("10.0.0.1")}, extraIPs...),
 		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
 			"kubernetes.default.svc.cluster.local"},
 	})

@@ -173,6 +173,11 @@ type Options struct {
 	// quota, which admits nothing until this controller has counted),
 	// e.g. "clusterrole-aggregation-controller".
 	ExtraControllers []string
+	// AdvertiseAddress, when set, is a non-loopback IP of this machine
+	// (a node's IP) the API server binds and advertises instead of
+	// 127.0.0.1: pods cannot reach the host's loopback, and the
+	// kubernetes Service then points at this address. Host then uses it.
+	AdvertiseAddress string
 }
 
 // Start starts a control plane; the caller must call Stop. ctx bounds only
@@ -190,7 +195,7 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	// Try again when a free port chosen for a server got taken by someone
 	// else before the server bound it.
 	for attempt := 1; ; attempt++ {
-		cp, err := startIn(ctx, binDir, opts.Dir, opts.ExtraControllers)
+		cp, err := startIn(ctx, binDir, opts)
 		if err == nil || !errors.Is(err, errPortInUse) || attempt == 3 {
 			return cp, err
 		}
@@ -200,10 +205,21 @@ func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 // Stop stops the servers (its folder stays: see LogDir).
 func (cp *ControlPlane) Stop() { cp.stop() }
 
-// startIn makes one attempt to start a control plane in dir ("" = a new
-// temporary folder), whose controller manager also runs extraControllers.
-func startIn(ctx context.Context, binDir, dir string, extraControllers []string) (_ *ControlPlane, err error) {
+// startIn makes one attempt to start a control plane in opts.Dir ("" = a
+// new temporary folder).
+func startIn(ctx context.Context, binDir string, opts Options) (_ *ControlPlane, err error) {
 	begin := time.Now()
+	dir, extraControllers := opts.Dir, opts.ExtraControllers
+	address, endpointReconciler := "127.0.0.1", "none"
+	var extraIPs []net.IP
+	if opts.AdvertiseAddress != "" {
+		ip := net.ParseIP(opts.AdvertiseAddress)
+		if ip == nil || ip.IsLoopback() {
+			return nil, fmt.Errorf("controlplane: AdvertiseAddress %q is not a non-loopback IP", opts.AdvertiseAddress)
+		}
+		// The kubernetes Service gets this address as its endpoint.
+		address, endpointReconciler, extraIPs = ip.String(), "lease", []net.IP{ip}
+	}
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "kube-bind-controlplane-"); err != nil {
 			return nil, err
@@ -226,7 +242,7 @@ func startIn(ctx context.Context, binDir, dir string, extraControllers []string)
 	if cp.ca, err = newAuthority(); err != nil {
 		return nil, err
 	}
-	servingCert, servingKey, err := cp.ca.serving()
+	servingCert, servingKey, err := cp.ca.serving(extraIPs...)
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +275,7 @@ func startIn(ctx context.Context, binDir, dir string, extraControllers []string)
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	etcdPeerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	cp.host = "https://127.0.0.1:" + strconv.Itoa(ports[2])
+	cp.host = "https://" + net.JoinHostPort(address, strconv.Itoa(ports[2]))
 	cp.admin = cp.anonymousConfig()
 	cp.admin.CertData = adminCert
 	cp.admin.KeyData = adminKey
@@ -288,8 +304,8 @@ func startIn(ctx context.Context, binDir, dir string, extraControllers []string)
 	// The API server waits for etcd itself.
 	if err := cp.run("kube-apiserver",
 		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address="+address,
+		"--advertise-address="+address,
 		"--secure-port="+strconv.Itoa(ports[2]),
 		"--cert-dir="+filepath.Join(dir, "apiserver-certs"),
 		"--tls-cert-file="+servingCertFile,
@@ -302,9 +318,11 @@ func startIn(ctx context.Context, binDir, dir string, extraControllers []string)
 		"--service-cluster-ip-range="+ServiceClusterIPRange,
 		"--allow-privileged=true",
 		"--profiling=false",
-		// The kubernetes Service's endpoint would be 127.0.0.1, which
-		// Endpoints refuse; nothing here runs in pods that would use it.
-		"--endpoint-reconciler-type=none",
+		// Without AdvertiseAddress the kubernetes Service's endpoint would
+		// be 127.0.0.1, which Endpoints refuse; nothing runs in pods then.
+		"--endpoint-reconciler-type="+endpointReconciler,
+		// kubectl logs and exec reach the kubelet at the node's IP.
+		"--kubelet-preferred-address-types=InternalIP",
 	); err != nil {
 		return nil, err
 	}
