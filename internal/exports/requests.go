@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kbprovider/backend/internal/kbcache"
 	"github.com/kbprovider/backend/internal/kbresources"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
@@ -172,7 +172,7 @@ func exportedElsewhere(holders map[string]string, w *wantedExport) string {
 func (r *run) setPhase(ctx context.Context, req *unstructured.Unstructured, phase, message string) error {
 	status := map[string]any{"phase": phase}
 	if message != "" {
-		status["terminalMessage"] = truncate(message, maxMessage)
+		status["terminalMessage"] = cutMessage(message)
 	}
 	patch, _ := json.Marshal(map[string]any{
 		"metadata": map[string]any{"resourceVersion": req.GetResourceVersion()},
@@ -195,14 +195,10 @@ func (r *run) setPhase(ctx context.Context, req *unstructured.Unstructured, phas
 // messages (deploy/crds).
 const maxMessage = 4096
 
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+// cutMessage fits a message to maxMessage, marking a cut with "…".
+func cutMessage(m string) string {
+	if len(m) <= maxMessage {
+		return m
 	}
-	s = s[:n-len("…")]
-	for !utf8.ValidString(s) {
-		s = s[:len(s)-1]
-	}
-	return s + "…"
+	return kbcache.Truncate(m, maxMessage-len("…")) + "…"
 }
