@@ -111,8 +111,15 @@ type load struct {
 	mu           sync.Mutex
 	wrong        []string
 	slowest      time.Duration
+	slowestBind  time.Duration
 	stop         context.CancelFunc
 	done         sync.WaitGroup
+}
+
+func (l *load) wrongs() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.wrong)
 }
 
 func (l *load) fail(format string, args ...any) {
@@ -165,6 +172,7 @@ func (r *release) startLoad(t *testing.T, pollers int) *load {
 	go func() {
 		defer l.done.Done()
 		for ctx.Err() == nil {
+			start := time.Now()
 			s, err := r.newSession(ctx)
 			if err == nil {
 				err = r.bind(ctx, s)
@@ -178,6 +186,9 @@ func (r *release) startLoad(t *testing.T, pollers int) *load {
 			if err != nil {
 				l.fail("bind: %v", err)
 			} else {
+				l.mu.Lock()
+				l.slowestBind = max(l.slowestBind, time.Since(start))
+				l.mu.Unlock()
 				l.binds.Add(1)
 			}
 			// A bind costs three of the per-client rate (the session,
@@ -191,15 +202,22 @@ func (r *release) startLoad(t *testing.T, pollers int) *load {
 	return l
 }
 
-// end stops the load and fails the test for every wrong answer.
+// end stops the load and fails the test for every wrong answer. A bind
+// takes seconds (a login, provisioning, a poll gap before delivery), more
+// on a busy machine: end first lets the binder finish one, within a
+// minute, so that the load has bound something under the fault.
 func (l *load) end(t *testing.T) {
 	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for l.binds.Load() == 0 && len(l.wrongs()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
 	l.stop()
 	l.done.Wait()
 	for _, w := range l.wrong {
 		t.Error(w)
 	}
-	t.Logf("%d polls (slowest %v), %d binds", l.polls.Load(), l.slowest.Round(time.Millisecond), l.binds.Load())
+	t.Logf("%d polls (slowest %v), %d binds (slowest %v)", l.polls.Load(), l.slowest.Round(time.Millisecond), l.binds.Load(), l.slowestBind.Round(time.Millisecond))
 	if l.polls.Load() == 0 || l.binds.Load() == 0 {
 		t.Errorf("the load made %d polls and %d binds: it did not run", l.polls.Load(), l.binds.Load())
 	}

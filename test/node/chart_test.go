@@ -143,6 +143,11 @@ func installChart(t *testing.T, n *node.Node) *release {
 		// Konnectors reach the provider cluster at the node's address.
 		"providerCluster.externalAddress=" + cp.Host(),
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			r.dumpPods(t)
+		}
+	})
 	took := r.upgrade(t)
 	t.Logf("FIGURE chart ready: helm install --wait took %v (two backend pods Ready)", took.Round(time.Millisecond))
 	// The exported API, and quotas that count the chart's kube-bind
