@@ -17,11 +17,8 @@ t2=$SECONDS
 echo "test dependencies: $((t1 - t0))s; test binaries: $((t2 - t1))s ($KUBE_BIND_TEST_BINARIES)"
 
 # The released kube-bind binaries (v0.4.8 and v0.8.2) the consumer-side
-# tests run (internal/localenv/konnector looks beside the repository and its
-# parents; a clone elsewhere finds them at the workplace's shared folder).
-if [ -z "${KUBE_BIND_TEST_PEERS:-}" ] && [ -f /work/shared/peers/kube-bind-v0.8.2/SHA256SUMS ]; then
-	export KUBE_BIND_TEST_PEERS=/work/shared/peers
-fi
+# tests run: $KUBE_BIND_TEST_PEERS, else peers/ in the checkout
+# (internal/localenv/konnector).
 
 # The tests that drop packets with nft (test/replicas) run as root here
 # with nftables installed: where they cannot, they fail instead of skipping.

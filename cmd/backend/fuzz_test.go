@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/base64"
 	"errors"
-	"flag"
 	"io"
 	"log/slog"
 	"net"
@@ -12,19 +11,22 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/server"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/testutil/certs"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // FuzzParseConfig: the backend's flags and environment. args are command
@@ -68,9 +70,8 @@ func FuzzParseConfig(f *testing.F) {
 		{"", ""},
 		{"--external-url=https://bind.example.com/kb/\n--oidc-issuer-url=https://idp.example.com\n--oidc-issuer-client-id=backend\n--oidc-issuer-client-secret-file=secret\n--cookie-signing-key-file=sign\n--cookie-encryption-key-file=enc", ""},
 		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:8091\n--peers=https://10.0.0.5:8091,https://10.0.0.6:8091\n--peer-key-file=peer\n--session-namespace=kube-bind", ""},
-		// The sign of p=+41234 (issue 13, defect 1) in the peer port:
-		// accepted by Atoi, it made the peer URL http://10.0.0.5:+8091,
-		// which no replica can parse.
+		// A sign in the peer port: Atoi accepts it, and the peer URL
+		// http://10.0.0.5:+8091 would be one no replica can parse.
 		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:+8091\n--peer-key-file=peer", ""},
 		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-service=kube-bind/peers\n--peer-port-name=peer", "KUBE_BIND_PEER_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))) + "\nPOD_IP=10.0.0.9\nPOD_NAMESPACE=kube-bind"},
 		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-self-url=https://peer.example.com:443/", "KUBE_BIND_PEER_KEY_FILE=short"},
@@ -97,7 +98,7 @@ func FuzzParseConfig(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	svc, err := bindservice.New(bindservice.Config{Store: memory.New(sessions.DefaultLimits, nil), Keys: keys, ClusterKey: key})
+	svc, err := lifecycle.New(lifecycle.Config{Store: memory.New(sessions.DefaultLimits, nil), Keys: keys, ClusterKey: key})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -116,11 +117,10 @@ func FuzzParseConfig(f *testing.F) {
 		getenv := func(k string) string { return envm[k] }
 
 		// What the command line sets, read the way parseConfig reads it.
-		var pre rawFlags
-		fs := newFlagSet(&pre, io.Discard)
+		fs, _ := newFlagSet(io.Discard)
 		preErr := fs.Parse(argv)
 		var fileFlags []string
-		fs.VisitAll(func(fl *flag.Flag) {
+		fs.VisitAll(func(fl *pflag.Flag) {
 			if strings.HasSuffix(fl.Name, "-file") {
 				fileFlags = append(fileFlags, fl.Value.String(), envm[envName(fl.Name)])
 			}
@@ -133,12 +133,14 @@ func FuzzParseConfig(f *testing.F) {
 
 		c, err := parseConfig(argv, getenv, io.Discard)
 		if err != nil {
-			if c != nil && (errors.Is(err, flag.ErrHelp) || preErr != nil) {
+			if c != nil && (errors.Is(err, pflag.ErrHelp) || preErr != nil) {
 				t.Fatalf("a configuration and the error %v", err)
 			}
-			wantNoSecret(t, err, args+"\n"+env, []string{pre.cookieSigningKey, pre.cookieEncryptionKey, pre.oidcClientSecret, pre.store.peerKey, pre.clusterSecretKey,
-				envm[envName("cookie-signing-key")], envm[envName("cookie-encryption-key")], envm[envName("oidc-issuer-client-secret")], envm[envName("peer-key")],
-				envm[envName("cluster-secret-key")]})
+			var secrets []string
+			for _, name := range []string{"cookie-signing-key", "cookie-encryption-key", "oidc-issuer-client-secret", "peer-key", "cluster-secret-key"} {
+				secrets = append(secrets, fs.Lookup(name).Value.String(), envm[envName(name)])
+			}
+			wantNoSecret(t, err, args+"\n"+env, secrets)
 		} else if !c.ShowVersion {
 			wantValidConfig(t, c, svc)
 		}
@@ -152,7 +154,7 @@ func FuzzParseConfig(f *testing.F) {
 			env2[k] = v
 		}
 		equivalent := true
-		fs.Visit(func(fl *flag.Flag) {
+		fs.Visit(func(fl *pflag.Flag) {
 			if noEnv[fl.Name] || fl.Value.String() == "" {
 				equivalent = false
 			}
@@ -167,14 +169,14 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if err == nil {
 			for _, cc := range []*config{c, c2} {
-				if cc.ClusterSecretKeyGenerated {
-					cc.ClusterSecretKeys = nil
+				if cc.ClusterKey.Generated {
+					cc.ClusterKey.Keys = nil
 				}
-				for _, g := range cc.CookieKeysGenerated {
+				for _, g := range cc.Browser.KeysGenerated {
 					if g == "cookie-signing-key" {
-						cc.CookieSigningKeys = nil
+						cc.Browser.SigningKeys = nil
 					} else {
-						cc.CookieEncryptionKeys = nil
+						cc.Browser.EncryptionKeys = nil
 					}
 				}
 			}
@@ -200,7 +202,7 @@ func wantNoSecret(t *testing.T, err error, input string, secrets []string) {
 	}
 }
 
-func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
+func wantValidConfig(t *testing.T, c *config, svc *lifecycle.Service) {
 	t.Helper()
 	if _, _, err := net.SplitHostPort(c.ListenAddress); err != nil {
 		t.Fatalf("listen address %q", c.ListenAddress)
@@ -213,7 +215,7 @@ func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 			t.Fatalf("external URL %s does not parse again: %v", u, err)
 		}
 	}
-	if c.OIDCIssuerURL != "" && (c.OIDCClientID == "" || c.OIDCClientSecret == "") {
+	if c.OIDC.IssuerURL != "" && (c.OIDC.ClientID == "" || c.OIDC.ClientSecret == "") {
 		t.Fatal("an issuer without client ID or secret")
 	}
 	for _, l := range []struct {
@@ -221,9 +223,9 @@ func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 		keys    [][]byte
 		lengths []int
 	}{
-		{"signing", c.CookieSigningKeys, []int{32, 64}},
-		{"encryption", c.CookieEncryptionKeys, []int{16, 24, 32}},
-		{"cluster secret", c.ClusterSecretKeys, []int{32, 48, 64}},
+		{"signing", c.Browser.SigningKeys, []int{32, 64}},
+		{"encryption", c.Browser.EncryptionKeys, []int{16, 24, 32}},
+		{"cluster secret", c.ClusterKey.Keys, []int{32, 48, 64}},
 	} {
 		if len(l.keys) == 0 {
 			t.Fatalf("no %s key", l.name)
@@ -235,17 +237,17 @@ func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 		}
 	}
 	// Their owners accept them.
-	if _, err := clusterkey.New(c.ClusterSecretKeys[0], c.ClusterSecretKeys[1:]...); err != nil {
+	if _, err := clusterkey.New(c.ClusterKey.Keys[0], c.ClusterKey.Keys[1:]...); err != nil {
 		t.Fatalf("accepted cluster secret keys clusterkey refuses: %v", err)
 	}
 	if c.PrettyName == "" || strings.TrimSpace(c.PrettyName) != c.PrettyName {
 		t.Fatalf("pretty name %q", c.PrettyName)
 	}
-	if err := binding.ValidatePrefix(c.NamespacePrefix); err != nil {
+	if err := binding.ValidatePrefix(c.Provider.NamespacePrefix); err != nil {
 		t.Fatalf("accepted a prefix the provisioner refuses: %v", err)
 	}
-	if c.ConsumerScope != "Namespaced" && c.ConsumerScope != "Cluster" {
-		t.Fatalf("scope %q", c.ConsumerScope)
+	if c.Provider.ConsumerScope != "Namespaced" && c.Provider.ConsumerScope != "Cluster" {
+		t.Fatalf("scope %q", c.Provider.ConsumerScope)
 	}
 	if c.SessionTTL <= 0 || c.PollInterval <= 0 || c.PollInterval >= c.SessionTTL || c.GracePeriod <= 0 || c.MaxPolledSessions <= 0 || c.ShutdownTimeout <= 0 {
 		t.Fatalf("durations and limits: %+v", c)
@@ -269,8 +271,8 @@ func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 	if _, err := browser.New(browser.Config{
 		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc,
 		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil),
-		CookieHashKeys: c.CookieSigningKeys, CookieBlockKeys: c.CookieEncryptionKeys, CallbackAllowList: c.CallbackAllowList,
-		NoCallbackFlow: c.NoCallbackFlow,
+		CookieHashKeys: c.Browser.SigningKeys, CookieBlockKeys: c.Browser.EncryptionKeys, CallbackAllowList: c.Browser.CallbackAllowList,
+		NoCallbackFlow: c.Browser.NoCallbackFlow,
 	}); err != nil {
 		t.Fatalf("accepted an allow-list or cookie keys the browser handler refuses: %v", err)
 	}
@@ -283,15 +285,19 @@ func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 		t.Fatalf("store %q", s.Kind)
 	}
 	_, port, err := net.SplitHostPort(s.PeerListenAddress)
-	if err != nil || !validPort(port) || strings.Trim(port, "0123456789") != "" {
+	if n, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil || n == 0 {
 		t.Fatalf("peer listen address %q: the peers cannot reach port %q", s.PeerListenAddress, port)
 	}
 	for _, p := range append([]string{s.PeerSelfURL}, s.Peers...) {
-		if back, err := parsePeerURL(p); err != nil || back != p {
-			t.Fatalf("peer URL %q is not in the form the ring compares (%q, %v)", p, back, err)
+		u, err := url.Parse(p)
+		if err != nil || u.Scheme != "https" || u.Port() == "" || (&url.URL{Scheme: u.Scheme, Host: u.Host}).String() != p {
+			t.Fatalf("peer URL %q is not in the form the ring compares (%v)", p, err)
+		}
+		if back, err := url.Parse(u.String()); err != nil || back.String() != p {
+			t.Fatalf("peer URL %q does not parse back: %v", p, err)
 		}
 	}
-	if len(s.Peers) > 0 && !containsString(s.Peers, s.PeerSelfURL) {
+	if len(s.Peers) > 0 && !slices.Contains(s.Peers, s.PeerSelfURL) {
 		t.Fatalf("peers %v without self %s", s.Peers, s.PeerSelfURL)
 	}
 	if len(s.PeerKeys) == 0 {
@@ -302,6 +308,7 @@ func wantValidConfig(t *testing.T, c *config, svc *bindservice.Service) {
 			t.Fatalf("peer key of %d bytes", len(k))
 		}
 	}
+	dnsLabel := func(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
 	if !dnsLabel(s.Namespace) {
 		t.Fatalf("session namespace %q", s.Namespace)
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // Idle keep-alive connections never keep a new client out: 64 addresses

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // With --log-format json every line the process writes is one JSON object,
@@ -43,7 +43,7 @@ current-context: c
 		"--listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)), "--diagnostics-address", "127.0.0.1:0",
 		"--session-store", "hashring",
 		"--peer-listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)),
-		"--peer-key", procs.RandomKey(t, 32),
+		"--peer-key", procs.RandomKey(32),
 		"--peer-service", "kube-bind/backend-peers",
 		"--session-namespace", "kube-bind",
 		"--kubeconfig", kubeconfig,

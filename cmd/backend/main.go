@@ -3,15 +3,14 @@
 // login, and provisions consumers on the provider cluster.
 //
 // Configuration is by flags or KUBE_BIND_* environment variables; see
-// docs/configuration.md. This command only turns them into a
-// server.Config (each component checks its own part) and runs
-// internal/server.
+// docs/configuration.md. This command only registers the flags of
+// internal/server (each component registers and checks its own), adds the
+// environment and its logging flags, and runs internal/server.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +22,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/kbprovider/backend/internal/server"
@@ -43,7 +43,7 @@ const (
 // run is the whole program; it returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	cfg, err := parseConfig(args, getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	if errors.Is(err, pflag.ErrHelp) {
 		return exitOK
 	}
 	if err != nil {
@@ -87,7 +87,7 @@ func warnDefaults(cfg *config, logger *slog.Logger) {
 		logger.Warn("--max-connections is close to or above the open-file limit: at the limit, new connections fail instead of waiting; "+
 			"lower --max-connections or raise the limit (ulimit -n)", "max_connections", cfg.MaxConnections, "open_file_limit", limit)
 	}
-	for _, k := range cfg.CookieKeysGenerated {
+	for _, k := range cfg.Browser.KeysGenerated {
 		logger.Warn("--"+k+" not set: using a random key; browser logins break on restart, and replicas must share one key", "flag", k)
 	}
 	if cfg.ExternalURL != nil && plainHTTPOffLoopback(cfg.ExternalURL) {
@@ -95,21 +95,21 @@ func warnDefaults(cfg *config, logger *slog.Logger) {
 			"unencrypted between browsers or clients and the backend (session secrets, the login cookie, the kubeconfig of "+
 			"each binding); use https (TLS at the ingress or --tls-cert-file)", "flag", "external-url", "external_url", cfg.ExternalURL.String())
 	}
-	if cfg.OIDCIssuerURL != "" {
-		if u, err := url.Parse(cfg.OIDCIssuerURL); err == nil && plainHTTPOffLoopback(u) {
+	if cfg.OIDC.IssuerURL != "" {
+		if u, err := url.Parse(cfg.OIDC.IssuerURL); err == nil && plainHTTPOffLoopback(u) {
 			logger.Warn("--oidc-issuer-url is http on a host that is not this machine (loopback): tokens and cookies would travel "+
 				"unencrypted between the backend and the identity provider, and to the browsers logging in there (the client "+
-				"secret, codes, ID tokens, the provider's session cookies); use https", "flag", "oidc-issuer-url", "issuer_url", cfg.OIDCIssuerURL)
+				"secret, codes, ID tokens, the provider's session cookies); use https", "flag", "oidc-issuer-url", "issuer_url", cfg.OIDC.IssuerURL)
 		}
 	}
-	if cfg.OIDCCallbackURL != "" {
-		if u, err := url.Parse(cfg.OIDCCallbackURL); err == nil && plainHTTPOffLoopback(u) {
+	if cfg.OIDC.CallbackURL != "" {
+		if u, err := url.Parse(cfg.OIDC.CallbackURL); err == nil && plainHTTPOffLoopback(u) {
 			logger.Warn("--oidc-callback-url is http on a host that is not this machine (loopback): the identity provider "+
 				"sends browsers there with their login codes and the backend's cookies unencrypted; use https",
-				"flag", "oidc-callback-url", "callback_url", cfg.OIDCCallbackURL)
+				"flag", "oidc-callback-url", "callback_url", cfg.OIDC.CallbackURL)
 		}
 	}
-	for _, e := range cfg.CallbackAllowList {
+	for _, e := range cfg.Browser.CallbackAllowList {
 		// Released CLIs listen on loopback http, which is allowed
 		// without an entry; an http entry elsewhere is a remote host.
 		if u, err := url.Parse(e); err == nil && plainHTTPOffLoopback(u) {
@@ -118,7 +118,7 @@ func warnDefaults(cfg *config, logger *slog.Logger) {
 				"flag", "callback-allowed-urls", "callback_url", e)
 		}
 	}
-	if cfg.ClusterSecretKeyGenerated {
+	if cfg.ClusterKey.Generated {
 		logger.Warn("--cluster-secret-key not set: using a random key; the cluster secrets issued now stop proving their cluster IDs on restart "+
 			"(those clients then bind into new provider namespaces), and replicas must share one key; for local use only", "flag", "cluster-secret-key")
 	}

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 var (
@@ -170,7 +170,7 @@ func TestProcess(t *testing.T) {
 	pollOnce := func() (int, string, http.Header) {
 		t.Helper()
 		u, _ := url.Parse(poll.PollURL)
-		signed, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", u, nil)
+		signed, err := protocol.SignURL(ps.SessionSecret, ps.SessionID, "GET", u, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

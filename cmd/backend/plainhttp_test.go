@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,24 +38,9 @@ func TestWarnPlainHTTPOutsideLoopback(t *testing.T) {
 		if c.issuer != "" {
 			args = append(args, "--oidc-issuer-url="+c.issuer, "--oidc-issuer-client-id=backend", "--oidc-issuer-client-secret=s3cret")
 		}
-		cfg := mustParse(t, args, nil)
-		var buf bytes.Buffer
-		warnDefaults(cfg, slog.New(slog.NewJSONHandler(&buf, nil)))
-
+		recs, logged := flagWarnings(t, mustParse(t, args, nil), "external-url", "oidc-issuer-url")
 		var warned []string
-		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-			if line == "" {
-				continue
-			}
-			var rec struct {
-				Level, Msg, Flag string
-			}
-			if err := json.Unmarshal([]byte(line), &rec); err != nil {
-				t.Fatalf("log line %q: %v", line, err)
-			}
-			if rec.Level != "WARN" || rec.Flag != "external-url" && rec.Flag != "oidc-issuer-url" {
-				continue // other warnings (e.g. the open-file limit of this machine)
-			}
+		for _, rec := range recs {
 			warned = append(warned, rec.Flag)
 			if !strings.Contains(rec.Msg, "--"+rec.Flag) || !strings.Contains(rec.Msg, "unencrypted") ||
 				!strings.Contains(rec.Msg, "tokens") || !strings.Contains(rec.Msg, "cookies") {
@@ -62,7 +48,7 @@ func TestWarnPlainHTTPOutsideLoopback(t *testing.T) {
 			}
 		}
 		if strings.Join(warned, ",") != strings.Join(c.warn, ",") {
-			t.Errorf("external %q, issuer %q: warned about %q, want %q:\n%s", c.external, c.issuer, warned, c.warn, buf.String())
+			t.Errorf("external %q, issuer %q: warned about %q, want %q:\n%s", c.external, c.issuer, warned, c.warn, logged)
 		}
 	}
 }
@@ -85,32 +71,42 @@ func TestWarnPlainHTTPCallbackURLs(t *testing.T) {
 		args := append([]string{"--cookie-signing-key=" + strings.Repeat("A", 43), "--cookie-encryption-key=" + strings.Repeat("B", 43),
 			"--cluster-secret-key=" + strings.Repeat("C", 43), "--external-url=https://bind.example.com",
 			"--oidc-issuer-url=https://idp.example.com", "--oidc-issuer-client-id=backend", "--oidc-issuer-client-secret=s3cret"}, c.args...)
-		cfg := mustParse(t, args, nil)
-		var buf bytes.Buffer
-		warnDefaults(cfg, slog.New(slog.NewJSONHandler(&buf, nil)))
-
+		recs, logged := flagWarnings(t, mustParse(t, args, nil), "oidc-callback-url", "callback-allowed-urls")
 		var warned []string
-		for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-			if line == "" {
-				continue
-			}
-			var rec struct {
-				Level, Msg, Flag string
-				URL              string `json:"callback_url"`
-			}
-			if err := json.Unmarshal([]byte(line), &rec); err != nil {
-				t.Fatalf("log line %q: %v", line, err)
-			}
-			if rec.Level != "WARN" || rec.Flag != "oidc-callback-url" && rec.Flag != "callback-allowed-urls" {
-				continue
-			}
+		for _, rec := range recs {
 			warned = append(warned, rec.Flag+"="+rec.URL)
 			if !strings.Contains(rec.Msg, "--"+rec.Flag) || !strings.Contains(rec.Msg, "unencrypted") || !strings.Contains(rec.Msg, "https") {
 				t.Errorf("%q: warning %q does not name the flag and say what travels unencrypted", c.args, rec.Msg)
 			}
 		}
 		if strings.Join(warned, " ") != strings.Join(c.warn, " ") {
-			t.Errorf("%q: warned %q, want %q:\n%s", c.args, warned, c.warn, buf.String())
+			t.Errorf("%q: warned %q, want %q:\n%s", c.args, warned, c.warn, logged)
 		}
 	}
+}
+
+// flagWarning is a WARN line of warnDefaults about a flag.
+type flagWarning struct {
+	Level, Msg, Flag string
+	URL              string `json:"callback_url"`
+}
+
+// flagWarnings runs warnDefaults on cfg and returns its WARN lines about
+// flags (not the others, e.g. about the open-file limit of this machine)
+// and all it logged.
+func flagWarnings(t *testing.T, cfg *config, flags ...string) ([]flagWarning, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	warnDefaults(cfg, slog.New(slog.NewJSONHandler(&buf, nil)))
+	var out []flagWarning
+	for line := range strings.Lines(buf.String()) {
+		var rec flagWarning
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec.Level == "WARN" && slices.Contains(flags, rec.Flag) {
+			out = append(out, rec)
+		}
+	}
+	return out, buf.String()
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // Every anonymous route that creates something draws from one bucket per

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/certs"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // TestTLSRotation starts the built backend with TLS files, rotates them

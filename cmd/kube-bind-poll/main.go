@@ -3,11 +3,13 @@
 // any machine with the poll flow, so it works over SSH; the callback flow
 // where a provider offers only that), waits while the user logs in and
 // picks the APIs, then creates what the released konnector needs in the
-// cluster of the current kubeconfig context (kubeconfig Secret,
-// APIServiceExportRequests waited for, the konnector with least-privilege
-// RBAC, APIServiceBindings). Installed as kubectl-bind_poll it is the
-// kubectl plugin `kubectl bind-poll`. With --output-dir it only writes the
-// BindingResponse and its kubeconfig.
+// cluster kubectl would talk to (kubeconfig Secret, APIServiceExportRequests
+// waited for, the konnector with least-privilege RBAC, APIServiceBindings).
+// Installed as kubectl-bind_poll it is the kubectl plugin
+// `kubectl bind-poll`. It takes kubectl's flags for the consumer cluster,
+// -o json|yaml and -v N as kubectl does. With --output-dir or
+// --print-response it only hands over the BindingResponse, without a
+// cluster.
 //
 // Usage:
 //
@@ -15,22 +17,31 @@
 //
 // Flags, what it creates, its RBAC: docs/client.md.
 //
-// Exit codes: 0 bound; 1 the binding failed (cluster unreachable, denied,
-// expired, timed out, interrupted, a request the provider failed, a
-// conflict); 2 usage error (bad flags or arguments, no cluster and no
-// --output-dir, output files already there).
+// Exit codes: 0 bound (or, with --dry-run, planned); 1 the binding failed
+// (cluster unreachable, denied, expired, timed out, interrupted, a request
+// the provider failed, a conflict); 2 usage error (bad flags or arguments,
+// no cluster and no --output-dir, output files already there).
 package main
 
 import (
 	"context"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	name := "kube-bind-poll"
+	// kubectl runs plugins by their file name, kubectl-bind_poll.
+	if strings.HasPrefix(filepath.Base(os.Args[0]), "kubectl-") {
+		name = "kubectl bind-poll"
+	}
+	code := run(ctx, name, os.Args[1:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
 	stop()
 	os.Exit(code)
 }

@@ -4,21 +4,25 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/pollbackend"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // binary is the command built once for all tests: they run it as a real
@@ -129,8 +133,8 @@ func (p *proc) errText() string { return p.stderr.String() }
 
 func sessionOf(t *testing.T, u *url.URL) string {
 	t.Helper()
-	sid := u.Query().Get(hmac.ParamSession)
-	if sid == "" || u.Query().Get(hmac.ParamNonce) == "" || u.Query().Get(hmac.ParamSignature) == "" {
+	sid := u.Query().Get(protocol.ParamSession)
+	if sid == "" || u.Query().Get(protocol.ParamNonce) == "" || u.Query().Get(protocol.ParamSignature) == "" {
 		t.Fatalf("printed URL %s is not signed", u)
 	}
 	return sid
@@ -152,8 +156,8 @@ func TestBindWritesFiles(t *testing.T) {
 	// No cluster ID was presented: the backend issued the one it derives
 	// from the session ID.
 	clusterID, _ := b.Sessions.SettleCluster(sess, "")
-	r, _ := hmac.RequestFromURL("GET", u, nil)
-	if !hmac.Verify(sess.Secret, r, u.Query().Get(hmac.ParamSignature)) {
+	r, _ := protocol.RequestFromURL("GET", u, nil)
+	if !protocol.Verify(sess.Secret, r, u.Query().Get(protocol.ParamSignature)) {
 		t.Error("printed URL's signature does not verify with the session's secret")
 	}
 	resp := pollbackend.BindingResponse(t, sid, "kube-bind-cli", "mangodbs.mangodb.com")
@@ -220,7 +224,7 @@ func readFile0600(t *testing.T, path string) []byte {
 func TestBindToStdoutWithClusterID(t *testing.T) {
 	b := pollbackend.Start(t, pollbackend.Options{})
 	cwd := t.TempDir()
-	p := start(t, cwd, b.ExportURL, "-o", "-", "--cluster-id", "aB3xY9", "-v")
+	p := start(t, cwd, b.ExportURL, "--print-response", "--cluster-id", "aB3xY9", "-v", "2")
 	sid := sessionOf(t, p.authURL(t))
 	sess, err := b.Sessions.Open(sid)
 	if err != nil {
@@ -242,10 +246,10 @@ func TestBindToStdoutWithClusterID(t *testing.T) {
 		t.Errorf("stdout %s (%v), want the BindingResponse", p.stdout.Bytes(), err)
 	}
 	if entries, _ := os.ReadDir(cwd); len(entries) != 0 {
-		t.Errorf("files written with -o -: %v", entries)
+		t.Errorf("files written with --print-response: %v", entries)
 	}
 	if !strings.Contains(p.errText(), "poll 1: pending") {
-		t.Errorf("-v reports no polls:\n%s", p.errText())
+		t.Errorf("-v 2 logs no polls:\n%s", p.errText())
 	}
 }
 
@@ -280,13 +284,13 @@ func TestExpired(t *testing.T) {
 
 func TestTimeoutAndInterrupt(t *testing.T) {
 	b := pollbackend.Start(t, pollbackend.Options{})
-	p := start(t, t.TempDir(), "--timeout", "700ms", "-o", "-", b.ExportURL)
+	p := start(t, t.TempDir(), "--timeout", "700ms", "--print-response", b.ExportURL)
 	p.authURL(t)
 	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "gave up after --timeout 700ms") {
 		t.Fatalf("exit code %d, want 1; stderr:\n%s", code, p.errText())
 	}
 
-	p = start(t, t.TempDir(), "-o", "-", b.ExportURL)
+	p = start(t, t.TempDir(), "--print-response", b.ExportURL)
 	p.authURL(t)
 	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
@@ -299,22 +303,27 @@ func TestTimeoutAndInterrupt(t *testing.T) {
 func TestUsageErrors(t *testing.T) {
 	b := pollbackend.Start(t, pollbackend.Options{})
 	cases := map[string][]string{
-		"no argument":               {},
-		"two arguments":             {b.ExportURL, b.ExportURL},
-		"not a URL":                 {"bind.example.com/export"},
-		"unknown flag":              {"--nope", b.ExportURL},
-		"bad -o":                    {"-o", "file.json", b.ExportURL},
-		"bad timeout":               {"--timeout", "soon", b.ExportURL},
-		"missing dir":               {"--output-dir", "/nonexistent/dir", b.ExportURL},
-		"missing CA file":           {"--certificate-authority", "/nonexistent/ca.pem", b.ExportURL},
-		"negative timeout":          {"--timeout=-1s", b.ExportURL},
-		"no cluster":                {b.ExportURL},
-		"missing kubeconfig":        {"--kubeconfig", "/nonexistent/kubeconfig", b.ExportURL},
-		"-o yaml without --dry-run": {"-o", "yaml", b.ExportURL},
-		"dry run to files":          {"--dry-run", "--output-dir", ".", b.ExportURL},
-		"bad flow":                  {"--flow", "carrier-pigeon", b.ExportURL},
-		"bad protocol":              {"--protocol", "v2", b.ExportURL},
-		"v1alpha2 callback flow":    {"--protocol", "v1alpha2", "--flow", "callback", "-o", "-", b.ExportURL},
+		"no argument":              {},
+		"two arguments":            {b.ExportURL, b.ExportURL},
+		"not a URL":                {"bind.example.com/export"},
+		"unknown flag":             {"--nope", b.ExportURL},
+		"bad -o":                   {"-o", "file.json", b.ExportURL},
+		"the old files-only -o -":  {"-o", "-", b.ExportURL},
+		"-o with --output-dir":     {"-o", "yaml", "--output-dir", ".", b.ExportURL},
+		"the old boolean -v":       {"-v", b.ExportURL},
+		"another namespace":        {"-n", "default", "--print-response", b.ExportURL},
+		"bad timeout":              {"--timeout", "soon", b.ExportURL},
+		"missing dir":              {"--output-dir", "/nonexistent/dir", b.ExportURL},
+		"missing provider CA file": {"--provider-certificate-authority", "/nonexistent/ca.pem", b.ExportURL},
+		"negative timeout":         {"--timeout=-1s", b.ExportURL},
+		"no cluster":               {b.ExportURL},
+		"missing kubeconfig":       {"--kubeconfig", "/nonexistent/kubeconfig", b.ExportURL},
+		"dry run to files":         {"--dry-run", "--output-dir", ".", b.ExportURL},
+		"dry run to stdout":        {"--dry-run", "--print-response", b.ExportURL},
+		"both no-cluster modes":    {"--print-response", "--output-dir", ".", b.ExportURL},
+		"bad flow":                 {"--flow", "carrier-pigeon", b.ExportURL},
+		"bad protocol":             {"--protocol", "v2", b.ExportURL},
+		"v1alpha2 callback flow":   {"--protocol", "v1alpha2", "--flow", "callback", "--print-response", b.ExportURL},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -337,17 +346,17 @@ func TestProviderWithoutPollFlow(t *testing.T) {
 	// An export URL that is not a poll provider fails with exit 1 and a
 	// readable reason.
 	b := pollbackend.Start(t, pollbackend.Options{})
-	p := start(t, t.TempDir(), "-o", "-", b.URL+"/nothing-here")
+	p := start(t, t.TempDir(), "--print-response", b.URL+"/nothing-here")
 	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "404") {
 		t.Fatalf("exit code %d, want 1 naming the 404; stderr:\n%s", code, p.errText())
 	}
 }
 
 // --protocol v1alpha2 against a provider without a v1alpha2 document
-// fails with exit 1 naming the generation; v1alpha1 goes on as before.
+// fails with exit 1 naming the generation; v1alpha1 goes on.
 func TestForcedProtocol(t *testing.T) {
 	b := pollbackend.Start(t, pollbackend.Options{})
-	p := start(t, t.TempDir(), "--protocol", "v1alpha2", "-o", "-", b.ExportURL)
+	p := start(t, t.TempDir(), "--protocol", "v1alpha2", "--print-response", b.ExportURL)
 	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "kube-bind.io/v1alpha2") {
 		t.Fatalf("exit code %d, want 1 naming kube-bind.io/v1alpha2; stderr:\n%s", code, p.errText())
 	}
@@ -384,5 +393,110 @@ current-context: c
 	}
 	if n := b.SessionsCreated(); strings.Contains(p.errText(), "http://") || n != 0 {
 		t.Errorf("a session was opened or a URL printed before the cluster was checked (%d sessions):\n%s", n, p.errText())
+	}
+}
+
+// Help is cobra's, on stdout, with kubectl's flags for the cluster and the
+// provider's CA under its own name.
+func TestHelp(t *testing.T) {
+	p := start(t, t.TempDir(), "--help")
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, p.errText())
+	}
+	for _, want := range []string{"Usage:\n  kube-bind-poll [flags] <export-url>", "--kubeconfig", "--context", "--cluster", "--user",
+		"--server", "--token", "--insecure-skip-tls-verify", "--request-timeout", "--certificate-authority string",
+		"--provider-certificate-authority", "-o, --output", "-v, --v Level", "--dry-run", "--print-response"} {
+		if !strings.Contains(p.stdout.String(), want) {
+			t.Errorf("--help lacks %q:\n%s", want, p.stdout.String())
+		}
+	}
+}
+
+// fakeCluster is a TLS API server that knows /version only: enough for
+// the checks before the browser step and a dry run with --skip-konnector.
+// It records every request that is not a read.
+type fakeCluster struct {
+	srv    *httptest.Server
+	caFile string
+	mu     sync.Mutex
+	writes []string
+}
+
+func startFakeCluster(t *testing.T) *fakeCluster {
+	t.Helper()
+	c := &fakeCluster{}
+	c.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			c.mu.Lock()
+			c.writes = append(c.writes, r.Method+" "+r.URL.Path)
+			c.mu.Unlock()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/version" {
+			fmt.Fprint(w, `{"major":"1","minor":"36","gitVersion":"v1.36.3"}`)
+			return
+		}
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`)
+	}))
+	t.Cleanup(c.srv.Close)
+	c.caFile = filepath.Join(t.TempDir(), "ca.pem")
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.srv.Certificate().Raw})
+	if err := os.WriteFile(c.caFile, ca, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// --server, --token and --certificate-authority name the consumer cluster
+// as in kubectl, without a kubeconfig; the CA is the cluster's, not the
+// provider's.
+func TestKubectlFlagsNameTheCluster(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	c := startFakeCluster(t)
+
+	p := start(t, t.TempDir(), "--server", c.srv.URL, "--token", "x", b.ExportURL)
+	if code := p.wait(t); code != 1 || !strings.Contains(p.errText(), "does not answer") || !strings.Contains(p.errText(), "certificate") {
+		t.Fatalf("without the cluster's CA: exit code %d, want 1 naming the certificate; stderr:\n%s", code, p.errText())
+	}
+	p = start(t, t.TempDir(), "--server", c.srv.URL, "--token", "x", "--certificate-authority", c.caFile, b.ExportURL)
+	sessionOf(t, p.authURL(t)) // past the cluster's checks: the session is open
+	if !strings.Contains(p.errText(), "Binding into the cluster at "+c.srv.URL) {
+		t.Errorf("the cluster of --server is not named:\n%s", p.errText())
+	}
+}
+
+// A dry run opens no session at the provider and writes nothing in the
+// cluster; it prints what it would write there.
+func TestDryRunOpensNoSession(t *testing.T) {
+	b := pollbackend.Start(t, pollbackend.Options{})
+	c := startFakeCluster(t)
+	p := start(t, t.TempDir(), "--server", c.srv.URL, "--certificate-authority", c.caFile, "--skip-konnector", "--dry-run", "-o", "json", b.ExportURL)
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("exit code %d; stderr:\n%s", code, p.errText())
+	}
+	var list struct {
+		Kind  string `json:"kind"`
+		Items []struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(p.stdout.Bytes(), &list); err != nil || list.Kind != "List" || len(list.Items) != 1 ||
+		list.Items[0].Kind != "Namespace" || list.Items[0].Metadata.Name != "kube-bind" {
+		t.Errorf("dry run printed %s (%v), want a List of Namespace kube-bind", p.stdout.String(), err)
+	}
+	if n := b.SessionsCreated(); n != 0 {
+		t.Errorf("the dry run opened %d session(s) at the provider", n)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.writes) != 0 {
+		t.Errorf("the dry run wrote to the cluster: %v", c.writes)
+	}
+	if !strings.Contains(p.errText(), "no session was opened") || strings.Contains(p.errText(), "http://") {
+		t.Errorf("stderr does not say what the dry run did, or shows a URL:\n%s", p.errText())
 	}
 }

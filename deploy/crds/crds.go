@@ -11,9 +11,6 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/client-go/kubernetes"
 	"sort"
 	"time"
 
@@ -132,71 +129,4 @@ func Install(ctx context.Context, cfg *rest.Config) error {
 		}
 	}
 	return nil
-}
-
-// quotaProbe is the namespace and ResourceQuota AwaitQuotaCounting
-// leaves behind, so that the next call returns at once.
-const quotaProbe = "kube-bind-quota-probe"
-
-// AwaitQuotaCounting waits until kube-controller-manager counts
-// APIServiceExportRequests and APIServiceNamespaces in ResourceQuotas, as
-// the quota the backend gives each consumer needs. Its quota controller
-// discovers new kinds every 30 s; until then, the API server admits no
-// counted object in a namespace with such a quota. For tests and the demo,
-// which bind right after installing the CRDs (and can restart the
-// controller manager, which discovers at start).
-func AwaitQuotaCounting(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: quotaProbe}}
-	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	one := resource.MustParse("1")
-	kinds := []corev1.ResourceName{"count/apiserviceexportrequests." + Group, "count/apiservicenamespaces." + Group}
-	q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: quotaProbe}, Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{}}}
-	for _, k := range kinds {
-		q.Spec.Hard[k] = one
-	}
-	if _, err := client.CoreV1().ResourceQuotas(quotaProbe).Create(ctx, q, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	// A quota made before the kinds were discovered is counted again
-	// only at the controller's full resync (5 min) or when its limits
-	// change: change them at each look.
-	limit := int64(1)
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		have, err := client.CoreV1().ResourceQuotas(quotaProbe).Get(ctx, quotaProbe, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		counted := true
-		for _, k := range kinds {
-			if _, ok := have.Status.Used[k]; !ok {
-				counted = false
-			}
-		}
-		if counted {
-			return true, nil
-		}
-		limit = 3 - limit
-		for _, k := range kinds {
-			have.Spec.Hard[k] = *resource.NewQuantity(limit, resource.DecimalSI)
-		}
-		_, err = client.CoreV1().ResourceQuotas(quotaProbe).Update(ctx, have, metav1.UpdateOptions{})
-		return false, ignoreConflict(err)
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for kube-controller-manager to count kube-bind objects in resource quotas (is its resourcequota-controller running?): %w", err)
-	}
-	return nil
-}
-
-func ignoreConflict(err error) error {
-	if apierrors.IsConflict(err) {
-		return nil
-	}
-	return err
 }

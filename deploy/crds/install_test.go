@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -89,6 +89,10 @@ spec:
   informerScope: Namespaced
   versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object}}}]`
 
+// refusedExport is an APIServiceExport the schema refuses with an error
+// mentioning want.
+type refusedExport struct{ what, name, spec, want string }
+
 func obj(t *testing.T, y string) *unstructured.Unstructured {
 	t.Helper()
 	u := &unstructured.Unstructured{}
@@ -148,6 +152,16 @@ func TestInstallAndValidation(t *testing.T) {
 		t.Helper()
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), msg) {
 			t.Errorf("%s: want Invalid mentioning %q, got %v", what, msg, err)
+		}
+	}
+	// refuseExports creates each export of version (v1alpha1, v1alpha2),
+	// which the schema must refuse.
+	refuseExports := func(version string, exports []refusedExport) {
+		t.Helper()
+		for _, e := range exports {
+			_, err := create("apiserviceexports", fmt.Sprintf("apiVersion: kube-bind.io/%s\nkind: APIServiceExport\nmetadata: {name: %s}\nspec: %s",
+				version, e.name, e.spec))
+			mustRefuse(e.what, err, e.want)
 		}
 	}
 
@@ -236,24 +250,17 @@ spec:
     storage: true
     schema: {openAPIV3Schema: {type: object, properties: {spec: {type: object}}}}
     subresources: {status: {}}`)
-	_, err = create("apiserviceexports", `
-apiVersion: kube-bind.io/v1alpha1
-kind: APIServiceExport
-metadata: {name: wrong.example.com}
-spec: {group: example.com, names: {plural: widgets, kind: Widget}, scope: Namespaced, informerScope: Namespaced, versions: [{name: v1, served: true, storage: true}]}`)
-	mustRefuse("export with the wrong name", err, "<spec.names.plural>.<spec.group>")
-	_, err = create("apiserviceexports", `
-apiVersion: kube-bind.io/v1alpha1
-kind: APIServiceExport
-metadata: {name: gadgets.example.com}
-spec: {group: example.com, names: {plural: gadgets, kind: Gadget}, scope: Namespaced, informerScope: Somewhere, versions: [{name: v1, served: true, storage: true}]}`)
-	mustRefuse("bad informerScope", err, "spec.informerScope")
-	_, err = create("apiserviceexports", `
-apiVersion: kube-bind.io/v1alpha1
-kind: APIServiceExport
-metadata: {name: gadgets.example.com}
-spec: {group: example.com, names: {plural: gadgets, kind: Gadget}, scope: Namespaced, informerScope: Cluster, clusterScopedIsolation: Prefixed, versions: [{name: v1, served: true, storage: true}]}`)
-	mustRefuse("isolation on a namespaced resource", err, "clusterScopedIsolation applies only")
+	refuseExports("v1alpha1", []refusedExport{
+		{"export with the wrong name", "wrong.example.com",
+			"{group: example.com, names: {plural: widgets, kind: Widget}, scope: Namespaced, informerScope: Namespaced, versions: [{name: v1, served: true, storage: true}]}",
+			"<spec.names.plural>.<spec.group>"},
+		{"bad informerScope", "gadgets.example.com",
+			"{group: example.com, names: {plural: gadgets, kind: Gadget}, scope: Namespaced, informerScope: Somewhere, versions: [{name: v1, served: true, storage: true}]}",
+			"spec.informerScope"},
+		{"isolation on a namespaced resource", "gadgets.example.com",
+			"{group: example.com, names: {plural: gadgets, kind: Gadget}, scope: Namespaced, informerScope: Cluster, clusterScopedIsolation: Prefixed, versions: [{name: v1, served: true, storage: true}]}",
+			"clusterScopedIsolation applies only"},
+	})
 	mustCreate("apiserviceexports", `
 apiVersion: kube-bind.io/v1alpha1
 kind: APIServiceExport
@@ -330,18 +337,11 @@ apiVersion: kube-bind.io/v1alpha2
 kind: APIServiceExport
 metadata: {name: bundle}
 spec: {resources: [{group: example.com, resource: widgets}, {group: example.com, resource: gadgets}], informerScope: Namespaced, isolation: Prefixed}`)
-	_, err = create("apiserviceexports", `
-apiVersion: kube-bind.io/v1alpha2
-kind: APIServiceExport
-metadata: {name: nothing}
-spec: {informerScope: Namespaced}`)
-	mustRefuse("export without resources or group", err, "an export needs resources")
-	_, err = create("apiserviceexports", `
-apiVersion: kube-bind.io/v1alpha2
-kind: APIServiceExport
-metadata: {name: half.example.com}
-spec: {resources: [{group: example.com, resource: half}], group: example.com, informerScope: Namespaced}`)
-	mustRefuse("export with group but no names", err, "set together")
+	refuseExports("v1alpha2", []refusedExport{
+		{"export without resources or group", "nothing", "{informerScope: Namespaced}", "an export needs resources"},
+		{"export with group but no names", "half.example.com",
+			"{resources: [{group: example.com, resource: half}], group: example.com, informerScope: Namespaced}", "set together"},
+	})
 
 	// A v1alpha2 request with claims and namespaces.
 	mustCreate("apiserviceexportrequests", `

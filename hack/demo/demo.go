@@ -118,10 +118,7 @@ func (d *demo) start(ctx context.Context) error {
 	if d.idpLog, err = os.Create(d.path("oidc-provider.log")); err != nil {
 		return err
 	}
-	secret, err := procs.RandomKey(32)
-	if err != nil {
-		return err
-	}
+	secret := procs.RandomKey(32)
 	d.idp, err = oidcprovider.Run(ctx, oidcprovider.Options{
 		Address:      o.oidcAddress,
 		ClientID:     "kube-bind-demo",
@@ -201,14 +198,8 @@ func (d *demo) startClusters(ctx context.Context) error {
 
 func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	o := d.opts
-	signing, err := procs.RandomKey(32)
-	if err != nil {
-		return err
-	}
-	encryption, err := procs.RandomKey(32)
-	if err != nil {
-		return err
-	}
+	signing, encryption := procs.RandomKey(32), procs.RandomKey(32)
+	var err error
 	if d.backendLog, err = os.Create(d.path("backend.log")); err != nil {
 		return err
 	}

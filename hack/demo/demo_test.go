@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,19 +21,20 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/html"
+	"github.com/kbprovider/backend/internal/testutil"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/consumer"
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/client/apply"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -256,7 +255,7 @@ func TestDemoWithoutKonnector(t *testing.T) {
 	}
 	ctx := context.Background()
 	dyn := dynamic.NewForConfigOrDie(consumerCfg)
-	if _, err := dyn.Resource(consumer.BindingV1alpha2GVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
+	if _, err := dyn.Resource(apply.BindingV1alpha2GVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{}); err != nil {
 		t.Errorf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
 	}
 	deployments := schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
@@ -507,21 +506,21 @@ func bindWithPollCommand(t *testing.T, ready readyText, base string) (time.Time,
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Request.URL.String(), base+"/bind") {
 		t.Fatalf("after login: %s at %s:\n%.2000s", resp.Status, resp.Request.URL, page)
 	}
-	form := parseForm(t, page)
+	form := testutil.FormOn(t, page, http.MethodPost)
 	for _, a := range exampleAPIs {
-		if offered := slices.Contains(form.checkboxes[web.FieldAPI], a.Name()); offered != a.Exported {
-			t.Errorf("selection page offers %v, want exactly the exported example APIs", form.checkboxes[web.FieldAPI])
+		if offered := slices.Contains(form.Checkboxes[web.FieldAPI], a.Name()); offered != a.Exported {
+			t.Errorf("selection page offers %v, want exactly the exported example APIs", form.Checkboxes[web.FieldAPI])
 		}
 	}
-	if form.values.Get(web.FieldCSRF) == "" {
+	if form.Fields.Get(web.FieldCSRF) == "" {
 		t.Fatal("selection form has no CSRF token")
 	}
-	values := form.values
+	values := form.Fields
 	values.Set(web.FieldAPI, exampleapis.MangoDB.Name())
 	values.Set(web.FieldAction, web.ActionBind)
 	// The box by which the user confirms the code the command printed.
 	values.Set(web.FieldConfirm, web.ConfirmYes)
-	action, err := resp.Request.URL.Parse(form.action)
+	action, err := resp.Request.URL.Parse(form.Action)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +579,7 @@ func useBoundAPI(t *testing.T, d *demoRun, ready readyText, providerNS string, p
 	if out, err := ready.run("get apiservicebindings"); err != nil || !strings.Contains(out, exampleapis.MangoDB.Name()) {
 		t.Errorf("the printed get apiservicebindings: %v\n%s", err, out)
 	}
-	b, err := consumerDyn.Resource(consumer.BindingV1alpha2GVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
+	b, err := consumerDyn.Resource(apply.BindingV1alpha2GVR).Get(ctx, exampleapis.MangoDB.Name(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("APIServiceBinding %s in the consumer cluster: %v", exampleapis.MangoDB.Name(), err)
 	}
@@ -703,59 +702,6 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-}
-
-type htmlForm struct {
-	action     string
-	values     url.Values          // hidden fields
-	checkboxes map[string][]string // name -> values offered
-}
-
-// parseForm reads the one POST form of the selection page.
-func parseForm(t *testing.T, page []byte) htmlForm {
-	t.Helper()
-	doc, err := html.Parse(bytes.NewReader(page))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f *htmlForm
-	var walk func(*html.Node)
-	walk = func(n *html.Node) {
-		if n.Type == html.ElementNode {
-			switch n.Data {
-			case "form":
-				if strings.EqualFold(attr(n, "method"), "post") && f == nil {
-					f = &htmlForm{action: attr(n, "action"), values: url.Values{}, checkboxes: map[string][]string{}}
-				}
-			case "input":
-				if f != nil {
-					switch attr(n, "type") {
-					case "hidden":
-						f.values.Add(attr(n, "name"), attr(n, "value"))
-					case "checkbox":
-						f.checkboxes[attr(n, "name")] = append(f.checkboxes[attr(n, "name")], attr(n, "value"))
-					}
-				}
-			}
-		}
-		for c := n.FirstChild; c != nil; c = c.NextSibling {
-			walk(c)
-		}
-	}
-	walk(doc)
-	if f == nil {
-		t.Fatalf("no POST form on the page:\n%.2000s", page)
-	}
-	return *f
-}
-
-func attr(n *html.Node, key string) string {
-	for _, a := range n.Attr {
-		if a.Key == key {
-			return a.Val
-		}
-	}
-	return ""
 }
 
 // descendants lists the processes below pid (pid -> command name), from /proc.

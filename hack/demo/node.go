@@ -15,8 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kbprovider/backend/deploy/crds"
-	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/client/apply"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
@@ -41,7 +40,7 @@ func (d *demo) startNode(ctx context.Context) error {
 	static := filepath.Join(filepath.Dir(d.opts.backendBinary), "backend-static")
 	images := []node.Image{{Name: nodeBackendImg, Files: map[string]string{"/backend": static},
 		Dirs: []string{"/tmp"}, Entrypoint: []string{"/backend"}, User: "65532:65532"}}
-	for release, name := range map[string]string{konnector.ReleasedVersion: consumer.DefaultKonnector, konnector.ReleasedV1alpha2: consumer.DefaultKonnectorV1alpha2} {
+	for release, name := range map[string]string{konnector.ReleasedVersion: apply.DefaultKonnector, konnector.ReleasedV1alpha2: apply.DefaultKonnectorV1alpha2} {
 		if k, err := konnector.ReleasedPathOf(release, "konnector"); err == nil {
 			images = append(images, node.Image{Name: name, Files: map[string]string{"/konnector": k}, Entrypoint: []string{"/konnector"}, User: "65532:65532"})
 		}
@@ -119,13 +118,8 @@ func (d *demo) installChart(ctx context.Context, clientSecret string) error {
 			return err
 		}
 	}
-	if crds.AwaitQuotaCounting(ctx, admin, 2*time.Second) != nil {
-		if err := d.cp.RestartControllerManager(ctx); err != nil {
-			return err
-		}
-		if err := crds.AwaitQuotaCounting(ctx, admin, 45*time.Second); err != nil {
-			return err
-		}
+	if err := exampleapis.AwaitQuotaCounting(ctx, d.cp); err != nil {
+		return err
 	}
 	d.step("created the example APIs %s", describeAPIs())
 	return nil

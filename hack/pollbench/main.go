@@ -45,9 +45,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // The set-ups, in their default order.
@@ -464,7 +464,7 @@ func (bn *bench) prepareBare(bin binary) error {
 	if err != nil {
 		return err
 	}
-	signed, err := hmac.SignURL(sess[0].SessionSecret, sess[0].SessionID, http.MethodGet, u, nil)
+	signed, err := protocol.SignURL(sess[0].SessionSecret, sess[0].SessionID, http.MethodGet, u, nil)
 	if err != nil {
 		return err
 	}
@@ -1258,7 +1258,7 @@ func (bn *bench) presign(mode, file string, sess []pollSession) (int, error) {
 			go func() {
 				defer wg.Done()
 				for i := k; i < len(sess); i += workers {
-					u, err := hmac.SignURL(sess[i].SessionSecret, sess[i].SessionID, http.MethodGet, pollURL, nil)
+					u, err := protocol.SignURL(sess[i].SessionSecret, sess[i].SessionID, http.MethodGet, pollURL, nil)
 					if err != nil {
 						once.Do(func() { firstErr = err })
 						return

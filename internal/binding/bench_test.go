@@ -8,8 +8,8 @@ import (
 )
 
 // Wall time of one Provision against the local API server, for a new
-// consumer (namespace, grant, service account, RBAC, token issued by the
-// token controller, kubeconfig, ClusterBinding) and for a returning one
+// consumer (namespace, grant, service account, RBAC, token Secret and
+// TokenRequest token, kubeconfig, ClusterBinding) and for a returning one
 // (everything exists; re-applied).
 func BenchmarkProvision(b *testing.B) {
 	e := setup(b)

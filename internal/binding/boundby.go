@@ -10,7 +10,7 @@ import (
 )
 
 // What Provision records on ClusterBinding "cluster" about the bind, so
-// that internal/credentials can end the binding's credentials when its
+// that internal/binding/controllers/credentials can end the binding's credentials when its
 // absolute lifetime is over or the user who bound is no longer allowed
 // (docs/binding.md, "Threat model"). Consumers may not patch their
 // ClusterBinding, so they cannot move either mark.

@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 // warnings counts the WARN lines in logs about crd lacking a status
@@ -57,19 +57,19 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 	crds := e.crds.ApiextensionsV1().CustomResourceDefinitions()
 	t.Cleanup(func() { crds.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 
-	await.True(t, "the CRD is offered", func() bool { _, ok := cat.Lookup(r.Group, r.Resource); return ok })
+	testutil.Await(t, "the CRD is offered", func() bool { _, ok := cat.Lookup(r.Group, r.Resource); return ok })
 	api, _ := cat.Lookup(r.Group, r.Resource)
 	if !slices.Equal(api.NoStatusSubresource, []string{"v1"}) {
 		t.Errorf("NoStatusSubresource %v, want [v1] (v2 is not served)", api.NoStatusSubresource)
 	}
-	await.True(t, "a WARN names the CRD", func() bool { return warnings(logs, name) == 1 })
+	testutil.Await(t, "a WARN names the CRD", func() bool { return warnings(logs, name) == 1 })
 
 	// A label change is an update event with the same generation: no
 	// second warning.
 	if _, err := crds.Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	await.True(t, "the catalog sees the label", func() bool {
+	testutil.Await(t, "the catalog sees the label", func() bool {
 		o, ok, _ := cat.informer.GetStore().GetByKey(name)
 		return ok && o.(*apiextensionsv1.CustomResourceDefinition).Labels["team"] == "a"
 	})
@@ -103,11 +103,11 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 		}
 	}
 	setStatus(true)
-	await.True(t, "the flag goes", func() bool {
+	testutil.Await(t, "the flag goes", func() bool {
 		api, ok := cat.Lookup(r.Group, r.Resource)
 		return ok && len(api.NoStatusSubresource) == 0
 	})
 	// ... and taken away again: a new change, a new warning.
 	setStatus(false)
-	await.True(t, "a second WARN", func() bool { return warnings(logs, name) == 2 })
+	testutil.Await(t, "a second WARN", func() bool { return warnings(logs, name) == 2 })
 }

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 func names(apis []ExportedAPI) []string {
@@ -73,7 +73,7 @@ func TestCatalogFollowsCRDs(t *testing.T) {
 	label(zebras, `"true"`)
 	label(apples, `"true"`)
 	label(tanks, `"true"`)
-	await.True(t, "labelled CRDs are offered", func() bool {
+	testutil.Await(t, "labelled CRDs are offered", func() bool {
 		return has(nsCat, zebras) && has(nsCat, apples) && has(clCat, zebras) && has(clCat, tanks)
 	})
 	if has(nsCat, tanks) {
@@ -103,17 +103,17 @@ func TestCatalogFollowsCRDs(t *testing.T) {
 
 	// A label with another value, then no label: gone.
 	label(zebras, `"false"`)
-	await.True(t, "CRD labelled false is withdrawn", func() bool { return !has(nsCat, zebras) })
+	testutil.Await(t, "CRD labelled false is withdrawn", func() bool { return !has(nsCat, zebras) })
 	label(zebras, `"true"`)
-	await.True(t, "CRD labelled again is offered", func() bool { return has(nsCat, zebras) })
+	testutil.Await(t, "CRD labelled again is offered", func() bool { return has(nsCat, zebras) })
 	label(zebras, `null`)
-	await.True(t, "CRD without label is withdrawn", func() bool { return !has(nsCat, zebras) && !has(clCat, zebras) })
+	testutil.Await(t, "CRD without label is withdrawn", func() bool { return !has(nsCat, zebras) && !has(clCat, zebras) })
 
 	// Deleted: gone.
 	if err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(ctx, "apples.catalog.test", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	await.True(t, "deleted CRD is withdrawn", func() bool { return !has(nsCat, apples) })
+	testutil.Await(t, "deleted CRD is withdrawn", func() bool { return !has(nsCat, apples) })
 	if err := nsCat.Check(ctx); err != nil {
 		t.Errorf("readiness check of a healthy catalog: %v", err)
 	}
@@ -156,8 +156,8 @@ func TestCatalogStartsWhileClusterDown(t *testing.T) {
 
 	p := startProxy(t, addr, upstream.Host)
 	defer p.close()
-	await.True(t, "catalog syncs once the cluster is reachable", c.HasSynced)
-	await.True(t, "catalog offers widgets", func() bool { _, ok := c.Lookup(widgets.Group, widgets.Resource); return ok })
+	testutil.Await(t, "catalog syncs once the cluster is reachable", c.HasSynced)
+	testutil.Await(t, "catalog offers widgets", func() bool { _, ok := c.Lookup(widgets.Group, widgets.Resource); return ok })
 	if err := c.Check(ctx); err != nil {
 		t.Fatalf("readiness once up: %v", err)
 	}

@@ -39,7 +39,7 @@ const (
 	ManagedByValue = "kube-bind-backend"
 	managedByValue = ManagedByValue
 	// LabelConsumerNamespace marks a namespace made for an
-	// APIServiceNamespace (internal/exports) with the consumer namespace it
+	// APIServiceNamespace (internal/binding/controllers/exportrequests) with the consumer namespace it
 	// belongs to, so that Unbind can remove it with the consumer.
 	LabelConsumerNamespace = "kube-bind.io/consumer-namespace"
 	maxIssuerLength        = 2048

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 

@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/deploy/crds"
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -70,10 +70,8 @@ func doSetup(cp *controlplane.ControlPlane) error {
 	if err := crds.Install(ctx, admin); err != nil {
 		return err
 	}
-	if err := cp.RestartControllerManager(ctx); err != nil {
-		return err
-	}
-	if err := crds.AwaitQuotaCounting(ctx, admin, 45*time.Second); err != nil {
+	// exampleapis.AwaitQuotaCounting, which imports this package.
+	if err := cp.AwaitQuotaCounting(ctx, "count/"+crds.APIServiceExportRequests, "count/"+crds.APIServiceNamespaces); err != nil {
 		return err
 	}
 	if err := InstallClusterRoles(ctx, admin); err != nil {
@@ -157,7 +155,7 @@ func startCatalog(t testing.TB, cfg *rest.Config, scope Scope) *Catalog {
 func newProvisioner(t testing.TB, e env, rc *rest.Config, scope Scope) *Provisioner {
 	t.Helper()
 	cat := startCatalog(t, e.backend, scope)
-	await.True(t, "catalog offers widgets", func() bool { _, ok := cat.Lookup(widgets.Group, widgets.Resource); return ok })
+	testutil.Await(t, "catalog offers widgets", func() bool { _, ok := cat.Lookup(widgets.Group, widgets.Resource); return ok })
 	p, err := NewProvisioner(rc, cat, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider"})
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 // Config configures provisioning (the backend's flags of the same names).
@@ -136,7 +136,7 @@ func (p *Provisioner) Namespace(c Consumer, clusterID string) string {
 }
 
 // Result is what a bind yields, whichever protocol generation renders it
-// into its BindingResponse (internal/bindservice).
+// into its BindingResponse (internal/sessions/lifecycle).
 type Result struct {
 	// Namespace is the consumer's provider namespace (also the namespace
 	// of the kubeconfig's current context).
@@ -299,7 +299,7 @@ func (p *Provisioner) backendUser(ctx context.Context) (string, error) {
 
 // GrantBackend gives the backend its namespace role in ns (a namespace the
 // backend made), as Provision does in a consumer namespace; the
-// controllers in internal/exports use it in the namespaces they make.
+// controllers in internal/binding/controllers/exportrequests use it in the namespaces they make.
 func (p *Provisioner) GrantBackend(ctx context.Context, ns string) error {
 	return p.grantBackend(ctx, ns)
 }
@@ -437,7 +437,7 @@ func (p *Provisioner) unbind(ctx context.Context, name string, check func(*corev
 }
 
 // deleteAPIServiceNamespaces deletes the namespaces made for the
-// consumer's APIServiceNamespaces (internal/exports labels them with the
+// consumer's APIServiceNamespaces (internal/binding/controllers/exportrequests labels them with the
 // consumer namespace). The controllers would remove them too, but Unbind
 // does not depend on them running.
 func (p *Provisioner) deleteAPIServiceNamespaces(ctx context.Context, consumerNS string) error {

@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/kbresources"
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 const issuer = "https://idp.example.com"
@@ -82,7 +82,7 @@ func TestProvisionIssuesWorkingKubeconfig(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The result (each generation renders it: internal/bindservice).
+	// The result (each generation renders it: internal/sessions/lifecycle).
 	if resp.ConsumerID != issuer+"/alice@example.com" || resp.Namespace != p.Namespace(alice, "clusterA") {
 		t.Errorf("result consumer %q namespace %q", resp.ConsumerID, resp.Namespace)
 	}
@@ -245,7 +245,7 @@ func TestProvisionConcurrent(t *testing.T) {
 
 // A returning consumer gets the same namespace and service account, and a
 // new token: the one it replaces is retired (it keeps working until
-// internal/credentials revokes it); another cluster of the same user gets
+// internal/binding/controllers/credentials revokes it); another cluster of the same user gets
 // another namespace.
 func TestProvisionReturningConsumer(t *testing.T) {
 	e := setup(t)
@@ -496,7 +496,7 @@ func TestUnbind(t *testing.T) {
 		t.Fatal(err)
 	}
 	revoked := time.Now()
-	await.True(t, "the issued token stops working", func() bool {
+	testutil.Await(t, "the issued token stops working", func() bool {
 		_, err := kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 		return apierrors.IsUnauthorized(err)
 	})

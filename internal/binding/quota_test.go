@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"github.com/kbprovider/backend/internal/kbresources"
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 func TestQuotaValidate(t *testing.T) {
@@ -32,7 +32,7 @@ func TestProvisionQuotaBoundsConsumerObjects(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	cat := startCatalog(t, e.backend, ScopeCluster)
-	await.True(t, "catalog offers widgets", func() bool { _, ok := cat.Lookup(widgets.Group, widgets.Resource); return ok })
+	testutil.Await(t, "catalog offers widgets", func() bool { _, ok := cat.Lookup(widgets.Group, widgets.Resource); return ok })
 	p, err := NewProvisioner(e.backend, cat, Config{NamespacePrefix: "kb-", ProviderPrettyName: "Test Provider",
 		Quota: Quota{ExportRequests: 3, Namespaces: 2}})
 	if err != nil {
@@ -67,7 +67,7 @@ func TestProvisionQuotaBoundsConsumerObjects(t *testing.T) {
 			// The quota admits nothing until kube-controller-manager has
 			// counted its namespace: a fresh consumer retries as the
 			// konnector does.
-			await.True(t, fmt.Sprintf("%s %d admitted", c.kind, i), func() bool {
+			testutil.Await(t, fmt.Sprintf("%s %d admitted", c.kind, i), func() bool {
 				err := create(c.kind, i)
 				if err != nil && !strings.Contains(err.Error(), "status unknown for quota") {
 					t.Fatalf("%s %d of %d: %v", c.kind, i+1, c.limit, err)

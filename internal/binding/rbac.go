@@ -28,7 +28,7 @@ const (
 	BackendClusterRole = "kube-bind-backend"
 	// ConsumerExportsRole and ConsumerClaimsRole name the Roles (and their
 	// RoleBindings) the controllers make in the backend's namespaces for a
-	// consumer's bound and claimed resources (internal/exports).
+	// consumer's bound and claimed resources (internal/binding/controllers/exportrequests).
 	ConsumerExportsRole = "kube-bind-consumer-exports"
 	ConsumerClaimsRole  = "kube-bind-consumer-claims"
 )
@@ -53,7 +53,7 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			rule("apiextensions.k8s.io", []string{"customresourcedefinitions"}, "get", "list", "watch"),
 			// One namespace per consumer, and one per APIServiceNamespace;
 			// names are not known in advance. list and watch: the
-			// controllers (internal/exports) keep the backend's namespaces
+			// controllers (internal/binding/controllers/exportrequests) keep the backend's namespaces
 			// in a cache and remove those whose owner is gone, without
 			// finalizers that could block a consumer's namespace deletion.
 			rule("", []string{"namespaces"}, "get", "list", "watch", "create", "delete"),
@@ -71,18 +71,18 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			},
 			// Finding its own user name, to bind roles to itself.
 			rule("authentication.k8s.io", []string{"selfsubjectreviews"}, "create"),
-			// The controllers' caches (internal/exports, bindinghealth,
+			// The controllers' caches (internal/binding/controllers/exportrequests, heartbeats,
 			// cleanup, credentials); every write to these is made through
 			// BackendNamespaceClusterRole, in the backend's namespaces only.
 			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces", "clusterbindings", "boundschemas"}, "list", "watch"),
-			// The offers (internal/offers): the provider's templates and
+			// The offers (internal/binding/offers): the provider's templates and
 			// collections, and the Ready condition of each template.
 			rule(kubeBindGroup, []string{"apiserviceexporttemplates", "collections"}, "get", "list", "watch"),
 			rule(kubeBindGroup, []string{"apiserviceexporttemplates/status"}, "patch", "update"),
 		),
 		role(BackendNamespaceClusterRole,
 			rule("", []string{"serviceaccounts", "secrets"}, "get", "create", "patch", "delete"),
-			// Consumer credentials (internal/credentials): list the
+			// Consumer credentials (internal/binding/controllers/credentials): list the
 			// per-token Secrets and issue TokenRequest tokens bound to
 			// them (the CredentialsValid condition is written through the
 			// clusterbindings/status rule below).
@@ -93,7 +93,7 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			rule(kubeBindGroup, []string{"clusterbindings"}, "get", "create", "patch"),
 			// Answering requests and APIServiceNamespaces; the Healthy and
 			// CredentialsValid conditions of ClusterBindings
-			// (internal/bindinghealth, internal/credentials).
+			// (internal/binding/controllers/heartbeats, internal/binding/controllers/credentials).
 			rule(kubeBindGroup, []string{"apiserviceexportrequests/status", "apiservicenamespaces/status", "clusterbindings/status"}, "patch"),
 			// Mirroring exported CRDs.
 			rule(kubeBindGroup, []string{"apiserviceexports"}, "create", "patch", "delete"),

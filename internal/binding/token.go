@@ -20,7 +20,7 @@ import (
 // revokes exactly that token. Every bind and every rotation issues a new
 // one; the kubeconfig Secret names the current one. Older tokens are
 // "retired" and stay valid until the konnector has switched (or they
-// expire); internal/credentials revokes them.
+// expire); internal/binding/controllers/credentials revokes them.
 const (
 	// LabelCredential marks the per-token Secrets; its value is
 	// CredentialToken.
@@ -72,7 +72,7 @@ type IssuedToken struct {
 // it into the kubeconfig Secret, and marks the token it replaces as
 // retired. issuedBy is IssuedByBind or IssuedByRotation. The replaced
 // token stays valid: revoking it once the konnector has switched is the
-// job of internal/credentials.
+// job of internal/binding/controllers/credentials.
 func (p *Provisioner) IssueToken(ctx context.Context, ns, issuedBy string) (IssuedToken, error) {
 	secrets := p.client.CoreV1().Secrets(ns)
 	previous, err := secrets.Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
@@ -105,7 +105,7 @@ func (p *Provisioner) IssueToken(ctx context.Context, ns, issuedBy string) (Issu
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		// The Secret without a token is harmless; internal/credentials
+		// The Secret without a token is harmless; internal/binding/controllers/credentials
 		// removes it like any retired one.
 		return IssuedToken{}, fmt.Errorf("requesting a token: %w", err)
 	}

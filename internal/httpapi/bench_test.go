@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // benchWriter is a minimal ResponseWriter reused across iterations, so
@@ -40,7 +39,7 @@ func BenchmarkPollPending(b *testing.B) {
 	const batch = 10000
 	var sess []v1alpha1.PollSession
 	newSession := func() v1alpha1.PollSession {
-		s, _, _ := e.svc.CreatePollSession(ids.NewClusterID())
+		s, _, _ := e.svc.CreatePollSession(protocol.NewClusterID())
 		return v1alpha1.PollSession{SessionID: s.ID, SessionSecret: s.Secret}
 	}
 	pollURL, _ := url.Parse(testExternal + "/poll")
@@ -53,7 +52,7 @@ func BenchmarkPollPending(b *testing.B) {
 				sess = append(sess, newSession())
 			}
 			ps := sess[idx]
-			u, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", pollURL, nil)
+			u, err := protocol.SignURL(ps.SessionSecret, ps.SessionID, "GET", pollURL, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -85,7 +84,7 @@ func BenchmarkPollPending(b *testing.B) {
 func BenchmarkCreateSession(b *testing.B) {
 	info := slog.LevelInfo
 	e := newEnv(b, envOpts{logLevel: &info})
-	body := `{"clusterID":"` + ids.NewClusterID() + `"}`
+	body := `{"clusterID":"` + protocol.NewClusterID() + `"}`
 	const batch = 10000
 	reqs := make([]*http.Request, 0, batch)
 	w := &benchWriter{h: http.Header{}}

@@ -15,18 +15,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/internal/sessions/storetest"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -94,7 +95,6 @@ type browserEnv struct {
 	// idpRequests counts requests to the identity provider by path.
 	idpMu       sync.Mutex
 	idpRequests map[string]int
-	catalog     *staticCatalog
 }
 
 type browserOpts struct {
@@ -116,7 +116,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 	if o.https {
 		ext.Scheme = "https"
 	}
-	clock := storetest.NewClock(time.Now())
+	clock := testutil.ClockAt(time.Now())
 	store := memory.New(o.limits, clock.Now)
 	key, err := clusterkey.New(testClusterKey)
 	if err != nil {
@@ -129,7 +129,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 	svc := newService(t, store, keys, key, 0, o.limits.Grace, clock.Now)
 	logs := &procs.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	be := &browserEnv{idp: idp, idpRequests: map[string]int{}, catalog: &staticCatalog{}}
+	be := &browserEnv{idp: idp, idpRequests: map[string]int{}}
 
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	idpURL, _ := url.Parse(idp.IssuerURL)
@@ -164,7 +164,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		t.Fatal(err)
 	}
 	be.login = login
-	bh := testBrowser(t, ext, svc, login, be.catalog, logger, clock.Now)
+	bh := testBrowser(t, ext, svc, login, testCatalog, logger, clock.Now)
 	reg := prometheus.NewRegistry()
 	h, err := New(Config{
 		ExternalURL:  ext,
@@ -191,33 +191,12 @@ type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// staticCatalog exports mangodbs.mangodb.com only.
-type staticCatalog struct{}
-
-func (*staticCatalog) List() []binding.ExportedAPI {
-	return []binding.ExportedAPI{{Name: "mangodbs.mangodb.com", Group: "mangodb.com", Resource: "mangodbs", Scope: "Namespaced", Versions: []string{"v1"}}}
-}
-
-func (c *staticCatalog) Lookup(group, resource string) (binding.ExportedAPI, bool) {
-	for _, a := range c.List() {
-		if a.Group == group && a.Resource == resource {
-			return a, true
-		}
-	}
-	return binding.ExportedAPI{}, false
-}
+// testCatalog exports mangodbs.mangodb.com only.
+var testCatalog = fakes.Catalog{fakes.MangoDBs}
 
 // refusingProvisioner stands for the provider cluster in tests that must
 // never get as far as provisioning.
-type refusingProvisioner struct{}
-
-func (refusingProvisioner) Provision(context.Context, binding.Consumer, string, []binding.Resource) (*binding.Result, error) {
-	return nil, errors.New("test: nothing may be provisioned here")
-}
-
-func (refusingProvisioner) Existing(context.Context, binding.Consumer, string) (time.Time, bool, error) {
-	return time.Time{}, false, nil
-}
+var refusingProvisioner = &fakes.Provisioner{Err: errors.New("test: nothing may be provisioned here")}
 
 // jar returns a client with a cookie jar that does not follow redirects,
 // like a browser whose every hop the test looks at.

@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -130,7 +131,7 @@ func TestLinkOfRetiredKeyIs410(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	login := &panickyLogin{}
+	login := &fakes.Login{}
 	e := newEnv(t, envOpts{login: login, ttl: time.Minute})
 	authorize := func(s sessionkey.Session) string {
 		return e.signedURL(v1alpha1.PollSession{SessionID: s.ID, SessionSecret: s.Secret}, e.ext.String()+"/authorize")
@@ -167,8 +168,8 @@ func TestLinkOfRetiredKeyIs410(t *testing.T) {
 	if code, body := get(authorize(cb.Session)); code != http.StatusNotFound || !strings.Contains(body, "not known") {
 		t.Errorf("signed link of a callback-flow session: %d, want 404:\n%s", code, body)
 	}
-	if login.begun.Load() != 0 || e.stored() != [3]int{} {
-		t.Errorf("refused links began %d logins and stored %v", login.begun.Load(), e.stored())
+	if login.Begun() != 0 || e.stored() != [3]int{} {
+		t.Errorf("refused links began %d logins and stored %v", login.Begun(), e.stored())
 	}
 }
 

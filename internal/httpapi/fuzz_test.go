@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // FuzzCreateSessionBody: whatever the body, the answer is 201, 400 or 413,
@@ -49,7 +49,7 @@ func FuzzPollQuery(f *testing.F) {
 	e := newEnv(f, envOpts{ttl: long, limits: sessions.Limits{Grace: long}})
 	sign := func(ps v1alpha1.PollSession, extra string) string {
 		u, _ := url.Parse(testExternal + "/poll?" + extra)
-		signed, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", u, nil)
+		signed, err := protocol.SignURL(ps.SessionSecret, ps.SessionID, "GET", u, nil)
 		if err != nil {
 			f.Fatal(err)
 		}

@@ -13,21 +13,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
-	"github.com/kbprovider/backend/internal/health"
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
-	"github.com/kbprovider/backend/internal/longpoll"
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/server/health"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/internal/sessions/storetest"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // testExternal is the public URL the tests' backend believes it has; the
@@ -39,9 +40,9 @@ type env struct {
 	ext   *url.URL
 	store *memory.Store
 	// svc is the session service both the API and the browser part use.
-	svc     *bindservice.Service
+	svc     *lifecycle.Service
 	keys    *sessionkey.Keys
-	clock   *storetest.Clock
+	clock   *testutil.Clock
 	reg     *prometheus.Registry
 	handler http.Handler
 	srv     *httptest.Server
@@ -58,7 +59,7 @@ var (
 
 // newService returns the session service of a test backend over store,
 // with keys (nil: testSessionKey alone).
-func newService(t testing.TB, store sessions.Store, keys *sessionkey.Keys, key *clusterkey.Key, ttl, grace time.Duration, now func() time.Time) *bindservice.Service {
+func newService(t testing.TB, store sessions.Store, keys *sessionkey.Keys, key *clusterkey.Key, ttl, grace time.Duration, now func() time.Time) *lifecycle.Service {
 	t.Helper()
 	if keys == nil {
 		var err error
@@ -66,8 +67,8 @@ func newService(t testing.TB, store sessions.Store, keys *sessionkey.Keys, key *
 			t.Fatal(err)
 		}
 	}
-	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: key,
-		SessionTTL: ttl, Grace: grace, Now: now, Catalog: &staticCatalog{}, Provisioner: refusingProvisioner{}})
+	svc, err := lifecycle.New(lifecycle.Config{Store: store, Keys: keys, ClusterKey: key,
+		SessionTTL: ttl, Grace: grace, Now: now, Catalog: testCatalog, Provisioner: refusingProvisioner})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := storetest.NewClock(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
+	clock := testutil.ClockAt(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
 	store := memory.New(o.limits, clock.Now)
 	logs := &procs.Buffer{}
 	level := slog.LevelDebug
@@ -131,7 +132,7 @@ func newEnv(t testing.TB, o envOpts) *env {
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 	var bh *browser.Handler
 	if o.login != nil {
-		bh = testBrowser(t, ext, svc, o.login, &staticCatalog{}, logger, clock.Now)
+		bh = testBrowser(t, ext, svc, o.login, testCatalog, logger, clock.Now)
 	}
 	h, err := New(Config{
 		ExternalURL:    ext,
@@ -222,7 +223,7 @@ func (e *env) signedURL(ps v1alpha1.PollSession, raw string) string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	signed, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", u, nil)
+	signed, err := protocol.SignURL(ps.SessionSecret, ps.SessionID, "GET", u, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -281,7 +282,7 @@ func wantCommonHeaders(t testing.TB, resp *http.Response) {
 // testBrowser is the browser part of the handler tests: the real handler
 // with the given identity provider and catalog, and a provisioner that
 // refuses.
-func testBrowser(t testing.TB, ext *url.URL, svc *bindservice.Service, login browser.Login,
+func testBrowser(t testing.TB, ext *url.URL, svc *lifecycle.Service, login browser.Login,
 	catalog browser.Catalog, logger *slog.Logger, now func() time.Time) *browser.Handler {
 	t.Helper()
 	bh, err := browser.New(browser.Config{
@@ -290,8 +291,8 @@ func testBrowser(t testing.TB, ext *url.URL, svc *bindservice.Service, login bro
 		Sessions:        svc,
 		Login:           login,
 		Catalog:         catalog,
-		Provisioner:     refusingProvisioner{},
-		CookieHashKeys:  [][]byte{[]byte("0123456789abcdef0123456789abcdef-cookie-hash")},
+		Provisioner:     refusingProvisioner,
+		CookieHashKeys:  [][]byte{[]byte("0123456789abcdef0123456789abcdef")},
 		CookieBlockKeys: [][]byte{[]byte("0123456789abcdef")},
 		Logger:          logger.With("component", "browser"),
 		Now:             now,
@@ -303,7 +304,7 @@ func testBrowser(t testing.TB, ext *url.URL, svc *bindservice.Service, login bro
 }
 
 // open opens session id with the backend's service.
-func (e *env) open(id string) bindservice.Session {
+func (e *env) open(id string) lifecycle.Session {
 	e.t.Helper()
 	sess, err := e.svc.Open(id)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 // provider's binding cookie, the login cookie, and their clearing) is a
 // __Host- cookie: Path=/, Secure, HttpOnly, SameSite=Lax, no Domain; and a
 // browser that keeps them as set gets through the login to the selection
-// page, so each is read under the name it was set with (issue 23). The
+// page, so each is read under the name it was set with. The
 // real router, browser handler, oidc.Authenticator and identity provider.
 func TestHostCookiesOverHTTPS(t *testing.T) {
 	be := newBrowserEnv(t, browserOpts{https: true})

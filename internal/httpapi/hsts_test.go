@@ -4,11 +4,13 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kbprovider/backend/internal/testutil/fakes"
 )
 
 // Behind TLS (an https external URL) every answer of the public handler
 // pins HTTPS for a year, this host only (the provider's other hosts are
-// not ours to pin); over plain http none does (issue 23).
+// not ours to pin); over plain http none does.
 func TestHSTS(t *testing.T) {
 	const want = "max-age=31536000"
 	for _, c := range []struct {
@@ -20,7 +22,7 @@ func TestHSTS(t *testing.T) {
 		{"http://127.0.0.1:8080", false},
 		{"http://bind.example.com/kb", false},
 	} {
-		login := &panickyLogin{}
+		login := &fakes.Login{}
 		e := newEnv(t, envOpts{external: c.external, login: login})
 		prefix := strings.TrimSuffix(e.ext.Path, "/")
 		ps := e.createSession("")
@@ -65,7 +67,7 @@ func TestHSTS(t *testing.T) {
 			check(r, resp)
 		}
 		// A panic's 500 carries it too.
-		login.panics.Store(true)
+		login.Panic.Store(true)
 		r := req{"GET", prefix + "/authorize?p=41234&s=aB3dE9&c=Zx81Qp", "", 500}
 		resp := e.do(r.method, r.path, nil)
 		readAll(t, resp)

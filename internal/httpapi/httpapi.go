@@ -1,7 +1,7 @@
 // Package httpapi is the backend's HTTP surface: discovery (GET /export),
 // poll sessions (POST /sessions, GET /poll) per docs/protocol.md §0, §1 and
 // §4, and the terse probes /healthz and /readyz (ok or not, no detail;
-// /metrics and the detailed probes are internal/diagnostics', on a
+// /metrics and the detailed probes are internal/server/diagnostics', on a
 // listener of their own).
 // The browser routes (/authorize, /callback, /bind) are Config.Browser's,
 // mounted here beside the others: New mounts every route in one router.
@@ -20,11 +20,10 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/health"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
-	"github.com/kbprovider/backend/internal/longpoll"
-	"github.com/kbprovider/backend/internal/protocol"
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/server/health"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 )
 
 // ProtocolVersion is the kube-bind protocol level advertised in the
@@ -60,7 +59,7 @@ type Config struct {
 	PollInterval time.Duration
 	// Sessions issues, checks and ends sessions; the browser part must
 	// use the same one. Required.
-	Sessions *bindservice.Service
+	Sessions *lifecycle.Service
 	// Logger receives access and error logs (default: discard).
 	Logger *slog.Logger
 	// Metrics is the registry the handler's metrics are registered in
@@ -91,9 +90,9 @@ type Config struct {
 	// browser.Config.NoCallbackFlow).
 	NoCallbackFlow bool
 	// RootRoutes are the routes of the kube-bind.io/v1alpha2 generation
-	// (internal/protocol/v1alpha2), mounted at the host root whatever
+	// (internal/httpapi/v1alpha2), mounted at the host root whatever
 	// path the external URL has: the released CLIs call them there.
-	RootRoutes []protocol.Route
+	RootRoutes []Route
 	// V1alpha2Sessions serves POST /api/sessions at the host root: poll
 	// sessions of the v1alpha2 generation (sessionkey.FlowPollV1alpha2),
 	// which end with a kube-bind.io/v1alpha2 BindingResponse.
@@ -234,7 +233,7 @@ func validateExternalURL(u *url.URL) error {
 // server holds what the handlers share.
 type server struct {
 	cfg     Config
-	bind    *bindservice.Service
+	bind    *lifecycle.Service
 	log     *slog.Logger
 	metrics *metrics
 	export  []byte

@@ -4,20 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/clusterkey"
-	"github.com/kbprovider/backend/internal/health"
-	"github.com/kbprovider/backend/internal/ids"
-	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/server/health"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 func TestExport(t *testing.T) {
@@ -111,13 +109,13 @@ func TestCreateSession(t *testing.T) {
 	if ps.APIVersion != "kube-bind.io/v1alpha1" || ps.Kind != "Oauth2CodeGrantPollSession" {
 		t.Errorf("apiVersion/kind = %q/%q", ps.APIVersion, ps.Kind)
 	}
-	if len(ps.SessionID) < 22 || !ids.URLSafe(ps.SessionID, 64) {
+	if len(ps.SessionID) < 22 || !protocol.URLSafe(ps.SessionID, 64) {
 		t.Errorf("session ID %q: want >= 128 bits of URL-safe characters", ps.SessionID)
 	}
-	if len(ps.SessionSecret) != 43 || !ids.URLSafe(ps.SessionSecret, 64) {
+	if len(ps.SessionSecret) != 43 || !protocol.URLSafe(ps.SessionSecret, 64) {
 		t.Errorf("secret %q: want 256 bits base64url without padding", ps.SessionSecret)
 	}
-	if !ids.IssuedClusterID(ps.ClusterID) {
+	if !protocol.IssuedClusterID(ps.ClusterID) {
 		t.Errorf("cluster ID %q is not of the issued format", ps.ClusterID)
 	}
 	// A new cluster ID comes with its secret, derived from the backend's key.
@@ -149,7 +147,7 @@ func TestCreateSession(t *testing.T) {
 
 func TestCreateSessionClusterID(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	ours := ids.NewClusterID()
+	ours := protocol.NewClusterID()
 	for _, c := range []struct {
 		name, body string
 		keep       string // cluster ID expected back; "" = a new one
@@ -169,7 +167,7 @@ func TestCreateSessionClusterID(t *testing.T) {
 			if c.keep != "" && (ps.ClusterID != c.keep || ps.ClusterSecret != "") {
 				t.Fatalf("cluster ID %q with secret %q, want %q kept and no secret", ps.ClusterID, ps.ClusterSecret, c.keep)
 			}
-			if c.keep == "" && (!ids.IssuedClusterID(ps.ClusterID) || ps.ClusterSecret != e.key.Secret(ps.ClusterID)) {
+			if c.keep == "" && (!protocol.IssuedClusterID(ps.ClusterID) || ps.ClusterSecret != e.key.Secret(ps.ClusterID)) {
 				t.Fatalf("cluster ID %q, want a newly issued one with its secret", ps.ClusterID)
 			}
 		})
@@ -199,7 +197,7 @@ func TestCreateSessionBadRequests(t *testing.T) {
 
 func TestCreateSessionBodyLimit(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	id := ids.NewClusterID()
+	id := protocol.NewClusterID()
 	prefix := `{"clusterID":"` + id + `"}`
 	atLimit := prefix + strings.Repeat(" ", 4096-len(prefix))
 	if ps := e.createSession(atLimit); ps.ClusterID != id {
@@ -318,7 +316,7 @@ func TestBrowserRoutes(t *testing.T) {
 	// The real browser part under a path prefix: each route reaches its
 	// handler through the one router (the pages say which handler it
 	// was), and everything else gets the router's own answers.
-	login := &panickyLogin{}
+	login := &fakes.Login{}
 	e = newEnv(t, envOpts{external: "https://bind.example.com/kb", login: login})
 	for _, c := range []struct {
 		method, path string
@@ -344,8 +342,8 @@ func TestBrowserRoutes(t *testing.T) {
 			t.Errorf("%s %s: no Cache-Control: no-store", c.method, c.path)
 		}
 	}
-	if got := e.stored(); got != [3]int{} || login.begun.Load() != 0 {
-		t.Fatalf("refused requests stored %v (outcomes, deliveries, marks) and began %d logins", got, login.begun.Load())
+	if got := e.stored(); got != [3]int{} || login.Begun() != 0 {
+		t.Fatalf("refused requests stored %v (outcomes, deliveries, marks) and began %d logins", got, login.Begun())
 	}
 	metrics := e.metricsText()
 	for _, want := range []string{`code="400",route="/authorize"`, `code="405",route="/bind"`, `code="404",route="unmatched"`} {
@@ -354,28 +352,9 @@ func TestBrowserRoutes(t *testing.T) {
 		}
 	}
 	// A panic is a logged 500, not a dropped connection.
-	login.panics.Store(true)
+	login.Panic.Store(true)
 	wantError(t, e.do("GET", "/kb/authorize?p=41234&s=aB3dE9&c=Zx81Qp", nil), 500, "internal_error")
 	if !strings.Contains(e.logs.String(), "panic while serving a request") {
 		t.Error("panic not logged")
 	}
-}
-
-// panickyLogin is an identity provider that is never reached in
-// TestBrowserRoutes, unless it is told to panic.
-type panickyLogin struct {
-	panics atomic.Bool
-	begun  atomic.Int32
-}
-
-func (l *panickyLogin) Begin(http.ResponseWriter, *http.Request, []byte) (string, error) {
-	if l.panics.Load() {
-		panic("boom")
-	}
-	l.begun.Add(1)
-	return "https://idp.example.com/auth", nil
-}
-
-func (l *panickyLogin) Finish(http.ResponseWriter, *http.Request) (oidc.Identity, []byte, error) {
-	return oidc.Identity{}, nil, errors.New("test: no login")
 }

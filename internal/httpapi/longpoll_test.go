@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/longpoll"
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 

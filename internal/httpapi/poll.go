@@ -6,11 +6,10 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // Bounds on the signed parameters, so that nothing unbounded reaches the
@@ -34,19 +33,19 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 		s.pollError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest, "the query string is malformed")
 		return
 	}
-	sid, msg := single(q, hmac.ParamSession)
-	if msg == "" && !ids.URLSafe(sid, maxIDLen) {
+	sid, msg := single(q, protocol.ParamSession)
+	if msg == "" && !protocol.URLSafe(sid, maxIDLen) {
 		msg = "parameter s is not a session ID"
 	}
 	var nonce, sig string
 	if msg == "" {
-		nonce, msg = single(q, hmac.ParamNonce)
+		nonce, msg = single(q, protocol.ParamNonce)
 	}
-	if msg == "" && (len(nonce) < minNonceLen || !ids.URLSafe(nonce, maxNonceLen)) {
+	if msg == "" && (len(nonce) < minNonceLen || !protocol.URLSafe(nonce, maxNonceLen)) {
 		msg = "parameter n must be a fresh nonce of at least 128 random bits, base64url-encoded"
 	}
 	if msg == "" {
-		sig, msg = single(q, hmac.ParamSignature)
+		sig, msg = single(q, protocol.ParamSignature)
 	}
 	if msg != "" {
 		s.pollError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest, msg)
@@ -71,8 +70,8 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken, "the session expired or is unknown to the backend; start over")
 		return
 	}
-	req := hmac.Request{Scheme: s.scheme, Host: s.host, Method: r.Method, Path: r.URL.EscapedPath(), Query: q, Body: body}
-	if !hmac.Verify(sess.Secret, req, sig) {
+	req := protocol.Request{Scheme: s.scheme, Host: s.host, Method: r.Method, Path: r.URL.EscapedPath(), Query: q, Body: body}
+	if !protocol.Verify(sess.Secret, req, sig) {
 		s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
 			"the signature h does not match this request; sign it with the session secret for the URL "+
 				"the backend advertises as pollURL")
@@ -97,7 +96,7 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	switch outcome.State {
 	case sessions.StateCompleted:
 		switch err := s.bind.Deliver(ctx, sess); {
-		case errors.Is(err, bindservice.ErrDelivered):
+		case errors.Is(err, lifecycle.ErrDelivered):
 			s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken,
 				"the binding response was delivered and its grace period is over; start over")
 			return
@@ -123,7 +122,7 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 }
 
 // pollRefused answers a poll that was not admitted.
-func (s *server) pollRefused(w http.ResponseWriter, sess bindservice.Session, err error) {
+func (s *server) pollRefused(w http.ResponseWriter, sess lifecycle.Session, err error) {
 	var soon *sessions.TooSoonError
 	switch {
 	case errors.As(err, &soon):
@@ -147,14 +146,13 @@ func (s *server) pollRefused(w http.ResponseWriter, sess bindservice.Session, er
 // single returns the one value of key in q, or a message saying why there
 // is not exactly one non-empty value.
 func single(q url.Values, key string) (string, string) {
-	switch vs := q[key]; {
-	case len(vs) == 0 || vs[0] == "" && len(vs) == 1:
-		return "", "parameter " + key + " is missing"
-	case len(vs) > 1:
-		return "", "parameter " + key + " is given more than once"
-	default:
-		return vs[0], ""
+	if v, ok := protocol.Single(q, key); ok {
+		return v, ""
 	}
+	if len(q[key]) > 1 {
+		return "", "parameter " + key + " is given more than once"
+	}
+	return "", "parameter " + key + " is missing"
 }
 
 func (s *server) pollError(w http.ResponseWriter, status int, code, message string) {

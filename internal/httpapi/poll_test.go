@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 func TestPollPending(t *testing.T) {
@@ -212,18 +212,18 @@ func TestPollSignedExtraParametersAndBody(t *testing.T) {
 	// A body is signed too.
 	e.clock.Advance(2 * time.Second)
 	pu, _ := url.Parse("https://bind.example.com/kb/poll")
-	signed, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte("ignored"))
+	signed, err := protocol.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte("ignored"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantError(t, e.do("GET", signed.String(), strings.NewReader("ignored")), 403, "authorization_pending")
 	e.clock.Advance(2 * time.Second)
-	signed, _ = hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte("ignored"))
+	signed, _ = protocol.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte("ignored"))
 	wantError(t, e.do("GET", signed.String(), strings.NewReader("changed")), 401, "invalid_signature")
 
 	// But bounded.
 	big := strings.Repeat("x", 5<<10)
-	signed, _ = hmac.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte(big))
+	signed, _ = protocol.SignURL(ps.SessionSecret, ps.SessionID, "GET", pu, []byte(big))
 	wantError(t, e.do("GET", signed.String(), strings.NewReader(big)), 413, "request_too_large")
 }
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/server/health"
 )
 
 // readinessTimeout bounds each readiness check; they read this replica's

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/kbprovider/backend/internal/connlimit"
+	"github.com/kbprovider/backend/internal/server/connlimit"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 

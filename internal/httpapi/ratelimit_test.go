@@ -9,13 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/internal/sessions/storetest"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -24,7 +25,7 @@ import (
 // IPv4 address, another IPv6 /64) is unaffected, addresses in one /64
 // share a bucket, and the bucket refills with time.
 func TestSessionCreateRateLimit(t *testing.T) {
-	clock := storetest.NewClock(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
+	clock := testutil.ClockAt(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
 	keys, err := sessionkey.New(testSessionKey)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 )
 
 // createSession is POST /sessions (§1). The body is empty or
-// {"clusterID": "..."}; bindservice.CreatePollSession settles the cluster
+// {"clusterID": "..."}; lifecycle.CreatePollSession settles the cluster
 // ID (a new one with its cluster secret, or the presented one, used only
 // if the authentication URL proves it). Malformed JSON, a value that is
 // not a string, an unknown field or

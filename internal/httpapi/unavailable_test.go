@@ -1,98 +1,27 @@
 package httpapi
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/longpoll"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
+
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
 )
 
-// flakyStore fails every call with err while it is set (the provider
-// cluster briefly unreachable: ErrUnavailable), and passes calls to the
-// store underneath otherwise. only, if set before use, limits the
-// failures to the named methods.
-type flakyStore struct {
-	sessions.Store
-	only map[string]bool
-	fail atomic.Pointer[error]
-}
-
-var _ sessions.Store = (*flakyStore)(nil)
-
 var errBriefly = fmt.Errorf("%w: the provider cluster did not answer", sessions.ErrUnavailable)
 
-func (f *flakyStore) down(err error) { f.fail.Store(&err) }
-func (f *flakyStore) up()            { f.fail.Store(nil) }
-
-func (f *flakyStore) err(method string) error {
-	if p := f.fail.Load(); p != nil && (f.only == nil || f.only[method]) {
-		return *p
-	}
-	return nil
-}
-
-func (f *flakyStore) Outcome(ctx context.Context, id string) (sessions.Outcome, error) {
-	if err := f.err("Outcome"); err != nil {
-		return sessions.Outcome{}, err
-	}
-	return f.Store.Outcome(ctx, id)
-}
-
-func (f *flakyStore) Complete(ctx context.Context, id string, expires time.Time, response []byte) error {
-	if err := f.err("Complete"); err != nil {
-		return err
-	}
-	return f.Store.Complete(ctx, id, expires, response)
-}
-
-func (f *flakyStore) Deny(ctx context.Context, id string, expires time.Time, reason string) error {
-	if err := f.err("Deny"); err != nil {
-		return err
-	}
-	return f.Store.Deny(ctx, id, expires, reason)
-}
-
-func (f *flakyStore) Deliver(ctx context.Context, id string, expires time.Time) (time.Time, error) {
-	if err := f.err("Deliver"); err != nil {
-		return time.Time{}, err
-	}
-	return f.Store.Deliver(ctx, id, expires)
-}
-
-func (f *flakyStore) UseOnce(ctx context.Context, key string, expires time.Time) error {
-	if err := f.err("UseOnce"); err != nil {
-		return err
-	}
-	return f.Store.UseOnce(ctx, key, expires)
-}
-
-func (f *flakyStore) AdmitPoll(ctx context.Context, id, nonce string, expires time.Time, minInterval time.Duration) error {
-	if err := f.err("AdmitPoll"); err != nil {
-		return err
-	}
-	return f.Store.AdmitPoll(ctx, id, nonce, expires, minInterval)
-}
-
-func (f *flakyStore) Wait(ctx context.Context, id string) (sessions.Outcome, error) {
-	if err := f.err("Wait"); err != nil {
-		return sessions.Outcome{}, err
-	}
-	return f.Store.Wait(ctx, id)
-}
-
-func flakyEnv(t *testing.T, only ...string) (*env, *flakyStore) {
-	flaky := &flakyStore{}
+func flakyEnv(t *testing.T, only ...string) (*env, *fakes.FlakyStore) {
+	flaky := &fakes.FlakyStore{}
 	if len(only) > 0 {
-		flaky.only = map[string]bool{}
+		flaky.Only = map[string]bool{}
 		for _, m := range only {
-			flaky.only[m] = true
+			flaky.Only[m] = true
 		}
 	}
 	e := newEnv(t, envOpts{ttl: time.Minute, wrap: func(s sessions.Store) sessions.Store {
@@ -108,7 +37,7 @@ func flakyEnv(t *testing.T, only ...string) (*env, *flakyStore) {
 func TestUnavailableStoreIs503(t *testing.T) {
 	e, flaky := flakyEnv(t)
 	ps := e.createSession("")
-	flaky.down(errBriefly)
+	flaky.Down(errBriefly)
 	resp := e.poll(ps)
 	wantError(t, resp, 503, "temporarily_unavailable")
 	if resp.Header.Get("Retry-After") == "" {
@@ -120,7 +49,7 @@ func TestUnavailableStoreIs503(t *testing.T) {
 		t.Errorf("an unavailable store was logged as an error:\n%s", e.logs)
 	}
 	e.wantMetrics(`kube_bind_backend_polls_total{outcome="unavailable"} 1`)
-	flaky.up()
+	flaky.Up()
 	e.clock.Advance(2 * time.Second)
 	wantError(t, e.poll(ps), 403, "authorization_pending")
 }
@@ -134,12 +63,12 @@ func TestUnavailableAtEachStepOfAPoll(t *testing.T) {
 			e, flaky := flakyEnv(t, method)
 			ps := e.createSession("")
 			e.complete(ps.SessionID, []byte(`{"kind":"BindingResponse"}`))
-			flaky.down(errBriefly)
+			flaky.Down(errBriefly)
 			wantError(t, e.poll(ps), 503, "temporarily_unavailable")
 			if got := e.stored(); got[1] != 0 {
 				t.Errorf("a refused poll recorded a delivery: %v", got)
 			}
-			flaky.up()
+			flaky.Up()
 			e.clock.Advance(2 * time.Second)
 			if resp := e.poll(ps); resp.StatusCode != 200 {
 				t.Fatalf("poll once the store is back: %d %s", resp.StatusCode, readAll(t, resp))
@@ -153,7 +82,7 @@ func TestUnavailableAtEachStepOfAPoll(t *testing.T) {
 func TestFailingStoreIs503AndAnError(t *testing.T) {
 	e, flaky := flakyEnv(t)
 	ps := e.createSession("")
-	flaky.down(errors.New("the store broke"))
+	flaky.Down(errors.New("the store broke"))
 	wantError(t, e.poll(ps), 503, "temporarily_unavailable")
 	if !strings.Contains(e.logs.String(), `"level":"ERROR"`) {
 		t.Errorf("a failing store was not logged as an error:\n%s", e.logs)
@@ -163,13 +92,13 @@ func TestFailingStoreIs503AndAnError(t *testing.T) {
 // While the store is unavailable, a long poll that asked to wait is
 // answered pending (its wait failed), not held and not 5xx.
 func TestUnavailableDuringLongPoll(t *testing.T) {
-	flaky := &flakyStore{only: map[string]bool{"Wait": true}}
+	flaky := &fakes.FlakyStore{Only: map[string]bool{"Wait": true}}
 	e := newEnv(t, envOpts{longPoll: longpoll.New(longpoll.Options{MaxWait: 30 * time.Second, MaxHeld: 10}), wrap: func(s sessions.Store) sessions.Store {
 		flaky.Store = s
 		return flaky
 	}})
 	ps := e.createSession("")
-	flaky.down(errBriefly)
+	flaky.Down(errBriefly)
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest("GET", e.pollURL(ps), nil)
 	r.Header.Set("Prefer", "wait=20")

@@ -5,7 +5,7 @@ import "slices"
 // AllowList is who may bind (--oidc-allowed-users, --oidc-allowed-groups):
 // everybody when both lists are empty; otherwise a user listed by subject,
 // or by e-mail address when the address is verified, or a member of a
-// listed group. The login applies it, and internal/credentials applies it
+// listed group. The login applies it, and internal/binding/controllers/credentials applies it
 // again to the recorded identity of every binding, so that removing a
 // user ends the bindings they made.
 type AllowList struct {

@@ -24,7 +24,7 @@ import (
 // tokenIdP is a minimal identity provider for the fuzz target: discovery,
 // keys, and a token endpoint that answers a code it was told about with
 // an RS256 ID token carrying that code's nonce, and anything else with
-// invalid_grant. The real provider (internal/testutil/oidcprovider) is
+// invalid_grant. The real provider (internal/localenv/oidcprovider) is
 // used by the login tests; a fuzz target needs thousands of callbacks a
 // second, which only an in-process fake serves.
 type tokenIdP struct {

@@ -12,7 +12,7 @@ import (
 // The browser-binding cookie over https is a __Host- cookie (Secure,
 // Path=/, no Domain: no other host, sibling or parent, can set or shadow
 // it), and Finish reads it under that name only; over plain http (local
-// development) it keeps its plain name (issue 23).
+// development) it keeps its plain name.
 func TestBindingCookieHostPrefix(t *testing.T) {
 	idp := newTokenIdP(t)
 	for _, c := range []struct {

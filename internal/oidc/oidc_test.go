@@ -18,8 +18,8 @@ import (
 	gooidc "github.com/coreos/go-oidc/v3/oidc"
 	"golang.org/x/oauth2"
 
-	"github.com/kbprovider/backend/internal/testutil/fakeclock"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 type result struct {
@@ -35,7 +35,7 @@ type env struct {
 	srv     *httptest.Server
 	op      *oidcprovider.Provider
 	auth    atomic.Pointer[Authenticator]
-	clock   *fakeclock.Clock
+	clock   *testutil.Clock
 	results chan result
 }
 
@@ -86,7 +86,7 @@ func newEnv(t *testing.T) *env {
 
 // use installs a fresh Authenticator configured by mod.
 func (e *env) use(mod func(*Config)) *Authenticator {
-	e.clock = fakeclock.Real()
+	e.clock = testutil.RealClock()
 	cfg := Config{
 		IssuerURL:    e.op.IssuerURL,
 		ClientID:     e.op.ClientID,

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/clitoken"
-	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
-	"github.com/kbprovider/backend/internal/offers"
 	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/oidc/clitoken"
+	"github.com/kbprovider/backend/internal/server/health"
 )
 
 // browserPart is the browser login and the provider cluster side behind
@@ -25,16 +23,20 @@ type browserPart struct {
 	// offers and tokens serve the v1alpha2 routes (server.newV1alpha2).
 	offers *offers.Source
 	tokens *clitoken.Tokens
+	// catalog and provisioner are what the provider-side controllers
+	// work with (server.newControllers).
+	catalog     *binding.Catalog
+	provisioner *binding.Provisioner
 }
 
 // newBrowser builds the browser part: the login at the identity provider,
 // the catalog and provisioner on the provider cluster, the browser
-// handler, the delivery marker and the provider-side controllers. Without
-// an identity provider configured it builds none of them: discovery,
-// sessions and polls still work, and /authorize answers 503.
-func (s *Server) newBrowser(ctx context.Context, reg *prometheus.Registry) (browserPart, error) {
+// handler and the delivery marker. Without an identity provider
+// configured it builds none of them: discovery, sessions and polls still
+// work, and /authorize answers 503.
+func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 	cfg := s.cfg
-	if cfg.OIDCIssuerURL == "" || cfg.OIDCClientID == "" {
+	if !cfg.OIDC.Enabled() {
 		s.log.Warn("browser login disabled: --oidc-issuer-url and --oidc-issuer-client-id are not set; /authorize answers 503 until it is configured",
 			"reason", "--oidc-issuer-url and --oidc-issuer-client-id are not set")
 		return browserPart{}, nil
@@ -46,18 +48,18 @@ func (s *Server) newBrowser(ctx context.Context, reg *prometheus.Registry) (brow
 	if err := s.checkScopeAtStart(ctx, rc); err != nil {
 		return browserPart{}, err
 	}
-	catalog, err := binding.NewCatalog(rc, cfg.ConsumerScope, binding.WithLogger(s.log.With("component", "catalog")))
+	catalog, err := binding.NewCatalog(rc, cfg.Provider.ConsumerScope, binding.WithLogger(s.log.With("component", "catalog")))
 	if err != nil {
 		return browserPart{}, err
 	}
 	provisioner, err := binding.NewProvisioner(rc, catalog, binding.Config{
-		NamespacePrefix:    cfg.NamespacePrefix,
+		NamespacePrefix:    cfg.Provider.NamespacePrefix,
 		ProviderPrettyName: cfg.PrettyName,
-		ExternalAddress:    cfg.ExternalAddress,
-		ExternalCA:         cfg.ExternalCA,
-		ExternalServerName: cfg.ExternalServerName,
-		TokenLifetime:      cfg.Credentials.Lifetime,
-		Quota:              cfg.ConsumerQuota,
+		ExternalAddress:    cfg.Provider.ExternalAddress,
+		ExternalCA:         cfg.Provider.ExternalCA,
+		ExternalServerName: cfg.Provider.ExternalServerName,
+		TokenLifetime:      cfg.Controllers.Credentials.Lifetime,
+		Quota:              cfg.Provider.Quota,
 	})
 	if err != nil {
 		return browserPart{}, err
@@ -76,15 +78,15 @@ func (s *Server) newBrowser(ctx context.Context, reg *prometheus.Registry) (brow
 		return browserPart{}, err
 	}
 	login, err := oidc.New(oidc.Config{
-		IssuerURL:           cfg.OIDCIssuerURL,
-		ClientID:            cfg.OIDCClientID,
-		ClientSecret:        cfg.OIDCClientSecret,
+		IssuerURL:           cfg.OIDC.IssuerURL,
+		ClientID:            cfg.OIDC.ClientID,
+		ClientSecret:        cfg.OIDC.ClientSecret,
 		RedirectURL:         cfg.callbackURL(s.ext),
-		SigningKey:          currentKey(cfg.CookieSigningKeys),
-		PreviousSigningKeys: previousKeys(cfg.CookieSigningKeys),
+		SigningKey:          currentKey(cfg.Browser.SigningKeys),
+		PreviousSigningKeys: previousKeys(cfg.Browser.SigningKeys),
 		SecureCookies:       s.ext.Scheme == "https",
-		AllowedUsers:        cfg.OIDCAllowedUsers,
-		AllowedGroups:       cfg.OIDCAllowedGroups,
+		AllowedUsers:        cfg.OIDC.AllowedUsers,
+		AllowedGroups:       cfg.OIDC.AllowedGroups,
 		// The login may take as long as the session it belongs to.
 		StateTTL:       cfg.SessionTTL,
 		UseOnce:        browser.StateOnce(s.sessions),
@@ -104,19 +106,16 @@ func (s *Server) newBrowser(ctx context.Context, reg *prometheus.Registry) (brow
 		Login:             login,
 		Catalog:           catalog,
 		Provisioner:       provisioner,
-		CookieHashKeys:    cfg.CookieSigningKeys,
-		CookieBlockKeys:   cfg.CookieEncryptionKeys,
-		CallbackAllowList: cfg.CallbackAllowList,
-		NoCallbackFlow:    cfg.NoCallbackFlow,
+		CookieHashKeys:    cfg.Browser.SigningKeys,
+		CookieBlockKeys:   cfg.Browser.EncryptionKeys,
+		CallbackAllowList: cfg.Browser.CallbackAllowList,
+		NoCallbackFlow:    cfg.Browser.NoCallbackFlow,
 		Logger:            s.log.With("component", "browser"),
 		OnDelivered:       marker.Delivered,
 		Offers:            src,
 		Tokens:            tokens,
 	})
 	if err != nil {
-		return browserPart{}, err
-	}
-	if s.controllers, err = s.newControllers(rc, catalog, src, provisioner, reg); err != nil {
 		return browserPart{}, err
 	}
 	s.loops = append(s.loops,
@@ -136,7 +135,7 @@ func (s *Server) newBrowser(ctx context.Context, reg *prometheus.Registry) (brow
 		return nil
 	})
 	return browserPart{handler: handler, readiness: []health.Check{cached}, dependencies: []health.Check{login, catalog},
-		onDelivered: marker.Delivered, offers: src, tokens: tokens}, nil
+		onDelivered: marker.Delivered, offers: src, tokens: tokens, catalog: catalog, provisioner: provisioner}, nil
 }
 
 // currentKey and previousKeys split a key list, the current key first,

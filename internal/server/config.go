@@ -7,82 +7,31 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/credentials"
-	"github.com/kbprovider/backend/internal/longpoll"
+	"github.com/kbprovider/backend/internal/binding/controllers"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/oidc/clitoken"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 )
 
 // Config is everything the backend is built from: plain, already
-// validated values (cmd/backend turns flags and the environment into it,
-// asking each component to validate its part). The comments name the
-// flags; docs/configuration.md says what they do.
+// validated values. Options turns flags into it, each component's part
+// completed and checked by the component's own Options; tests may fill it
+// in directly.
 type Config struct {
 	// ListenAddress is where the public API is served (host:port).
 	ListenAddress string
 	// DiagnosticsAddress is where probes, metrics and the status page are
-	// served (host:port; internal/diagnostics), apart from the public API.
+	// served (host:port; internal/server/diagnostics), apart from the public API.
 	DiagnosticsAddress string
 	// ExternalURL is nil when --external-url was not given: it is then
 	// derived from the address the backend listens on (ExternalURLFor).
 	ExternalURL *url.URL
 	// Logger receives every log of the backend (default: discard).
 	Logger *slog.Logger
-
-	// The browser login: off unless OIDCIssuerURL and OIDCClientID are
-	// set (then discovery, sessions and polls still work, /authorize
-	// answers 503, and nothing runs against the provider cluster).
-	OIDCIssuerURL     string
-	OIDCClientID      string
-	OIDCClientSecret  string
-	OIDCCallbackURL   string // "" = <external URL>/callback
-	OIDCAllowedUsers  []string
-	OIDCAllowedGroups []string
-	// CookieSigningKeys sign the login state and authenticate the login
-	// cookie (at least 32 bytes each); CookieEncryptionKeys encrypt the
-	// login cookie (16, 24 or 32 bytes each). The first of each list is
-	// current, the others (a rotation) are still accepted: a cookie made
-	// with any signing key and any encryption key listed opens. At least
-	// one of each when the browser login is on.
-	CookieSigningKeys    [][]byte
-	CookieEncryptionKeys [][]byte
-	// CallbackAllowList: callback URLs a callback-flow u may be, exactly
-	// (checked with browser.ParseCallbackAllowList). Empty when
-	// NoCallbackFlow is set.
-	CallbackAllowList []string
-	// NoCallbackFlow (--callback-flow=false): discovery offers the poll
-	// flow only and /authorize refuses callback links.
-	NoCallbackFlow bool
-
-	// ClusterSecretKeys derive cluster secrets (internal/clusterkey): the
-	// first issues them, all prove them (a rotation). At least one.
-	ClusterSecretKeys [][]byte
-
-	// Consumer credentials (internal/credentials; checked with
-	// Policy.Validate).
-	Credentials credentials.Policy
-
-	// ConsumerQuota caps the objects each consumer creates (checked with
-	// binding.Quota.Validate).
-	ConsumerQuota binding.Quota
-
-	// The provider cluster (internal/binding).
-	Kubeconfig         string
-	Context            string
-	ExternalAddress    string
-	ExternalCA         []byte // the content of --external-ca-file
-	ExternalServerName string
-	PrettyName         string
-	NamespacePrefix    string        // checked with binding.ValidatePrefix
-	ConsumerScope      binding.Scope // from binding.ParseScope
-	// AdmissionPolicy names the ValidatingAdmissionPolicy that confines the
-	// backend to the namespaces it made: with it set, the backend refuses to
-	// start where dry-run probes show no such confinement, and the leader
-	// probes again periodically (internal/scopecheck). "" checks nothing.
-	AdmissionPolicy string
-
-	// LongPoll: polls that ask to wait for their session's end
-	// (--long-poll-max-wait, --max-long-polls; checked with
-	// longpoll.Options.Validate).
-	LongPoll longpoll.Options
+	// PrettyName is the provider's name shown to consumers.
+	PrettyName string
 
 	SessionTTL   time.Duration
 	PollInterval time.Duration
@@ -110,24 +59,25 @@ type Config struct {
 	// Store says where sessions live.
 	Store StoreConfig
 
-	// Leader election of the provider-side controllers: on when
-	// LeaderElection is set (with a namespace).
-	LeaderElection          bool
-	LeaderElectionNamespace string
-	LeaderElectionLeaseName string
-	PodName                 string
-
-	// Garbage collection of unused bindings (internal/cleanup): off when
-	// GCUnusedBindingAfter is 0.
-	GCUnusedBindingAfter time.Duration
-	GCDryRun             bool
-
-	// CLITokenTTL is the life of a `kubectl bind login` token
-	// (--cli-token-ttl; 0: clitoken.DefaultTTL; checked with
-	// clitoken.ValidateTTL); tokens issued before CLITokensNotBefore are
-	// refused (--cli-tokens-not-before; zero: none).
-	CLITokenTTL        time.Duration
-	CLITokensNotBefore time.Time
+	// OIDC is the browser login: off unless OIDC.Enabled (then discovery,
+	// sessions and polls still work, /authorize answers 503, and nothing
+	// runs against the provider cluster).
+	OIDC oidc.Options
+	// Browser has the cookie keys (at least one of each when the browser
+	// login is on) and the callback flow's settings.
+	Browser browser.Options
+	// ClusterKey derives cluster secrets (internal/sessions/clusterkey): the
+	// first key issues them, all prove them (a rotation). At least one.
+	ClusterKey clusterkey.Options
+	// Provider is the provider cluster (internal/binding).
+	Provider binding.Options
+	// LongPoll: polls that ask to wait for their session's end.
+	LongPoll longpoll.Options
+	// CLITokens: the tokens of `kubectl bind login`.
+	CLITokens clitoken.Options
+	// Controllers: the provider-side controllers (credentials, garbage
+	// collection, leader election).
+	Controllers controllers.Options
 }
 
 // Session stores: one process (memory) or records in the provider cluster
@@ -181,8 +131,8 @@ func (c *Config) ExternalURLFor(listen net.Addr) (u *url.URL, derived bool) {
 
 // callbackURL is the OIDC redirect URL for the external URL ext.
 func (c *Config) callbackURL(ext *url.URL) string {
-	if c.OIDCCallbackURL != "" {
-		return c.OIDCCallbackURL
+	if c.OIDC.CallbackURL != "" {
+		return c.OIDC.CallbackURL
 	}
 	return ext.JoinPath("callback").String()
 }

@@ -32,8 +32,8 @@ func TestExternalURLDerived(t *testing.T) {
 	if cb := c.callbackURL(c.ExternalURL); cb != "https://bind.example.com/kb/callback" {
 		t.Errorf("callback %s", cb)
 	}
-	c.OIDCCallbackURL = "https://other.example.com/cb"
-	if cb := c.callbackURL(c.ExternalURL); cb != c.OIDCCallbackURL {
+	c.OIDC.CallbackURL = "https://other.example.com/cb"
+	if cb := c.callbackURL(c.ExternalURL); cb != c.OIDC.CallbackURL {
 		t.Errorf("configured callback %s", cb)
 	}
 }

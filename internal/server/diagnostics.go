@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/internal/diagnostics"
-	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/server/diagnostics"
+	"github.com/kbprovider/backend/internal/server/health"
 )
 
 // dependencyInterval is how often the dependencies every replica shares

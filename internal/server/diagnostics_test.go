@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/credentials"
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 // The public listener, where the Ingress sends everything, serves no
@@ -64,13 +65,13 @@ func TestReadinessIgnoresSharedDependencies(t *testing.T) {
 
 	logs := &procs.Buffer{}
 	cfg := testConfig(logs)
-	cfg.Kubeconfig = controlplane.WriteKubeconfig(t, admin)
-	cfg.OIDCIssuerURL, cfg.OIDCClientID, cfg.OIDCClientSecret = idp.IssuerURL, idp.ClientID, idp.ClientSecret
-	cfg.CookieSigningKeys = [][]byte{bytes.Repeat([]byte("s"), 32)}
-	cfg.CookieEncryptionKeys = [][]byte{bytes.Repeat([]byte("e"), 32)}
-	cfg.NamespacePrefix = "diag-"
-	cfg.ConsumerScope = binding.ScopeNamespaced
-	cfg.Credentials = credentials.Policy{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute}
+	cfg.Provider.Kubeconfig = controlplane.KubeconfigFile(t, admin)
+	cfg.OIDC = oidc.Options{IssuerURL: idp.IssuerURL, ClientID: idp.ClientID, ClientSecret: idp.ClientSecret}
+	cfg.Browser.SigningKeys = [][]byte{bytes.Repeat([]byte("s"), 32)}
+	cfg.Browser.EncryptionKeys = [][]byte{bytes.Repeat([]byte("e"), 32)}
+	cfg.Provider.NamespacePrefix = "diag-"
+	cfg.Provider.ConsumerScope = binding.ScopeNamespaced
+	cfg.Controllers.Credentials = credentials.Policy{Lifetime: 24 * time.Hour, RotationPoint: 0.8, Overlap: 10 * time.Minute}
 	s, _ := runServer(t, cfg)
 	public, diag := "http://"+s.Addr().String(), "http://"+s.DiagnosticsAddr().String()
 
@@ -81,7 +82,7 @@ func TestReadinessIgnoresSharedDependencies(t *testing.T) {
 				strings.Contains(m, `kube_bind_backend_dependency_up{dependency="provider-cluster"} `+value)
 		}
 	}
-	await.True(t, "both dependencies up", upWhen("1"))
+	testutil.Await(t, "both dependencies up", upWhen("1"))
 	if code, body := httpGet(t, diag+"/readyz"); code != http.StatusOK || !strings.Contains(body, "[+]exported-apis ok") {
 		t.Fatalf("diagnostics /readyz before the outage: %d %q", code, body)
 	}
@@ -89,7 +90,7 @@ func TestReadinessIgnoresSharedDependencies(t *testing.T) {
 	idp.Stop()
 	cut.cut()
 	outage := time.Now()
-	await.True(t, "both dependencies down", upWhen("0"))
+	testutil.Await(t, "both dependencies down", upWhen("0"))
 	t.Logf("both dependencies reported down %s after the outage began", time.Since(outage).Round(100*time.Millisecond))
 	if code, body := httpGet(t, public+"/readyz"); code != http.StatusOK || body != "ok\n" {
 		t.Errorf("public /readyz with the IdP and the cluster down: %d %q, want 200 ok", code, body)
@@ -152,7 +153,7 @@ func runServer(t *testing.T, cfg Config) (*Server, *procs.Buffer) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	await.True(t, "the backend serves", func() bool {
+	testutil.Await(t, "the backend serves", func() bool {
 		code, _ := httpGet(t, "http://"+s.DiagnosticsAddr().String()+"/healthz")
 		return code == http.StatusOK
 	})

@@ -8,7 +8,9 @@
 // loop until its context ends, then shuts down in a fixed order and waits
 // for all of them (see Run).
 //
-// cmd/backend only turns flags and the environment into a Config.
+// Options registers every flag (each component registers and checks its
+// own) and completes them into a Config; cmd/backend only adds the
+// environment and its own logging flags.
 package server
 
 import (
@@ -28,17 +30,17 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clitoken"
-	"github.com/kbprovider/backend/internal/clusterkey"
-	"github.com/kbprovider/backend/internal/connlimit"
-	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/binding/controllers"
 	"github.com/kbprovider/backend/internal/httpapi"
-	"github.com/kbprovider/backend/internal/longpoll"
-	"github.com/kbprovider/backend/internal/oidc"
-	protov1alpha2 "github.com/kbprovider/backend/internal/protocol/v1alpha2"
-	"github.com/kbprovider/backend/internal/servingcert"
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	protov1alpha2 "github.com/kbprovider/backend/internal/httpapi/v1alpha2"
+	"github.com/kbprovider/backend/internal/oidc/clitoken"
+	"github.com/kbprovider/backend/internal/server/connlimit"
+	"github.com/kbprovider/backend/internal/server/health"
+	"github.com/kbprovider/backend/internal/server/servingcert"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/ring"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/version"
@@ -66,17 +68,18 @@ type Server struct {
 	// clusterKey derives cluster IDs and their secrets.
 	clusterKey *clusterkey.Key
 	// sessions is the one session service both handlers share.
-	sessions *bindservice.Service
+	sessions *lifecycle.Service
 	// ring serves the hashring's peer API on peerLn (nil for memory).
 	ring   *ring.Store
 	peerLn net.Listener
 
-	// loops run until the servers stopped (Run's step 4): TLS reload,
+	// loops run until the servers stopped (Run's step 5): TLS reload,
 	// peer discovery, the login's discovery, the catalog, the delivery
 	// marker.
 	loops []loop
-	// controllers run the provider-side controllers (under leader
-	// election) until Run's step 3; nil without the browser part.
+	// controllers run the provider-side controllers
+	// (internal/binding/controllers, under leader election) until Run's
+	// step 4; nil without the browser part.
 	controllers func(ctx context.Context)
 
 	// shuttingDown fails readiness as soon as shutdown begins.
@@ -152,7 +155,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			Help: "Requests to a session's owner that failed or timed out, answered by this replica instead.",
 		}, func() float64 { return float64(r.PeerFallbacks()) }))
 	}
-	key, err := clusterkey.New(currentKey(cfg.ClusterSecretKeys), previousKeys(cfg.ClusterSecretKeys)...)
+	key, err := clusterkey.New(currentKey(cfg.ClusterKey.Keys), previousKeys(cfg.ClusterKey.Keys)...)
 	if err != nil {
 		return nil, err
 	}
@@ -166,12 +169,17 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	// The browser part builds the session service with the catalog and
 	// provisioner it binds with; without it, sessions are issued and
 	// polled but never bound here.
-	b, err := s.newBrowser(ctx, reg)
+	b, err := s.newBrowser(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if s.sessions == nil {
 		if s.sessions, err = s.newSessionService(nil, nil, nil); err != nil {
+			return nil, err
+		}
+	}
+	if b.provisioner != nil {
+		if err := s.newControllers(b, reg); err != nil {
 			return nil, err
 		}
 	}
@@ -200,7 +208,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Browser:           b.handler,
 		OnDelivered:       b.onDelivered,
 		LongPoll:          s.longPoll,
-		NoCallbackFlow:    cfg.NoCallbackFlow,
+		NoCallbackFlow:    cfg.Browser.NoCallbackFlow,
 		SessionCreateRate: cfg.SessionCreateRate,
 		RootRoutes:        v2.Routes(),
 		V1alpha2Sessions:  true,
@@ -227,10 +235,36 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	return s, nil
 }
 
+// newControllers builds the provider-side controllers
+// (internal/binding/controllers) on the catalog and provisioner the
+// browser part binds with; Run runs them.
+func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error {
+	rc, err := s.provider()
+	if err != nil {
+		return err
+	}
+	c, err := controllers.New(rc, controllers.Config{
+		Options:         s.cfg.Controllers,
+		NamespacePrefix: s.cfg.Provider.NamespacePrefix,
+		Catalog:         b.catalog,
+		Provisioner:     b.provisioner,
+		Offers:          b.offers,
+		Allowed:         stillAllowed(s.cfg.OIDC.AllowList()),
+		Scope:           s.scopeOptions(),
+		Metrics:         reg,
+		Logger:          s.log,
+	})
+	if err != nil {
+		return err
+	}
+	s.controllers = c.Run
+	return nil
+}
+
 // newSessionService builds the one session service every handler shares;
 // it renders each protocol generation's BindingResponse.
-func (s *Server) newSessionService(catalog bindservice.Catalog, provisioner bindservice.Provisioner, offers bindservice.Offers) (*bindservice.Service, error) {
-	return bindservice.New(bindservice.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey,
+func (s *Server) newSessionService(catalog lifecycle.Catalog, provisioner lifecycle.Provisioner, offers lifecycle.Offers) (*lifecycle.Service, error) {
+	return lifecycle.New(lifecycle.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey,
 		SessionTTL: s.cfg.SessionTTL, Grace: s.cfg.GracePeriod, Catalog: catalog, Provisioner: provisioner,
 		Offers: offers, RenderV1alpha2: protov1alpha2.Render})
 }
@@ -241,12 +275,12 @@ func (s *Server) newCLITokens() (*clitoken.Tokens, error) {
 	if s.sessionKeysRandom {
 		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=hashring with --peer-key, whose session keys every replica shares across restarts")
 	}
-	return clitoken.New(clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDCIssuerURL,
-		TTL: s.cfg.CLITokenTTL, NotBefore: s.cfg.CLITokensNotBefore})
+	return clitoken.New(clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDC.IssuerURL,
+		TTL: s.cfg.CLITokens.TTL, NotBefore: s.cfg.CLITokens.NotBefore})
 }
 
 // newV1alpha2 builds the kube-bind.io/v1alpha2 routes of the released
-// kubectl-bind v0.6+ (internal/protocol/v1alpha2), at the host root.
+// kubectl-bind v0.6+ (internal/httpapi/v1alpha2), at the host root.
 // Without the browser part it serves discovery and poll sessions; its
 // login and bearer routes answer 503.
 func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
@@ -258,12 +292,12 @@ func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
 		ExternalURL:     s.ext,
 		PrettyName:      s.cfg.PrettyName,
 		Sessions:        s.sessions,
-		Issuer:          s.cfg.OIDCIssuerURL,
-		Allows:          cliUserAllowed(oidc.AllowList{Users: s.cfg.OIDCAllowedUsers, Groups: s.cfg.OIDCAllowedGroups}),
+		Issuer:          s.cfg.OIDC.IssuerURL,
+		Allows:          cliUserAllowed(s.cfg.OIDC.AllowList()),
 		PollInterval:    s.cfg.PollInterval,
 		LongPollMaxWait: s.longPoll.MaxWait(),
 		PollSessions:    true,
-		NoCallbackFlow:  s.cfg.NoCallbackFlow,
+		NoCallbackFlow:  s.cfg.Browser.NoCallbackFlow,
 		OnDelivered:     b.onDelivered,
 		Logger:          s.log.With("component", "v1alpha2"),
 	}
@@ -290,7 +324,7 @@ func (s *Server) ExternalURL() *url.URL { return s.ext }
 // once for every part that needs it.
 func (s *Server) provider() (*rest.Config, error) {
 	if s.restConfig == nil {
-		rc, err := binding.RESTConfig(s.cfg.Kubeconfig, s.cfg.Context)
+		rc, err := binding.RESTConfig(s.cfg.Provider.Kubeconfig, s.cfg.Provider.Context)
 		if err != nil {
 			return nil, fmt.Errorf("provider cluster: %w", err)
 		}

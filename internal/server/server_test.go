@@ -21,12 +21,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/longpoll"
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // Run serves the public API and, for the hashring, the peer API (TLS
@@ -41,7 +42,7 @@ func TestRunServesAndStops(t *testing.T) {
 	logs := &procs.Buffer{}
 	cfg := testConfig(logs)
 	cfg.ShutdownTimeout = 10 * time.Second
-	cfg.Kubeconfig = controlplane.WriteKubeconfig(t, admin)
+	cfg.Provider.Kubeconfig = controlplane.KubeconfigFile(t, admin)
 	cfg.Store = StoreConfig{Kind: StoreHashring, Namespace: "kube-bind", PeerListenAddress: peerAddr, PeerSelfURL: "https://" + peerAddr,
 		PeerKeys: [][]byte{bytes.Repeat([]byte("p"), 32)}}
 	s, err := New(context.Background(), cfg)
@@ -55,7 +56,7 @@ func TestRunServesAndStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	await.True(t, "the backend is ready", func() bool {
+	testutil.Await(t, "the backend is ready", func() bool {
 		resp, err := http.Get("http://" + s.DiagnosticsAddr().String() + "/readyz")
 		if err != nil {
 			return false
@@ -107,7 +108,7 @@ func TestRunServesAndStops(t *testing.T) {
 // New fails, releasing the public listener, when a part cannot be built.
 func TestNewReleasesWhatItOpened(t *testing.T) {
 	addr := "127.0.0.1:" + itoa(procs.FreePort(t))
-	cfg := Config{ListenAddress: addr, DiagnosticsAddress: "127.0.0.1:0", ClusterSecretKeys: [][]byte{[]byte("too short")}, MaxPolledSessions: 1}
+	cfg := Config{ListenAddress: addr, DiagnosticsAddress: "127.0.0.1:0", ClusterKey: clusterkey.Options{Keys: [][]byte{[]byte("too short")}}, MaxPolledSessions: 1}
 	if _, err := New(context.Background(), cfg); err == nil {
 		t.Fatal("New accepted a short cluster secret key")
 	}
@@ -141,7 +142,7 @@ func testConfig(logs *procs.Buffer) Config {
 		ListenAddress:      "127.0.0.1:0",
 		DiagnosticsAddress: "127.0.0.1:0",
 		Logger:             slog.New(slog.NewJSONHandler(logs, nil)),
-		ClusterSecretKeys:  [][]byte{bytes.Repeat([]byte("k"), 32)},
+		ClusterKey:         clusterkey.Options{Keys: [][]byte{bytes.Repeat([]byte("k"), 32)}},
 		PrettyName:         "Test",
 		SessionTTL:         time.Minute,
 		PollInterval:       time.Second,
@@ -177,7 +178,7 @@ func TestShutdownReleasesLongPolls(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	await.True(t, "the backend serves", func() bool { return metrics() != "" })
+	testutil.Await(t, "the backend serves", func() bool { return metrics() != "" })
 
 	resp, err := http.Post(base+"/sessions", "application/json", nil)
 	if err != nil {
@@ -189,7 +190,7 @@ func TestShutdownReleasesLongPolls(t *testing.T) {
 	}
 	resp.Body.Close()
 	pollURL, _ := url.Parse(base + "/poll")
-	u, err := hmac.SignURL(ps.SessionSecret, ps.SessionID, http.MethodGet, pollURL, nil)
+	u, err := protocol.SignURL(ps.SessionSecret, ps.SessionID, http.MethodGet, pollURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +205,7 @@ func TestShutdownReleasesLongPolls(t *testing.T) {
 		resp, err := http.DefaultClient.Do(req)
 		polled <- answer{resp, err}
 	}()
-	await.True(t, "the poll is held", func() bool {
+	testutil.Await(t, "the poll is held", func() bool {
 		select {
 		case a := <-polled:
 			b, _ := io.ReadAll(a.resp.Body)

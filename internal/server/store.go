@@ -13,7 +13,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/internal/health"
+	"github.com/kbprovider/backend/internal/server/health"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/kube"
 	"github.com/kbprovider/backend/internal/sessions/memory"

@@ -5,7 +5,7 @@
 // of authorize links, login states) and the pace of a session's polls.
 //
 // Store is the one interface every implementation satisfies; the behaviour
-// is pinned down by the shared conformance suite in sessions/storetest,
+// is pinned down by the shared conformance suite in sessions/conformance,
 // which every implementation must pass unchanged.
 package sessions
 

@@ -14,10 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/testutil/pollbackend"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 var fakeStart = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -516,24 +515,24 @@ func TestClusterSecretAndProofInTheAuthenticationURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := u.Query()
-	if got, want := q.Get(bindproof.ProofParam), bindproof.ClusterProof(clusterSecret, f.sid); got != want {
+	if got, want := q.Get(protocol.ProofParam), protocol.ClusterProof(clusterSecret, f.sid); got != want {
 		t.Errorf("cp = %q, want %q", got, want)
 	}
 	if q.Get("tenant") != "acme" {
 		t.Errorf("the authenticatedURL's own query was lost: %s", raw)
 	}
-	r, err := hmac.RequestFromURL(http.MethodGet, u, nil)
+	r, err := protocol.RequestFromURL(http.MethodGet, u, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hmac.Verify(f.secret, r, q.Get(hmac.ParamSignature)) {
+	if !protocol.Verify(f.secret, r, q.Get(protocol.ParamSignature)) {
 		t.Error("the URL with the proof does not verify: the signature must cover cp")
 	}
 	plain, _ := s.AuthenticationURL()
-	if strings.Contains(plain, bindproof.ProofParam+"=") {
+	if strings.Contains(plain, protocol.ProofParam+"=") {
 		t.Errorf("AuthenticationURL without a cluster secret carries a proof: %s", plain)
 	}
-	if got := s.ConfirmationCode(); got != bindproof.ConfirmationCode(f.sid) {
+	if got := s.ConfirmationCode(); got != protocol.ConfirmationCode(f.sid) {
 		t.Errorf("ConfirmationCode() = %q", got)
 	}
 }

@@ -6,26 +6,20 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"reflect"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/httpapi"
-	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
+
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/memory"
-	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/internal/testutil/pollbackend"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/pollclient"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // These tests run the client against the backend's real router and real
@@ -91,7 +85,7 @@ func TestEndToEndCompletedSession(t *testing.T) {
 			// No cluster ID was presented, so the ID carries none; the
 			// one issued is derived from the session ID.
 			issued, proven := b.Sessions.SettleCluster(opened, "")
-			if opened.ClusterID != "" || proven || s.ClusterID != issued || !ids.IssuedClusterID(s.ClusterID) {
+			if opened.ClusterID != "" || proven || s.ClusterID != issued || !protocol.IssuedClusterID(s.ClusterID) {
 				t.Errorf("cluster ID %q, the backend issued %q (presented %q)", s.ClusterID, issued, opened.ClusterID)
 			}
 			if !s.ExpiresAt.Equal(opened.ExpiresAt) {
@@ -108,8 +102,8 @@ func TestEndToEndCompletedSession(t *testing.T) {
 			if !strings.HasPrefix(authURL, b.URL+"/authorize?") || u.Query().Get("s") != s.ID {
 				t.Errorf("authentication URL %s", authURL)
 			}
-			r, _ := hmac.RequestFromURL("GET", u, nil)
-			if !hmac.Verify(opened.Secret, r, u.Query().Get("h")) {
+			r, _ := protocol.RequestFromURL("GET", u, nil)
+			if !protocol.Verify(opened.Secret, r, u.Query().Get("h")) {
 				t.Errorf("authentication URL %s does not verify with the session's secret", authURL)
 			}
 
@@ -217,7 +211,7 @@ func TestEndToEndPresentsClusterID(t *testing.T) {
 		t.Errorf("CLI cluster ID not kept: %q", cli.ClusterID)
 	}
 	other := openSession(t, b, "not a cluster id!")
-	if other.ClusterID == "not a cluster id!" || !ids.IssuedClusterID(other.ClusterID) {
+	if other.ClusterID == "not a cluster id!" || !protocol.IssuedClusterID(other.ClusterID) {
 		t.Errorf("malformed cluster ID kept or badly replaced: %q", other.ClusterID)
 	}
 }
@@ -273,11 +267,12 @@ func TestEndToEndSlowDown(t *testing.T) {
 // real router answers 503 with Retry-After; the client waits for it, and
 // gives up when its context ends.
 func TestEndToEndStoreUnavailable(t *testing.T) {
-	store := &flakyStore{Store: memory.New(sessions.Limits{}, nil)}
-	store.down.Store(true)
-	exportURL, client := startRouter(t, store)
-	c := pollclient.New(client)
-	p, err := c.Discover(context.Background(), exportURL)
+	store := &fakes.FlakyStore{Only: map[string]bool{"Outcome": true}}
+	store.Down(sessions.ErrUnavailable)
+	b := pollbackend.Start(t, pollbackend.Options{PollInterval: 100 * time.Millisecond,
+		Wrap: func(s sessions.Store) sessions.Store { store.Store = s; return store }})
+	c := pollclient.New(b.Server.Client())
+	p, err := c.Discover(context.Background(), b.ExportURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,50 +295,6 @@ func TestEndToEndStoreUnavailable(t *testing.T) {
 		progress[0].StatusCode != http.StatusServiceUnavailable || progress[0].Wait < 5*time.Second {
 		t.Errorf("progress %+v, want one 503 followed by a wait of its Retry-After (5s)", progress)
 	}
-}
-
-// flakyStore fails every Outcome with sessions.ErrUnavailable while down.
-type flakyStore struct {
-	*memory.Store
-	down atomic.Bool
-}
-
-func (f *flakyStore) Outcome(ctx context.Context, id string) (sessions.Outcome, error) {
-	if f.down.Load() {
-		return sessions.Outcome{}, sessions.ErrUnavailable
-	}
-	return f.Store.Outcome(ctx, id)
-}
-
-// startRouter serves the backend's real router on store, for tests that
-// need a store pollbackend does not offer.
-func startRouter(t *testing.T, store sessions.Store) (exportURL string, client *http.Client) {
-	t.Helper()
-	clusterKey, err := clusterkey.New(bytes.Repeat([]byte("c"), clusterkey.MinKeyLen))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := sessionkey.New(bytes.Repeat([]byte("s"), sessionkey.MinKeyLen))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: clusterKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(nil)
-	ext, err := url.Parse("http://" + srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := httpapi.New(httpapi.Config{ExternalURL: ext, PrettyName: "Test Provider", PollInterval: 100 * time.Millisecond, Sessions: svc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Config.Handler = h
-	srv.Start()
-	t.Cleanup(srv.Close)
-	return ext.String() + httpapi.PathExport, srv.Client()
 }
 
 // With long polling on, the client's first poll is held by the real

@@ -10,10 +10,10 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -76,7 +76,7 @@ func Example() {
 type exampleProvider struct {
 	exportURL string
 	store     *memory.Store
-	sessions  *bindservice.Service
+	sessions  *lifecycle.Service
 	srv       *httptest.Server
 }
 
@@ -90,7 +90,7 @@ func startExampleProvider() *exampleProvider {
 	if err != nil {
 		log.Fatal(err)
 	}
-	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: clusterKey})
+	svc, err := lifecycle.New(lifecycle.Config{Store: store, Keys: keys, ClusterKey: clusterKey})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // fakeProvider is a scripted provider for the narrow tests of retry and
@@ -83,11 +83,11 @@ func newFakeProvider(t *testing.T) *fakeProvider {
 	})
 	mux.HandleFunc("GET /poll", func(w http.ResponseWriter, r *http.Request) {
 		u := &url.URL{Scheme: "http", Host: r.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
-		req, err := hmac.RequestFromURL(r.Method, u, nil)
+		req, err := protocol.RequestFromURL(r.Method, u, nil)
 		q := r.URL.Query()
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if err != nil || q.Get("s") != f.sid || !hmac.Verify(f.secret, req, q.Get("h")) {
+		if err != nil || q.Get("s") != f.sid || !protocol.Verify(f.secret, req, q.Get("h")) {
 			t.Errorf("poll %s is not signed correctly", r.URL)
 			writeJSON(w, http.StatusUnauthorized, v1alpha1.Error{Error: "invalid_signature", Message: "bad"})
 			return

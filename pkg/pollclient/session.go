@@ -11,10 +11,9 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // createAttempts bounds how often CreateSession asks a busy provider.
@@ -183,8 +182,8 @@ func (s *Session) AuthenticationURL() (string, error) {
 
 // AuthenticationURLWithProof is AuthenticationURL for a session that
 // presented a cluster ID with its cluster secret: it adds the cluster proof
-// (bindproof.ClusterProof(clusterSecret, s.ID)) as query parameter
-// bindproof.ProofParam before signing, so the signature covers it. With an
+// (protocol.ClusterProof(clusterSecret, s.ID)) as query parameter
+// protocol.ProofParam before signing, so the signature covers it. With an
 // empty clusterSecret it is AuthenticationURL.
 func (s *Session) AuthenticationURLWithProof(clusterSecret string) (string, error) {
 	u := *s.provider.AuthenticatedURL
@@ -193,10 +192,10 @@ func (s *Session) AuthenticationURLWithProof(clusterSecret string) (string, erro
 		if err != nil {
 			return "", err
 		}
-		q.Set(bindproof.ProofParam, bindproof.ClusterProof(clusterSecret, s.ID))
+		q.Set(protocol.ProofParam, protocol.ClusterProof(clusterSecret, s.ID))
 		u.RawQuery = q.Encode()
 	}
-	signed, err := hmac.SignURL(s.secret, s.ID, http.MethodGet, &u, nil)
+	signed, err := protocol.SignURL(s.secret, s.ID, http.MethodGet, &u, nil)
 	if err != nil {
 		return "", err
 	}
@@ -204,6 +203,6 @@ func (s *Session) AuthenticationURLWithProof(clusterSecret string) (string, erro
 }
 
 // ConfirmationCode is the code the provider's page shows for this session
-// (bindproof.ConfirmationCode): print it next to the URL so the user can
+// (protocol.ConfirmationCode): print it next to the URL so the user can
 // check the page belongs to their own session.
-func (s *Session) ConfirmationCode() string { return bindproof.ConfirmationCode(s.ID) }
+func (s *Session) ConfirmationCode() string { return protocol.ConfirmationCode(s.ID) }

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 const (
@@ -188,7 +188,7 @@ func (s *Session) poll(ctx context.Context, longPoll time.Duration) pollResult {
 		ctx, cancel = context.WithTimeout(ctx, longPoll+longPollSlack)
 		defer cancel()
 	}
-	u, err := hmac.SignURL(s.secret, s.ID, http.MethodGet, s.provider.PollURL, nil)
+	u, err := protocol.SignURL(s.secret, s.ID, http.MethodGet, s.provider.PollURL, nil)
 	if err != nil {
 		return pollResult{err: err}
 	}

@@ -23,10 +23,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/certs"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // testBackendRunsWithChartConfig starts the real backend binary with the
@@ -65,7 +65,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeconfig := controlplane.WriteKubeconfig(t, cp.ConfigForToken(tr.Status.Token))
+	kubeconfig := controlplane.KubeconfigFile(t, cp.ConfigForToken(tr.Status.Token))
 
 	port := freePort(t)
 	scheme := "http"

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 )
 
 // testEscalationWithoutPolicy removes the chart's admission policy binding
@@ -160,7 +160,7 @@ func testEscalationWithoutPolicy(t *testing.T, cp *controlplane.ControlPlane, ad
 
 	// What RBAC cannot refuse: the backend granting itself its namespace
 	// role anywhere. So it refuses to start.
-	kubeconfig := controlplane.WriteKubeconfig(t, asSA)
+	kubeconfig := controlplane.KubeconfigFile(t, asSA)
 	cmd := exec.CommandContext(ctx, backendBinary(t), "--listen-address=127.0.0.1:0", "--log-format=text",
 		"--oidc-issuer-url=https://login.example.com", "--oidc-issuer-client-id=kube-bind", "--oidc-issuer-client-secret=x",
 		"--kubeconfig="+kubeconfig, "--leader-election=false", "--admission-policy="+policy)

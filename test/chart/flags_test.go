@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 var (
@@ -32,7 +32,7 @@ func backendFlags(t *testing.T) map[string]bool {
 	t.Helper()
 	out, _ := exec.Command(backendBinary(t), "-h").CombinedOutput() // -h exits non-zero by design
 	known := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^\s+-([a-z0-9][-a-z0-9]*)`).FindAllSubmatch(out, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\s+--?([a-z0-9][-a-z0-9]*)`).FindAllSubmatch(out, -1) {
 		known["--"+string(m[1])] = true
 	}
 	if len(known) < 10 {

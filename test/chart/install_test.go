@@ -20,9 +20,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/exports"
+	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 const (
@@ -173,14 +173,14 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{"", "watch", "namespaces", nil},
 		{"", "create", "namespaces", nil},
 		{"", "delete", "namespaces", nil},
-		// The controllers' caches (internal/exports).
+		// The controllers' caches (internal/binding/controllers/exportrequests).
 		{"", "list", "apiserviceexportrequests.kube-bind.io", nil},
 		{"", "watch", "apiserviceexportrequests.kube-bind.io", nil},
 		{"", "list", "apiserviceexports.kube-bind.io", nil},
 		{"", "watch", "apiserviceexports.kube-bind.io", nil},
 		{"", "list", "apiservicenamespaces.kube-bind.io", nil},
 		{"", "watch", "apiservicenamespaces.kube-bind.io", nil},
-		// The credentials controller's cache (internal/credentials).
+		// The credentials controller's cache (internal/binding/controllers/credentials).
 		{"", "list", "clusterbindings.kube-bind.io", nil},
 		{"", "watch", "clusterbindings.kube-bind.io", nil},
 		// Leader election: its own Lease.
@@ -328,7 +328,7 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		{ns, "get", "secrets", nil}, {ns, "patch", "secrets", nil}, {ns, "delete", "secrets", nil},
 		{ns, "get", "rolebindings.rbac.authorization.k8s.io", nil}, {ns, "patch", "rolebindings.rbac.authorization.k8s.io", nil},
 		{ns, "get", "clusterbindings.kube-bind.io", nil}, {ns, "patch", "clusterbindings.kube-bind.io", nil},
-		// The controllers (internal/exports).
+		// The controllers (internal/binding/controllers/exportrequests).
 		{ns, "patch", "apiserviceexportrequests.kube-bind.io", []string{"--subresource=status"}},
 		{ns, "patch", "apiservicenamespaces.kube-bind.io", []string{"--subresource=status"}},
 		{ns, "create", "apiserviceexports.kube-bind.io", nil}, {ns, "patch", "apiserviceexports.kube-bind.io", nil},
@@ -336,7 +336,7 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 		{ns, "create", "roles.rbac.authorization.k8s.io", nil}, {ns, "patch", "roles.rbac.authorization.k8s.io", nil},
 		{ns, "escalate", "roles.rbac.authorization.k8s.io/" + binding.ConsumerExportsRole, nil},
 		{ns, "bind", "roles.rbac.authorization.k8s.io/" + binding.ConsumerClaimsRole, nil},
-		// Consumer credentials (internal/binding tokens, internal/credentials).
+		// Consumer credentials (internal/binding tokens, internal/binding/controllers/credentials).
 		{ns, "list", "secrets", nil},
 		{ns, "create", "serviceaccounts/token", nil},
 		{ns, "patch", "clusterbindings.kube-bind.io", []string{"--subresource=status"}},
@@ -411,12 +411,12 @@ func testConsumerNamespace(t *testing.T, cp *controlplane.ControlPlane, admin ku
 func ptr[T any](v T) *T { return &v }
 
 // runControllersAsChartAccount runs the provider-side controllers
-// (internal/exports) with the chart's ServiceAccount, under the chart's
+// (internal/binding/controllers/exportrequests) with the chart's ServiceAccount, under the chart's
 // admission policy: a request created with the issued kubeconfig succeeds,
 // and an APIServiceNamespace gets its namespace.
 func runControllersAsChartAccount(t *testing.T, ctx context.Context, asSA *rest.Config, catalog *binding.Catalog, p *binding.Provisioner, kubeconfig []byte, ns string) {
 	t.Helper()
-	ctrl, err := exports.New(asSA, exports.Config{Catalog: catalog, GrantBackend: p.GrantBackend, NamespacePrefix: "kube-bind-"})
+	ctrl, err := exportrequests.New(asSA, exportrequests.Config{Catalog: catalog, GrantBackend: p.GrantBackend, NamespacePrefix: "kube-bind-"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -13,14 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/internal/consumer"
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/client/apply"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // runCLI starts bin with args and a HOME of its own (a "machine" with no
@@ -42,21 +40,14 @@ func bindInBrowser(t *testing.T, e *env, u string, apis ...string) time.Time {
 // before it presses Bind.
 func bindInBrowserThen(t *testing.T, e *env, u string, beforeBind func(), apis ...string) time.Time {
 	t.Helper()
-	b := chromium.New(t)
-	if status := b.Open(u); status != http.StatusOK {
-		t.Fatalf("the URL led to status %d at %s", status, b.URL())
-	}
-	oidcprovider.SignIn(t, b, alice)
-	if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
-		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
-	}
+	b := chromium.OpenBindPage(t, u, e.baseURL+"/bind", alice)
 	for _, a := range apis {
 		b.Click("input[value='" + a + "']")
 	}
 	// The poll flow's page shows the code the command printed next to the
 	// URL (derived from the session ID in it); the user confirms it.
 	if pu, err := url.Parse(u); err == nil && pu.Query().Get("h") != "" {
-		if code, want := b.Text("#confirmation-code"), bindproof.ConfirmationCode(pu.Query().Get("s")); code != want {
+		if code, want := b.Text("#confirmation-code"), protocol.ConfirmationCode(pu.Query().Get("s")); code != want {
 			t.Errorf("the page shows confirmation code %q, want %q", code, want)
 		}
 	}
@@ -82,7 +73,7 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *procs.Command) *konnector.
 	if err != nil {
 		t.Fatalf("%v; command running: %v\n%s", err, c.Running(), c.Stderr.String())
 	}
-	kc := controlplane.WriteKubeconfig(t, e.consumer.ConfigForToken(token))
+	kc := controlplane.KubeconfigFile(t, e.consumer.ConfigForToken(token))
 	return konnector.Start(t, konnector.Options{
 		Kubeconfig: kc,
 		Servers:    []string{e.provider.Host()},
@@ -95,8 +86,8 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *procs.Command) *konnector.
 func ptr[T any](v T) *T { return &v }
 
 var (
-	bindingGVR = consumer.BindingGVR
-	requestGVR = consumer.RequestGVR
+	bindingGVR = apply.BindingGVR
+	requestGVR = apply.RequestGVR
 	bindingNS  = kbresources.APIServiceNamespaces
 	clusterGVR = kbresources.ClusterBindings
 )
@@ -104,13 +95,13 @@ var (
 // kubeconfigSecrets lists the Secrets in kube-bind that hold a kubeconfig.
 func kubeconfigSecrets(t *testing.T, kube kubernetes.Interface) []string {
 	t.Helper()
-	list, err := kube.CoreV1().Secrets(consumer.Namespace).List(context.Background(), metav1.ListOptions{})
+	list, err := kube.CoreV1().Secrets(apply.Namespace).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var names []string
 	for _, s := range list.Items {
-		if _, ok := s.Data[consumer.KubeconfigKey]; ok {
+		if _, ok := s.Data[apply.KubeconfigKey]; ok {
 			names = append(names, s.Name)
 		}
 	}

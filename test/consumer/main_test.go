@@ -15,11 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 var (
@@ -40,13 +40,13 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "installing the kubectl plugin:", err)
 			return 1
 		}
-		return backendproc.Main(func() int { return controlplane.RunMain(m) })
+		return backendproc.RunMain(m)
 	}()
 	os.Exit(code)
 }
 
 // Users of the test identity provider; only group "binders" may bind.
-var alice = oidcprovider.User{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"binders"}}
+var alice = oidcprovider.Alice
 
 const (
 	namespacePrefix = "kb-consumer-"

@@ -23,13 +23,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/kbprovider/backend/internal/consumer"
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/client/apply"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	lkonnector "github.com/kbprovider/backend/internal/localenv/konnector"
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
@@ -59,9 +59,9 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 		Spec: v1alpha2.APIServiceExportRequestSpec{Resources: []v1alpha2.Resource{{Group: sheriffAPI.Group, Resource: sheriffAPI.Plural, Versions: []string{exampleapis.Version}}},
 			SchemaUpdatePolicy: v1alpha2.SchemaUpdateAlways},
 	})
-	binding := consumer.Binding{
-		Protocol: consumer.ProtocolV1alpha2, ExportURL: "https://provider.example/export",
-		Identity:   consumer.Identity{ClusterID: "cid-v1alpha2"},
+	binding := apply.Binding{
+		Protocol: apply.ProtocolV1alpha2, ExportURL: "https://provider.example/export",
+		Identity:   apply.Identity{ClusterID: "cid-v1alpha2"},
 		Kubeconfig: kubeconfig, Server: provider.Host(), Namespace: ns,
 		Requests: []json.RawMessage{req},
 	}
@@ -77,9 +77,9 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 			t.Logf("no konnector: %v", err) // the bind's error says why
 			return
 		}
-		kc := controlplane.WriteKubeconfig(t, cons.ConfigForToken(token))
-		kk, err := lkonnector.Run(lkonnector.Options{
-			Binary:     konnector.ReleasedBinaryOf(t, lkonnector.ReleasedV1alpha2, "konnector"),
+		kc := controlplane.KubeconfigFile(t, cons.ConfigForToken(token))
+		kk, err := konnector.Run(konnector.Options{
+			Binary:     konnector.ReleasedBinaryOf(t, konnector.ReleasedV1alpha2, "konnector"),
 			Kubeconfig: kc, Servers: []string{provider.Host()},
 		})
 		if err != nil {
@@ -102,7 +102,7 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 	})
 
 	var progress bytes.Buffer
-	binder, err := consumer.New(consumer.Options{Config: cons.AdminConfig(), WaitTimeout: 3 * time.Minute, Progress: &progress})
+	binder, err := apply.New(apply.Options{Config: cons.AdminConfig(), WaitTimeout: 3 * time.Minute, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,21 +114,21 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 	}
 
 	// What the bind left, as the released v0.8 CLI leaves it.
-	secret, err := consumerKube.CoreV1().Secrets(consumer.Namespace).Get(ctx, out.SecretName, metav1.GetOptions{})
-	if err != nil || secret.Labels[consumer.LabelProviderKubeconfig] != "true" || !bytes.Equal(secret.Data[consumer.KubeconfigKey], kubeconfig) {
+	secret, err := consumerKube.CoreV1().Secrets(apply.Namespace).Get(ctx, out.SecretName, metav1.GetOptions{})
+	if err != nil || secret.Labels[apply.LabelProviderKubeconfig] != "true" || !bytes.Equal(secret.Data[apply.KubeconfigKey], kubeconfig) {
 		t.Errorf("kubeconfig Secret %s: %v %v", out.SecretName, err, secret.Labels)
 	}
 	consumerDyn := dynamic.NewForConfigOrDie(cons.AdminConfig())
-	b, err := consumerDyn.Resource(consumer.BindingV1alpha2GVR).Get(ctx, "sheriffs", metav1.GetOptions{})
+	b, err := consumerDyn.Resource(apply.BindingV1alpha2GVR).Get(ctx, "sheriffs", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("APIServiceBinding sheriffs: %v", err)
 	}
-	if nested(b, "spec", "kubeconfigSecretRef", "name") != out.SecretName || nested(b, "spec", "kubeconfigSecretRef", "namespace") != consumer.Namespace ||
-		nested(b, "spec", "kubeconfigSecretRef", "key") != consumer.KubeconfigKey {
+	if nested(b, "spec", "kubeconfigSecretRef", "name") != out.SecretName || nested(b, "spec", "kubeconfigSecretRef", "namespace") != apply.Namespace ||
+		nested(b, "spec", "kubeconfigSecretRef", "key") != apply.KubeconfigKey {
 		t.Errorf("APIServiceBinding points at %v", b.Object["spec"])
 	}
-	d, err := consumerKube.AppsV1().Deployments(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
-	if err != nil || d.Spec.Template.Spec.Containers[0].Image != consumer.DefaultKonnectorV1alpha2 {
+	d, err := consumerKube.AppsV1().Deployments(apply.Namespace).Get(ctx, apply.KonnectorName, metav1.GetOptions{})
+	if err != nil || d.Spec.Template.Spec.Containers[0].Image != apply.DefaultKonnectorV1alpha2 {
 		t.Fatalf("konnector Deployment: %v", err)
 	}
 	r, err := dynamic.NewForConfigOrDie(provider.AdminConfig()).Resource(kbresources.APIServiceExportRequestsV1alpha2).Namespace(ns).Get(ctx, "sheriffs", metav1.GetOptions{})
@@ -138,7 +138,7 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 
 	// The konnector makes the CRD and syncs both ways.
 	crds := apiextensionsclient.NewForConfigOrDie(cons.AdminConfig()).ApiextensionsV1().CustomResourceDefinitions()
-	await.Within(t, 2*time.Minute, 200*time.Millisecond, "the konnector to create the bound CRD", func() (bool, error) {
+	testutil.AwaitWithin(t, 2*time.Minute, 200*time.Millisecond, "the konnector to create the bound CRD", func() (bool, error) {
 		crd, err := crds.Get(ctx, sheriffAPI.Name(), metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -153,10 +153,10 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 	if _, err := binder.Bind(ctx, binding); err != nil {
 		t.Fatalf("rerun: %v\n%s", err, progress.String())
 	}
-	if !strings.Contains(progress.String(), "APIServiceBinding sheriffs: exists") || !strings.Contains(progress.String(), "kept "+consumer.DefaultKonnectorV1alpha2) {
+	if !strings.Contains(progress.String(), "APIServiceBinding sheriffs: exists") || !strings.Contains(progress.String(), "kept "+apply.DefaultKonnectorV1alpha2) {
 		t.Errorf("rerun:\n%s", progress.String())
 	}
-	cr, err := consumerKube.RbacV1().ClusterRoles().Get(ctx, consumer.KonnectorRoleName, metav1.GetOptions{})
+	cr, err := consumerKube.RbacV1().ClusterRoles().Get(ctx, apply.KonnectorRoleName, metav1.GetOptions{})
 	if err != nil || !grants(cr.Rules, sheriffAPI.Group, sheriffAPI.Plural) {
 		t.Errorf("ClusterRole after the rerun: %v %v", err, cr)
 	}
@@ -167,7 +167,7 @@ func TestV1alpha2ConsumerSide(t *testing.T) {
 		t.Fatal("the konnector never started")
 	}
 	if log := k.Log(); strings.Contains(strings.ToLower(log), "forbidden") {
-		t.Errorf("the konnector was refused something with the RBAC the bind wrote:\n%s", grepLines(log, "orbidden"))
+		t.Errorf("the konnector was refused something with the RBAC the bind wrote:\n%s", testutil.GrepLines(log, "orbidden"))
 	}
 	if done, err := k.Exited(); done {
 		t.Errorf("the konnector exited: %v", err)
@@ -378,8 +378,8 @@ func TestBindV1alpha2EndToEnd(t *testing.T) {
 		t.Fatalf("%v\n%s", err, c.Stderr.String())
 	}
 	k := konnector.Start(t, konnector.Options{
-		Binary:     konnector.ReleasedBinaryOf(t, lkonnector.ReleasedV1alpha2, "konnector"),
-		Kubeconfig: controlplane.WriteKubeconfig(t, e2.consumer.ConfigForToken(token)),
+		Binary:     konnector.ReleasedBinaryOf(t, konnector.ReleasedV1alpha2, "konnector"),
+		Kubeconfig: controlplane.KubeconfigFile(t, e2.consumer.ConfigForToken(token)),
 		Servers:    []string{e.provider.Host()},
 	})
 	if code := c.Wait(t, 5*time.Minute); code != 0 {
@@ -390,12 +390,12 @@ func TestBindV1alpha2EndToEnd(t *testing.T) {
 		t.Errorf("the command did not bind through %s:\n%s", v1alpha2.GroupVersion, c.Stderr.String())
 	}
 	consumerDyn := dynamic.NewForConfigOrDie(e2.consumer.AdminConfig())
-	if _, err := consumerDyn.Resource(consumer.BindingV1alpha2GVR).Get(ctx, rangerAPI.Name(), metav1.GetOptions{}); err != nil {
+	if _, err := consumerDyn.Resource(apply.BindingV1alpha2GVR).Get(ctx, rangerAPI.Name(), metav1.GetOptions{}); err != nil {
 		t.Fatalf("APIServiceBinding %s: %v", rangerAPI.Name(), err)
 	}
 	konnector.SyncsBothWays(t, e2.consumer.AdminConfig(), e.provider.AdminConfig(), rangerAPI, "s1", namespacePrefix)
 	if log := k.Log(); strings.Contains(strings.ToLower(log), "forbidden") {
-		t.Errorf("the konnector was refused something with the RBAC the command wrote:\n%s", grepLines(log, "orbidden"))
+		t.Errorf("the konnector was refused something with the RBAC the command wrote:\n%s", testutil.GrepLines(log, "orbidden"))
 	}
 
 	// A rebind from another machine (a HOME of its own) finds the cluster
@@ -415,15 +415,15 @@ func TestBindV1alpha2EndToEnd(t *testing.T) {
 	// konnector RBAC over ours); the konnector, still running as the same
 	// ServiceAccount, serves both bindings.
 	home := t.TempDir()
-	konnector.LoginCLI(t, lkonnector.ReleasedV1alpha2, home, e.baseURL, alice)
-	released := konnector.RunCLI(t, lkonnector.ReleasedV1alpha2, home, "apiservice", "--template-name", marshalAPI.Name(),
-		"--name", marshalAPI.Name(), "--kubeconfig", e2.consumer.AdminKubeconfigPath(), "--konnector-image", consumer.DefaultKonnectorV1alpha2)
+	chromium.LoginCLI(t, konnector.ReleasedV1alpha2, home, e.baseURL, alice)
+	released := konnector.RunCLI(t, konnector.ReleasedV1alpha2, home, "apiservice", "--template-name", marshalAPI.Name(),
+		"--name", marshalAPI.Name(), "--kubeconfig", e2.consumer.AdminKubeconfigPath(), "--konnector-image", apply.DefaultKonnectorV1alpha2)
 	if code := released.Wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("kubectl-bind apiservice: exit %d", code)
 	}
 	konnector.SyncsBothWays(t, e2.consumer.AdminConfig(), e.provider.AdminConfig(), marshalAPI, "m1", namespacePrefix)
 	konnector.SyncsBothWays(t, e2.consumer.AdminConfig(), e.provider.AdminConfig(), rangerAPI, "s2", namespacePrefix)
 	if log := k.Log(); strings.Contains(strings.ToLower(log), "forbidden") {
-		t.Errorf("the konnector was refused something after the released CLI's bind:\n%s", grepLines(log, "orbidden"))
+		t.Errorf("the konnector was refused something after the released CLI's bind:\n%s", testutil.GrepLines(log, "orbidden"))
 	}
 }

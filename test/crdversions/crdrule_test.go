@@ -30,8 +30,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 const group = "crdrule.example.com"
@@ -235,7 +235,7 @@ func installCRD(ctx context.Context, t *testing.T, crds apiextensionsclient.Inte
 	}
 	gr := schema.GroupResource{Group: group, Resource: plural}
 	dyn := dynamic.NewForConfigOrDie(controlplane.Get(t).AdminConfig())
-	await.True(t, plural+" served in both versions", func() bool {
+	testutil.Await(t, plural+" served in both versions", func() bool {
 		for _, v := range []string{"v1alpha1", "v1alpha2"} {
 			if _, err := dyn.Resource(gr.WithVersion(v)).Namespace("default").List(ctx, metav1.ListOptions{}); err != nil {
 				return false

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 // waitDelivered checks that the backend recorded on the consumer's

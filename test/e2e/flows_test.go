@@ -18,12 +18,11 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kbprovider/backend/internal/kbresources"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
-	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/pkg/pollclient"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 func TestPollFlowInBrowser(t *testing.T) {
@@ -57,14 +56,7 @@ func TestPollFlowInBrowser(t *testing.T) {
 		waited <- result{res, err}
 	}()
 
-	b := chromium.New(t)
-	if status := b.Open(authURL); status != http.StatusOK {
-		t.Fatalf("authentication URL led to status %d at %s", status, b.URL())
-	}
-	oidcprovider.SignIn(t, b, alice)
-	if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
-		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
-	}
+	b := chromium.OpenBindPage(t, authURL, e.baseURL+"/bind", alice)
 	page := b.Text("main")
 	for _, want := range []string{prettyName, "mangodbs", "redises", "alice@example.com"} {
 		if !strings.Contains(page, want) {
@@ -74,8 +66,8 @@ func TestPollFlowInBrowser(t *testing.T) {
 	if strings.Contains(page, "secretthings") {
 		t.Error("selection page offers an API that is not exported")
 	}
-	if code := b.Text("#confirmation-code"); code != bindproof.ConfirmationCode(s.ID) {
-		t.Errorf("page shows confirmation code %q, the client prints %q", code, bindproof.ConfirmationCode(s.ID))
+	if code := b.Text("#confirmation-code"); code != protocol.ConfirmationCode(s.ID) {
+		t.Errorf("page shows confirmation code %q, the client prints %q", code, protocol.ConfirmationCode(s.ID))
 	}
 	b.Resize(390, 844)
 	b.Screenshot("selection-phone")
@@ -248,7 +240,7 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 	authURL := e.baseURL + "/authorize?" + url.Values{"c": {cliCluster}, "p": {itoa(cb.port)}, "s": {cliSession}}.Encode()
 	b := chromium.New(t)
 	b.Open(authURL)
-	oidcprovider.SignIn(t, b, bob)
+	chromium.SignIn(t, b, bob)
 	b.Click("input[value='mangodbs.mangodb.com']")
 	// Released CLIs print no code: the page names the callback on this
 	// machine instead, and the user confirms having started it.

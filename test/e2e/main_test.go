@@ -17,25 +17,25 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) }))
+	os.Exit(backendproc.RunMain(m))
 }
 
 // Users of the test identity provider. Only members of group "binders"
 // may bind (the backend runs with --oidc-allowed-groups=binders).
 var (
-	alice   = oidcprovider.User{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"binders"}}
+	alice   = oidcprovider.Alice
 	bob     = oidcprovider.User{Name: "bob", Password: "bob-pw", Email: "bob@example.com", Groups: []string{"binders"}}
 	carol   = oidcprovider.User{Name: "carol", Password: "carol-pw", Email: "carol@example.com", Groups: []string{"binders"}}
 	dave    = oidcprovider.User{Name: "dave", Password: "dave-pw", Email: "dave@example.com", Groups: []string{"binders"}}
-	mallory = oidcprovider.User{Name: "mallory", Password: "mallory-pw", Email: "mallory@example.com", Groups: []string{"visitors"}}
+	mallory = oidcprovider.Mallory
 )
 
 const (

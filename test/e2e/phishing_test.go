@@ -16,12 +16,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/hmac"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
-	"github.com/kbprovider/backend/internal/testutil/issued"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // rawSession is a poll session driven by hand, as the wire protocol says,
@@ -60,7 +58,7 @@ func (s *rawSession) authURL(t *testing.T, extra url.Values) string {
 	t.Helper()
 	u, _ := url.Parse(s.e.baseURL + "/authorize")
 	u.RawQuery = extra.Encode()
-	signed, err := hmac.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
+	signed, err := protocol.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +71,7 @@ func (s *rawSession) poll(t *testing.T) v1alpha1.BindingResponse {
 	deadline := time.Now().Add(2 * time.Minute)
 	u, _ := url.Parse(s.e.baseURL + "/poll")
 	for time.Now().Before(deadline) {
-		signed, err := hmac.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
+		signed, err := protocol.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +110,7 @@ func bindInBrowser(t *testing.T, e *env, link, wantCode, wantKind string) string
 	if status := b.Open(link); status != http.StatusOK {
 		t.Fatalf("link led to %d at %s: %s", status, b.URL(), b.Text("body"))
 	}
-	oidcprovider.SignIn(t, b, alice)
+	chromium.SignIn(t, b, alice)
 	if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
 		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
 	}
@@ -137,7 +135,7 @@ func bindInBrowser(t *testing.T, e *env, link, wantCode, wantKind string) string
 
 func kubeconfigNamespace(t *testing.T, kubeconfig []byte) (kubernetes.Interface, string) {
 	t.Helper()
-	rc, ns := issued.Config(t, kubeconfig)
+	rc, ns := testutil.IssuedConfig(t, kubeconfig)
 	return kubernetes.NewForConfigOrDie(rc), ns
 }
 
@@ -148,12 +146,12 @@ func works(t *testing.T, kube kubernetes.Interface, ns string) error {
 	return err
 }
 
-// TestPhishedLinkGetsNoExistingNamespace is the attack of issue 12: the
-// attacker creates a session presenting the victim's cluster ID, with no
-// proof, a forged proof, or the victim's proof of an earlier session, and
-// gets the victim to bind through that link. The attacker's poll never
-// yields a credential for the victim's namespace, and the victim's
-// credential keeps working. The victim's own rebind, with the proof,
+// TestPhishedLinkGetsNoExistingNamespace is the phishing attack on a
+// victim's namespace: the attacker creates a session presenting the
+// victim's cluster ID, with no proof, a forged proof, or the victim's
+// proof of an earlier session, and gets the victim to bind through that
+// link. The attacker's poll never yields a credential for the victim's
+// namespace, and the victim's credential keeps working. The victim's own rebind, with the proof,
 // lands in the same namespace with a new token.
 func TestPhishedLinkGetsNoExistingNamespace(t *testing.T) {
 	e := startEnv(t, backendOptions{})
@@ -163,7 +161,7 @@ func TestPhishedLinkGetsNoExistingNamespace(t *testing.T) {
 	if first.ClusterSecret == "" || len(first.ClusterSecret) < 43 {
 		t.Fatalf("a new cluster ID came with cluster secret %q, want >= 256 bits", first.ClusterSecret)
 	}
-	bindInBrowser(t, e, first.authURL(t, nil), bindproof.ConfirmationCode(first.SessionID), "creates a new binding")
+	bindInBrowser(t, e, first.authURL(t, nil), protocol.ConfirmationCode(first.SessionID), "creates a new binding")
 	firstResp := first.poll(t)
 	victimKube, victimNS := kubeconfigNamespace(t, firstResp.Kubeconfig)
 	ns, err := e.kube.CoreV1().Namespaces().Get(context.Background(), victimNS, metav1.GetOptions{})
@@ -180,8 +178,8 @@ func TestPhishedLinkGetsNoExistingNamespace(t *testing.T) {
 	if again.ClusterID != first.ClusterID || again.ClusterSecret != "" {
 		t.Fatalf("presented cluster ID: answer has %q and secret %q, want it echoed without a secret", again.ClusterID, again.ClusterSecret)
 	}
-	proof := bindproof.ClusterProof(first.ClusterSecret, again.SessionID)
-	bindInBrowser(t, e, again.authURL(t, url.Values{bindproof.ProofParam: {proof}}), bindproof.ConfirmationCode(again.SessionID),
+	proof := protocol.ClusterProof(first.ClusterSecret, again.SessionID)
+	bindInBrowser(t, e, again.authURL(t, url.Values{protocol.ProofParam: {proof}}), protocol.ConfirmationCode(again.SessionID),
 		"updates your existing binding, made on")
 	againResp := again.poll(t)
 	kube2, ns2 := kubeconfigNamespace(t, againResp.Kubeconfig)
@@ -203,10 +201,10 @@ func TestPhishedLinkGetsNoExistingNamespace(t *testing.T) {
 	}{
 		{"no proof", func(string) url.Values { return nil }},
 		{"forged proof", func(sid string) url.Values {
-			return url.Values{bindproof.ProofParam: {bindproof.ClusterProof("guessed-cluster-secret", sid)}}
+			return url.Values{protocol.ProofParam: {protocol.ClusterProof("guessed-cluster-secret", sid)}}
 		}},
 		{"proof replayed from the victim's earlier session", func(string) url.Values {
-			return url.Values{bindproof.ProofParam: {proof}}
+			return url.Values{protocol.ProofParam: {proof}}
 		}},
 	} {
 		t.Run(attack.name, func(t *testing.T) {
@@ -215,7 +213,7 @@ func TestPhishedLinkGetsNoExistingNamespace(t *testing.T) {
 			// The victim opens the attacker's link and binds anyway. The page
 			// shows the attacker's session code (not the victim's) and says
 			// this creates a new binding, not an update of the victim's.
-			check := bindInBrowser(t, e, link, bindproof.ConfirmationCode(attacker.SessionID), "creates a new binding")
+			check := bindInBrowser(t, e, link, protocol.ConfirmationCode(attacker.SessionID), "creates a new binding")
 			if !strings.Contains(check, "could not prove") {
 				t.Errorf("the page does not say the presented cluster was not proven:\n%s", check)
 			}

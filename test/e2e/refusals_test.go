@@ -10,13 +10,14 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
 
@@ -173,7 +174,7 @@ func TestRefusals(t *testing.T) {
 		s, authURL := e.newSession(t)
 		b := chromium.New(t)
 		b.Open(authURL)
-		oidcprovider.SignIn(t, b, dave)
+		chromium.SignIn(t, b, dave)
 		if !strings.HasPrefix(b.URL(), e.baseURL+"/bind") {
 			t.Fatalf("not on the selection page: %s", b.URL())
 		}
@@ -289,14 +290,9 @@ func (e *env) selectionForm(t *testing.T, client *http.Client, sid string) url.V
 	return formFromPage(t, body)
 }
 
-var hiddenField = regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`)
-
 func formFromPage(t *testing.T, page string) url.Values {
 	t.Helper()
-	form := url.Values{}
-	for _, m := range hiddenField.FindAllStringSubmatch(page, -1) {
-		form.Set(html.UnescapeString(m[1]), html.UnescapeString(m[2]))
-	}
+	form := testutil.FormOn(t, []byte(page), http.MethodPost).Fields
 	if form.Get("csrf_token") == "" || form.Get("s") == "" {
 		t.Fatalf("selection page has no CSRF token or session field:\n%s", page)
 	}

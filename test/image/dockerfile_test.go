@@ -17,7 +17,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // testVersion is stamped by the test; it must appear in the binary.

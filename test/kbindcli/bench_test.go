@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 )
 
 // BenchmarkBindToProvider measures, for each client, the time from
@@ -127,7 +127,7 @@ func printedURL(tb testing.TB, c *procs.Command) string {
 // and presses Bind; it returns when Bind was pressed.
 func pressBind(t testing.TB, u, server, api string) time.Time {
 	t.Helper()
-	br := konnector.OpenBindPage(t, u, server, alice)
+	br := chromium.OpenBindPage(t, u, server, alice)
 	br.Click("input[value='" + api + "']")
 	if br.Exists("#confirm") {
 		br.Click("#confirm")

@@ -18,10 +18,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 )
 
 // TestReleasedCLI logs in with the released kubectl-bind v0.8.2, binds
@@ -73,7 +73,7 @@ func TestReleasedCLI(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The template is offered once the backend's informer saw it.
-		await.Within(t, time.Minute, 200*time.Millisecond, "the template to be offered", func() (bool, error) {
+		testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "the template to be offered", func() (bool, error) {
 			c := runCLI(t, home, "templates")
 			c.Wait(t, time.Minute)
 			return strings.Contains(c.Stdout.String(), "sprockets-with-settings"), nil
@@ -101,7 +101,7 @@ func TestReleasedCLI(t *testing.T) {
 			t.Fatal(err)
 		}
 		consumerKube := kubernetes.NewForConfigOrDie(e.consumer.AdminConfig())
-		await.Within(t, 2*time.Minute, 200*time.Millisecond, "the claimed ConfigMap to reach the consumer", func() (bool, error) {
+		testutil.AwaitWithin(t, 2*time.Minute, 200*time.Millisecond, "the claimed ConfigMap to reach the consumer", func() (bool, error) {
 			got, err := consumerKube.CoreV1().ConfigMaps("default").Get(ctx, "sprocket-settings", metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return false, nil
@@ -115,7 +115,7 @@ func TestReleasedCLI(t *testing.T) {
 		c := runCLI(t, home, "login", e.baseURL, "--skip-browser")
 		b := chromium.New(t)
 		b.Open(c.URL(t))
-		oidcprovider.SignIn(t, b, mallory)
+		chromium.SignIn(t, b, mallory)
 		if code := c.Wait(t, time.Minute); code == 0 {
 			t.Fatal("kubectl-bind login of a user outside the allow-list exited 0")
 		}
@@ -172,7 +172,7 @@ func TestReleasedCLI(t *testing.T) {
 	})
 
 	if log := k.Log(); strings.Contains(strings.ToLower(log), "forbidden") {
-		t.Errorf("the konnector was refused something:\n%s", grepLines(log, "orbidden"))
+		t.Errorf("the konnector was refused something:\n%s", testutil.GrepLines(log, "orbidden"))
 	}
 	if done, err := k.Exited(); done {
 		t.Errorf("the konnector exited: %v", err)
@@ -182,7 +182,7 @@ func TestReleasedCLI(t *testing.T) {
 // bindInBrowser opens u, signs user in, picks apis and presses Bind.
 func bindInBrowser(t testing.TB, e *env, u string, user oidcprovider.User, apis ...string) {
 	t.Helper()
-	konnector.PressBind(t, konnector.OpenBindPage(t, u, e.baseURL, user), apis...)
+	chromium.PressBind(t, chromium.OpenBindPage(t, u, e.baseURL, user), apis...)
 }
 
 // expectBinding checks that the CLI made APIServiceBinding name.
@@ -195,14 +195,4 @@ func expectBinding(t testing.TB, e *env, name string) {
 func syncsBothWays(t testing.TB, e *env, api exampleapis.API, name string) {
 	t.Helper()
 	konnector.SyncsBothWays(t, e.consumer.AdminConfig(), e.provider.AdminConfig(), api, name, namespacePrefix)
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }

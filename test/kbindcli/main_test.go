@@ -15,23 +15,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	lkonnector "github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) }))
+	os.Exit(backendproc.RunMain(m))
 }
 
 // Users of the test identity provider; only group "binders" may bind.
 var (
-	alice   = oidcprovider.User{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"binders"}}
-	mallory = oidcprovider.User{Name: "mallory", Password: "mallory-pw", Email: "mallory@example.com", Groups: []string{"visitors"}}
+	alice   = oidcprovider.Alice
+	mallory = oidcprovider.Mallory
 )
 
 const (
@@ -78,18 +78,18 @@ func startEnv(t testing.TB) *env {
 // with no local state) and its kube-bind config in it.
 func runCLI(t testing.TB, home string, args ...string) *procs.Command {
 	t.Helper()
-	return konnector.RunCLI(t, lkonnector.ReleasedV1alpha2, home, args...)
+	return konnector.RunCLI(t, konnector.ReleasedV1alpha2, home, args...)
 }
 
 // login runs kubectl-bind login and signs user in with chromium.
 func login(t testing.TB, e *env, home string, user oidcprovider.User) {
 	t.Helper()
-	konnector.LoginCLI(t, lkonnector.ReleasedV1alpha2, home, e.baseURL, user)
+	chromium.LoginCLI(t, konnector.ReleasedV1alpha2, home, e.baseURL, user)
 }
 
 // startKonnector runs the released konnector v0.8.2 against the consumer
 // cluster.
 func startKonnector(t testing.TB, e *env) *konnector.Konnector {
 	t.Helper()
-	return konnector.StartReleased(t, lkonnector.ReleasedV1alpha2, e.consumer.AdminKubeconfigPath(), e.provider.Host())
+	return konnector.StartReleased(t, konnector.ReleasedV1alpha2, e.consumer.AdminKubeconfigPath(), e.provider.Host())
 }

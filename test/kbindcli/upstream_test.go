@@ -22,15 +22,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	lkonnector "github.com/kbprovider/backend/internal/localenv/konnector"
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // UpstreamSrcEnv names an upstream kube-bind source tree at tag v0.8.2
@@ -119,7 +118,7 @@ func startUpstream(tb testing.TB, src string) *upstreamEnv {
 	port := procs.FreePort(tb)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	idp := oidcprovider.Start(tb, oidcprovider.Options{RedirectURIs: []string{base + "/api/callback"}, Users: []oidcprovider.User{alice, mallory}})
-	bin := konnector.ReleasedBinaryOf(tb, lkonnector.ReleasedV1alpha2, "backend")
+	bin := konnector.ReleasedBinaryOf(tb, konnector.ReleasedV1alpha2, "backend")
 	// Its /readyz is the web UI's index.html: it answers once the
 	// backend listens.
 	backendproc.StartBinary(tb, bin, base, []string{
@@ -129,8 +128,8 @@ func startUpstream(tb testing.TB, src string) *upstreamEnv {
 		"--oidc-issuer-client-secret", idp.ClientSecret,
 		"--oidc-callback-url", base + "/api/callback",
 		"--oidc-allowed-groups", "binders",
-		"--cookie-signing-key", procs.RandomKey(tb, 32),
-		"--cookie-encryption-key", procs.RandomKey(tb, 32),
+		"--cookie-signing-key", procs.RandomKey(32),
+		"--cookie-encryption-key", procs.RandomKey(32),
 		"--kubeconfig", provider.AdminKubeconfigPath(),
 		"--external-address", provider.Host(),
 		"--external-ca-file", caFile,
@@ -139,14 +138,14 @@ func startUpstream(tb testing.TB, src string) *upstreamEnv {
 	// Its controllers are up once the seeded Cluster got its RBAC for the
 	// allowed groups.
 	kube := kubernetes.NewForConfigOrDie(provider.AdminConfig())
-	await.Within(tb, time.Minute, 200*time.Millisecond, "upstream's backend to grant group binders", func() (bool, error) {
+	testutil.AwaitWithin(tb, time.Minute, 200*time.Millisecond, "upstream's backend to grant group binders", func() (bool, error) {
 		_, err := kube.RbacV1().ClusterRoleBindings().Get(ctx, "kube-bind-oidc-user", metav1.GetOptions{})
 		return err == nil, nil
 	})
 
-	konnector.StartReleased(tb, lkonnector.ReleasedV1alpha2, consumer.AdminKubeconfigPath(), provider.Host())
+	konnector.StartReleased(tb, konnector.ReleasedV1alpha2, consumer.AdminKubeconfigPath(), provider.Host())
 	home := tb.TempDir()
-	konnector.LoginCLI(tb, lkonnector.ReleasedV1alpha2, home, base, alice)
+	chromium.LoginCLI(tb, konnector.ReleasedV1alpha2, home, base, alice)
 	return &upstreamEnv{provider: provider, consumer: consumer, baseURL: base, home: home}
 }
 
@@ -206,7 +205,7 @@ func pressBindUpstream(tb testing.TB, u, template string) time.Time {
   if (b) b.click();
   return false;
 })()`)
-	oidcprovider.SignIn(tb, br, alice)
+	chromium.SignIn(tb, br, alice)
 	card := fmt.Sprintf(`[...document.querySelectorAll(".template-card")].filter(c => c.querySelector(".card-title")?.textContent.trim() === %q).map(c => c.querySelector("button.bind-btn"))[0]`, template)
 	waitInBrowser(tb, br, "the card of template "+template, "!!("+card+")")
 	br.Run(chromedp.Click(chromedp.JSPath(card), chromedp.NodeVisible))

@@ -17,20 +17,20 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/html"
+	"github.com/kbprovider/backend/internal/testutil"
+
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/deploy/crds"
-	"github.com/kbprovider/backend/internal/hmac"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/node"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 	"github.com/kbprovider/backend/pkg/pollclient"
+	"github.com/kbprovider/backend/pkg/protocol"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -45,7 +45,7 @@ const (
 	namespacePrefix = "kube-bind-" // the chart's default
 )
 
-var alice = oidcprovider.User{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"binders"}}
+var alice = oidcprovider.Alice
 
 // release is the chart installed on the node.
 type release struct {
@@ -159,13 +159,8 @@ func installChart(t *testing.T, n *node.Node) *release {
 	if err := exampleapis.WaitEstablished(ctx, crdClient, exampleapis.MangoDB.Name()); err != nil {
 		t.Fatal(err)
 	}
-	if crds.AwaitQuotaCounting(ctx, cp.AdminConfig(), 2*time.Second) != nil {
-		if err := cp.RestartControllerManager(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := crds.AwaitQuotaCounting(ctx, cp.AdminConfig(), 45*time.Second); err != nil {
-			t.Fatal(err)
-		}
+	if err := exampleapis.AwaitQuotaCounting(ctx, cp); err != nil {
+		t.Fatal(err)
 	}
 	return r
 }
@@ -249,7 +244,7 @@ func (r *release) createSession(ctx context.Context) (*session, time.Duration, e
 
 func (s *session) signed(path string) string {
 	u, _ := url.Parse(s.ext + path)
-	signed, err := hmac.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
+	signed, err := protocol.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -317,10 +312,11 @@ func bindAt(ctx context.Context, idp *oidcprovider.Provider, authURL, ext, api s
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("callback: %d at %s: %.300s", resp.StatusCode, resp.Request.URL, page)
 	}
-	action, form := hiddenForm(page)
-	if form.Get(web.FieldCSRF) == "" {
+	forms, _ := testutil.ParseForms(page)
+	if len(forms) == 0 || forms[0].Fields.Get(web.FieldCSRF) == "" {
 		return fmt.Errorf("no selection form at %s: %.300s", resp.Request.URL, page)
 	}
+	action, form := forms[0].Action, forms[0].Fields
 	form.Add(web.FieldAPI, api)
 	form.Set(web.FieldAction, web.ActionBind)
 	form.Set(web.FieldConfirm, web.ConfirmYes)
@@ -372,33 +368,3 @@ func (s *session) deliver(ctx context.Context, within time.Duration) (string, er
 // pollGap is what our client leaves between two polls of a session: the
 // chart's session.pollInterval (2s) and a margin.
 const pollGap = 2*time.Second + 200*time.Millisecond
-
-// hiddenForm returns the action and hidden fields of a page's first form.
-func hiddenForm(page []byte) (string, url.Values) {
-	doc, err := html.Parse(bytes.NewReader(page))
-	fields := url.Values{}
-	if err != nil {
-		return "", fields
-	}
-	var action string
-	var walk func(*html.Node)
-	walk = func(n *html.Node) {
-		if n.Type == html.ElementNode {
-			attr := map[string]string{}
-			for _, a := range n.Attr {
-				attr[a.Key] = a.Val
-			}
-			switch {
-			case n.Data == "form" && action == "":
-				action = attr["action"]
-			case n.Data == "input" && attr["type"] == "hidden":
-				fields.Add(attr["name"], attr["value"])
-			}
-		}
-		for c := n.FirstChild; c != nil; c = c.NextSibling {
-			walk(c)
-		}
-	}
-	walk(doc)
-	return action, fields
-}

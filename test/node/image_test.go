@@ -9,7 +9,7 @@ import (
 	"runtime"
 	"strings"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // buildLikeDockerfile runs the Dockerfile's go build RUN instruction (its

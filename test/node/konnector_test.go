@@ -14,14 +14,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/client/apply"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
 	"github.com/kbprovider/backend/internal/localenv/node"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // widgetAPI is bound into the node's cluster by the consumer-side test; the
@@ -64,13 +64,24 @@ func TestKonnectorAsPod(t *testing.T) {
 	t.Logf("FIGURE bind into the node's cluster with the konnector as a pod: %v", time.Since(start).Round(time.Millisecond))
 
 	kube := kubernetes.NewForConfigOrDie(consumerCP.AdminConfig())
-	d, err := kube.AppsV1().Deployments(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
+	d, err := kube.AppsV1().Deployments(apply.Namespace).Get(ctx, apply.KonnectorName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, "the konnector Deployment to be available", func() bool {
-		d, err = kube.AppsV1().Deployments(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
-		return err == nil && d.Status.AvailableReplicas >= 1
+	// As kubectl rollout status judges it: the Deployment may have been
+	// updated after it was made, and an old pod may still be the
+	// available one.
+	waitFor(t, 2*time.Minute, "the konnector Deployment's rollout to complete", func() bool {
+		d, err = kube.AppsV1().Deployments(apply.Namespace).Get(ctx, apply.KonnectorName, metav1.GetOptions{})
+		if err != nil || d.Status.ObservedGeneration < d.Generation {
+			return false
+		}
+		want := int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
+		}
+		st := d.Status
+		return st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want && st.ReadyReplicas == want
 	})
 	t.Logf("the konnector runs as a pod: %s", d.Spec.Template.Spec.Containers[0].Image)
 	checkKonnectorPod(t, kube, d)
@@ -81,19 +92,23 @@ func TestKonnectorAsPod(t *testing.T) {
 // the image as deployed, its ServiceAccount, non-root, read-only root.
 func checkKonnectorPod(t *testing.T, kube kubernetes.Interface, d *appsv1.Deployment) {
 	t.Helper()
-	pods, err := kube.CoreV1().Pods(consumer.Namespace).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Right after the Deployment counted it available, the pod has been
+	// seen not Ready (on a busy machine a probe can fail once): the pod
+	// must be Ready through its probe within a minute.
 	var pod *corev1.Pod
-	for i := range pods.Items {
-		if strings.HasPrefix(pods.Items[i].Name, consumer.KonnectorName+"-") && pods.Items[i].DeletionTimestamp == nil {
-			pod = &pods.Items[i]
+	waitFor(t, time.Minute, "a Ready konnector pod", func() bool {
+		pods, err := kube.CoreV1().Pods(apply.Namespace).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if pod == nil {
-		t.Fatalf("no konnector pod in %s", consumer.Namespace)
-	}
+		pod = nil
+		for i := range pods.Items {
+			if strings.HasPrefix(pods.Items[i].Name, apply.KonnectorName+"-") && pods.Items[i].DeletionTimestamp == nil {
+				pod = &pods.Items[i]
+			}
+		}
+		return pod != nil && len(pod.Status.ContainerStatuses) == 1 && pod.Status.ContainerStatuses[0].Ready
+	})
 	c := pod.Spec.Containers[0]
 	if c.Image != d.Spec.Template.Spec.Containers[0].Image || !strings.Contains(c.Image, "konnector:v0.") {
 		t.Errorf("konnector pod runs %s", c.Image)
@@ -104,12 +119,8 @@ func checkKonnectorPod(t *testing.T, kube kubernetes.Interface, d *appsv1.Deploy
 	if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 		t.Errorf("konnector root file system not read-only: %+v", c.SecurityContext)
 	}
-	if pod.Spec.ServiceAccountName != consumer.KonnectorName {
+	if pod.Spec.ServiceAccountName != apply.KonnectorName {
 		t.Errorf("konnector pod runs as ServiceAccount %q", pod.Spec.ServiceAccountName)
-	}
-	st := pod.Status.ContainerStatuses
-	if len(st) != 1 || !st[0].Ready {
-		t.Errorf("konnector container not Ready: %+v", st)
 	}
 	// The process runs as a non-root user: its status in /proc says so.
 	uid := processUID(t, pod)

@@ -23,10 +23,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/client/apply"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
 	"github.com/kbprovider/backend/internal/localenv/node"
-	localprocs "github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
 )
 
@@ -42,7 +42,7 @@ var (
 
 func TestMain(m *testing.M) {
 	code := backendproc.Main(func() int {
-		cli, cleanup, err := localprocs.Build("./cmd/kube-bind-poll")
+		cli, cleanup, err := procs.Build("./cmd/kube-bind-poll")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "building kube-bind-poll:", err)
 			return 1
@@ -136,8 +136,8 @@ func productImages() ([]node.Image, func(), error) {
 		User:       "65532:65532",
 	}}
 	for release, name := range map[string]string{
-		konnector.ReleasedVersion:  consumer.DefaultKonnector,
-		konnector.ReleasedV1alpha2: consumer.DefaultKonnectorV1alpha2,
+		konnector.ReleasedVersion:  apply.DefaultKonnector,
+		konnector.ReleasedV1alpha2: apply.DefaultKonnectorV1alpha2,
 	} {
 		k, err := konnector.ReleasedPathOf(release, "konnector")
 		if err != nil {

@@ -29,6 +29,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
 	"github.com/golang/groupcache/consistenthash"
 	"golang.org/x/net/html"
 	corev1 "k8s.io/api/core/v1"
@@ -36,15 +38,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/hmac"
-	localprocs "github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
-	"github.com/kbprovider/backend/pkg/bindproof"
 	"github.com/kbprovider/backend/pkg/pollclient"
+	"github.com/kbprovider/backend/pkg/protocol"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -60,7 +60,7 @@ const (
 	answerWithin = 5 * time.Second
 )
 
-var alice = oidcprovider.User{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"binders"}}
+var alice = oidcprovider.Alice
 
 // replica is one backend process, started again (same flags) as often as a
 // test wants.
@@ -117,7 +117,7 @@ func (r *replica) start(t *testing.T) {
 	cmd.Env = append(os.Environ(), backendproc.UnsafeSkipScopeCheckEnv)
 	cmd.Stdout, cmd.Stderr = r.logs, r.logs
 	// In its own process group, killed if the test binary dies.
-	if err := localprocs.StartTied(cmd); err != nil {
+	if err := procs.StartTied(cmd); err != nil {
 		t.Fatalf("starting %s: %v", r.name, err)
 	}
 	p := &run{cmd: cmd, exited: make(chan struct{})}
@@ -395,8 +395,8 @@ func newCluster(t *testing.T, opts clusterOpts) *cluster {
 	t.Cleanup(cancel)
 	c := &cluster{
 		t: t, ctx: ctx, cp: cp, kube: kubernetes.NewForConfigOrDie(cp.AdminConfig()),
-		sign: procs.RandomKey(t, 64), enc: procs.RandomKey(t, 32), clusterKey: procs.RandomKey(t, 32),
-		peerKey: procs.RandomKey(t, 32),
+		sign: procs.RandomKey(64), enc: procs.RandomKey(32), clusterKey: procs.RandomKey(32),
+		peerKey: procs.RandomKey(32),
 		client:  &http.Client{Timeout: 40 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 	}
 	c.defaultKeyFile = writeKeyFile(t, c.peerKey)
@@ -555,7 +555,7 @@ type session struct {
 	v1alpha1.PollSession
 	ext string // external URL the signatures are made for
 	// clusterSecret, when set, proves the presented cluster ID in the
-	// authentication URL (pkg/bindproof).
+	// authentication URL (pkg/protocol).
 	clusterSecret string
 }
 
@@ -583,7 +583,7 @@ func (c *cluster) create(t *testing.T, r *replica) *session {
 // advertised poll URL.
 func (s *session) signedPoll() *url.URL {
 	u, _ := url.Parse(s.ext + "/poll")
-	signed, err := hmac.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
+	signed, err := protocol.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -594,9 +594,9 @@ func (s *session) signedPoll() *url.URL {
 func (s *session) authURL() string {
 	u, _ := url.Parse(s.ext + "/authorize")
 	if s.clusterSecret != "" {
-		u.RawQuery = url.Values{bindproof.ProofParam: {bindproof.ClusterProof(s.clusterSecret, s.SessionID)}}.Encode()
+		u.RawQuery = url.Values{protocol.ProofParam: {protocol.ClusterProof(s.clusterSecret, s.SessionID)}}.Encode()
 	}
-	signed, err := hmac.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
+	signed, err := protocol.SignURL(s.SessionSecret, s.SessionID, http.MethodGet, u, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -739,10 +739,11 @@ func (c *cluster) openSelection(t *testing.T, s *session) *selection {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("session %s: callback led to %d at %s:\n%s", s.SessionID, resp.StatusCode, resp.Request.URL, brief(page))
 	}
-	action, form := selectionForm(t, page)
-	if form.Get(web.FieldCSRF) == "" {
+	forms, err := testutil.ParseForms(page)
+	if err != nil || len(forms) == 0 || forms[0].Fields.Get(web.FieldCSRF) == "" {
 		t.Fatalf("session %s: no selection form at %s:\n%s", s.SessionID, resp.Request.URL, brief(page))
 	}
+	action, form := forms[0].Action, forms[0].Fields
 	return &selection{client: client, s: s, target: resp.Request.URL.ResolveReference(&url.URL{Path: action}), form: form}
 }
 
@@ -794,38 +795,6 @@ func bindForm(page url.Values) url.Values {
 	form.Set(web.FieldAction, web.ActionBind)
 	form.Set(web.FieldConfirm, web.ConfirmYes)
 	return form
-}
-
-// selectionForm returns the action and the hidden fields of the page's
-// form.
-func selectionForm(t *testing.T, page []byte) (string, url.Values) {
-	t.Helper()
-	doc, err := html.Parse(strings.NewReader(string(page)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var action string
-	fields := url.Values{}
-	var walk func(*html.Node)
-	walk = func(n *html.Node) {
-		if n.Type == html.ElementNode {
-			attr := map[string]string{}
-			for _, a := range n.Attr {
-				attr[a.Key] = a.Val
-			}
-			switch {
-			case n.Data == "form" && action == "":
-				action = attr["action"]
-			case n.Data == "input" && attr["type"] == "hidden":
-				fields.Add(attr["name"], attr["value"])
-			}
-		}
-		for c := n.FirstChild; c != nil; c = c.NextSibling {
-			walk(c)
-		}
-	}
-	walk(doc)
-	return action, fields
 }
 
 // brief is the text of a page's first heading and paragraph, for reports.

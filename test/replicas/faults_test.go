@@ -21,8 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -341,7 +341,7 @@ func TestAPIServerRestart(t *testing.T) {
 	restarted := make(chan error, 1)
 	go func() { restarted <- c.cp.RestartAPIServer(c.ctx, 8*time.Second) }()
 	admin := kubernetes.NewForConfigOrDie(c.cp.AdminConfig())
-	await.True(t, "kube-apiserver refuses connections", func() bool {
+	testutil.Await(t, "kube-apiserver refuses connections", func() bool {
 		ctx, cancel := context.WithTimeout(c.ctx, time.Second)
 		defer cancel()
 		_, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
@@ -576,7 +576,7 @@ func lagProxy(t *testing.T, cp *controlplane.ControlPlane, events *gate) string 
 	})
 	t.Cleanup(srv.Close)
 	t.Cleanup(events.open) // before the server closes: nothing stays held
-	return controlplane.WriteKubeconfig(t, &rest.Config{
+	return controlplane.KubeconfigFile(t, &rest.Config{
 		Host:            srv.URL,
 		TLSClientConfig: rest.TLSClientConfig{CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})},
 	})

@@ -19,13 +19,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	lkonnector "github.com/kbprovider/backend/internal/localenv/konnector"
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/internal/testutil/chromium"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 // The APIs of TestReleasedCLIAcrossReplicas, its own so that it does not
@@ -54,7 +54,7 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 
 	// The other deployment shares nothing with A and B but the address
 	// (the front, pinned to it) and the identity provider.
-	otherKey := procs.RandomKey(t, 32)
+	otherKey := procs.RandomKey(32)
 	c := newCluster(t, clusterOpts{replicas: 2, noStart: true})
 	a, b := c.reps[0], c.reps[1]
 	other := newReplica(t, "other-deployment", "127.0.0.1")
@@ -62,14 +62,14 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 	for _, r := range []*replica{a, b, other} {
 		r.start(t)
 	}
-	k := konnector.StartReleased(t, lkonnector.ReleasedV1alpha2, consumer.AdminKubeconfigPath(), cp.Host())
+	k := konnector.StartReleased(t, konnector.ReleasedV1alpha2, consumer.AdminKubeconfigPath(), cp.Host())
 	for _, r := range []*replica{a, b, other} {
 		r.waitReady(t)
 	}
 
 	cli := func(t *testing.T, home string, args ...string) *procs.Command {
 		t.Helper()
-		return konnector.RunCLI(t, lkonnector.ReleasedV1alpha2, home, args...)
+		return konnector.RunCLI(t, konnector.ReleasedV1alpha2, home, args...)
 	}
 	// templates lists the offers with the token stored in home, through
 	// whichever replica the front is pinned to.
@@ -90,7 +90,7 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 	home := t.TempDir()
 	c.f.pin(a)
 	c.f.takeHits()
-	konnector.LoginCLI(t, lkonnector.ReleasedV1alpha2, home, c.ext, alice)
+	chromium.LoginCLI(t, konnector.ReleasedV1alpha2, home, c.ext, alice)
 	if h := c.f.takeHits(); h[a.name] == 0 || len(h) != 1 {
 		t.Fatalf("the login went to %v, want %s only", h, a.name)
 	}
@@ -123,12 +123,12 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 		if !strings.HasPrefix(u, c.ext) {
 			t.Fatalf("the CLI shows %s, not a page of the front %s", u, c.ext)
 		}
-		br := konnector.OpenBindPage(t, u, c.ext, alice)
+		br := chromium.OpenBindPage(t, u, c.ext, alice)
 		if h := c.f.takeHits(); h[a.name] == 0 || len(h) != 1 {
 			t.Fatalf("the page and login went to %v, want %s only", h, a.name)
 		}
 		c.f.pin(b)
-		konnector.PressBind(t, br, gizmoAPI.Name())
+		chromium.PressBind(t, br, gizmoAPI.Name())
 		if h := c.f.takeHits(); h[b.name] == 0 || len(h) != 1 {
 			t.Fatalf("the Bind went to %v, want %s only", h, b.name)
 		}
@@ -156,7 +156,7 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 		// Both restart at once with [new, old]: no replica is left with
 		// only the old key, which would refuse the new ring's
 		// certificates (TestRollingRestartRotatesKey rolls one by one).
-		newKey := procs.RandomKey(t, 32)
+		newKey := procs.RandomKey(32)
 		rotated := writeKeyFile(t, newKey, c.peerKey)
 		killAll(t, a, b)
 		for _, r := range []*replica{a, b} {
@@ -176,7 +176,7 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 		// A new login issues under the new key, and the other replica
 		// takes it.
 		home2 := t.TempDir()
-		konnector.LoginCLI(t, lkonnector.ReleasedV1alpha2, home2, c.ext, alice)
+		chromium.LoginCLI(t, konnector.ReleasedV1alpha2, home2, c.ext, alice)
 		fresh := tokenIn(t, home2)
 		if got, want := cliKeyIDOf(t, fresh), cliTokenKeyID(t, newKey); !bytes.Equal(got, want) {
 			t.Errorf("a login after the rotation: the token is signed with key %x, want %x (of the new peer key; the old one's is %x)",
@@ -191,7 +191,7 @@ func TestReleasedCLIAcrossReplicas(t *testing.T) {
 		// good token there...
 		homeX := t.TempDir()
 		c.f.pin(other)
-		konnector.LoginCLI(t, lkonnector.ReleasedV1alpha2, homeX, c.ext, alice)
+		chromium.LoginCLI(t, konnector.ReleasedV1alpha2, homeX, c.ext, alice)
 		foreign := tokenIn(t, homeX)
 		if code := templatesStatus(t, other, foreign); code != http.StatusOK {
 			t.Fatalf("the other deployment's token there: %d, want 200", code)
@@ -255,7 +255,7 @@ func tokenIn(t *testing.T, home string) string {
 }
 
 // cliKeyIDOf returns the key ID of a CLI token: bytes 1 to 4 of its
-// payload (internal/clitoken).
+// payload (internal/oidc/clitoken).
 func cliKeyIDOf(t *testing.T, token string) []byte {
 	t.Helper()
 	payload, _, _ := strings.Cut(strings.TrimPrefix(token, "kbt1."), ".")
@@ -313,7 +313,7 @@ func requestSucceeded(t *testing.T, c *cluster, name string) {
 			t.Logf("requests on the provider: %v", seen)
 		}
 	}()
-	await.Within(t, time.Minute, 200*time.Millisecond, "request "+name+" to be Succeeded on the provider", func() (bool, error) {
+	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "request "+name+" to be Succeeded on the provider", func() (bool, error) {
 		list, err := reqs.List(c.ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 // TestLongPollLatency measures, with two replicas, from pressing Bind (the
@@ -36,7 +36,7 @@ func TestLongPollLatency(t *testing.T) {
 			got <- result{ans, time.Now()}
 		}()
 		// Held on B: its gauge of held long polls says so.
-		await.True(t, "the long poll is held on "+b.name, func() bool {
+		testutil.Await(t, "the long poll is held on "+b.name, func() bool {
 			return b.metric(t, "kube_bind_backend_long_polls_held") == 1
 		})
 		pressed := time.Now()

@@ -7,7 +7,7 @@
 //
 // The provider cluster is a real control plane (internal/testutil/
 // controlplane), the identity provider a real OpenID Connect provider
-// (internal/testutil/oidcprovider), and each replica a real process of
+// (internal/localenv/oidcprovider), and each replica a real process of
 // cmd/backend (internal/testutil/backendproc) on loopback, killed, frozen,
 // cut off or restarted as a crashed pod, a stopped node, a partition or a
 // rolling update would do it:
@@ -43,13 +43,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) }))
+	os.Exit(backendproc.RunMain(m))
 }
 
 const (

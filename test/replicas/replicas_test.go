@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -250,7 +250,7 @@ func TestReplayAfterGrace(t *testing.T) {
 //     AdmitPoll), and so does the poll pace.
 func TestReplicasRefuseEachOther(t *testing.T) {
 	const grace = 4 * time.Second
-	keyA, keyB := procs.RandomKey(t, 32), procs.RandomKey(t, 32)
+	keyA, keyB := procs.RandomKey(32), procs.RandomKey(32)
 	c := newCluster(t, clusterOpts{
 		replicas: 2,
 		keyFiles: []string{writeKeyFile(t, keyB, keyA), writeKeyFile(t, keyA)},

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -30,7 +30,7 @@ import (
 // a replica that has only [B] opens them, and no longer those issued
 // with A (which is why A stays until they expired).
 func TestRollingRestartRotatesKey(t *testing.T) {
-	keyA, keyB := procs.RandomKey(t, 32), procs.RandomKey(t, 32)
+	keyA, keyB := procs.RandomKey(32), procs.RandomKey(32)
 	fileA := writeKeyFile(t, keyA)
 	idA, idB := sessionKeyID(t, keyA), sessionKeyID(t, keyB)
 	c := newCluster(t, clusterOpts{replicas: 3, keyFiles: []string{fileA, fileA, fileA}, logLevel: "debug"})

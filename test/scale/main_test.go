@@ -7,7 +7,7 @@
 //
 // KUBE_BIND_SCALE_CONSUMERS sets how many consumers (default 200, what CI
 // runs); the figures in README.md come from a run with 10000. See
-// README.md for the method and what each figure means.
+// README.md for the method, docs/scale.md for what the figures mean.
 package scale
 
 import (
@@ -15,9 +15,8 @@ import (
 	"testing"
 
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) }))
+	os.Exit(backendproc.RunMain(m))
 }

@@ -19,15 +19,15 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/credentials"
-	"github.com/kbprovider/backend/internal/exports"
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
+	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil/backendcluster"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 const (
@@ -224,7 +224,7 @@ func (s *scale) waitSettled(t *testing.T, n int, deadline time.Time) {
 	for {
 		succeeded, exported, valid := 0, 0, 0
 		err := listAll(ctx, s.dyn.Resource(kbresources.APIServiceExportRequestsV1alpha2), func(u *unstructured.Unstructured) {
-			if p, _, _ := unstructured.NestedString(u.Object, "status", "phase"); p == exports.PhaseSucceeded && ours(u) {
+			if p, _, _ := unstructured.NestedString(u.Object, "status", "phase"); p == exportrequests.PhaseSucceeded && ours(u) {
 				succeeded++
 			}
 		})
@@ -277,7 +277,7 @@ func (s *scale) waitAnswered(t *testing.T, ns string, within time.Duration) {
 	for {
 		req, err := s.dyn.Resource(kbresources.APIServiceExportRequestsV1alpha2).Namespace(ns).Get(ctx, mango.Name(), metav1.GetOptions{})
 		if err == nil {
-			if p, _, _ := unstructured.NestedString(req.Object, "status", "phase"); p == exports.PhaseSucceeded {
+			if p, _, _ := unstructured.NestedString(req.Object, "status", "phase"); p == exportrequests.PhaseSucceeded {
 				if _, err = s.dyn.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Get(ctx, mango.Name(), metav1.GetOptions{}); err == nil {
 					return
 				}

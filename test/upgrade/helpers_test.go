@@ -13,13 +13,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
 )
 
 // alice may bind: only group "binders" may (backendproc.BrowserArgs).
-var alice = oidcprovider.User{Name: "alice", Password: "alice-pw", Email: "alice@example.com", Groups: []string{"binders"}}
+var alice = oidcprovider.Alice
 
 // bindInBrowser opens u, signs alice in, picks apis, confirms the code and
 // presses Bind (the page of the previous release is the same as today's).
@@ -29,7 +29,7 @@ func bindInBrowser(t *testing.T, base, u string, apis ...string) {
 	if status := b.Open(u); status != http.StatusOK {
 		t.Fatalf("the URL led to status %d at %s", status, b.URL())
 	}
-	oidcprovider.SignIn(t, b, alice)
+	chromium.SignIn(t, b, alice)
 	if !strings.HasPrefix(b.URL(), base+"/bind") {
 		t.Fatalf("after login the browser is at %s:\n%s", b.URL(), b.Text("body"))
 	}
@@ -50,12 +50,12 @@ func syncBothWays(ctx context.Context, t *testing.T, cDyn, pDyn dynamic.Interfac
 		"metadata": map[string]any{"name": name, "namespace": "default"},
 		"spec":     map[string]any{"tier": "gold-" + name},
 	}}
-	await.Within(t, time.Minute, 200*time.Millisecond, "MangoDB "+name+" to be created in the consumer cluster", func() (bool, error) {
+	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "MangoDB "+name+" to be created in the consumer cluster", func() (bool, error) {
 		_, err := cDyn.Resource(mangoGVR).Namespace("default").Create(ctx, obj, metav1.CreateOptions{})
 		return err == nil || apierrors.IsAlreadyExists(err), err
 	})
 	var up *unstructured.Unstructured
-	await.Within(t, 2*time.Minute, 200*time.Millisecond, "MangoDB "+name+" to reach the provider", func() (bool, error) {
+	testutil.AwaitWithin(t, 2*time.Minute, 200*time.Millisecond, "MangoDB "+name+" to reach the provider", func() (bool, error) {
 		list, err := pDyn.Resource(mangoGVR).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -79,7 +79,7 @@ func syncBothWays(ctx context.Context, t *testing.T, cDyn, pDyn dynamic.Interfac
 // namespace upNS and waits until the consumer's copy shows it.
 func statusComesBack(ctx context.Context, t *testing.T, cDyn, pDyn dynamic.Interface, upNS, name, phase string) {
 	t.Helper()
-	await.Within(t, time.Minute, 200*time.Millisecond, "the status of "+name+" to be written on the provider", func() (bool, error) {
+	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "the status of "+name+" to be written on the provider", func() (bool, error) {
 		cur, err := pDyn.Resource(mangoGVR).Namespace(upNS).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -88,7 +88,7 @@ func statusComesBack(ctx context.Context, t *testing.T, cDyn, pDyn dynamic.Inter
 		_, err = pDyn.Resource(mangoGVR).Namespace(upNS).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 		return err == nil, err
 	})
-	await.Within(t, 2*time.Minute, 200*time.Millisecond, "status "+phase+" of "+name+" to reach the consumer", func() (bool, error) {
+	testutil.AwaitWithin(t, 2*time.Minute, 200*time.Millisecond, "status "+phase+" of "+name+" to reach the consumer", func() (bool, error) {
 		cur, err := cDyn.Resource(mangoGVR).Namespace("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -125,7 +125,7 @@ func heartbeatRenewed(ctx context.Context, t *testing.T, pDyn dynamic.Interface,
 	if _, err := pDyn.Resource(clusterGVR).Namespace(ns).Patch(ctx, "cluster", types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		t.Fatalf("backdating the heartbeat: %v", err)
 	}
-	await.Within(t, 2*time.Minute, 500*time.Millisecond, who+" to renew the heartbeat on the ClusterBinding", func() (bool, error) {
+	testutil.AwaitWithin(t, 2*time.Minute, 500*time.Millisecond, who+" to renew the heartbeat on the ClusterBinding", func() (bool, error) {
 		return heartbeat(ctx, t, pDyn, ns).After(backdated.Add(30 * time.Minute)), nil
 	})
 }

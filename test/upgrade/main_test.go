@@ -11,9 +11,8 @@ import (
 	"testing"
 
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) }))
+	os.Exit(backendproc.RunMain(m))
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // previousRelease is the last commit before the v1alpha2 work: the

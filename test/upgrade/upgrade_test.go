@@ -21,16 +21,15 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kbprovider/backend/deploy/crds"
-	"github.com/kbprovider/backend/internal/consumer"
-	"github.com/kbprovider/backend/internal/kbresources"
+	"github.com/kbprovider/backend/internal/client/apply"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	lkonnector "github.com/kbprovider/backend/internal/localenv/konnector"
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/localenv/konnector"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/internal/testutil/backendproc"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
-	"github.com/kbprovider/backend/internal/testutil/konnector"
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 const namespacePrefix = "kb-upgrade-"
@@ -43,7 +42,7 @@ var (
 	secrets     = schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
 	clusterGVR  = kbresources.ClusterBindings
 	exportGVR   = kbresources.APIServiceExports
-	bindingGVR  = consumer.BindingGVR
+	bindingGVR  = apply.BindingGVR
 	namespaceRe = regexp.MustCompile(`in namespace (\S+) on `)
 )
 
@@ -80,13 +79,13 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 	// One set of flags for both releases, as a Helm upgrade keeps its
 	// values: same URL, same keys (cluster secrets must survive upgrades).
 	args := append(backendproc.BrowserArgs(t, port, base, idp, provider.AdminKubeconfigPath(), "Upgrade Inc.", namespacePrefix),
-		"--cluster-secret-key", procs.RandomKey(t, 32))
+		"--cluster-secret-key", procs.RandomKey(32))
 	oldBackend := backendproc.StartBinary(t, old.backend, base, args, 90*time.Second)
 
 	// Konnector v0.4.8 as the consumer cluster's admin (the bind skips its
 	// Deployment); it installs the APIServiceBinding CRD the bind waits for.
 	k1 := konnector.Start(t, konnector.Options{
-		Binary:     konnector.ReleasedBinaryOf(t, lkonnector.ReleasedVersion, "konnector"),
+		Binary:     konnector.ReleasedBinaryOf(t, konnector.ReleasedVersion, "konnector"),
 		Kubeconfig: cons.AdminKubeconfigPath(),
 		Servers:    []string{provider.Host()},
 		// A lease per konnector: v0.8.2 need not wait for v0.4.8's to expire.
@@ -108,7 +107,7 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 	ns := m[1]
 	t.Logf("bound by the previous release into provider namespace %s (%s since the test started)", ns, time.Since(testStart).Round(time.Second))
 
-	await.Within(t, 2*time.Minute, 200*time.Millisecond, "konnector v0.4.8 to create the bound CRD, owned by its binding", func() (bool, error) {
+	testutil.AwaitWithin(t, 2*time.Minute, 200*time.Millisecond, "konnector v0.4.8 to create the bound CRD, owned by its binding", func() (bool, error) {
 		crd, err := cCRDs.Get(ctx, mango.Name(), metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -136,7 +135,7 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 		{"provider MangoDB " + upBefore.GetNamespace() + "/before", pDyn, mangoGVR, upBefore.GetNamespace(), "before"},
 		{"consumer CRD " + mango.Name(), cDyn, crdGVR, "", mango.Name()},
 		{"consumer APIServiceBinding " + mango.Name(), cDyn, bindingGVR, "", mango.Name()},
-		{"consumer kubeconfig Secret", cDyn, secrets, consumer.Namespace, nested(binding, "spec", "kubeconfigSecretRef", "name")},
+		{"consumer kubeconfig Secret", cDyn, secrets, apply.Namespace, nested(binding, "spec", "kubeconfigSecretRef", "name")},
 		{"provider Namespace " + ns, pDyn, namespaces, "", ns},
 		{"provider ClusterBinding", pDyn, clusterGVR, ns, "cluster"},
 		{"provider APIServiceExport", pDyn, exportGVR, ns, mango.Name()},
@@ -170,7 +169,7 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 		newBackend = backendproc.StartBinary(t, backendproc.Binary, base, slices.Concat(args, backendproc.DiagnosticsArgs(t)), 90*time.Second)
 
 		// The export turns dual, its v1alpha1 fields untouched.
-		await.Within(t, 2*time.Minute, 200*time.Millisecond, "the export to become dual (spec.resources) and its BoundSchema", func() (bool, error) {
+		testutil.AwaitWithin(t, 2*time.Minute, 200*time.Millisecond, "the export to become dual (spec.resources) and its BoundSchema", func() (bool, error) {
 			e, err := pDyn.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Get(ctx, mango.Name(), metav1.GetOptions{})
 			if err != nil {
 				return false, err
@@ -208,13 +207,13 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 	t.Run("SwapKonnector", func(t *testing.T) {
 		k1.Stop()
 		k2 := konnector.Start(t, konnector.Options{
-			Binary:     konnector.ReleasedBinaryOf(t, lkonnector.ReleasedV1alpha2, "konnector"),
+			Binary:     konnector.ReleasedBinaryOf(t, konnector.ReleasedV1alpha2, "konnector"),
 			Kubeconfig: cons.AdminKubeconfigPath(),
 			Servers:    []string{provider.Host()},
 			Args:       []string{"--lease-name", "konnector-v0-8-2"},
 		})
 		// It moved the consumer's APIServiceBinding CRD to v1alpha2 storage.
-		await.Within(t, 2*time.Minute, 200*time.Millisecond, "konnector v0.8.2 to install its APIServiceBinding CRD (v1alpha2 storage)", func() (bool, error) {
+		testutil.AwaitWithin(t, 2*time.Minute, 200*time.Millisecond, "konnector v0.8.2 to install its APIServiceBinding CRD (v1alpha2 storage)", func() (bool, error) {
 			return servedVersions(ctx, t, cCRDs, "apiservicebindings."+crds.Group) == "v1alpha1,v1alpha2(storage)", nil
 		})
 		syncBothWays(ctx, t, cDyn, pDyn, "after-swap")
@@ -222,7 +221,7 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 		// back too.
 		statusComesBack(ctx, t, cDyn, pDyn, upBefore.GetNamespace(), "before", "Ready-again")
 		var version string
-		await.Within(t, 2*time.Minute, 500*time.Millisecond, "konnector v0.8.2 to report its version on the ClusterBinding", func() (bool, error) {
+		testutil.AwaitWithin(t, 2*time.Minute, 500*time.Millisecond, "konnector v0.8.2 to report its version on the ClusterBinding", func() (bool, error) {
 			version = nested(get(ctx, t, pDyn, clusterGVR, ns, "cluster"), "status", "konnectorVersion")
 			return version != "" && version != konnectorVersionBefore, nil
 		})
@@ -236,11 +235,11 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 		checkV1alpha1Fields(ctx, t, pDyn, ns, v1Spec)
 		checkDual(ctx, t, pDyn, ns)
 		if log := k2.Log(); strings.Contains(strings.ToLower(log), "forbidden") {
-			t.Errorf("konnector v0.8.2 was refused something on the provider:\n%s", grepLines(log, "orbidden"))
+			t.Errorf("konnector v0.8.2 was refused something on the provider:\n%s", testutil.GrepLines(log, "orbidden"))
 		}
 		// It took the binding over: schema in sync, from the BoundSchema.
-		await.Within(t, time.Minute, 200*time.Millisecond, "konnector v0.8.2 to report the APIServiceBinding Ready and SchemaInSync", func() (bool, error) {
-			b := get(ctx, t, cDyn, consumer.BindingV1alpha2GVR, "", mango.Name())
+		testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "konnector v0.8.2 to report the APIServiceBinding Ready and SchemaInSync", func() (bool, error) {
+			b := get(ctx, t, cDyn, apply.BindingV1alpha2GVR, "", mango.Name())
 			return condition(b, "Ready") == "True" && condition(b, "SchemaInSync") == "True", nil
 		})
 		if done, err := k2.Exited(); done {
@@ -248,7 +247,7 @@ func TestUpgradeFromV1alpha1(t *testing.T) {
 		}
 	})
 	// Shown, not failed on: a retried conflict is logged as an error too.
-	if errs := grepLines(newBackend.Logs.String(), "level=ERROR"); errs != "" {
+	if errs := testutil.GrepLines(newBackend.Logs.String(), "level=ERROR"); errs != "" {
 		t.Logf("the new backend logged errors:\n%s", errs)
 	}
 	t.Logf("the whole test took %s (without the previous release's build)", time.Since(testStart).Round(time.Second))
@@ -378,14 +377,4 @@ func get(ctx context.Context, t *testing.T, dyn dynamic.Interface, gvr schema.Gr
 func nested(u *unstructured.Unstructured, fields ...string) string {
 	s, _, _ := unstructured.NestedString(u.Object, fields...)
 	return s
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }

@@ -8,12 +8,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/ids"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // authorize is where the link the CLI printed lands. The poll flow's link
@@ -26,7 +25,7 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case q.Has(hmac.ParamSignature) || q.Has(hmac.ParamNonce):
+	case q.Has(protocol.ParamSignature) || q.Has(protocol.ParamNonce):
 		h.authorizePoll(w, r, q)
 	case q.Has("p") || q.Has("u"):
 		if h.cfg.NoCallbackFlow {
@@ -41,27 +40,27 @@ func (h *Handler) authorize(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Values) {
-	sid, okS := single(q, hmac.ParamSession)
-	nonce, okN := single(q, hmac.ParamNonce)
-	sig, okH := single(q, hmac.ParamSignature)
-	if !okS || !okN || !okH || !ids.URLSafe(sid, 128) || !ids.URLSafe(nonce, 128) {
+	sid, okS := protocol.Single(q, protocol.ParamSession)
+	nonce, okN := protocol.Single(q, protocol.ParamNonce)
+	sig, okH := protocol.Single(q, protocol.ParamSignature)
+	if !okS || !okN || !okH || !protocol.URLSafe(sid, 128) || !protocol.URLSafe(nonce, 128) {
 		h.page(w, http.StatusBadRequest, pageBadLink, "s, n and h must each appear once")
 		return
 	}
 	sess, err := h.svc.Open(sid)
 	switch {
-	case errors.Is(err, bindservice.ErrExpired):
+	case errors.Is(err, lifecycle.ErrExpired):
 		h.page(w, http.StatusGone, pageExpired, "")
 		return
 	case err != nil || !sess.Flow.Polled():
 		h.page(w, http.StatusNotFound, pageUnknownSession, "")
 		return
 	}
-	signed := hmac.Request{
+	signed := protocol.Request{
 		Scheme: h.cfg.ExternalURL.Scheme, Host: h.cfg.ExternalURL.Host,
 		Method: http.MethodGet, Path: r.URL.EscapedPath(), Query: q,
 	}
-	if !hmac.Verify(sess.Secret, signed, sig) {
+	if !protocol.Verify(sess.Secret, signed, sig) {
 		h.page(w, http.StatusUnauthorized, pageBadSignature, "")
 		return
 	}
@@ -96,13 +95,13 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		h.page(w, http.StatusBadRequest, pageBadCallback, problem)
 		return
 	}
-	cliSession, okS := single(q, "s")
-	clusterID, okC := single(q, "c")
-	if !okS || !ids.URLSafe(cliSession, 64) {
+	cliSession, okS := protocol.Single(q, "s")
+	clusterID, okC := protocol.Single(q, "c")
+	if !okS || !protocol.URLSafe(cliSession, 64) {
 		h.page(w, http.StatusBadRequest, pageBadLink, "s must be the CLI's session ID, once")
 		return
 	}
-	if !okC || !ids.ValidClusterID(clusterID) {
+	if !okC || !protocol.ValidClusterID(clusterID) {
 		h.page(w, http.StatusBadRequest, pageBadLink, "c must be a cluster ID, once")
 		return
 	}
@@ -117,7 +116,7 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 
 // BeginRedirectLogin starts the login of a v1alpha2 flow whose result
 // goes to the released CLI's localhost callback (checked by the caller,
-// internal/protocol/v1alpha2): `kubectl bind login` (FlowCLILogin, no
+// internal/httpapi/v1alpha2): `kubectl bind login` (FlowCLILogin, no
 // cluster) or plain `kubectl bind` (FlowBrowserV1alpha2, binding as
 // clusterID, the CLI's unproven consumer_id). A HEAD creates nothing.
 func (h *Handler) BeginRedirectLogin(w http.ResponseWriter, r *http.Request, sf sessionkey.Flow, callbackURL, cliSessionID, clusterID string) {
@@ -181,14 +180,14 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 		return nil, "exactly one of p and u must be given"
 	}
 	if q.Has("p") {
-		p, _ := single(q, "p")
-		port, ok := parsePort(p)
+		p, _ := protocol.Single(q, "p")
+		port, ok := protocol.Port(p)
 		if !ok {
 			return nil, "p must be a port number from 1 to 65535, in digits only"
 		}
 		return &url.URL{Scheme: "http", Host: net.JoinHostPort("localhost", strconv.Itoa(port)), Path: "/callback"}, ""
 	}
-	raw, ok := single(q, "u")
+	raw, ok := protocol.Single(q, "u")
 	if !ok || len(raw) > maxCallbackURL {
 		return nil, "u must be given once"
 	}
@@ -199,7 +198,7 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 	// A port no browser can reach would lose the response after the
 	// binding was made, as p=+41234 did.
 	if port := u.Port(); port != "" {
-		if _, ok := parsePort(port); !ok {
+		if _, ok := protocol.Port(port); !ok {
 			return nil, "u's port must be a number from 1 to 65535, in digits only"
 		}
 	}
@@ -220,24 +219,6 @@ func (h *Handler) callbackURL(q url.Values) (*url.URL, string) {
 // maxCallbackURL bounds u: the callback URL travels in the login state
 // (at most 1 KiB with the rest of the flow).
 const maxCallbackURL = 512
-
-// parsePort accepts a TCP port written as released CLIs write it: 1 to 5
-// ASCII digits, no sign, no leading zero, 1 to 65535. strconv.Atoi alone
-// would let "+41234" through, which net/url then refuses when the
-// response is handed back: after the binding was made.
-func parsePort(p string) (int, bool) {
-	if len(p) == 0 || len(p) > 5 || p[0] == '0' {
-		return 0, false
-	}
-	port := 0
-	for i := 0; i < len(p); i++ {
-		if p[i] < '0' || p[i] > '9' {
-			return 0, false
-		}
-		port = port*10 + int(p[i]-'0')
-	}
-	return port, port <= 65535
-}
 
 // hasDotSegment: a "." or ".." path segment, also percent-encoded or
 // after a backslash, which a browser resolves, leaving the URL it was
@@ -310,14 +291,4 @@ func (h *Handler) beginLogin(w http.ResponseWriter, r *http.Request, state []byt
 		return
 	}
 	http.Redirect(w, r, target, http.StatusSeeOther)
-}
-
-// single returns the only value of key, and false when it is missing or
-// repeated (a repeated parameter is a tampered link, not a choice).
-func single(q url.Values, key string) (string, bool) {
-	vs := q[key]
-	if len(vs) != 1 || vs[0] == "" {
-		return "", false
-	}
-	return vs[0], true
 }

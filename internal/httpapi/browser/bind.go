@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clitoken"
 	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/pkg/protocol"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -120,7 +120,7 @@ func loginRefusal(err error) (reason string, status int, kind pageKind) {
 
 // redirectsToCLI: the v1alpha2 flows that end at the CLI's callback tell
 // it about a failure there too (the CLI waits for its callback).
-func redirectsToCLI(sess bindservice.Session) bool {
+func redirectsToCLI(sess lifecycle.Session) bool {
 	return sess.CallbackURL != "" && (sess.Flow == sessionkey.FlowCLILogin || sess.Flow == sessionkey.FlowBrowserV1alpha2)
 }
 
@@ -140,7 +140,7 @@ func oauthError(err error) string {
 // finishCLILogin ends `kubectl bind login`: it mints the CLI token for the
 // logged-in user and sends the browser to the CLI's callback with it
 // (docs/v1alpha2.md §2.4). The token is never logged; its ID is.
-func (h *Handler) finishCLILogin(w http.ResponseWriter, r *http.Request, sess bindservice.Session, id oidc.Identity) {
+func (h *Handler) finishCLILogin(w http.ResponseWriter, r *http.Request, sess lifecycle.Session, id oidc.Identity) {
 	user := clitoken.User{Subject: id.Subject, Groups: id.Groups, GroupsKnown: true}
 	if id.EmailVerified {
 		user.Email = id.Email
@@ -167,7 +167,7 @@ func (h *Handler) finishCLILogin(w http.ResponseWriter, r *http.Request, sess bi
 var emptyResponse = base64.URLEncoding.EncodeToString([]byte("{}"))
 
 // redirectError tells a v1alpha2 CLI's callback that the flow failed.
-func (h *Handler) redirectError(w http.ResponseWriter, r *http.Request, sess bindservice.Session, code, description string) {
+func (h *Handler) redirectError(w http.ResponseWriter, r *http.Request, sess lifecycle.Session, code, description string) {
 	q := url.Values{}
 	q.Set("error", code)
 	q.Set("error_description", description)
@@ -209,7 +209,7 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 	h.renderSelection(w, r, http.StatusOK, lc, sess, nil, "")
 }
 
-func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess bindservice.Session, ticked map[string]bool, problem string) {
+func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess lifecycle.Session, ticked map[string]bool, problem string) {
 	var apis []web.API
 	if sess.Flow.V1alpha2() {
 		apis = h.offeredAPIs(ticked)
@@ -275,11 +275,11 @@ const noStatusWarning = "Its status is not synced back to your cluster (the prov
 // poll flow the confirmation code the client printed next to the link; in
 // the callback flow, where released CLIs print no code, the address on
 // the user's own machine that receives the result.
-func (h *Handler) origin(sess bindservice.Session) web.Origin {
+func (h *Handler) origin(sess lifecycle.Session) web.Origin {
 	if sess.CallbackURL != "" {
 		return web.Origin{CallbackURL: sess.CallbackURL}
 	}
-	return web.Origin{ConfirmationCode: bindproof.ConfirmationCode(sess.ID)}
+	return web.Origin{ConfirmationCode: protocol.ConfirmationCode(sess.ID)}
 }
 
 // bindingInfo says whether the bind creates a binding or updates one.
@@ -341,11 +341,11 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	var (
 		names   []string
 		doBind  func(consumer binding.Consumer) ([]byte, error)
-		problem *bindservice.SelectionError
+		problem *lifecycle.SelectionError
 		err     error
 	)
 	if sess.Flow.V1alpha2() {
-		var picks []bindservice.Pick
+		var picks []lifecycle.Pick
 		picks, err = h.svc.SelectOffers(r.PostForm[web.FieldAPI])
 		for _, p := range picks {
 			names = append(names, p.Offer.Name)
@@ -360,7 +360,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 			return h.svc.Bind(ctx, sess, c, lc.Flow.ClusterID, resources)
 		}
 	}
-	if errors.Is(err, bindservice.ErrNoProvider) {
+	if errors.Is(err, lifecycle.ErrNoProvider) {
 		h.internalError(w, "selecting", err)
 		return
 	}
@@ -389,11 +389,11 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		// done; the page again, saying what to fix.
 		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, tickedSet(names), problem.Problem)
 		return
-	case errors.Is(err, bindservice.ErrProvisioning):
+	case errors.Is(err, lifecycle.ErrProvisioning):
 		h.log.Error("provisioning failed", "session", sess.ID, "consumer", consumer.ID(), "error", err)
 		h.page(w, http.StatusBadGateway, pageProvisionFailed, "")
 		return
-	case errors.Is(err, bindservice.ErrAlreadyDone):
+	case errors.Is(err, lifecycle.ErrAlreadyDone):
 		// A second submit of the same form: the first one delivered.
 		h.page(w, http.StatusConflict, pageAlreadyDone, "")
 		return
@@ -464,7 +464,7 @@ func (h *Handler) sameOrigin(r *http.Request) bool {
 
 // stillPending renders the right page for a session that is not pending
 // any more and reports whether it is.
-func (h *Handler) stillPending(ctx context.Context, w http.ResponseWriter, sess bindservice.Session) bool {
+func (h *Handler) stillPending(ctx context.Context, w http.ResponseWriter, sess lifecycle.Session) bool {
 	o, err := h.svc.Outcome(ctx, sess)
 	switch {
 	case err != nil:

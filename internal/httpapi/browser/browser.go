@@ -7,7 +7,7 @@
 // callback for the callback flow.
 //
 // The handlers parse, call the packages that own the logic and render:
-// hmac checks links, bindservice creates, completes and denies sessions
+// protocol checks links, lifecycle creates, completes and denies sessions
 // (provisioning through binding), oidc logs users in, web renders pages.
 package browser
 
@@ -23,10 +23,10 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clitoken"
-	"github.com/kbprovider/backend/internal/offers"
+	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/oidc/clitoken"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 )
 
 // Login is the identity provider login (implemented by *oidc.Authenticator).
@@ -58,12 +58,12 @@ type Config struct {
 	ProviderName string
 	// Sessions issues, checks and ends sessions (the same instance as
 	// httpapi.Config.Sessions). Required.
-	Sessions    *bindservice.Service
+	Sessions    *lifecycle.Service
 	Login       Login
 	Catalog     Catalog
 	Provisioner Provisioner
-	// CookieHashKeys authenticate (at least 32 bytes each) and
-	// CookieBlockKeys (16, 24 or 32 bytes each) encrypt the cookie that
+	// CookieHashKeys authenticate (SigningKeyLengths) and
+	// CookieBlockKeys (EncryptionKeyLengths) encrypt the cookie that
 	// carries a logged-in user to the bind POST; at least one of each.
 	// The first of each list is current: a cookie is made with that pair.
 	// The others (during a rotation) are still accepted: a cookie made
@@ -85,7 +85,7 @@ type Config struct {
 	// flow hands it out in internal/httpapi). It must not block.
 	OnDelivered func(response []byte)
 	// Offers list what the v1alpha2 flows' selection page offers; nil:
-	// those flows (internal/protocol/v1alpha2) are not served.
+	// those flows (internal/httpapi/v1alpha2) are not served.
 	Offers OfferLister
 	// Tokens mint the CLI token at the end of `kubectl bind login`
 	// (FlowCLILogin); nil: that login is not served.
@@ -100,7 +100,7 @@ type OfferLister interface {
 // Handler serves the browser routes.
 type Handler struct {
 	cfg       Config
-	svc       *bindservice.Service
+	svc       *lifecycle.Service
 	log       *slog.Logger
 	cookies   cookieCodecs
 	allowList []*url.URL
@@ -120,17 +120,11 @@ func New(cfg Config) (*Handler, error) {
 	case len(cfg.CookieHashKeys) == 0 || len(cfg.CookieBlockKeys) == 0:
 		return nil, errors.New("browser: a cookie signing key and a cookie encryption key are required")
 	}
-	for i, k := range cfg.CookieHashKeys {
-		if len(k) < 32 {
-			return nil, fmt.Errorf("browser: cookie signing key %d must have at least 32 bytes", i+1)
-		}
+	if err := checkKeys("cookie signing key", cfg.CookieHashKeys, SigningKeyLengths); err != nil {
+		return nil, err
 	}
-	for i, k := range cfg.CookieBlockKeys {
-		switch len(k) {
-		case 16, 24, 32:
-		default:
-			return nil, fmt.Errorf("browser: cookie encryption key %d must have 16, 24 or 32 bytes", i+1)
-		}
+	if err := checkKeys("cookie encryption key", cfg.CookieBlockKeys, EncryptionKeyLengths); err != nil {
+		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -8,8 +8,8 @@ import (
 	"github.com/gorilla/securecookie"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/bindservice"
 	"github.com/kbprovider/backend/internal/oidc"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 )
 
 // loginCookieName carries a logged-in user from the login callback to the
@@ -115,24 +115,24 @@ func (h *Handler) clearLoginCookie(w http.ResponseWriter) {
 
 // loggedIn returns the browser's login and its pending session sid, or
 // renders the page that says why there is none.
-func (h *Handler) loggedIn(w http.ResponseWriter, r *http.Request, sid string) (loginCookie, bindservice.Session, bool) {
+func (h *Handler) loggedIn(w http.ResponseWriter, r *http.Request, sid string) (loginCookie, lifecycle.Session, bool) {
 	var lc loginCookie
 	c, err := r.Cookie(h.loginCookie.name)
 	if err != nil || h.cookies.Decode(loginCookieName, c.Value, &lc) != nil {
 		h.page(w, http.StatusUnauthorized, pageNotLoggedIn, "")
-		return lc, bindservice.Session{}, false
+		return lc, lifecycle.Session{}, false
 	}
 	if sid == "" || !constantTimeEqual(sid, lc.Flow.SessionID) {
 		h.page(w, http.StatusBadRequest, pageOtherSession, "")
-		return lc, bindservice.Session{}, false
+		return lc, lifecycle.Session{}, false
 	}
 	sess, err := h.session(lc.Flow)
 	if err != nil {
 		h.page(w, http.StatusGone, pageExpired, "")
-		return lc, bindservice.Session{}, false
+		return lc, lifecycle.Session{}, false
 	}
 	if !h.stillPending(r.Context(), w, sess) {
-		return lc, bindservice.Session{}, false
+		return lc, lifecycle.Session{}, false
 	}
 	return lc, sess, true
 }

@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
 )
 
 // A rotation of the cookie keys: a login cookie made with the old pair
@@ -76,8 +77,8 @@ func TestNewChecksCookieKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: testSessionKeys(t), ClusterKey: key,
-		SessionTTL: time.Hour, Catalog: fuzzCatalog, Provisioner: &recordingProvisioner{}})
+	svc, err := lifecycle.New(lifecycle.Config{Store: store, Keys: testSessionKeys(t), ClusterKey: key,
+		SessionTTL: time.Hour, Catalog: fuzzCatalog, Provisioner: &fakes.Provisioner{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,12 +92,12 @@ func TestNewChecksCookieKeys(t *testing.T) {
 		{"several", [][]byte{hash, hash, hash}, [][]byte{block, block}, ""},
 		{"no signing key", nil, [][]byte{block}, "a cookie signing key and a cookie encryption key are required"},
 		{"no encryption key", [][]byte{hash}, nil, "a cookie signing key and a cookie encryption key are required"},
-		{"short second signing key", [][]byte{hash, hash[:31]}, [][]byte{block}, "cookie signing key 2 must have at least 32 bytes"},
-		{"odd first encryption key", [][]byte{hash}, [][]byte{block[:20], block}, "cookie encryption key 1 must have 16, 24 or 32 bytes"},
+		{"short second signing key", [][]byte{hash, hash[:31]}, [][]byte{block}, "cookie signing key 2 has 31 bytes, want 32 or 64"},
+		{"odd first encryption key", [][]byte{hash}, [][]byte{block[:20], block}, "cookie encryption key 1 has 20 bytes, want 16 or 24 or 32"},
 	} {
 		_, err := New(Config{
-			ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc, Login: &fakeLogin{},
-			Catalog: fuzzCatalog, Provisioner: &recordingProvisioner{}, CookieHashKeys: c.hash, CookieBlockKeys: c.block,
+			ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc, Login: &fakes.Login{},
+			Catalog: fuzzCatalog, Provisioner: &fakes.Provisioner{}, CookieHashKeys: c.hash, CookieBlockKeys: c.block,
 		})
 		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)

@@ -7,9 +7,9 @@ import (
 	"net/url"
 	"slices"
 
-	"github.com/kbprovider/backend/internal/bindservice"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // clusterKind says how a login's cluster ID was settled at /authorize.
@@ -19,14 +19,14 @@ const (
 	// clusterNew: the backend issued the ID to this session (none presented).
 	clusterNew clusterKind = "new"
 	// clusterProven: the session presented an ID and the link proved it
-	// (bindproof.ProofParam).
+	// (protocol.ProofParam).
 	clusterProven clusterKind = "proven"
 	// clusterReplaced: the session presented an ID the link did not prove;
 	// the bind gets a new ID instead, never the presented one's namespace.
 	clusterReplaced clusterKind = "replaced"
 	// clusterCallback: the released CLI's ID from the callback flow's c
-	// (or, in the v1alpha2 browser flow, consumer_id), honoured as before:
-	// the result goes to this browser's own machine.
+	// (or, in the v1alpha2 browser flow, consumer_id), honoured without a
+	// proof: the result goes to this browser's own machine.
 	clusterCallback clusterKind = "callback"
 	// clusterNone: the CLI login, which binds nothing.
 	clusterNone clusterKind = "none"
@@ -73,7 +73,7 @@ var errFlowMismatch = errors.New("the login state does not fit its session's flo
 // session opens the flow's session: the ID checked by its keys (never
 // trusted from the state alone), the callback fields from the flow, which
 // must fit the session's flow.
-func (h *Handler) session(f flow) (bindservice.Session, error) {
+func (h *Handler) session(f flow) (lifecycle.Session, error) {
 	sess, err := h.svc.Open(f.SessionID)
 	if err != nil {
 		return sess, err
@@ -88,7 +88,7 @@ func (h *Handler) session(f flow) (bindservice.Session, error) {
 		want = []clusterKind{clusterNone}
 	}
 	if !slices.Contains(want, f.ClusterKind) {
-		return bindservice.Session{}, errFlowMismatch
+		return lifecycle.Session{}, errFlowMismatch
 	}
 	sess.CallbackURL, sess.CallbackSessionID = f.CallbackURL, f.CLISessionID
 	return sess, nil
@@ -97,7 +97,7 @@ func (h *Handler) session(f flow) (bindservice.Session, error) {
 // StateOnce is the oidc.Config.UseOnce of the browser login: a login state
 // is single-use across replicas and restarts because the session store
 // keeps it as a single-use mark.
-func StateOnce(svc *bindservice.Service) func(ctx context.Context, flowState []byte, key string) error {
+func StateOnce(svc *lifecycle.Service) func(ctx context.Context, flowState []byte, key string) error {
 	return func(ctx context.Context, _ []byte, key string) error {
 		return svc.UseLoginState(ctx, key)
 	}
@@ -109,8 +109,8 @@ func StateOnce(svc *bindservice.Service) func(ctx context.Context, flowState []b
 // (a proof from another session, or made without the secret, fails), and
 // is otherwise replaced by a new ID, so that a link made by someone else
 // can never reach an existing namespace.
-func (h *Handler) pollCluster(sess bindservice.Session, q url.Values) (string, clusterKind) {
-	proof, _ := single(q, bindproof.ProofParam)
+func (h *Handler) pollCluster(sess lifecycle.Session, q url.Values) (string, clusterKind) {
+	proof, _ := protocol.Single(q, protocol.ProofParam)
 	id, proven := h.svc.SettleCluster(sess, proof)
 	switch {
 	case sess.ClusterID == "":
@@ -119,6 +119,6 @@ func (h *Handler) pollCluster(sess bindservice.Session, q url.Values) (string, c
 		return id, clusterProven
 	}
 	h.log.Info("the link presents a cluster ID without a valid proof; the bind gets a new cluster ID",
-		"session", sess.ID, "presented", sess.ClusterID, "proof", q.Has(bindproof.ProofParam))
+		"session", sess.ID, "presented", sess.ClusterID, "proof", q.Has(protocol.ProofParam))
 	return id, clusterReplaced
 }

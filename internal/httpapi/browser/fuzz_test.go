@@ -20,16 +20,14 @@ import (
 	"github.com/gorilla/securecookie"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/ids"
-	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/pkg/protocol"
 	"github.com/kbprovider/backend/web"
 )
 
@@ -44,79 +42,9 @@ var (
 	fuzzAllowList = []string{"https://cli.example.com/kube-bind", "http://10.0.0.7:8000"}
 )
 
-// fakeLogin records the flow state Begin was given: the session the
-// browser is sent to log in for.
-type fakeLogin struct {
-	mu    sync.Mutex
-	began []string
-}
-
-func (l *fakeLogin) Begin(w http.ResponseWriter, r *http.Request, flowState []byte) (string, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.began = append(l.began, string(flowState))
-	return "https://idp.example.com/auth?state=x", nil
-}
-
-func (l *fakeLogin) Finish(http.ResponseWriter, *http.Request) (oidc.Identity, []byte, error) {
-	return oidc.Identity{}, nil, oidc.ErrInvalidState
-}
-
-func (l *fakeLogin) take() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.began
-	l.began = nil
-	return b
-}
-
-type fakeCatalog struct{ apis []binding.ExportedAPI }
-
-func (c fakeCatalog) List() []binding.ExportedAPI { return c.apis }
-
-func (c fakeCatalog) Lookup(group, resource string) (binding.ExportedAPI, bool) {
-	for _, a := range c.apis {
-		if a.Group == group && a.Resource == resource {
-			return a, true
-		}
-	}
-	return binding.ExportedAPI{}, false
-}
-
-var fuzzCatalog = fakeCatalog{apis: []binding.ExportedAPI{
+var fuzzCatalog = fakes.Catalog{
 	{Name: "widgets.example.com", Group: "example.com", Resource: "widgets", Kind: "Widget", Scope: "Namespaced", Versions: []string{"v1"}},
 	{Name: "mangodbs.mangodb.com", Group: "mangodb.com", Resource: "mangodbs", Kind: "MangoDB", Scope: "Namespaced", Versions: []string{"v1", "v1beta1"}},
-}}
-
-// provisionCall is what the recording provisioner was asked.
-type provisionCall struct {
-	consumer  binding.Consumer
-	clusterID string
-	resources []binding.Resource
-}
-
-type recordingProvisioner struct {
-	mu    sync.Mutex
-	calls []provisionCall
-}
-
-func (p *recordingProvisioner) Provision(_ context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.calls = append(p.calls, provisionCall{c, clusterID, slices.Clone(resources)})
-	return &binding.Result{Kubeconfig: []byte("apiVersion: v1\nkind: Config\n"), ConsumerID: c.ID()}, nil
-}
-
-func (p *recordingProvisioner) Existing(context.Context, binding.Consumer, string) (time.Time, bool, error) {
-	return time.Time{}, false, nil
-}
-
-func (p *recordingProvisioner) take() []provisionCall {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	c := p.calls
-	p.calls = nil
-	return c
 }
 
 // serve hands r to the handler's route for its method and path, as the
@@ -142,9 +70,9 @@ func (e *fuzzEnv) serve(w http.ResponseWriter, r *http.Request) {
 type fuzzEnv struct {
 	h     *Handler
 	store *memory.Store
-	svc   *bindservice.Service
-	login *fakeLogin
-	prov  *recordingProvisioner
+	svc   *lifecycle.Service
+	login *fakes.Login
+	prov  *fakes.Provisioner
 	key   *clusterkey.Key
 }
 
@@ -160,8 +88,8 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	if err != nil {
 		f.Fatal(err)
 	}
-	e := &fuzzEnv{store: store, login: &fakeLogin{}, prov: &recordingProvisioner{}, key: key}
-	e.svc, err = bindservice.New(bindservice.Config{Store: store, Keys: testSessionKeys(f), ClusterKey: key,
+	e := &fuzzEnv{store: store, login: &fakes.Login{}, prov: &fakes.Provisioner{}, key: key}
+	e.svc, err = lifecycle.New(lifecycle.Config{Store: store, Keys: testSessionKeys(f), ClusterKey: key,
 		SessionTTL: time.Hour, Now: now, Catalog: fuzzCatalog, Provisioner: e.prov})
 	if err != nil {
 		f.Fatal(err)
@@ -274,9 +202,9 @@ func wantSafeCallback(t *testing.T, q url.Values, got *url.URL) {
 func FuzzCallbackURL(f *testing.F) {
 	for _, s := range []string{
 		"p=43210", "p=1", "p=65535", "p=0", "p=65536", "p=80x", "p=-1", "p=", "p=1&p=2",
-		// Defect 1 of issue 13 (p=%2B41234 is p=+41234; a raw + is a
-		// space): Atoi accepted a sign, and the bind then failed after
-		// provisioning ("http://localhost:+41234/callback: invalid port").
+		// p=%2B41234 is p=+41234 (a raw + is a space): Atoi accepts a
+		// sign, and the bind would fail after provisioning
+		// ("http://localhost:+41234/callback: invalid port").
 		"p=+41234", "p=%2B41234", "p=%2B1", "p=0080",
 		"u=http%3A%2F%2F127.0.0.1%3A5000%2Fcallback%3Fx%3D1", "u=http://[::1]:5000/cb", "u=http://localhost/cb",
 		"u=https://cli.example.com/kube-bind/callback", "u=https://cli.example.com/kube-bind", "u=http://10.0.0.7:8000/x",
@@ -331,18 +259,18 @@ func FuzzAuthorizeQuery(f *testing.F) {
 	presented, _, _ := e.svc.CreatePollSession("abcdefghijklmnopqrstuvwxyz")
 	sign := func(id, secret, query string) string {
 		u, _ := url.Parse("https://bind.example.com/authorize?" + query)
-		signed, err := hmac.SignURL(secret, id, http.MethodGet, u, nil)
+		signed, err := protocol.SignURL(secret, id, http.MethodGet, u, nil)
 		if err != nil {
 			f.Fatal(err)
 		}
 		return signed.RawQuery
 	}
-	proof := bindproof.ProofParam + "=" + bindproof.ClusterProof(e.key.Secret(presented.ClusterID), presented.ID)
+	proof := protocol.ProofParam + "=" + protocol.ClusterProof(e.key.Secret(presented.ClusterID), presented.ID)
 	for _, head := range []bool{false, true} {
 		f.Add(sign(issued.ID, issued.Secret, ""), head)
 		f.Add(sign(presented.ID, presented.Secret, proof), head)
 		f.Add(sign(presented.ID, presented.Secret, ""), head)
-		f.Add(sign(presented.ID, presented.Secret, bindproof.ProofParam+"=AAAA"), head)
+		f.Add(sign(presented.ID, presented.Secret, protocol.ProofParam+"=AAAA"), head)
 		f.Add("p=43210&s=cli-session&c=aB3dE9", head)
 	}
 	// Links that are signed right but must not open: a session of the
@@ -360,7 +288,7 @@ func FuzzAuthorizeQuery(f *testing.F) {
 	}
 	for _, s := range []string{
 		"", "s=a&n=b&h=c", "s=" + issued.ID + "&n=x&h=AAAA", "p=%2B41234&s=cli&c=aB3dE9",
-		"u=http://127.0.0.1:5000/cb&s=cli&c=aB3dE9", "u=https://cli.example.com/kube-bind/cb&s=cli&c=" + ids.NewClusterID(),
+		"u=http://127.0.0.1:5000/cb&s=cli&c=aB3dE9", "u=https://cli.example.com/kube-bind/cb&s=cli&c=" + protocol.NewClusterID(),
 		"u=https://evil.example.com/&s=cli&c=aB3dE9", "p=1&s=a&s=b&c=aB3dE9", "p=1&s=a&c=short", "%zz", "p=1;s=a",
 	} {
 		f.Add(s, false)
@@ -381,7 +309,7 @@ func FuzzAuthorizeQuery(f *testing.F) {
 		r.URL.RawQuery = rawQuery
 		w := httptest.NewRecorder()
 		e.serve(w, r)
-		began := e.login.take()
+		began := e.login.Take()
 		switch w.Code {
 		case http.StatusSeeOther, http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound, http.StatusGone:
 		case http.StatusOK:
@@ -401,14 +329,14 @@ func FuzzAuthorizeQuery(f *testing.F) {
 			}
 			if head && w.Code == http.StatusOK && (q.Has("h") || q.Has("n")) {
 				// A link preview's HEAD spends nothing: the user's GET of
-				// the same link still works (defect 2 of issue 13).
+				// the same link still works.
 				spent := used[q.Get("n")]
 				used[q.Get("n")] = true
 				r := httptest.NewRequest(http.MethodGet, "https://bind.example.com/authorize", nil)
 				r.URL.RawQuery = rawQuery
 				w := httptest.NewRecorder()
 				e.serve(w, r)
-				if got := e.login.take(); !spent && (w.Code != http.StatusSeeOther || len(got) != 1) {
+				if got := e.login.Take(); !spent && (w.Code != http.StatusSeeOther || len(got) != 1) {
 					t.Fatalf("query %q: after a HEAD, the GET answered %d", rawQuery, w.Code)
 				}
 			}
@@ -430,8 +358,8 @@ func FuzzAuthorizeQuery(f *testing.F) {
 			// with the keys, not looked up among the seeds' sessions: a
 			// fuzzing worker runs the seeds the coordinator made.)
 			ps, err := e.svc.Open(fl.SessionID)
-			req := hmac.Request{Scheme: "https", Host: "bind.example.com", Method: http.MethodGet, Path: "/authorize", Query: q}
-			if err != nil || ps.Flow != sessionkey.FlowPoll || q.Get("s") != fl.SessionID || !hmac.Verify(ps.Secret, req, q.Get("h")) {
+			req := protocol.Request{Scheme: "https", Host: "bind.example.com", Method: http.MethodGet, Path: "/authorize", Query: q}
+			if err != nil || ps.Flow != sessionkey.FlowPoll || q.Get("s") != fl.SessionID || !protocol.Verify(ps.Secret, req, q.Get("h")) {
 				t.Fatalf("query %q: login started without a valid signature (%v)", rawQuery, err)
 			}
 			if e.marks() != marks+1 {
@@ -443,12 +371,12 @@ func FuzzAuthorizeQuery(f *testing.F) {
 					t.Fatalf("query %q: cluster %q counted as issued", rawQuery, fl.ClusterID)
 				}
 			case clusterProven:
-				if ps.ClusterID == "" || fl.ClusterID != ps.ClusterID || !e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
+				if ps.ClusterID == "" || fl.ClusterID != ps.ClusterID || !e.key.Proven(ps.ID, ps.ClusterID, q.Get(protocol.ProofParam)) {
 					t.Fatalf("query %q: cluster %q counted as proven", rawQuery, fl.ClusterID)
 				}
 			case clusterReplaced:
 				if ps.ClusterID == "" || fl.ClusterID == ps.ClusterID || fl.ClusterID != clusterkey.NewClusterID(ps.ID) ||
-					e.key.Proven(ps.ID, ps.ClusterID, q.Get(bindproof.ProofParam)) {
+					e.key.Proven(ps.ID, ps.ClusterID, q.Get(protocol.ProofParam)) {
 					t.Fatalf("query %q: replaced by %q", rawQuery, fl.ClusterID)
 				}
 			default:
@@ -472,8 +400,8 @@ func FuzzAuthorizeQuery(f *testing.F) {
 		if o, err := e.store.Outcome(context.Background(), sess.ID); err != nil || o.State != sessions.StatePending {
 			t.Fatalf("query %q: new session %v, %v", rawQuery, o.State, err)
 		}
-		if fl.ClusterKind != clusterCallback || fl.ClusterID != q.Get("c") || !ids.ValidClusterID(fl.ClusterID) ||
-			!ids.URLSafe(fl.CLISessionID, 64) || fl.CLISessionID != q.Get("s") {
+		if fl.ClusterKind != clusterCallback || fl.ClusterID != q.Get("c") || !protocol.ValidClusterID(fl.ClusterID) ||
+			!protocol.URLSafe(fl.CLISessionID, 64) || fl.CLISessionID != q.Get("s") {
 			t.Fatalf("query %q: flow %+v", rawQuery, fl)
 		}
 		u, err := url.Parse(fl.CallbackURL)
@@ -532,11 +460,11 @@ func FuzzBindForm(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string, cookieMode uint8, callbackFlow bool, origin string) {
 		ctx := context.Background()
-		var sess bindservice.Session
+		var sess lifecycle.Session
 		lc := loginCookie{Issuer: "https://idp.example.com", Subject: "alice", CSRF: newCSRFToken()}
 		if callbackFlow {
 			sess = e.svc.CreateCallbackSession("http://127.0.0.1:5000/callback?x=1", "cli-session")
-			lc.Flow = flow{SessionID: sess.ID, ClusterID: ids.NewClusterID(), ClusterKind: clusterCallback,
+			lc.Flow = flow{SessionID: sess.ID, ClusterID: protocol.NewClusterID(), ClusterKind: clusterCallback,
 				CallbackURL: sess.CallbackURL, CLISessionID: sess.CallbackSessionID}
 		} else {
 			var clusterID string
@@ -567,7 +495,7 @@ func FuzzBindForm(f *testing.F) {
 		}
 		w := httptest.NewRecorder()
 		e.serve(w, r)
-		calls := e.prov.take()
+		calls := e.prov.Take()
 		if w.Code >= 500 {
 			t.Fatalf("body %q: status %d", body, w.Code)
 		}
@@ -622,8 +550,8 @@ func FuzzBindForm(f *testing.F) {
 			}
 		}
 		c := calls[0]
-		if !slices.Equal(c.resources, want) || c.clusterID != lc.Flow.ClusterID || c.consumer.Issuer != lc.Issuer || c.consumer.Subject != lc.Subject ||
-			!reflect.DeepEqual(c.consumer.Claims, lc.claims()) {
+		if !slices.Equal(c.Resources, want) || c.ClusterID != lc.Flow.ClusterID || c.Consumer.Issuer != lc.Issuer || c.Consumer.Subject != lc.Subject ||
+			!reflect.DeepEqual(c.Consumer.Claims, lc.claims()) {
 			t.Fatalf("body %q: provisioned %+v, want resources %v for cluster %s", body, c, want, lc.Flow.ClusterID)
 		}
 		if !callbackFlow {

@@ -12,7 +12,7 @@ import (
 // The login cookie over https is a __Host- cookie (Secure, Path=/, no
 // Domain: no other host of the domain can set, shadow or overwrite it),
 // and the selection page and the bind read it under that name only; over
-// plain http (local development) it keeps its name and path (issue 23).
+// plain http (local development) it keeps its name and path.
 func TestLoginCookieHostPrefix(t *testing.T) {
 	for _, c := range []struct {
 		ext   string

@@ -9,7 +9,7 @@ import (
 
 // With the callback flow off (--callback-flow=false), a callback link (p
 // or u, good or not) is refused before any login, creating nothing, and
-// its HEAD gets the same status; poll-flow links work as before.
+// its HEAD gets the same status; poll-flow links still work.
 func TestNoCallbackFlowRefusesCallbackLinks(t *testing.T) {
 	e := newRefusalEnvWith(t, &url.URL{Scheme: "https", Host: "bind.example.com"}, func(c *Config) { c.NoCallbackFlow = true })
 	for _, q := range []url.Values{
@@ -145,7 +145,7 @@ func TestNoCallbackFlowRefusesLoginsInFlight(t *testing.T) {
 	if w.Code != http.StatusNotFound || w.Header().Get("Location") != "" || !strings.Contains(w.Body.String(), "poll flow only") {
 		t.Errorf("login callback with the flow turned off: %d to %q, want the 404 page:\n%.300s", w.Code, w.Header().Get("Location"), w.Body)
 	}
-	if calls := e.prov.take(); len(calls) != 0 {
+	if calls := e.prov.Take(); len(calls) != 0 {
 		t.Errorf("provisioned %+v, want nothing", calls)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/kbprovider/backend/internal/offers"
+	"github.com/kbprovider/backend/internal/binding/offers"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 

@@ -4,72 +4,29 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
-	"github.com/kbprovider/backend/internal/hmac"
-	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/internal/testutil/fakeclock"
-	"github.com/kbprovider/backend/pkg/bindproof"
+	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
+	"github.com/kbprovider/backend/pkg/protocol"
 	"github.com/kbprovider/backend/web"
 )
 
 // The refusals of test/e2e/refusals_test.go (and the cluster ID rule of
 // phishing_test.go), in process: the real handler and memory store, a
-// scripted identity provider instead of the test IdP, so that a broken
-// refusal points at its handler in milliseconds. The e2e suite stays; it
+// scripted identity provider (fakes.Login) instead of the test IdP, so
+// that a broken refusal points at its handler in milliseconds. The e2e suite stays; it
 // is what shows the real parts refuse the same way.
-
-// scriptedIdP is a Login whose callback query says how the login at the
-// identity provider went: state (single use, as oidc.Authenticator's),
-// user (the one who logged in; "mallory" is outside the allow-list) or
-// error (the provider's refusal, e.g. access_denied).
-type scriptedIdP struct {
-	mu      sync.Mutex
-	pending map[string][]byte // state → flow state, until its callback
-	n       int
-}
-
-const scriptedIssuer = "https://idp.example.com"
-
-func (l *scriptedIdP) Begin(_ http.ResponseWriter, _ *http.Request, flowState []byte) (string, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.n++
-	state := "state" + strconv.Itoa(l.n)
-	l.pending[state] = append([]byte(nil), flowState...)
-	return scriptedIssuer + "/auth?state=" + state, nil
-}
-
-func (l *scriptedIdP) Finish(_ http.ResponseWriter, r *http.Request) (oidc.Identity, []byte, error) {
-	q := r.URL.Query()
-	l.mu.Lock()
-	flow, ok := l.pending[q.Get("state")]
-	delete(l.pending, q.Get("state"))
-	l.mu.Unlock()
-	switch {
-	case !ok:
-		return oidc.Identity{}, nil, oidc.ErrInvalidState
-	case q.Get("error") != "":
-		return oidc.Identity{}, flow, &oidc.ProviderError{Code: q.Get("error")}
-	case q.Get("user") == "mallory":
-		return oidc.Identity{}, flow, fmt.Errorf("%w: mallory is not in the allow-list", oidc.ErrAccessDenied)
-	}
-	user := q.Get("user")
-	return oidc.Identity{Issuer: scriptedIssuer, Subject: "sub-" + user, Email: user + "@example.com"}, flow, nil
-}
 
 // refusalEnv is one handler with its store, clock, IdP and provisioner.
 type refusalEnv struct {
@@ -77,10 +34,10 @@ type refusalEnv struct {
 	ext   *url.URL
 	h     *Handler
 	store *memory.Store
-	clock *fakeclock.Clock
-	prov  *recordingProvisioner
+	clock *testutil.Clock
+	prov  *fakes.Provisioner
 	key   *clusterkey.Key
-	idp   *scriptedIdP
+	idp   *fakes.Login
 }
 
 // testSessionKeys are the session keys of the package's handlers.
@@ -109,14 +66,15 @@ func newRefusalEnvAt(t *testing.T, ext *url.URL) *refusalEnv {
 // by adjust (if set) before New.
 func newRefusalEnvWith(t *testing.T, ext *url.URL, adjust func(*Config)) *refusalEnv {
 	t.Helper()
-	clock := fakeclock.At(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	clock := testutil.ClockAt(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	store := memory.New(sessions.Limits{}, clock.Now)
 	key, err := clusterkey.New([]byte(strings.Repeat("k", 32)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &refusalEnv{t: t, ext: ext, store: store, clock: clock, prov: &recordingProvisioner{}, key: key, idp: &scriptedIdP{pending: map[string][]byte{}}}
-	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: testSessionKeys(t), ClusterKey: key,
+	e := &refusalEnv{t: t, ext: ext, store: store, clock: clock, prov: &fakes.Provisioner{}, key: key,
+		idp: &fakes.Login{Refused: []string{"mallory"}}}
+	svc, err := lifecycle.New(lifecycle.Config{Store: store, Keys: testSessionKeys(t), ClusterKey: key,
 		SessionTTL: refusalTTL, Now: clock.Now, Catalog: fuzzCatalog, Provisioner: e.prov})
 	if err != nil {
 		t.Fatal(err)
@@ -172,11 +130,11 @@ func (e *refusalEnv) do(method, target string, form url.Values, header http.Head
 
 // pollLink creates a poll-flow session (presenting clusterID, "" for a new
 // one) and returns it with its signed /authorize link carrying extra.
-func (e *refusalEnv) pollLink(clusterID string, extra url.Values) (bindservice.Session, string) {
+func (e *refusalEnv) pollLink(clusterID string, extra url.Values) (lifecycle.Session, string) {
 	e.t.Helper()
 	sess, _, _ := e.h.svc.CreatePollSession(clusterID)
 	u := &url.URL{Scheme: e.ext.Scheme, Host: e.ext.Host, Path: "/authorize", RawQuery: extra.Encode()}
-	signed, err := hmac.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
+	signed, err := protocol.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -184,10 +142,10 @@ func (e *refusalEnv) pollLink(clusterID string, extra url.Values) (bindservice.S
 }
 
 // sign returns a fresh signed /authorize link of session sess.
-func (e *refusalEnv) sign(sess bindservice.Session, extra url.Values) string {
+func (e *refusalEnv) sign(sess lifecycle.Session, extra url.Values) string {
 	e.t.Helper()
 	u := &url.URL{Scheme: e.ext.Scheme, Host: e.ext.Host, Path: "/authorize", RawQuery: extra.Encode()}
-	signed, err := hmac.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
+	signed, err := protocol.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -207,7 +165,7 @@ func (e *refusalEnv) loginState(link string) string {
 	e.t.Helper()
 	w := e.do(http.MethodGet, link, nil, nil)
 	loc, err := url.Parse(w.Header().Get("Location"))
-	if w.Code != http.StatusSeeOther || err != nil || !strings.HasPrefix(loc.String(), scriptedIssuer) {
+	if w.Code != http.StatusSeeOther || err != nil || !strings.HasPrefix(loc.String(), fakes.Issuer) {
 		e.t.Fatalf("GET %s: %d to %q, want 303 to the identity provider:\n%s", link, w.Code, w.Header().Get("Location"), w.Body)
 	}
 	return loc.Query().Get("state")
@@ -264,7 +222,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		name string
 		// run sends the refused request (after whatever leads up to it)
 		// and returns its answer and the session it is about.
-		run        func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session)
+		run        func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session)
 		wantStatus int
 		wantText   string
 		wantState  string // pending, denied, gone or completed
@@ -273,53 +231,45 @@ func TestRefusalsInProcess(t *testing.T) {
 		wantProvisions int
 	}{
 		{
-			name: "control: a good bind provisions once",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				return e.post(form, nil, c), s
-			},
+			name:       "control: a good bind provisions once",
+			run:        daveBinds(nil, nil),
 			wantStatus: http.StatusOK, wantText: "mangodbs.mangodb.com", wantState: done, wantProvisions: 1,
 		},
 		{
 			name: "tampered signature",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
+			run: getsLink(func(e *refusalEnv, link string) string {
 				i := strings.Index(link, "&h=") + 3
 				b := []byte(link)
 				b[i] ^= 1
-				return e.do(http.MethodGet, string(b), nil, nil), s
-			},
+				return string(b)
+			}),
 			wantStatus: http.StatusUnauthorized, wantText: "not valid", wantState: pending,
 		},
 		{
 			name: "reused nonce",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
+			run: getsLink(func(e *refusalEnv, link string) string {
 				e.loginState(link)
-				return e.do(http.MethodGet, link, nil, nil), s
-			},
+				return link
+			}),
 			wantStatus: http.StatusUnauthorized, wantText: "already used", wantState: pending,
 		},
 		{
 			name: "unknown session",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
+			run: getsLink(func(e *refusalEnv, link string) string {
 				u, _ := url.Parse(link)
 				q := u.Query()
 				q.Set("s", "AAAAAAAAAAAAAAAAAAAAAA")
 				u.RawQuery = q.Encode()
-				return e.do(http.MethodGet, u.String(), nil, nil), s
-			},
+				return u.String()
+			}),
 			wantStatus: http.StatusNotFound, wantText: "not known", wantState: pending,
 		},
 		{
 			name: "expired session",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
+			run: getsLink(func(e *refusalEnv, link string) string {
 				e.clock.Advance(refusalTTL + time.Second)
-				return e.do(http.MethodGet, link, nil, nil), s
-			},
+				return link
+			}),
 			wantStatus: http.StatusGone, wantText: "expired", wantState: gone,
 		},
 		{
@@ -328,7 +278,7 @@ func TestRefusalsInProcess(t *testing.T) {
 			// (the link that was used) or not (a fresh one, which
 			// stays unspent).
 			name: "link of a completed session",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				if w := e.post(form, nil, c); w.Code != http.StatusOK {
@@ -344,7 +294,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "link of a denied session",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				if w := e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "user": {"mallory"}}.Encode(), nil, nil); w.Code != http.StatusForbidden {
@@ -355,18 +305,13 @@ func TestRefusalsInProcess(t *testing.T) {
 			wantStatus: http.StatusForbidden, wantText: "Access denied", wantState: denied, wantReason: "may not bind",
 		},
 		{
-			name: "bind after the session expired",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				e.clock.Advance(refusalTTL)
-				return e.post(form, nil, c), s
-			},
+			name:       "bind after the session expired",
+			run:        daveBinds(func(e *refusalEnv, form url.Values) { e.clock.Advance(refusalTTL) }, nil),
 			wantStatus: http.StatusGone, wantText: "expired", wantState: gone,
 		},
 		{
 			name: "forged login state",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state + "x"}, "user": {"carol"}}.Encode(), nil, nil), s
@@ -375,7 +320,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "replayed login state",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				callback := "/callback?" + url.Values{"state": {state}, "user": {"carol"}}.Encode()
@@ -387,46 +332,28 @@ func TestRefusalsInProcess(t *testing.T) {
 			wantStatus: http.StatusBadRequest, wantText: "cannot be finished", wantState: pending,
 		},
 		{
-			name: "bind without the CSRF token",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				form.Del(web.FieldCSRF)
-				return e.post(form, nil, c), s
-			},
+			name:       "bind without the CSRF token",
+			run:        daveBinds(func(e *refusalEnv, form url.Values) { form.Del(web.FieldCSRF) }, nil),
 			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
 		},
 		{
-			name: "bind with a guessed CSRF token",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				form.Set(web.FieldCSRF, "guessed")
-				return e.post(form, nil, c), s
-			},
+			name:       "bind with a guessed CSRF token",
+			run:        daveBinds(func(e *refusalEnv, form url.Values) { form.Set(web.FieldCSRF, "guessed") }, nil),
 			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
 		},
 		{
-			name: "bind marked cross-site",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				return e.post(form, http.Header{"Sec-Fetch-Site": {"cross-site"}}, c), s
-			},
+			name:       "bind marked cross-site",
+			run:        daveBinds(nil, http.Header{"Sec-Fetch-Site": {"cross-site"}}),
 			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
 		},
 		{
-			name: "bind from a foreign origin",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				return e.post(form, http.Header{"Origin": {"http://evil.example.com"}}, c), s
-			},
+			name:       "bind from a foreign origin",
+			run:        daveBinds(nil, http.Header{"Origin": {"http://evil.example.com"}}),
 			wantStatus: http.StatusForbidden, wantText: "did not come from", wantState: pending,
 		},
 		{
 			name: "bind without the login cookie",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				_, form := e.login(link, "dave")
 				return e.post(form, nil, nil), s
@@ -435,7 +362,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "bind of another session than the login's",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				_, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				other, _ := e.pollLink("", nil)
@@ -446,47 +373,29 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "API that is not exported",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
+			run: daveBinds(func(e *refusalEnv, form url.Values) {
 				form[web.FieldAPI] = []string{"mangodbs.mangodb.com", "secretthings.internal.example.com"}
-				return e.post(form, nil, c), s
-			},
+			}, nil),
 			wantStatus: http.StatusUnprocessableEntity, wantText: "not offered", wantState: pending,
 		},
 		{
-			name: "bind without the confirmation",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				form.Del(web.FieldConfirm)
-				return e.post(form, nil, c), s
-			},
+			name:       "bind without the confirmation",
+			run:        daveBinds(func(e *refusalEnv, form url.Values) { form.Del(web.FieldConfirm) }, nil),
 			wantStatus: http.StatusUnprocessableEntity, wantText: "Confirm that you started this binding yourself", wantState: pending,
 		},
 		{
-			name: "bind with a confirmation of another value",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				form.Set(web.FieldConfirm, "on")
-				return e.post(form, nil, c), s
-			},
+			name:       "bind with a confirmation of another value",
+			run:        daveBinds(func(e *refusalEnv, form url.Values) { form.Set(web.FieldConfirm, "on") }, nil),
 			wantStatus: http.StatusUnprocessableEntity, wantText: "Confirm that you started", wantState: pending,
 		},
 		{
-			name: "cancel",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
-				s, link := e.pollLink("", nil)
-				c, form := e.login(link, "dave")
-				form.Set(web.FieldAction, web.ActionCancel)
-				return e.post(form, nil, c), s
-			},
+			name:       "cancel",
+			run:        daveBinds(func(e *refusalEnv, form url.Values) { form.Set(web.FieldAction, web.ActionCancel) }, nil),
 			wantStatus: http.StatusOK, wantText: "cancelled", wantState: denied, wantReason: "cancelled",
 		},
 		{
 			name: "bind after cancel",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				c, form := e.login(link, "dave")
 				cancel := url.Values{}
@@ -503,7 +412,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "user outside the allow-list",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "user": {"mallory"}}.Encode(), nil, nil), s
@@ -512,7 +421,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "user declines at the identity provider",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
 				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "error": {"access_denied"}}.Encode(), nil, nil), s
@@ -521,7 +430,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "HEAD of a signed link spends nothing",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				w := e.do(http.MethodHead, link, nil, nil)
 				if w.Header().Get("Location") != "" || w.Header().Get("Set-Cookie") != "" || w.Body.Len() != 0 {
@@ -538,7 +447,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "HEAD of a tampered link answers as its GET",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				return e.do(http.MethodHead, link[:len(link)-2]+"xx", nil, nil), s
 			},
@@ -546,7 +455,7 @@ func TestRefusalsInProcess(t *testing.T) {
 		},
 		{
 			name: "HEAD of the selection page",
-			run: func(e *refusalEnv) (*httptest.ResponseRecorder, bindservice.Session) {
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				c, _ := e.login(link, "dave")
 				return e.do(http.MethodHead, "/bind?s="+url.QueryEscape(s.ID), nil, nil, c), s
@@ -565,14 +474,14 @@ func TestRefusalsInProcess(t *testing.T) {
 			if w.Code >= 500 {
 				t.Errorf("a client's mistake answered %d", w.Code)
 			}
-			if calls := e.prov.take(); len(calls) != c.wantProvisions {
+			if calls := e.prov.Take(); len(calls) != c.wantProvisions {
 				t.Errorf("provisioned %d times, want %d: %+v", len(calls), c.wantProvisions, calls)
 			}
 			_, openErr := e.h.svc.Open(s.ID)
 			got, err := e.store.Outcome(context.Background(), s.ID)
 			switch {
 			case c.wantState == gone:
-				if !errors.Is(openErr, bindservice.ErrExpired) {
+				if !errors.Is(openErr, lifecycle.ErrExpired) {
 					t.Errorf("session: %v (%v), want it expired", got.State, openErr)
 				}
 			case openErr != nil:
@@ -619,11 +528,28 @@ func TestCallbackFlowRefusalsInProcess(t *testing.T) {
 	}
 }
 
-func (e *refusalEnv) loginsBegun() int {
-	e.idp.mu.Lock()
-	defer e.idp.mu.Unlock()
-	return e.idp.n
+// getsLink is a case's run: a GET of a fresh poll link, changed by edit.
+func getsLink(edit func(e *refusalEnv, link string) string) func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
+	return func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
+		s, link := e.pollLink("", nil)
+		return e.do(http.MethodGet, edit(e, link), nil, nil), s
+	}
 }
+
+// daveBinds is a case's run: dave logs in through a fresh poll link and
+// posts the bind form, changed by edit (nil: as served), with header.
+func daveBinds(edit func(e *refusalEnv, form url.Values), header http.Header) func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
+	return func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
+		s, link := e.pollLink("", nil)
+		c, form := e.login(link, "dave")
+		if edit != nil {
+			edit(e, form)
+		}
+		return e.post(form, header, c), s
+	}
+}
+
+func (e *refusalEnv) loginsBegun() int { return e.idp.Begun() }
 
 // The callback flow's bind hands the response to the CLI's callback and
 // records nothing for a poll: the session stays pending in the store, and
@@ -646,7 +572,7 @@ func TestCallbackFlowBindInProcess(t *testing.T) {
 	if rp, cc := w.Header().Get("Referrer-Policy"), w.Header().Get("Cache-Control"); rp != "no-referrer" || cc != "no-store" {
 		t.Errorf("the redirect with the response: Referrer-Policy %q, Cache-Control %q; want no-referrer, no-store", rp, cc)
 	}
-	if calls := e.prov.take(); len(calls) != 1 || calls[0].clusterID != "Zx81Qp" {
+	if calls := e.prov.Take(); len(calls) != 1 || calls[0].ClusterID != "Zx81Qp" {
 		t.Fatalf("provisioned %+v, want once for the CLI's cluster ID", calls)
 	}
 	if o, _ := e.store.Outcome(context.Background(), sess.ID); o.State != sessions.StatePending {
@@ -672,7 +598,7 @@ func TestCallbackFlowBindInProcess(t *testing.T) {
 func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 	const victim = "victimclusteridabcdefghijk"
 	proofFor := func(e *refusalEnv, sid string) string {
-		return bindproof.ClusterProof(e.key.Secret(victim), sid)
+		return protocol.ClusterProof(e.key.Secret(victim), sid)
 	}
 	cases := []struct {
 		name  string
@@ -680,10 +606,10 @@ func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 	}{
 		{"no proof", func(*refusalEnv) url.Values { return nil }},
 		{"forged proof", func(*refusalEnv) url.Values {
-			return url.Values{bindproof.ProofParam: {bindproof.ClusterProof("guessed-cluster-secret", "x")}}
+			return url.Values{protocol.ProofParam: {protocol.ClusterProof("guessed-cluster-secret", "x")}}
 		}},
 		{"proof of another session", func(e *refusalEnv) url.Values {
-			return url.Values{bindproof.ProofParam: {proofFor(e, "AnotherSessionIDabcdef")}}
+			return url.Values{protocol.ProofParam: {proofFor(e, "AnotherSessionIDabcdef")}}
 		}},
 	}
 	for _, c := range cases {
@@ -698,8 +624,8 @@ func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 			if w := e.post(form, nil, cookie); w.Code != http.StatusOK {
 				t.Fatalf("bind: %d:\n%s", w.Code, w.Body)
 			}
-			calls := e.prov.take()
-			if len(calls) != 1 || calls[0].clusterID == victim {
+			calls := e.prov.Take()
+			if len(calls) != 1 || calls[0].ClusterID == victim {
 				t.Fatalf("provisioned %+v, want once under a new cluster ID", calls)
 			}
 		})
@@ -710,11 +636,11 @@ func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 		if s.ClusterID != victim {
 			t.Fatalf("session presents %q, want %q", s.ClusterID, victim)
 		}
-		cookie, form := e.login(e.sign(s, url.Values{bindproof.ProofParam: {proofFor(e, s.ID)}}), "alice")
+		cookie, form := e.login(e.sign(s, url.Values{protocol.ProofParam: {proofFor(e, s.ID)}}), "alice")
 		if w := e.post(form, nil, cookie); w.Code != http.StatusOK {
 			t.Fatalf("bind: %d:\n%s", w.Code, w.Body)
 		}
-		if calls := e.prov.take(); len(calls) != 1 || calls[0].clusterID != victim {
+		if calls := e.prov.Take(); len(calls) != 1 || calls[0].ClusterID != victim {
 			t.Fatalf("provisioned %+v, want once under the proven cluster ID", calls)
 		}
 	})

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // A session store that is briefly unavailable (the provider cluster

@@ -11,8 +11,7 @@
 //	defer cp.Stop()
 //	cs, err := kubernetes.NewForConfig(cp.AdminConfig())
 //
-// Tests get one control plane per package through
-// internal/testutil/controlplane (RunMain and Get).
+// Tests get one control plane per package (RunMain and Get, testing.go).
 //
 // The binaries come from Options.BinDir, $KUBE_BIND_TEST_BINARIES or the
 // cache of hack/install-test-binaries.sh; without them Start fails, naming
@@ -181,7 +180,7 @@ type Options struct {
 }
 
 // Start starts a control plane; the caller must call Stop. ctx bounds only
-// the start. (Tests share one per package: internal/testutil/controlplane.)
+// the start. (Tests share one per package: Get.)
 func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
 	binDir := opts.BinDir
 	if binDir == "" {

@@ -26,7 +26,6 @@ import (
 
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/procs"
-	testcp "github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 func TestMain(m *testing.M) {
@@ -34,7 +33,7 @@ func TestMain(m *testing.M) {
 		crashHelper()
 		return
 	}
-	os.Exit(testcp.RunMain(m))
+	os.Exit(controlplane.RunMain(m))
 }
 
 func clientset(t *testing.T, cfg *rest.Config) *kubernetes.Clientset {
@@ -69,7 +68,7 @@ func whoAmI(t *testing.T, cfg *rest.Config) authenticationv1.UserInfo {
 // A token from TokenRequest authenticates as the ServiceAccount, and RBAC
 // lets it do exactly what a Role grants.
 func TestServiceAccountTokenAndRBAC(t *testing.T) {
-	cp := testcp.Get(t)
+	cp := controlplane.Get(t)
 	ctx := context.Background()
 	admin := clientset(t, cp.AdminConfig())
 	ns := createNamespace(t, admin)
@@ -136,7 +135,7 @@ func TestServiceAccountTokenAndRBAC(t *testing.T) {
 // A legacy token Secret is filled by kube-controller-manager's token
 // controller, and its token works.
 func TestLegacyServiceAccountTokenSecret(t *testing.T) {
-	cp := testcp.Get(t)
+	cp := controlplane.Get(t)
 	ctx := context.Background()
 	admin := clientset(t, cp.AdminConfig())
 	ns := createNamespace(t, admin)
@@ -188,9 +187,9 @@ func keys(s *corev1.Secret) []string {
 // ConfigForUser is a real identity: the API server reports its name and
 // groups, and RBAC gives it nothing until granted.
 func TestConfigForUser(t *testing.T) {
-	cp := testcp.Get(t)
+	cp := controlplane.Get(t)
 	ctx := context.Background()
-	cfg := testcp.ConfigForUser(t, cp, "alice", "team-a", "team-b")
+	cfg := controlplane.ConfigForUser(t, cp, "alice", "team-a", "team-b")
 	user := whoAmI(t, cfg)
 	if user.Username != "alice" {
 		t.Errorf("user name = %q, want alice", user.Username)
@@ -223,7 +222,7 @@ func TestConfigForUser(t *testing.T) {
 	if err != nil {
 		t.Errorf("alice in team-a, bound to cluster-admin, cannot list namespaces: %v", err)
 	}
-	if who := whoAmI(t, testcp.ConfigForUser(t, cp, "bob")); who.Username != "bob" || slices.Contains(who.Groups, "team-a") {
+	if who := whoAmI(t, controlplane.ConfigForUser(t, cp, "bob")); who.Username != "bob" || slices.Contains(who.Groups, "team-a") {
 		t.Errorf("bob = %+v, want user bob without team-a", who)
 	}
 }
@@ -231,13 +230,13 @@ func TestConfigForUser(t *testing.T) {
 // The admin kubeconfig file works for a separate process (kubectl), and
 // WriteKubeconfig writes one for another identity.
 func TestKubeconfigFilesWithKubectl(t *testing.T) {
-	cp := testcp.Get(t)
+	cp := controlplane.Get(t)
 	out, err := exec.Command(filepath.Join(cp.BinDir(), "kubectl"), "--kubeconfig", cp.AdminKubeconfigPath(),
 		"get", "namespace", "kube-system", "-o", "name").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "namespace/kube-system" {
 		t.Errorf("kubectl get namespace kube-system as admin: %v: %s", err, out)
 	}
-	out, err = exec.Command(filepath.Join(cp.BinDir(), "kubectl"), "--kubeconfig", testcp.WriteKubeconfig(t, testcp.ConfigForUser(t, cp, "carol")),
+	out, err = exec.Command(filepath.Join(cp.BinDir(), "kubectl"), "--kubeconfig", controlplane.KubeconfigFile(t, controlplane.ConfigForUser(t, cp, "carol")),
 		"auth", "can-i", "list", "secrets", "-n", "kube-system").CombinedOutput()
 	if err == nil || strings.TrimSpace(string(out)) != "no" {
 		t.Errorf("kubectl auth can-i list secrets as carol: %v: %q, want no", err, out)
@@ -284,7 +283,7 @@ func crashHelper() {
 
 // If the test binary dies without cleanup, the kernel ends the servers.
 func TestServersDieWithTestBinary(t *testing.T) {
-	testcp.Get(t) // fails here, with the reason, if the binaries are missing
+	controlplane.Get(t) // fails here, with the reason, if the binaries are missing
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), crashHelperEnv+"=1")
 	out, _ := cmd.CombinedOutput()

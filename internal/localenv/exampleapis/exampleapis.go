@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apiextensionsv1client "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset/typed/apiextensions/v1"
@@ -132,16 +134,14 @@ func WaitEstablished(ctx context.Context, crds apiextensionsv1client.CustomResou
 	return nil
 }
 
-// AwaitQuotaCounting returns once resource quotas count kube-bind objects
-// on cp (crds.AwaitQuotaCounting), restarting kube-controller-manager to
-// discover CRDs installed since it started, rather than waiting up to 30 s
-// for its next look.
+// AwaitQuotaCounting returns once resource quotas on cp count the
+// kube-bind objects the quota the backend gives each consumer limits
+// (APIServiceExportRequests and APIServiceNamespaces): tests and the demo
+// bind right after installing the CRDs.
 func AwaitQuotaCounting(ctx context.Context, cp *controlplane.ControlPlane) error {
-	if crds.AwaitQuotaCounting(ctx, cp.AdminConfig(), 2*time.Second) == nil {
-		return nil
-	}
-	if err := cp.RestartControllerManager(ctx); err != nil {
-		return err
-	}
-	return crds.AwaitQuotaCounting(ctx, cp.AdminConfig(), 45*time.Second)
+	return cp.AwaitQuotaCounting(ctx, QuotaCounted...)
 }
+
+// QuotaCounted are the quota resource names of the kube-bind objects the
+// backend's per-consumer quota counts.
+var QuotaCounted = []corev1.ResourceName{"count/" + crds.APIServiceExportRequests, "count/" + crds.APIServiceNamespaces}

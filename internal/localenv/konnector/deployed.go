@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kbprovider/backend/internal/consumer"
+	"github.com/kbprovider/backend/internal/client/apply"
 )
 
 // ErrGaveUp is TokenWhenDeployed's error when its giveUp channel closed
@@ -32,7 +32,7 @@ const deployedPoll = 250 * time.Millisecond
 // ctx ends or giveUp closes (the command exited; nil: never).
 func TokenWhenDeployed(ctx context.Context, kube kubernetes.Interface, ttl time.Duration, giveUp <-chan struct{}) (string, error) {
 	for {
-		_, err := kube.AppsV1().Deployments(consumer.Namespace).Get(ctx, consumer.KonnectorName, metav1.GetOptions{})
+		_, err := kube.AppsV1().Deployments(apply.Namespace).Get(ctx, apply.KonnectorName, metav1.GetOptions{})
 		if err == nil {
 			break
 		}
@@ -41,17 +41,17 @@ func TokenWhenDeployed(ctx context.Context, kube kubernetes.Interface, ttl time.
 		// in the error.
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("no konnector Deployment %s/%s: %w (last answer: %v)", consumer.Namespace, consumer.KonnectorName, ctx.Err(), err)
+			return "", fmt.Errorf("no konnector Deployment %s/%s: %w (last answer: %v)", apply.Namespace, apply.KonnectorName, ctx.Err(), err)
 		case <-giveUp:
-			return "", fmt.Errorf("%w %s/%s (last answer: %v)", ErrGaveUp, consumer.Namespace, consumer.KonnectorName, err)
+			return "", fmt.Errorf("%w %s/%s (last answer: %v)", ErrGaveUp, apply.Namespace, apply.KonnectorName, err)
 		case <-time.After(deployedPoll):
 		}
 	}
 	seconds := int64(ttl / time.Second)
-	tr, err := kube.CoreV1().ServiceAccounts(consumer.Namespace).CreateToken(ctx, consumer.KonnectorName,
+	tr, err := kube.CoreV1().ServiceAccounts(apply.Namespace).CreateToken(ctx, apply.KonnectorName,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds}}, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("a token of ServiceAccount %s/%s: %w", consumer.Namespace, consumer.KonnectorName, err)
+		return "", fmt.Errorf("a token of ServiceAccount %s/%s: %w", apply.Namespace, apply.KonnectorName, err)
 	}
 	return tr.Status.Token, nil
 }

@@ -1,6 +1,6 @@
 // Package konnector runs the released kube-bind konnector (v0.4.8) as a real
-// process, with a given consumer kubeconfig, for the local demo and (through
-// internal/testutil/konnector) the tests.
+// process, with a given consumer kubeconfig, for the local demo and the
+// tests (testing.go).
 //
 // The konnector serves healthz on :8080 of all interfaces, hard-coded, and
 // panics when the port is taken. So each one runs in a network namespace of

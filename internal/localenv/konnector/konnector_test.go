@@ -14,9 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
 	"github.com/kbprovider/backend/internal/localenv/procs"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }

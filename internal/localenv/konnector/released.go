@@ -26,8 +26,7 @@ const (
 // release, each with the released binaries (konnector.gz, kubectl-bind.gz)
 // and SHA256SUMS of the unzipped files. It may also name one such release
 // folder, whose siblings are then the other releases. Without it the
-// folders are looked for in shared/peers or peers beside the repository or
-// one of its parents.
+// folders are looked for in peers/ at the repository's root (git-ignored).
 const PeersEnv = "KUBE_BIND_TEST_PEERS"
 
 var (
@@ -92,26 +91,11 @@ func peersDir(release string) (string, error) {
 		}
 		return d, nil
 	}
-	dir, err := filepath.Abs(procs.RepoRoot())
-	if err != nil {
-		return "", err
+	d := filepath.Join(procs.RepoRoot(), "peers", folder)
+	if _, err := os.Stat(filepath.Join(d, "SHA256SUMS")); err != nil {
+		return "", fmt.Errorf("no folder %s with SHA256SUMS (%w); set %s to the folder holding it", folder, err, PeersEnv)
 	}
-	var tried []string
-	for {
-		for _, rel := range []string{"shared/peers", "peers"} {
-			d := filepath.Join(dir, rel, folder)
-			tried = append(tried, d)
-			if _, err := os.Stat(filepath.Join(d, "SHA256SUMS")); err == nil {
-				return d, nil
-			}
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no folder %s with SHA256SUMS found (tried %s); set %s to it",
-				folder, strings.Join(tried, ", "), PeersEnv)
-		}
-		dir = parent
-	}
+	return d, nil
 }
 
 func readSum(sumsFile, name string) (string, error) {

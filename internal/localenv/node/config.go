@@ -139,7 +139,7 @@ conntrack:
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	for range n {
-		p, err := procs.FreePort()
+		p, err := procs.UnusedPort()
 		if err != nil {
 			return nil, err
 		}

@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
 	"golang.org/x/net/html"
 )
 
@@ -94,16 +96,19 @@ func (p *Provider) login(ctx context.Context, client *http.Client, authURL, user
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: %s: %w", method, target, resp.Status, err)
 		}
-		forms := findForms(doc)
+		forms, err := testutil.ParseForms(page)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %s: %w", method, target, resp.Status, err)
+		}
 		if f, ok := formWithInput(forms, "password"); ok {
 			if loginSubmitted {
 				return nil, fmt.Errorf("%w: %s", ErrLoginRefused, strings.TrimSpace(textOf(findByID(doc, "login-error"))))
 			}
 			loginSubmitted = true
-			f.values.Set("login", user)
-			f.values.Set("password", password)
-			method, form = http.MethodPost, f.values
-			if target, err = resolve(req.URL, f.action); err != nil {
+			f.Fields.Set("login", user)
+			f.Fields.Set("password", password)
+			method, form = http.MethodPost, f.Fields
+			if target, err = resolve(req.URL, f.Action); err != nil {
 				return nil, err
 			}
 			continue
@@ -113,8 +118,8 @@ func (p *Provider) login(ctx context.Context, client *http.Client, authURL, user
 			suffix = "/abort"
 		}
 		if f, ok := formWithActionSuffix(forms, suffix); ok {
-			method, form = http.MethodPost, f.values
-			if target, err = resolve(req.URL, f.action); err != nil {
+			method, form = http.MethodPost, f.Fields
+			if target, err = resolve(req.URL, f.Action); err != nil {
 				return nil, err
 			}
 			continue
@@ -142,58 +147,22 @@ func resolve(base *url.URL, action string) (string, error) {
 	return u.String(), nil
 }
 
-type htmlForm struct {
-	action string
-	values url.Values
-	inputs map[string]bool
-}
-
-func findForms(n *html.Node) []htmlForm {
-	var forms []htmlForm
-	var walk func(*html.Node, *htmlForm)
-	walk = func(n *html.Node, cur *htmlForm) {
-		if n.Type == html.ElementNode {
-			switch n.Data {
-			case "form":
-				forms = append(forms, htmlForm{action: attr(n, "action"), values: url.Values{}, inputs: map[string]bool{}})
-				cur = &forms[len(forms)-1]
-				for c := n.FirstChild; c != nil; c = c.NextSibling {
-					walk(c, cur)
-				}
-				return
-			case "input":
-				if cur != nil && attr(n, "name") != "" {
-					cur.inputs[attr(n, "name")] = true
-					if t := attr(n, "type"); t != "submit" && t != "button" {
-						cur.values.Set(attr(n, "name"), attr(n, "value"))
-					}
-				}
-			}
-		}
-		for c := n.FirstChild; c != nil; c = c.NextSibling {
-			walk(c, cur)
-		}
-	}
-	walk(n, nil)
-	return forms
-}
-
-func formWithInput(forms []htmlForm, name string) (htmlForm, bool) {
+func formWithInput(forms []testutil.Form, name string) (testutil.Form, bool) {
 	for _, f := range forms {
-		if f.inputs[name] {
+		if f.Fields.Has(name) {
 			return f, true
 		}
 	}
-	return htmlForm{}, false
+	return testutil.Form{}, false
 }
 
-func formWithActionSuffix(forms []htmlForm, suffix string) (htmlForm, bool) {
+func formWithActionSuffix(forms []testutil.Form, suffix string) (testutil.Form, bool) {
 	for _, f := range forms {
-		if strings.HasSuffix(f.action, suffix) {
+		if strings.HasSuffix(f.Action, suffix) {
 			return f, true
 		}
 	}
-	return htmlForm{}, false
+	return testutil.Form{}, false
 }
 
 func attr(n *html.Node, key string) string {

@@ -1,7 +1,7 @@
 // Package oidcprovider starts a real OpenID Connect provider for the local
-// demo and (through internal/testutil/oidcprovider) the tests: npm's
-// oidc-provider, run by Node.js from test/oidcprovider, with one confidential
-// client, PKCE required, and test users whose passwords are checked.
+// demo and the tests (testing.go): npm's oidc-provider, run by Node.js
+// from test/oidcprovider, with one confidential client, PKCE required, and
+// test users whose passwords are checked.
 package oidcprovider
 
 import (

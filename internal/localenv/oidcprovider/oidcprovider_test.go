@@ -12,14 +12,13 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
-	testidp "github.com/kbprovider/backend/internal/testutil/oidcprovider"
 )
 
 const redirectURI = "http://127.0.0.1:1/callback" // never contacted: Login stops before it
 
 func setup(t *testing.T) (*oidcprovider.Provider, *oidc.Provider, *oauth2.Config) {
 	t.Helper()
-	p := testidp.Start(t, oidcprovider.Options{
+	p := oidcprovider.Start(t, oidcprovider.Options{
 		RedirectURIs: []string{redirectURI},
 		Users: []oidcprovider.User{
 			{Name: "alice", Password: "correct horse", Email: "alice@example.com", Groups: []string{"devs", "ops"}},

@@ -1,8 +1,10 @@
-// Package procs holds what the local environment (and the tests, through
-// internal/testutil/procs) needs to run the project's commands as real
-// processes: building a command, free loopback ports, random keys,
-// starting a child tied to its parent, and a buffer that collects a
-// process's output while another goroutine reads it.
+// Package procs holds what the local environment and the tests need to
+// run the project's commands as real processes: building a command, free
+// loopback ports, random keys, starting a child tied to its parent, and a
+// buffer that collects a process's output while another goroutine reads
+// it. testing.go and command.go add what only tests use: helpers that
+// fail the test instead of returning an error, a command under test read
+// line by line, a process's memory and CPU.
 package procs
 
 import (
@@ -46,12 +48,12 @@ func Build(pkg string, extraArgs ...string) (string, func(), error) {
 	return bin, cleanup, nil
 }
 
-// FreePort returns a loopback TCP port nothing listens on right now, and
+// UnusedPort returns a loopback TCP port nothing listens on right now, and
 // never one it returned before in this process: the kernel may hand the
 // same ephemeral port to two listens in a row once the first is closed,
 // and two parts of a test given one port clash (a replica's public and
 // peer listeners did, in CI).
-func FreePort() (int, error) {
+func UnusedPort() (int, error) {
 	givenMu.Lock()
 	defer givenMu.Unlock()
 	for range 1000 {
@@ -66,7 +68,7 @@ func FreePort() (int, error) {
 			return port, nil
 		}
 	}
-	return 0, errors.New("procs.FreePort: no port that was not handed out before")
+	return 0, errors.New("procs.UnusedPort: no port that was not handed out before")
 }
 
 var (
@@ -90,13 +92,12 @@ func Alive(pid int) bool {
 }
 
 // RandomKey returns n random bytes in standard base64, the form the
-// backend's key flags take.
-func RandomKey(n int) (string, error) {
+// backend's key flags take. crypto/rand never fails on supported
+// platforms, so neither does RandomKey.
+func RandomKey(n int) string {
 	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		return "", err
-	}
-	return base64.StdEncoding.EncodeToString(b), nil
+	rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
 }
 
 // Buffer collects output written concurrently (a process's stdout and

@@ -44,10 +44,10 @@ func TestAliveSeesRunningAndZombieProcesses(t *testing.T) {
 
 // Ports handed out in one process are all different, even though the
 // kernel may give a just-closed ephemeral port again.
-func TestFreePortNeverRepeats(t *testing.T) {
+func TestUnusedPortNeverRepeats(t *testing.T) {
 	seen := map[int]bool{}
 	for range 2000 {
-		p, err := FreePort()
+		p, err := UnusedPort()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -23,14 +23,15 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/storetest"
-	"github.com/kbprovider/backend/internal/testutil/await"
+	"github.com/kbprovider/backend/internal/sessions/conformance"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 func TestConformance(t *testing.T) {
 	e := newEnv(t) // stores of the subtests share it; the suite's IDs are unique
-	storetest.Run(t, func(t *testing.T, limits sessions.Limits, clock *storetest.Clock) sessions.Store {
+	conformance.Run(t, func(t *testing.T, limits sessions.Limits, clock *testutil.Clock) sessions.Store {
 		return e.startStore(t, storeOpts{limits: limits, now: clock.Now})
 	})
 }
@@ -52,7 +53,7 @@ func TestNewValidates(t *testing.T) {
 func shows(t *testing.T, s *Store, id string, state sessions.State) sessions.Outcome {
 	t.Helper()
 	var o sessions.Outcome
-	await.Within(t, 10*time.Second, 10*time.Millisecond, fmt.Sprintf("outcome of %s is %v", id, state), func() (bool, error) {
+	testutil.AwaitWithin(t, 10*time.Second, 10*time.Millisecond, fmt.Sprintf("outcome of %s is %v", id, state), func() (bool, error) {
 		var err error
 		o, err = s.Outcome(context.Background(), id)
 		return err == nil && o.State == state, err
@@ -63,17 +64,17 @@ func shows(t *testing.T, s *Store, id string, state sessions.State) sessions.Out
 // cached waits until s's informer holds the record kind of id.
 func cached(t *testing.T, s *Store, kind, id string) {
 	t.Helper()
-	await.True(t, kind+" record of "+id+" in the cache", func() bool { return s.fromCache(recordName(kind, id)) != nil })
+	testutil.Await(t, kind+" record of "+id+" in the cache", func() bool { return s.fromCache(recordName(kind, id)) != nil })
 }
 
 // TestReplicas runs two stores on one namespace, as two replicas do.
 func TestReplicas(t *testing.T) {
 	e := newEnv(t)
-	clockA, clockB := storetest.NewClock(storetest.Start), storetest.NewClock(storetest.Start.Add(5*time.Second))
+	clockA, clockB := testutil.ClockAt(conformance.Start), testutil.ClockAt(conformance.Start.Add(5*time.Second))
 	a := e.startStore(t, storeOpts{now: clockA.Now})
 	b := e.startStore(t, storeOpts{now: clockB.Now})
 	ctx := context.Background()
-	exp := storetest.Start.Add(10 * time.Minute)
+	exp := conformance.Start.Add(10 * time.Minute)
 
 	// A waiter on b is woken by an outcome written on a.
 	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -98,8 +99,8 @@ func TestReplicas(t *testing.T) {
 	must(t, err)
 	again, err := b.Deliver(ctx, "s1", exp)
 	must(t, err)
-	if !first.Equal(storetest.Start) || !again.Equal(first) {
-		t.Fatalf("deliveries at %v and %v, want both %v", first, again, storetest.Start)
+	if !first.Equal(conformance.Start) || !again.Equal(first) {
+		t.Fatalf("deliveries at %v and %v, want both %v", first, again, conformance.Start)
 	}
 
 	// The credential is in data only.
@@ -246,11 +247,11 @@ func TestAPIServerAway(t *testing.T) {
 // TestCollect drives the clock past expiry plus grace.
 func TestCollect(t *testing.T) {
 	e := newEnv(t)
-	clock := storetest.NewClock(storetest.Start)
-	var logs logBuffer
+	clock := testutil.ClockAt(conformance.Start)
+	var logs procs.Buffer
 	s := e.startStore(t, storeOpts{now: clock.Now, log: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()
-	exp := storetest.Start.Add(10 * time.Minute)
+	exp := conformance.Start.Add(10 * time.Minute)
 	must(t, s.Complete(ctx, "s1", exp, []byte(`{}`)))
 	must(t, s.UseOnce(ctx, "mark", exp))
 	must(t, s.UseOnce(ctx, "later", exp.Add(time.Hour)))
@@ -289,7 +290,7 @@ func TestCollect(t *testing.T) {
 	// A new replica collects at start.
 	clock.Advance(time.Hour)
 	e.startStore(t, storeOpts{now: clock.Now})
-	await.True(t, "the new replica collects the later mark", func() bool { return len(records()) == 0 })
+	testutil.Await(t, "the new replica collects the later mark", func() bool { return len(records()) == 0 })
 	if strings.Contains(logs.String(), "WARN") {
 		t.Fatalf("collection logged warnings:\n%s", logs.String())
 	}
@@ -299,7 +300,7 @@ func TestCollect(t *testing.T) {
 // absent, are logged, and never panic.
 func TestGarbageRecords(t *testing.T) {
 	e := newEnv(t)
-	var logs logBuffer
+	var logs procs.Buffer
 	s := e.startStore(t, storeOpts{log: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()
 	exp := time.Now().Add(10 * time.Minute)
@@ -315,7 +316,7 @@ func TestGarbageRecords(t *testing.T) {
 	junk(recordName(kindOutcome, "s3"), "", nil, map[string]string{CollectAnnotation: "yesterday"})
 	junk(recordName(kindDelivered, "s2"), kindDelivered, map[string][]byte{keyAt: []byte("soon")}, map[string]string{CollectAnnotation: "2000-01-01T00:00:00Z"})
 	junk("kb-session-whatever", "whatever", map[string][]byte{"x": nil}, nil)
-	await.True(t, "the junk is in the cache", func() bool { return len(s.informer.GetStore().List()) == 5 })
+	testutil.Await(t, "the junk is in the cache", func() bool { return len(s.informer.GetStore().List()) == 5 })
 
 	for _, id := range []string{"s1", "s3"} {
 		if o, err := s.Outcome(ctx, id); err != nil || o.State != sessions.StatePending || o.Response != nil {

@@ -1,13 +1,11 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,8 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -118,22 +116,4 @@ type counting struct {
 func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.n.Add(1)
 	return c.next.RoundTrip(r)
-}
-
-// logBuffer collects a logger's output, safe for concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

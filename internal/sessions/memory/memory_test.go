@@ -3,12 +3,14 @@ package memory
 import (
 	"testing"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
 	"github.com/kbprovider/backend/internal/sessions"
-	"github.com/kbprovider/backend/internal/sessions/storetest"
+	"github.com/kbprovider/backend/internal/sessions/conformance"
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T, limits sessions.Limits, clock *storetest.Clock) sessions.Store {
+	conformance.Run(t, func(t *testing.T, limits sessions.Limits, clock *testutil.Clock) sessions.Store {
 		return New(limits, clock.Now)
 	})
 }

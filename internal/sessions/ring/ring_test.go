@@ -17,11 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/testutil"
+
+	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/admission"
+	"github.com/kbprovider/backend/internal/sessions/conformance"
 	"github.com/kbprovider/backend/internal/sessions/memory"
-	"github.com/kbprovider/backend/internal/sessions/storetest"
-	"github.com/kbprovider/backend/internal/testutil/procs"
 )
 
 // testTimeout is the peer timeout in tests: short, so that a dead peer
@@ -198,7 +200,7 @@ func (r *roundRobin) Wait(ctx context.Context, id string) (sessions.Outcome, err
 func TestConformance(t *testing.T) {
 	for _, n := range []int{1, 3} {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T, limits sessions.Limits, clock *storetest.Clock) sessions.Store {
+			conformance.Run(t, func(t *testing.T, limits sessions.Limits, clock *testutil.Clock) sessions.Store {
 				sh := memory.New(limits, clock.Now)
 				return &roundRobin{rs: newRing(t, n, sh, config{limits: limits, now: clock.Now})}
 			})

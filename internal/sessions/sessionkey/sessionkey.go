@@ -32,7 +32,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/kbprovider/backend/internal/ids"
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // MinKeyLen is the shortest key accepted (256 bits).
@@ -70,7 +70,7 @@ func (f Flow) V1alpha2() bool { return f >= FlowPollV1alpha2 }
 
 const (
 	headerLen    = 1 + 4 + 4 + 16
-	maxClusterID = ids.ClusterIDLen
+	maxClusterID = protocol.ClusterIDLen
 	secretLabel  = "kube-bind session secret\n"
 )
 
@@ -118,14 +118,14 @@ type Session struct {
 	ExpiresAt time.Time
 	// ClusterID is the cluster ID the client presented at creation, as
 	// it was presented; "" when none was (or it was not one this backend
-	// accepts, ids.ValidClusterID).
+	// accepts, protocol.ValidClusterID).
 	ClusterID string
 }
 
 // Issue makes a new session ID and its secret. A clusterID that is not
-// valid (ids.ValidClusterID) is left out.
+// valid (protocol.ValidClusterID) is left out.
 func (k *Keys) Issue(flow Flow, clusterID string, expires time.Time) Session {
-	if !ids.ValidClusterID(clusterID) {
+	if !protocol.ValidClusterID(clusterID) {
 		clusterID = ""
 	}
 	b := make([]byte, headerLen, headerLen+len(clusterID))
@@ -158,7 +158,7 @@ func (k *Keys) Open(id string) (Session, error) {
 		return Session{}, ErrMalformed
 	}
 	clusterID := string(b[headerLen:])
-	if clusterID != "" && !ids.ValidClusterID(clusterID) {
+	if clusterID != "" && !protocol.ValidClusterID(clusterID) {
 		return Session{}, ErrMalformed
 	}
 	for _, kk := range k.keys {

@@ -15,9 +15,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
-	"github.com/kbprovider/backend/internal/testutil/await"
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/testutil"
 )
 
 var (
@@ -63,7 +63,7 @@ func Catalog(t testing.TB, rc *rest.Config, offers ...exampleapis.API) *binding.
 		t.Fatal("catalog never synced")
 	}
 	for _, a := range offers {
-		await.True(t, "the catalog offers "+a.Name(), func() bool { _, ok := cat.Lookup(a.Group, a.Plural); return ok })
+		testutil.Await(t, "the catalog offers "+a.Name(), func() bool { _, ok := cat.Lookup(a.Group, a.Plural); return ok })
 	}
 	return cat
 }

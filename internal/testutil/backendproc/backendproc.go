@@ -19,8 +19,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kbprovider/backend/internal/testutil/oidcprovider"
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // Binary is the cmd/backend that Main built.
@@ -28,9 +29,7 @@ var Binary string
 
 // Main builds cmd/backend into Binary, runs run (the tests, e.g.
 // controlplane.RunMain(m)) and removes the build; it returns run's exit
-// code, or 1 if the build failed. Use it as
-//
-//	func TestMain(m *testing.M) { os.Exit(backendproc.Main(func() int { return controlplane.RunMain(m) })) }
+// code, or 1 if the build failed. RunMain is the usual run.
 func Main(run func() int) int {
 	bin, cleanup, err := procs.Build("./cmd/backend")
 	if err != nil {
@@ -41,6 +40,12 @@ func Main(run func() int) int {
 	Binary = bin
 	return run()
 }
+
+// RunMain is Main with the package's tests run against its control
+// planes:
+//
+//	func TestMain(m *testing.M) { os.Exit(backendproc.RunMain(m)) }
+func RunMain(m *testing.M) int { return Main(func() int { return controlplane.RunMain(m) }) }
 
 // Start runs Binary with args until the test ends (then SIGINT, and kill
 // after 10s), and waits up to readyWithin until it is ready and every
@@ -194,8 +199,8 @@ func BrowserArgs(t testing.TB, port int, base string, idp *oidcprovider.Provider
 		"--oidc-issuer-client-id", idp.ClientID,
 		"--oidc-issuer-client-secret", idp.ClientSecret,
 		"--oidc-allowed-groups", "binders",
-		"--cookie-signing-key", procs.RandomKey(t, 32),
-		"--cookie-encryption-key", procs.RandomKey(t, 32),
+		"--cookie-signing-key", procs.RandomKey(32),
+		"--cookie-encryption-key", procs.RandomKey(32),
 		"--kubeconfig", kubeconfig,
 		"--pretty-name", prettyName,
 		"--namespace-prefix", namespacePrefix,

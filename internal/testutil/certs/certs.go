@@ -8,6 +8,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -70,6 +71,19 @@ func NewServingPair(t testing.TB, name string) Pair {
 		Cert:    cert,
 		Key:     key,
 	}
+}
+
+// TLS is the pair as a server presents it and a pool of a client that
+// trusts it.
+func (p Pair) TLS(t testing.TB) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	cert, err := tls.X509KeyPair(p.CertPEM, p.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(p.Cert)
+	return cert, pool
 }
 
 // SEC1 returns the pair with its key in SEC 1 form ("EC PRIVATE KEY"), the

@@ -22,7 +22,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/kbprovider/backend/internal/testutil/procs"
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 // ExecPathEnv overrides the chromium binary (default /usr/bin/chromium).
@@ -68,14 +68,9 @@ func New(t testing.TB) *Browser {
 	}
 
 	userData := t.TempDir()
-	// With disable-dev-shm-usage chromium keeps its shared memory in files
-	// under TMPDIR, which stay behind when it is killed: a folder of the
-	// test's own takes them away with it.
-	tmp := t.TempDir()
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(execPath),
 		chromedp.UserDataDir(userData),
-		chromedp.Env("TMPDIR="+tmp),
 		chromedp.Headless,
 		chromedp.NoSandbox, // tests run as root, where the sandbox refuses to start
 		chromedp.DisableGPU,

@@ -20,14 +20,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/kbprovider/backend/internal/bindservice"
-	"github.com/kbprovider/backend/internal/clusterkey"
 	"github.com/kbprovider/backend/internal/httpapi"
-	"github.com/kbprovider/backend/internal/longpoll"
+	"github.com/kbprovider/backend/internal/httpapi/longpoll"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/memory"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	"github.com/kbprovider/backend/internal/testutil/fakeclock"
+	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
@@ -43,6 +43,9 @@ type Options struct {
 	Limits sessions.Limits
 	// LongPollMaxWait turns long polling on (default: off).
 	LongPollMaxWait time.Duration
+	// Wrap, if set, wraps the memory store the backend uses (e.g. in a
+	// fakes.FlakyStore); Backend.Store stays the memory store underneath.
+	Wrap func(sessions.Store) sessions.Store
 }
 
 // Backend is a running backend.
@@ -52,8 +55,8 @@ type Backend struct {
 	URL       string
 	ExportURL string
 	Store     *memory.Store
-	Sessions  *bindservice.Service
-	Clock     *Clock
+	Sessions  *lifecycle.Service
+	Clock     *testutil.Clock
 	Server    *httptest.Server
 
 	created atomic.Int64
@@ -87,7 +90,7 @@ func Start(t testing.TB, o Options) *Backend {
 	if o.PollInterval == 0 {
 		o.PollInterval = 200 * time.Millisecond
 	}
-	clock := fakeclock.Real()
+	clock := testutil.RealClock()
 	store := memory.New(o.Limits, clock.Now)
 	clusterKey, err := clusterkey.New(bytes.Repeat([]byte("c"), clusterkey.MinKeyLen))
 	if err != nil {
@@ -97,7 +100,11 @@ func Start(t testing.TB, o Options) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := bindservice.New(bindservice.Config{Store: store, Keys: keys, ClusterKey: clusterKey,
+	var used sessions.Store = store
+	if o.Wrap != nil {
+		used = o.Wrap(store)
+	}
+	svc, err := lifecycle.New(lifecycle.Config{Store: used, Keys: keys, ClusterKey: clusterKey,
 		SessionTTL: o.SessionTTL, Grace: o.Limits.Grace, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -129,9 +136,6 @@ func Start(t testing.TB, o Options) *Backend {
 	t.Cleanup(srv.Close)
 	return b
 }
-
-// Clock is real time plus an offset that only grows (fakeclock.Real).
-type Clock = fakeclock.Clock
 
 // Kubeconfig returns a kubeconfig YAML for server whose current context's
 // namespace is namespace, as a provider issues it.

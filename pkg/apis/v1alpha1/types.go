@@ -76,7 +76,7 @@ type PollSession struct {
 	ExpiresAt     time.Time `json:"expiresAt"`
 	// ClusterSecret comes with a newly issued cluster ID only. The client
 	// keeps it with the cluster ID and proves it holds it on later sessions
-	// that present that ID (package bindproof); released clients ignore it.
+	// that present that ID (package pkg/protocol); released clients ignore it.
 	ClusterSecret string `json:"clusterSecret,omitempty"`
 }
 

@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/kbprovider/backend/internal/testutil/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }

@@ -1,0 +1,378 @@
+package credentials
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/controllers/workloop"
+	"github.com/kbprovider/backend/internal/binding/kbcache"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
+)
+
+// Issuer issues a new token into a provider namespace (implemented by
+// *binding.Provisioner).
+type Issuer interface {
+	IssueToken(ctx context.Context, ns, issuedBy string) (binding.IssuedToken, error)
+}
+
+// Config configures the controller.
+type Config struct {
+	Policy Policy
+	Issuer Issuer
+	// NamespacePrefix: only ClusterBindings in namespaces with this prefix
+	// (--namespace-prefix) are the backend's.
+	NamespacePrefix string
+	// Allowed says whether the allow-list still admits the identity that
+	// bound (nil: everybody). It is asked on every reconcile, so on start
+	// and at least hourly for every binding.
+	Allowed func(binding.BoundBy) bool
+	Logger  *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// fieldManager owns the CredentialsValid condition (server-side apply), and
+// nothing else of the ClusterBinding's status.
+const fieldManager = "kube-bind-backend-credentials"
+
+// Controller rotates and revokes the tokens of every consumer namespace.
+type Controller struct {
+	cfg  Config
+	log  *slog.Logger
+	kube kubernetes.Interface
+	dyn  dynamic.Interface
+	// quiet holds the namespaces whose last look found that a heartbeat
+	// alone changes nothing (HeartbeatMatters false).
+	quiet sync.Map
+}
+
+// New checks cfg; it does not contact the cluster.
+func New(rc *rest.Config, cfg Config) (*Controller, error) {
+	p := cfg.Policy
+	switch {
+	case cfg.Issuer == nil:
+		return nil, errors.New("credentials: an Issuer is required")
+	case len(p.Validate()) > 0:
+		return nil, fmt.Errorf("credentials: invalid policy: %w", errors.Join(p.Validate()...))
+	case cfg.NamespacePrefix == "":
+		return nil, errors.New("credentials: a namespace prefix is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	kube, dyn, err := workloop.Clients(rc)
+	if err != nil {
+		return nil, err
+	}
+	return &Controller{cfg: cfg, log: cfg.Logger, kube: kube, dyn: dyn}, nil
+}
+
+// Run watches ClusterBindings (their heartbeats) and reconciles each
+// consumer namespace on every change and when Decide asks to look again,
+// until ctx ends. It returns only when ctx ends or the cache cannot start.
+func (c *Controller) Run(ctx context.Context) error {
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, 0)
+	informer := factory.ForResource(kbresources.ClusterBindings).Informer()
+	// The cache keeps only what Observe reads: the konnector writes the
+	// status, and a cache must not grow with what it stored.
+	if err := informer.SetTransform(kbcache.Transform(kbcache.Options{Annotations: []string{AnnotationRotate, binding.AnnotationBoundAt, binding.AnnotationBoundBy}})); err != nil {
+		return err
+	}
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	enqueue := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if u, ok := obj.(*unstructured.Unstructured); ok && strings.HasPrefix(u.GetNamespace(), c.cfg.NamespacePrefix) {
+			queue.Add(u.GetNamespace())
+		}
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue,
+		UpdateFunc: func(old, obj any) {
+			if u, ok := obj.(*unstructured.Unstructured); ok && c.heartbeatIsNoNews(old, u) {
+				return
+			}
+			enqueue(obj)
+		},
+	}); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer queue.ShutDown()
+	wg.Add(1)
+	go func() { defer wg.Done(); informer.Run(ctx.Done()) }()
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return ctx.Err()
+	}
+	c.log.Info("credentials controller: running", "lifetime", c.cfg.Policy.Lifetime, "rotationPoint", c.cfg.Policy.RotationPoint,
+		"overlap", c.cfg.Policy.Overlap, "bindingLifetime", c.cfg.Policy.BindingLifetime, "allowListRecheck", c.cfg.Allowed != nil)
+	store := informer.GetStore()
+	workloop.Run(ctx, queue, workers, func(ctx context.Context, ns string) (time.Duration, error) {
+		return c.reconcile(ctx, ns, store)
+	}, c.log, "credentials")
+	c.log.Info("credentials controller: stopped")
+	return nil
+}
+
+// heartbeatIsNoNews says whether the update from old to cb is only a
+// konnector heartbeat in a namespace where heartbeats change nothing;
+// the look the last decision scheduled still comes.
+func (c *Controller) heartbeatIsNoNews(old any, cb *unstructured.Unstructured) bool {
+	prev, ok := old.(*unstructured.Unstructured)
+	if !ok {
+		return false
+	}
+	if q, ok := c.quiet.Load(cb.GetNamespace()); !ok || !q.(bool) {
+		return false
+	}
+	strip := func(u *unstructured.Unstructured) map[string]any {
+		o := runtime.DeepCopyJSON(u.Object)
+		unstructured.RemoveNestedField(o, "status", "lastHeartbeatTime")
+		unstructured.RemoveNestedField(o, "metadata", "resourceVersion")
+		return o
+	}
+	return equality.Semantic.DeepEqual(strip(prev), strip(cb))
+}
+
+// workers is how many namespaces are looked at at once. Every konnector
+// heartbeat (each 2.5 min) wakes its namespace, and a look reads three
+// objects: at 10,000 consumers one worker falls behind (67 wake-ups a
+// second), delaying rotations and revocations. The work per namespace is
+// independent; the API server's capacity is the limit.
+const workers = 4
+
+// reconcile observes one namespace, decides and acts; it returns when to
+// look again.
+func (c *Controller) reconcile(ctx context.Context, ns string, store cache.Store) (time.Duration, error) {
+	obj, exists, err := store.GetByKey(ns + "/" + binding.ClusterBindingName)
+	if err != nil || !exists {
+		c.quiet.Delete(ns)
+		return 0, err
+	}
+	cb := obj.(*unstructured.Unstructured)
+	state, err := c.Observe(ctx, ns, cb)
+	if err != nil {
+		c.quiet.Delete(ns)
+		return 0, err
+	}
+	now := c.cfg.Now()
+	d := Decide(now, state, c.cfg.Policy)
+	// A look that acts looks again at once; until then heartbeats count.
+	c.quiet.Store(ns, !HeartbeatMatters(state) && !d.Rotate && len(d.MarkRetired) == 0 && len(d.Revoke) == 0)
+	if err := c.act(ctx, ns, cb, d, now); err != nil {
+		return 0, err
+	}
+	return d.RequeueAfter, nil
+}
+
+// Observe reads the state of provider namespace ns: the kubeconfig
+// Secret's current token, the other token Secrets, and the heartbeat of
+// the ClusterBinding cb.
+func (c *Controller) Observe(ctx context.Context, ns string, cb *unstructured.Unstructured) (State, error) {
+	var s State
+	if hb, _, _ := unstructured.NestedString(cb.Object, "status", "lastHeartbeatTime"); hb != "" {
+		s.LastHeartbeat, _ = time.Parse(time.RFC3339, hb)
+	}
+	s.RotationRequested = parseTime(cb.GetAnnotations()[AnnotationRotate])
+	s.BoundAt = parseTime(cb.GetAnnotations()[binding.AnnotationBoundAt])
+	if raw, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; ok && c.cfg.Allowed != nil {
+		who, err := binding.ParseBoundBy(raw)
+		if err != nil {
+			// Only the backend and the provider's admins write it: judge
+			// an unreadable record as nobody.
+			c.log.Warn("credentials: unreadable record of who bound", "namespace", ns, "error", err)
+		}
+		s.NotAllowed = !c.cfg.Allowed(who)
+	}
+	secrets := c.kube.CoreV1().Secrets(ns)
+	kc, err := secrets.Get(ctx, binding.KubeconfigSecretName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return s, nil
+	}
+	if err != nil {
+		return s, err
+	}
+	list, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: binding.LabelCredential + "=" + binding.CredentialToken})
+	if err != nil {
+		return s, err
+	}
+	legacy, err := secrets.Get(ctx, binding.TokenSecretName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		legacy = nil
+	case err != nil:
+		return s, err
+	}
+
+	currentName := kc.Annotations[binding.AnnotationTokenSecret]
+	cur := Token{Secret: currentName, IssuedAt: parseTime(kc.Annotations[binding.AnnotationIssuedAt]), ExpiresAt: parseTime(kc.Annotations[binding.AnnotationExpiresAt])}
+	if currentName == "" {
+		cur = Token{Secret: binding.TokenSecretName, Legacy: true}
+		s.CurrentRevoked = legacy == nil
+	} else {
+		s.CurrentRevoked = true
+	}
+	for _, sec := range list.Items {
+		t := tokenOf(&sec)
+		if sec.Name == currentName {
+			s.CurrentRevoked = false
+			cur.IssuedBy = t.IssuedBy
+			continue
+		}
+		s.Retired = append(s.Retired, t)
+	}
+	if legacy != nil && currentName != "" {
+		t := tokenOf(legacy)
+		t.Legacy = true
+		s.Retired = append(s.Retired, t)
+	}
+	s.Current = &cur
+	return s, nil
+}
+
+func tokenOf(sec *corev1.Secret) Token {
+	a := sec.Annotations
+	return Token{
+		Secret:    sec.Name,
+		IssuedBy:  a[binding.AnnotationIssuedBy],
+		IssuedAt:  parseTime(a[binding.AnnotationIssuedAt]),
+		ExpiresAt: parseTime(a[binding.AnnotationExpiresAt]),
+		RetiredAt: parseTime(a[binding.AnnotationRetiredAt]),
+	}
+}
+
+func parseTime(s string) time.Time {
+	t, _ := time.Parse(time.RFC3339, s)
+	return t
+}
+
+// act carries a decision out.
+func (c *Controller) act(ctx context.Context, ns string, cb *unstructured.Unstructured, d Decision, now time.Time) error {
+	secrets := c.kube.CoreV1().Secrets(ns)
+	for _, name := range d.MarkRetired {
+		err := binding.MarkRetired(ctx, secrets, name, map[string]string{binding.AnnotationRetiredAt: now.UTC().Format(time.RFC3339)})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("marking token Secret %s/%s retired: %w", ns, name, err)
+		}
+	}
+	revokeAll := d.Condition != nil && (d.Condition.Reason == ReasonBindingExpired || d.Condition.Reason == ReasonUserNotAllowed)
+	for _, name := range d.Revoke {
+		err := secrets.Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("revoking token Secret %s/%s: %w", ns, name, err)
+		}
+		if revokeAll {
+			c.log.Info("credentials: revoked a token of an ended binding", "namespace", ns, "secret", name, "reason", d.Condition.Reason)
+		} else {
+			c.log.Info("credentials: revoked a replaced token", "namespace", ns, "secret", name)
+		}
+	}
+	if d.RecordBoundAt {
+		if err := c.recordBoundAt(ctx, cb, now); err != nil {
+			return err
+		}
+	}
+	if d.Rotate {
+		t, err := c.cfg.Issuer.IssueToken(ctx, ns, binding.IssuedByRotation)
+		if err != nil {
+			return fmt.Errorf("rotating the token of %s: %w", ns, err)
+		}
+		c.log.Info("credentials: rotated the token", "namespace", ns, "secret", t.Secret, "expiresAt", t.ExpiresAt)
+	}
+	if d.Condition != nil {
+		return c.report(ctx, cb, *d.Condition, now)
+	}
+	return nil
+}
+
+// recordBoundAt starts the lifetime of a binding made before it was
+// recorded, and records its identity from its namespace, so that the
+// allow-list judges it by subject.
+func (c *Controller) recordBoundAt(ctx context.Context, cb *unstructured.Unstructured, now time.Time) error {
+	ann := map[string]any{binding.AnnotationBoundAt: now.UTC().Format(time.RFC3339)}
+	if _, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; !ok {
+		ns, err := c.kube.CoreV1().Namespaces().Get(ctx, cb.GetNamespace(), metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading namespace %s for the record of who bound: %w", cb.GetNamespace(), err)
+		}
+		who := binding.BoundBy{Issuer: ns.Annotations[binding.AnnotationIssuer], Subject: ns.Annotations[binding.AnnotationSubject]}
+		ann[binding.AnnotationBoundBy] = who.Encode()
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
+	if err != nil {
+		return err
+	}
+	_, err = c.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).Patch(ctx, cb.GetName(), types.MergePatchType, patch,
+		metav1.PatchOptions{FieldManager: fieldManager})
+	if err != nil {
+		return fmt.Errorf("recording the start of the lifetime of %s: %w", cb.GetNamespace(), err)
+	}
+	c.log.Info("credentials: a binding made before lifetimes were recorded starts its lifetime now", "namespace", cb.GetNamespace())
+	return nil
+}
+
+// report sets the CredentialsValid condition when it changed, by
+// server-side apply of that one list entry (conditions are a map list
+// keyed by type), so the konnector's conditions stay as they are.
+func (c *Controller) report(ctx context.Context, cb *unstructured.Unstructured, cond Condition, now time.Time) error {
+	transition := now.UTC().Format(time.RFC3339)
+	conditions, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
+	for _, raw := range conditions {
+		have, _ := raw.(map[string]any)
+		if have["type"] != ConditionType {
+			continue
+		}
+		if have["status"] == cond.Status && have["reason"] == cond.Reason && have["message"] == cond.Message {
+			return nil
+		}
+		if have["status"] == cond.Status {
+			if ts, ok := have["lastTransitionTime"].(string); ok {
+				transition = ts
+			}
+		}
+	}
+	apply := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha1",
+		"kind":       "ClusterBinding",
+		"metadata":   map[string]any{"name": cb.GetName(), "namespace": cb.GetNamespace()},
+		"status": map[string]any{"conditions": []any{map[string]any{
+			"type": ConditionType, "status": cond.Status, "reason": cond.Reason, "message": cond.Message,
+			"lastTransitionTime": transition,
+		}}},
+	}}
+	_, err := c.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).ApplyStatus(ctx, cb.GetName(), apply,
+		metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
+	if err != nil {
+		return fmt.Errorf("reporting %s on %s: %w", ConditionType, cb.GetNamespace(), err)
+	}
+	if cond.Status != "True" {
+		c.log.Warn("credentials: "+cond.Message, "namespace", cb.GetNamespace(), "reason", cond.Reason)
+	}
+	return nil
+}

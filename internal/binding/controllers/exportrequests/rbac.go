@@ -1,0 +1,138 @@
+package exportrequests
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+
+	"github.com/kbprovider/backend/internal/binding"
+)
+
+// ConsumerExportsRole names the Role (and its RoleBinding) that gives a
+// consumer's service account the resources it bound, in its own provider
+// namespace and in each namespace made for one of its APIServiceNamespaces.
+const ConsumerExportsRole = binding.ConsumerExportsRole
+
+// ConsumerClaimsRole names the Role (and its RoleBinding) that gives a
+// consumer's service account the resources its exports claim, only in the
+// namespaces made for its APIServiceNamespaces: never in its own provider
+// namespace, which holds its kubeconfig and token Secrets. RBAC cannot
+// match labels; the konnector applies the claims' selectors.
+const ConsumerClaimsRole = binding.ConsumerClaimsRole
+
+// consumerVerbs are what the konnector does with a bound resource's
+// objects on the provider side: it creates and updates the spec, deletes,
+// and watches the status the provider writes.
+var consumerVerbs = []string{"get", "list", "watch", "create", "update", "patch", "delete"}
+
+// consumerRules grants the namespaced bound resources. Cluster-scoped
+// ones cannot be granted with a Role (see docs/exports.md).
+func consumerRules(bound []*apiextensionsv1.CustomResourceDefinition) []rbacv1.PolicyRule {
+	rules := []rbacv1.PolicyRule{}
+	for _, crd := range bound {
+		if crd.Spec.Scope != apiextensionsv1.NamespaceScoped {
+			continue
+		}
+		rules = append(rules, rbacv1.PolicyRule{
+			APIGroups: []string{crd.Spec.Group},
+			Resources: []string{crd.Spec.Names.Plural},
+			Verbs:     consumerVerbs,
+		})
+	}
+	return rules
+}
+
+// claimRules grants every resource the exports claim, with the verbs the
+// konnector needs to sync claimed objects both ways.
+func claimRules(exports []*wantedExport) []rbacv1.PolicyRule {
+	seen := map[string]bool{}
+	rules := []rbacv1.PolicyRule{}
+	for _, w := range exports {
+		for _, c := range w.spec.PermissionClaims {
+			if key := c.Resource + "." + c.Group; !seen[key] {
+				seen[key] = true
+				rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{c.Group}, Resources: []string{c.Resource}, Verbs: consumerVerbs})
+			}
+		}
+	}
+	sort.Slice(rules, func(i, j int) bool {
+		return rules[i].Resources[0]+"."+rules[i].APIGroups[0] < rules[j].Resources[0]+"."+rules[j].APIGroups[0]
+	})
+	return rules
+}
+
+// applyConsumerRBAC makes the Role name of rules and its RoleBinding to
+// the service account of consumerNS, in ns. What was applied is
+// remembered, so an unchanged namespace costs no request until the next
+// resync.
+func (r *run) applyConsumerRBAC(ctx context.Context, ns, consumerNS, name string, rules []rbacv1.PolicyRule) error {
+	b, _ := json.Marshal(rules)
+	fingerprint := consumerNS + "\x00" + string(b)
+	key := ns + "\x00" + name
+	r.mu.Lock()
+	last, ok := r.applied[key]
+	r.mu.Unlock()
+	if ok && last.fingerprint == fingerprint && time.Since(last.at) < r.cfg.Resync {
+		return nil
+	}
+	labels := map[string]string{binding.LabelManagedBy: binding.ManagedByValue}
+	role := rbacv1ac.Role(name, ns).WithLabels(labels)
+	for _, rule := range rules {
+		role.WithRules(rbacv1ac.PolicyRule().WithAPIGroups(rule.APIGroups...).WithResources(rule.Resources...).WithVerbs(rule.Verbs...))
+	}
+	// No rules: server-side apply drops the ones this manager set before.
+	rb := rbacv1ac.RoleBinding(name, ns).WithLabels(labels).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(name)).
+		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(binding.ServiceAccountName).WithNamespace(consumerNS))
+	opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
+	err := retryForbidden(ctx, func() error {
+		if _, err := r.kube.RbacV1().Roles(ns).Apply(ctx, role, opts); err != nil {
+			return err
+		}
+		_, err := r.kube.RbacV1().RoleBindings(ns).Apply(ctx, rb, opts)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.applied[key] = appliedRoles{fingerprint: fingerprint, at: time.Now()}
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *run) forgetRoles(ns string) {
+	r.mu.Lock()
+	delete(r.applied, ns+"\x00"+ConsumerExportsRole)
+	delete(r.applied, ns+"\x00"+ConsumerClaimsRole)
+	r.mu.Unlock()
+}
+
+// retryForbidden retries fn for a few seconds while it is forbidden: the
+// API server's RBAC cache learns of the backend's own RoleBinding in a
+// namespace it just made with a short delay.
+func retryForbidden(ctx context.Context, fn func() error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	delay := 10 * time.Millisecond
+	for {
+		err := fn()
+		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 500*time.Millisecond)
+	}
+}

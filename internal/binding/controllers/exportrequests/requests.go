@@ -1,0 +1,204 @@
+package exportrequests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kbprovider/backend/internal/binding/kbcache"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
+	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
+)
+
+// wantedExport is one APIServiceExport a consumer namespace should have:
+// from a succeeded request of its name, else from the export as stored.
+type wantedExport struct {
+	name string
+	spec v1alpha2.APIServiceExportRequestSpec
+	// resources and claims as stored (defaults applied), so that what is
+	// applied compares equal to an export already in step.
+	resources, claims []any
+	// dual: v1alpha1 can express it (one resource, named after it, no
+	// claims, no namespaces), so the export also carries the v1alpha1
+	// fields for konnectors before v0.5.
+	dual bool
+}
+
+// fromRequest is the export a request asks for.
+func fromRequest(req *unstructured.Unstructured) (*wantedExport, error) {
+	spec, err := requestSpec(req)
+	if err != nil {
+		return nil, err
+	}
+	w := &wantedExport{name: req.GetName(), spec: spec}
+	w.resources, _, _ = unstructured.NestedSlice(req.Object, "spec", "resources")
+	w.claims, _, _ = unstructured.NestedSlice(req.Object, "spec", "permissionClaims")
+	w.dual = len(spec.Resources) == 1 && spec.Resources[0].Name() == req.GetName() &&
+		len(spec.PermissionClaims) == 0 && len(spec.Namespaces) == 0
+	return w, nil
+}
+
+// fromExport is an export as stored: its v1alpha2 resources, or, for one
+// written before v1alpha2, the one resource its v1alpha1 fields name.
+func fromExport(e *unstructured.Unstructured) *wantedExport {
+	w := &wantedExport{name: e.GetName()}
+	w.resources, _, _ = unstructured.NestedSlice(e.Object, "spec", "resources")
+	w.claims, _, _ = unstructured.NestedSlice(e.Object, "spec", "permissionClaims")
+	group, hasGroup, _ := unstructured.NestedString(e.Object, "spec", "group")
+	w.dual = hasGroup
+	if len(w.resources) == 0 && hasGroup {
+		plural, _, _ := unstructured.NestedString(e.Object, "spec", "names", "plural")
+		w.resources = []any{map[string]any{"group": group, "resource": plural}}
+	}
+	_ = convert(map[string]any{"resources": w.resources, "permissionClaims": w.claims}, &w.spec)
+	return w
+}
+
+func requestSpec(req *unstructured.Unstructured) (v1alpha2.APIServiceExportRequestSpec, error) {
+	var spec v1alpha2.APIServiceExportRequestSpec
+	raw, found, _ := unstructured.NestedMap(req.Object, "spec")
+	if !found {
+		return spec, fmt.Errorf("spec.resources is missing")
+	}
+	if err := convert(raw, &spec); err != nil || len(spec.Resources) == 0 {
+		return spec, fmt.Errorf("spec.resources must list at least one {group, resource}")
+	}
+	return spec, nil
+}
+
+func convert(in any, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
+}
+
+// answerRequests decides every pending request of the namespace and
+// returns the exports of all succeeded ones by name. A decided request is
+// never decided again (its phase is terminal).
+func (r *run) answerRequests(ctx context.Context, ns string) (map[string]*wantedExport, error) {
+	holders := r.exportHolders(ns)
+	wanted := map[string]*wantedExport{}
+	for _, req := range r.inNamespace(r.requests, ns) {
+		phase, _, _ := unstructured.NestedString(req.Object, "status", "phase")
+		if phase == PhaseFailed || phase != PhaseSucceeded && req.GetDeletionTimestamp() != nil {
+			continue
+		}
+		w, err := fromRequest(req)
+		if phase == PhaseSucceeded {
+			if err == nil {
+				wanted[w.name] = w
+			}
+			continue
+		}
+		problem := ""
+		if err != nil {
+			problem = err.Error()
+		} else if _, problem = r.cfg.Offers.Cover(w.spec); problem == "" {
+			problem = exportedElsewhere(holders, w)
+		}
+		if problem != "" {
+			if err := r.setPhase(ctx, req, PhaseFailed, problem); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := r.answer(ctx, ns, req, w); err != nil {
+			return nil, err
+		}
+		wanted[w.name] = w
+		for _, res := range w.spec.Resources {
+			holders[res.Name()] = w.name
+		}
+	}
+	return wanted, nil
+}
+
+// answer makes what a request was granted (its BoundSchemas first, then
+// the export: konnector v0.8 needs both) and only then reports success,
+// so a client that sees Succeeded finds them.
+func (r *run) answer(ctx context.Context, ns string, req *unstructured.Unstructured, w *wantedExport) error {
+	crds, missing := r.exportedCRDs(w)
+	if missing != "" { // withdrawn since Cover: decide on the next pass
+		return fmt.Errorf("%s was withdrawn while answering %s/%s", missing, ns, req.GetName())
+	}
+	for _, crd := range crds {
+		if err := r.applyBoundSchema(ctx, ns, crd, nil); err != nil {
+			return err
+		}
+	}
+	if err := r.applyExport(ctx, ns, w, crds, nil); err != nil {
+		return err
+	}
+	return r.setPhase(ctx, req, PhaseSucceeded, "")
+}
+
+// exportHolders maps each resource ("<resource>.<group>") exported in ns
+// to the export holding it.
+func (r *run) exportHolders(ns string) map[string]string {
+	out := map[string]string{}
+	for _, e := range r.inNamespace(r.exports, ns) {
+		for _, res := range fromExport(e).spec.Resources {
+			out[res.Name()] = e.GetName()
+		}
+	}
+	return out
+}
+
+// exportedElsewhere refuses a second export of a resource: the two would
+// fight over the consumer's CRD.
+func exportedElsewhere(holders map[string]string, w *wantedExport) string {
+	var problems []string
+	for _, res := range w.spec.Resources {
+		if other, ok := holders[res.Name()]; ok && other != w.name {
+			problems = append(problems, fmt.Sprintf("%s is already bound in this namespace by %q", res.Name(), other))
+		}
+	}
+	return strings.Join(problems, "; ")
+}
+
+// setPhase decides a request. The patch carries the resourceVersion the
+// decision was taken on: if the request changed meanwhile (another
+// replica, a stale cache), the API server refuses it and the next pass
+// looks again, so a decided request is never flipped.
+func (r *run) setPhase(ctx context.Context, req *unstructured.Unstructured, phase, message string) error {
+	status := map[string]any{"phase": phase}
+	if message != "" {
+		status["terminalMessage"] = cutMessage(message)
+	}
+	patch, _ := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": req.GetResourceVersion()},
+		"status":   status,
+	})
+	_, err := r.dynamic.Resource(kbresources.APIServiceExportRequestsV1alpha2).Namespace(req.GetNamespace()).
+		Patch(ctx, req.GetName(), types.MergePatchType, patch, metav1.PatchOptions{FieldManager: fieldManager}, "status")
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("setting %s/%s to %s: %w", req.GetNamespace(), req.GetName(), phase, err)
+	}
+	r.log.Info("exports: request answered", "namespace", req.GetNamespace(), "request", req.GetName(), "phase", phase,
+		"message", message, "since_creation", time.Since(req.GetCreationTimestamp().Time).Round(time.Millisecond).String())
+	return nil
+}
+
+// maxMessage is the schema's bound on terminalMessage and condition
+// messages (deploy/crds).
+const maxMessage = 4096
+
+// cutMessage fits a message to maxMessage, marking a cut with "…".
+func cutMessage(m string) string {
+	if len(m) <= maxMessage {
+		return m
+	}
+	return kbcache.Truncate(m, maxMessage-len("…")) + "…"
+}

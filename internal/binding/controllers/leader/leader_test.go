@@ -1,0 +1,83 @@
+package leader
+
+import (
+	"context"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
+)
+
+func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
+
+// Two replicas: only one runs at a time; when the leader stops, it
+// releases the Lease and the other takes over well before the lease
+// duration.
+func TestOneLeaderAndFastHandover(t *testing.T) {
+	cp := controlplane.Get(t)
+	rc := cp.AdminConfig()
+	if _, err := kubernetes.NewForConfigOrDie(rc).CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "leader-test"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var running, maxRunning atomic.Int32
+	leading := make(chan int, 2)
+	cfg := Config{Namespace: "leader-test", Name: "test-lease", LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 200 * time.Millisecond}
+	ctxs := make([]context.CancelFunc, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		ctxs[i] = cancel
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := cfg
+			c.Identity = "replica"
+			err := Run(ctx, rc, c, func(ctx context.Context) {
+				if n := running.Add(1); n > maxRunning.Load() {
+					maxRunning.Store(n)
+				}
+				leading <- i
+				<-ctx.Done()
+				running.Add(-1)
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	var first int
+	select {
+	case first = <-leading:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no replica became leader within 30s")
+	}
+	time.Sleep(time.Second) // the other keeps trying meanwhile
+	start := time.Now()
+	ctxs[first]()
+	select {
+	case second := <-leading:
+		if second == first {
+			t.Fatal("the stopped replica led again")
+		}
+		took := time.Since(start)
+		t.Logf("handover after the leader stopped: %v (lease duration %v)", took.Round(time.Millisecond), cfg.LeaseDuration)
+		if took >= cfg.LeaseDuration {
+			t.Errorf("handover took %v: the Lease was not released", took)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no handover within 30s")
+	}
+	ctxs[1-first]()
+	wg.Wait()
+	if maxRunning.Load() != 1 {
+		t.Errorf("%d replicas ran at once", maxRunning.Load())
+	}
+}

@@ -1,0 +1,494 @@
+// Package lifecycle owns the life of a binding session, whichever HTTP
+// route drives it: it issues sessions (POST /sessions for the poll flow,
+// GET /authorize for the callback flow), checks the requests made with
+// them, admits polls, provisions the consumer on bind, records the
+// outcome and hands it to the polls. The handlers in internal/httpapi and
+// internal/httpapi/browser only parse requests, call it and render.
+//
+// A pending session is not stored anywhere: its ID and secret are derived
+// with sessionkey, so any replica checks it, after any restart. What is
+// stored (sessions.Store) is what happens to it: the outcome, its first
+// delivery, the single-use marks of its links, and the pace of its polls.
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/offers"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
+	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+)
+
+// Provisioner sets a consumer up on the provider cluster (implemented by
+// *binding.Provisioner).
+type Provisioner interface {
+	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error)
+}
+
+// Offers are what a v1alpha2 consumer may pick (implemented by the offers
+// source over the catalog, templates and collections).
+type Offers interface {
+	Get(name string) (offers.Offer, bool)
+}
+
+// Catalog says which APIs a consumer may bind (implemented by
+// *binding.Catalog).
+type Catalog interface {
+	Lookup(group, resource string) (binding.ExportedAPI, bool)
+}
+
+// Config configures a Service.
+type Config struct {
+	// Store keeps outcomes, marks and poll pace. Required.
+	Store sessions.Store
+	// Keys derive session IDs and secrets. Required.
+	Keys *sessionkey.Keys
+	// ClusterKey issues cluster IDs and their secrets. Required.
+	ClusterKey *clusterkey.Key
+	// SessionTTL is how long a session lives (default sessions.DefaultTTL).
+	SessionTTL time.Duration
+	// Grace is how long a delivered response is served again (default
+	// sessions.DefaultLimits.Grace); the store must keep records as long.
+	Grace time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Catalog and Provisioner are needed for Select and Bind only.
+	Catalog     Catalog
+	Provisioner Provisioner
+	// Offers are needed for SelectOffers only.
+	Offers Offers
+	// RenderV1alpha2 renders the BindingResponse of the v1alpha2 flows
+	// (internal/httpapi/v1alpha2.Render); without it, they bind nothing.
+	RenderV1alpha2 Renderer
+}
+
+// Result is a bind's outcome as a protocol generation renders it into
+// its BindingResponse.
+type Result struct {
+	binding.Result
+	// SessionID is the response's authentication.oauth2CodeGrant.sid.
+	SessionID string
+	// Picks are the offers a v1alpha2 consumer picked, one request each
+	// (nil for v1alpha1, whose requests are the resolved APIs).
+	Picks []Pick
+}
+
+// Pick is one picked offer and the name of its request in the response.
+type Pick struct {
+	// Name names the request ("" means the offer's name).
+	Name  string
+	Offer offers.Offer
+}
+
+// RequestName is the name of the pick's request.
+func (p Pick) RequestName() string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return p.Offer.Name
+}
+
+// Renderer renders a Result as the JSON BindingResponse of a generation.
+type Renderer func(Result) ([]byte, error)
+
+// RenderV1alpha1 renders the kube-bind.io/v1alpha1 BindingResponse: one
+// request per resolved API, named <resource>.<group>.
+func RenderV1alpha1(r Result) ([]byte, error) {
+	resp := v1alpha1.BindingResponse{
+		APIVersion: v1alpha1.GroupVersion,
+		Kind:       v1alpha1.KindBindingResponse,
+		Authentication: v1alpha1.BindingAuthentication{
+			OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{SessionID: r.SessionID, ID: r.ConsumerID},
+		},
+		Kubeconfig: r.Kubeconfig,
+	}
+	for _, api := range r.APIs {
+		raw, err := json.Marshal(v1alpha1.APIServiceExportRequestResponse{
+			APIVersion: v1alpha1.GroupVersion,
+			Kind:       v1alpha1.KindAPIServiceExportRequest,
+			Metadata:   v1alpha1.NameMeta{Name: api.Resource + "." + api.Group},
+			Spec: v1alpha1.APIServiceExportRequestResponseSpec{
+				Resources: []v1alpha1.APIServiceExportRequestResource{{
+					Group: api.Group, Resource: api.Resource, Versions: api.Versions,
+				}},
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		resp.Requests = append(resp.Requests, raw)
+	}
+	return json.Marshal(resp)
+}
+
+// Service runs the session lifecycle.
+type Service struct{ cfg Config }
+
+// New checks cfg and returns the service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil || cfg.Keys == nil || cfg.ClusterKey == nil {
+		return nil, errors.New("lifecycle: Store, Keys and ClusterKey are required")
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = sessions.DefaultTTL
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = sessions.DefaultLimits.Grace
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+// SessionTTL is the life of the sessions the service creates.
+func (s *Service) SessionTTL() time.Duration { return s.cfg.SessionTTL }
+
+// Session is a session as its ID says, with the callback-flow fields its
+// login carries along.
+type Session struct {
+	sessionkey.Session
+	// CallbackURL and CallbackSessionID are set for sessions of the
+	// callback flow of released CLIs: where to redirect the browser, and
+	// the CLI's own session ID to echo back.
+	CallbackURL       string
+	CallbackSessionID string
+	// Ended: opened by OpenPoll after ExpiresAt, within the grace period;
+	// only a response delivered before ExpiresAt is still served.
+	Ended bool
+}
+
+// CreatePollSession issues a session of the poll flow (protocol §3). It
+// returns the cluster ID the session will bind with unless its link
+// proves the presented one, and the cluster secret of a new cluster ID
+// ("" when the client presented one: that one's secret is the client's).
+func (s *Service) CreatePollSession(presentedClusterID string) (sess Session, clusterID, clusterSecret string) {
+	return s.CreatePollSessionOf(sessionkey.FlowPoll, presentedClusterID)
+}
+
+// CreatePollSessionOf is CreatePollSession for a poll flow of either
+// generation (FlowPoll or FlowPollV1alpha2).
+func (s *Service) CreatePollSessionOf(flow sessionkey.Flow, presentedClusterID string) (sess Session, clusterID, clusterSecret string) {
+	if !flow.Polled() {
+		panic("lifecycle: CreatePollSessionOf with a flow that is not polled")
+	}
+	sess.Session = s.cfg.Keys.Issue(flow, presentedClusterID, s.cfg.Now().Add(s.cfg.SessionTTL))
+	if sess.ClusterID != "" {
+		return sess, sess.ClusterID, ""
+	}
+	clusterID = clusterkey.NewClusterID(sess.ID)
+	return sess, clusterID, s.cfg.ClusterKey.Secret(clusterID)
+}
+
+// CreateCallbackSession issues the session of a callback-flow login: the
+// released CLI's session ID and the checked callback URL the response
+// goes to travel with the login, not in any store.
+func (s *Service) CreateCallbackSession(callbackURL, cliSessionID string) Session {
+	return s.CreateRedirectSession(sessionkey.FlowCallback, callbackURL, cliSessionID)
+}
+
+// CreateRedirectSession issues the session of a login whose result goes
+// to a CLI's localhost callback: the v1alpha1 callback flow
+// (FlowCallback), the browser flow of plain `kubectl bind`
+// (FlowBrowserV1alpha2) or `kubectl bind login` (FlowCLILogin).
+func (s *Service) CreateRedirectSession(flow sessionkey.Flow, callbackURL, cliSessionID string) Session {
+	if flow.Polled() || !flow.Valid() {
+		panic("lifecycle: CreateRedirectSession with a polled flow")
+	}
+	return Session{
+		Session:     s.cfg.Keys.Issue(flow, "", s.cfg.Now().Add(s.cfg.SessionTTL)),
+		CallbackURL: callbackURL, CallbackSessionID: cliSessionID,
+	}
+}
+
+var (
+	// ErrUnknownSession: the ID is not one this backend issued.
+	ErrUnknownSession = errors.New("not a session of this backend")
+	// ErrExpired: the session ended (expired, or its key was retired).
+	ErrExpired = errors.New("the session expired")
+)
+
+// Open checks a session ID: ErrUnknownSession, ErrExpired, or the session.
+func (s *Service) Open(id string) (Session, error) { return s.open(id, 0) }
+
+// OpenPoll is Open for a poll: a session that expired less than the
+// grace period ago is still opened (Ended), so that a response first
+// delivered just before the expiry gets its whole grace period.
+func (s *Service) OpenPoll(id string) (Session, error) { return s.open(id, s.cfg.Grace) }
+
+// open opens a session until its expiry plus grace.
+func (s *Service) open(id string, grace time.Duration) (Session, error) {
+	ks, err := s.cfg.Keys.Open(id)
+	now := s.cfg.Now()
+	switch {
+	case errors.Is(err, sessionkey.ErrUnknownKey):
+		return Session{}, ErrExpired
+	case err != nil:
+		return Session{}, ErrUnknownSession
+	case !now.Before(ks.ExpiresAt.Add(grace)):
+		return Session{}, ErrExpired
+	}
+	return Session{Session: ks, Ended: !now.Before(ks.ExpiresAt)}, nil
+}
+
+// UseLink spends the nonce of an authorize link: sessions.ErrNonceUsed if
+// the link was opened before, on any replica.
+func (s *Service) UseLink(ctx context.Context, sess Session, nonce string) error {
+	return s.cfg.Store.UseOnce(ctx, "link\n"+sess.ID+"\n"+nonce, sess.ExpiresAt)
+}
+
+// UseLoginState spends a login state (oidc.Config.UseOnce), kept for a
+// session's life.
+func (s *Service) UseLoginState(ctx context.Context, key string) error {
+	return s.cfg.Store.UseOnce(ctx, "login-state\n"+key, s.cfg.Now().Add(s.cfg.SessionTTL))
+}
+
+// Outcome is what the session ended with so far (the zero Outcome while
+// pending).
+func (s *Service) Outcome(ctx context.Context, sess Session) (sessions.Outcome, error) {
+	return s.cfg.Store.Outcome(ctx, sess.ID)
+}
+
+// AdmitPoll admits a poll of sess with nonce (sessions.Store.AdmitPoll).
+func (s *Service) AdmitPoll(ctx context.Context, sess Session, nonce string, minInterval time.Duration) error {
+	return s.cfg.Store.AdmitPoll(ctx, sess.ID, nonce, sess.ExpiresAt.Add(s.cfg.Grace), minInterval)
+}
+
+// Wait holds until sess has an outcome or ctx ends (long polls).
+func (s *Service) Wait(ctx context.Context, sess Session) (sessions.Outcome, error) {
+	return s.cfg.Store.Wait(ctx, sess.ID)
+}
+
+// ErrDelivered: the response was delivered longer than the grace period
+// ago; it is never served again.
+var ErrDelivered = errors.New("the response was delivered and its grace period is over")
+
+// Deliver returns nil when a completed session's response may be handed
+// to a poll now: within the grace period after its first delivery (which
+// this call records if it is the first), and only if that was before the
+// session expired. Else ErrDelivered.
+func (s *Service) Deliver(ctx context.Context, sess Session) error {
+	first, err := s.cfg.Store.Deliver(ctx, sess.ID, sess.ExpiresAt)
+	if err != nil {
+		return err
+	}
+	if !first.Before(sess.ExpiresAt) || s.cfg.Now().After(first.Add(s.cfg.Grace)) {
+		return ErrDelivered
+	}
+	return nil
+}
+
+// SelectionError says what is wrong with the APIs a user picked, in words
+// for the user.
+type SelectionError struct{ Problem string }
+
+func (e *SelectionError) Error() string { return e.Problem }
+
+// Select turns the picked API IDs (<resource>.<group>) into resources,
+// dropping repeats and keeping the order. Nothing may be provisioned
+// unless every one is exported: else a *SelectionError.
+func (s *Service) Select(picked []string) ([]binding.Resource, []string, error) {
+	if s.cfg.Catalog == nil || s.cfg.Provisioner == nil {
+		return nil, nil, ErrNoProvider
+	}
+	if len(picked) == 0 {
+		return nil, nil, &SelectionError{"Pick at least one API."}
+	}
+	seen := map[string]bool{}
+	var resources []binding.Resource
+	var names []string
+	for _, name := range picked {
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		resource, group, _ := strings.Cut(name, ".")
+		if _, ok := s.cfg.Catalog.Lookup(group, resource); !ok {
+			return nil, nil, notOffered(name)
+		}
+		resources = append(resources, binding.Resource{Group: group, Resource: resource})
+		names = append(names, name)
+	}
+	return resources, names, nil
+}
+
+func notOffered(name string) *SelectionError {
+	return &SelectionError{"The API " + name + " is not offered by this provider. Pick from the list."}
+}
+
+// SelectOffers turns the picked offer names into picks, dropping repeats
+// and keeping the order: a *SelectionError unless every one is offered.
+func (s *Service) SelectOffers(picked []string) ([]Pick, error) {
+	if s.cfg.Offers == nil || s.cfg.Provisioner == nil || s.cfg.RenderV1alpha2 == nil {
+		return nil, ErrNoProvider
+	}
+	if len(picked) == 0 {
+		return nil, &SelectionError{"Pick at least one API."}
+	}
+	seen := map[string]bool{}
+	var picks []Pick
+	for _, name := range picked {
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		o, ok := s.cfg.Offers.Get(name)
+		if !ok {
+			return nil, notOffered(name)
+		}
+		picks = append(picks, Pick{Offer: o})
+	}
+	return picks, nil
+}
+
+// Offer returns the offer name (v1alpha2 consumers), or false.
+func (s *Service) Offer(name string) (offers.Offer, bool) {
+	if s.cfg.Offers == nil {
+		return offers.Offer{}, false
+	}
+	return s.cfg.Offers.Get(name)
+}
+
+// Errors of Bind besides *SelectionError and the store's.
+var (
+	// ErrAlreadyDone: the session was completed or denied before (a
+	// second submit of the same form).
+	ErrAlreadyDone = errors.New("the session is not pending any more")
+	// ErrProvisioning: the provider cluster could not set the consumer
+	// up (the cause is wrapped; nothing the user did).
+	ErrProvisioning = errors.New("provisioning failed")
+	// ErrNoProvider: the service was built without a catalog and a
+	// provisioner, so it binds nothing.
+	ErrNoProvider = errors.New("lifecycle: no catalog and provisioner configured")
+)
+
+// Bind provisions consumer with resources under clusterID, renders the
+// v1alpha1 response for sess's flow (the CLI's session ID in the callback
+// flow) and records it as the session's outcome. It returns the
+// BindingResponse. Provisioning is idempotent, so a bind that two
+// replicas run at once (the form sent twice) provisions the same objects
+// and records one outcome.
+func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource) ([]byte, error) {
+	return s.bind(ctx, sess, consumer, clusterID, resources, nil)
+}
+
+// BindOffers is Bind for the v1alpha2 flows (sessions of FlowPollV1alpha2
+// and FlowBrowserV1alpha2): it provisions every resource of the picked
+// offers and renders one request per pick.
+func (s *Service) BindOffers(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, picks []Pick) ([]byte, error) {
+	if len(picks) == 0 {
+		return nil, &SelectionError{"Pick at least one API."}
+	}
+	return s.bind(ctx, sess, consumer, clusterID, pickedResources(picks), picks)
+}
+
+// BindDirect binds one pick with no session (POST /api/bind with a CLI
+// token): it provisions and renders the v1alpha2 response, with sid as
+// its session ID, and records nothing.
+func (s *Service) BindDirect(ctx context.Context, consumer binding.Consumer, clusterID, sid string, pick Pick) ([]byte, error) {
+	body, _, err := s.provision(ctx, consumer, clusterID, sid, pickedResources([]Pick{pick}), []Pick{pick})
+	return body, err
+}
+
+func pickedResources(picks []Pick) []binding.Resource {
+	var resources []binding.Resource
+	for _, p := range picks {
+		for _, r := range p.Offer.Resources {
+			resources = append(resources, binding.Resource{Group: r.Group, Resource: r.Resource})
+		}
+	}
+	return resources
+}
+
+func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource, picks []Pick) ([]byte, error) {
+	sid := sess.ID
+	if sess.CallbackURL != "" {
+		sid = sess.CallbackSessionID
+	}
+	if sess.Flow.V1alpha2() != (picks != nil) {
+		return nil, fmt.Errorf("lifecycle: a %s session bound with the other generation's selection", generation(sess.Flow))
+	}
+	body, _, err := s.provision(ctx, consumer, clusterID, sid, resources, picks)
+	if err != nil {
+		return nil, err
+	}
+	if !sess.Flow.Polled() {
+		// Its response goes to the CLI's callback at once, never to a
+		// poll: nothing to record.
+		return body, nil
+	}
+	switch err := s.cfg.Store.Complete(ctx, sess.ID, sess.ExpiresAt, body); {
+	case errors.Is(err, sessions.ErrNotPending):
+		return nil, ErrAlreadyDone
+	case err != nil:
+		return nil, err
+	}
+	return body, nil
+}
+
+func generation(f sessionkey.Flow) string {
+	if f.V1alpha2() {
+		return "v1alpha2"
+	}
+	return "v1alpha1"
+}
+
+// provision provisions and renders: v1alpha1 without picks, v1alpha2
+// with them.
+func (s *Service) provision(ctx context.Context, consumer binding.Consumer, clusterID, sid string, resources []binding.Resource, picks []Pick) ([]byte, *binding.Result, error) {
+	if s.cfg.Provisioner == nil {
+		return nil, nil, ErrNoProvider
+	}
+	render := RenderV1alpha1
+	if picks != nil {
+		if s.cfg.RenderV1alpha2 == nil {
+			return nil, nil, ErrNoProvider
+		}
+		render = s.cfg.RenderV1alpha2
+	}
+	res, err := s.cfg.Provisioner.Provision(ctx, consumer, clusterID, resources)
+	var ne *binding.NotExportedError
+	if errors.As(err, &ne) {
+		// The catalog changed since Select.
+		return nil, nil, notOffered(ne.Resource + "." + ne.Group)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
+	}
+	body, err := render(Result{Result: *res, SessionID: sid, Picks: picks})
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding the binding response: %w", err)
+	}
+	return body, res, nil
+}
+
+// Deny ends a pending poll session with reason, which its poll reports. A
+// session that is not pending any more is left as it is (nil), and a
+// callback-flow session has nobody polling to tell.
+func (s *Service) Deny(ctx context.Context, sess Session, reason string) error {
+	if !sess.Flow.Polled() {
+		return nil
+	}
+	if err := s.cfg.Store.Deny(ctx, sess.ID, sess.ExpiresAt, reason); err != nil && !errors.Is(err, sessions.ErrNotPending) {
+		return err
+	}
+	return nil
+}
+
+// SettleCluster returns the cluster ID a poll session binds with: the one
+// issued to it when it presented none; the presented one when proof
+// proves its cluster secret for this session (proven); else a new one.
+func (s *Service) SettleCluster(sess Session, proof string) (clusterID string, proven bool) {
+	if sess.ClusterID != "" && s.cfg.ClusterKey.Proven(sess.ID, sess.ClusterID, proof) {
+		return sess.ClusterID, true
+	}
+	return clusterkey.NewClusterID(sess.ID), false
+}

@@ -1,0 +1,337 @@
+package lifecycle
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/offers"
+	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/clusterkey"
+	"github.com/kbprovider/backend/internal/sessions/memory"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
+	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
+	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
+	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
+	"github.com/kbprovider/backend/pkg/protocol"
+)
+
+func newService(t *testing.T, limits sessions.Limits, p Provisioner) (*Service, *memory.Store, *clusterkey.Key) {
+	t.Helper()
+	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	return newServiceAt(t, limits, p, clock)
+}
+
+func newServiceAt(t *testing.T, limits sessions.Limits, p Provisioner, clock *testutil.Clock) (*Service, *memory.Store, *clusterkey.Key) {
+	t.Helper()
+	store := memory.New(limits, clock.Now)
+	key, err := clusterkey.New(bytes.Repeat([]byte("k"), 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := sessionkey.New(bytes.Repeat([]byte("s"), 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Store: store, Keys: keys, ClusterKey: key, SessionTTL: time.Minute, Grace: limits.Grace,
+		Now: clock.Now, Catalog: fakes.Catalog{fakes.MangoDBs}, Provisioner: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, store, key
+}
+
+// TestRenderV1alpha1 pins the v1alpha1 response byte for byte: it is what
+// Provision returned before the result became generation-neutral.
+func TestRenderV1alpha1(t *testing.T) {
+	got, err := RenderV1alpha1(Result{SessionID: "sid-1", Result: binding.Result{
+		Namespace: "kb-abc", Kubeconfig: []byte("apiVersion: v1\n"), ConsumerID: "https://idp/alice",
+		APIs: []binding.ExportedAPI{
+			{Group: "mangodb.com", Resource: "mangodbs", Versions: []string{"v1", "v2"}},
+			{Group: "", Resource: "widgets"},
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"apiVersion":"kube-bind.io/v1alpha1","kind":"BindingResponse",` +
+		`"authentication":{"oauth2CodeGrant":{"sid":"sid-1","id":"https://idp/alice"}},"kubeconfig":"YXBpVmVyc2lvbjogdjEK",` +
+		`"requests":[{"apiVersion":"kube-bind.io/v1alpha1","kind":"APIServiceExportRequest","metadata":{"name":"mangodbs.mangodb.com"},` +
+		`"spec":{"resources":[{"group":"mangodb.com","resource":"mangodbs","versions":["v1","v2"]}]}},` +
+		`{"apiVersion":"kube-bind.io/v1alpha1","kind":"APIServiceExportRequest","metadata":{"name":"widgets."},` +
+		`"spec":{"resources":[{"group":"","resource":"widgets"}]}}]}`
+	if string(got) != want {
+		t.Errorf("v1alpha1 response\n got %s\nwant %s", got, want)
+	}
+}
+
+func TestCreatePollSession(t *testing.T) {
+	s, store, key := newService(t, sessions.Limits{}, nil)
+	sess, clusterID, secret := s.CreatePollSession("")
+	if clusterID != clusterkey.NewClusterID(sess.ID) || secret != key.Secret(clusterID) || sess.ClusterID != "" {
+		t.Fatalf("no cluster ID presented: %+v, cluster %q, secret %q; want an issued ID with its secret", sess, clusterID, secret)
+	}
+	opened, err := s.Open(sess.ID)
+	if err != nil || opened.Secret != sess.Secret || !opened.ExpiresAt.Equal(sess.ExpiresAt) {
+		t.Fatalf("Open of a new session: %+v, %v", opened, err)
+	}
+	earlier := clusterID // presented again by a client that bound before
+	presented, got, secret := s.CreatePollSession(earlier)
+	if got != earlier || secret != "" || presented.ClusterID != earlier {
+		t.Fatalf("presented cluster ID: %+v, cluster %q, secret %q; want it kept, no secret", presented, got, secret)
+	}
+	if o, d, m := store.Len(); o+d+m != 0 {
+		t.Fatalf("creating sessions stored %d records, want none", o+d+m)
+	}
+}
+
+// Open tells a session that is not ours from one that ended.
+func TestOpen(t *testing.T) {
+	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	s, _, _ := newServiceAt(t, sessions.Limits{}, nil, clock)
+	sess, _, _ := s.CreatePollSession("")
+	if _, err := s.Open("not-a-session"); !errors.Is(err, ErrUnknownSession) {
+		t.Errorf("a malformed ID: %v, want ErrUnknownSession", err)
+	}
+	other, _ := sessionkey.New(bytes.Repeat([]byte("o"), 32))
+	if _, err := s.Open(other.Issue(sessionkey.FlowPoll, "", clock.Now().Add(time.Minute)).ID); !errors.Is(err, ErrExpired) {
+		t.Errorf("an ID of another key: %v, want ErrExpired", err)
+	}
+	clock.Advance(time.Minute)
+	if _, err := s.Open(sess.ID); !errors.Is(err, ErrExpired) {
+		t.Errorf("after the TTL: %v, want ErrExpired", err)
+	}
+}
+
+// Deliver serves a response within the grace period after its first
+// delivery, and never after.
+func TestDeliverGrace(t *testing.T) {
+	ctx := context.Background()
+	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
+	sess, _, _ := s.CreatePollSession("")
+	if err := s.Deliver(ctx, sess); !errors.Is(err, sessions.ErrNotPending) {
+		t.Fatalf("Deliver of a pending session: %v", err)
+	}
+	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(10 * time.Second)
+	if err := s.Deliver(ctx, sess); err != nil {
+		t.Fatalf("first delivery: %v", err)
+	}
+	clock.Advance(29 * time.Second)
+	if err := s.Deliver(ctx, sess); err != nil {
+		t.Fatalf("within the grace period: %v", err)
+	}
+	clock.Advance(2 * time.Second)
+	if err := s.Deliver(ctx, sess); !errors.Is(err, ErrDelivered) {
+		t.Fatalf("after the grace period: %v, want ErrDelivered", err)
+	}
+}
+
+func TestSettleCluster(t *testing.T) {
+	s, _, key := newService(t, sessions.Limits{}, nil)
+	fresh, issued, _ := s.CreatePollSession("")
+	if id, proven := s.SettleCluster(fresh, ""); id != issued || proven {
+		t.Errorf("no cluster presented: %q %v, want the issued %q", id, proven, issued)
+	}
+	presented, _, _ := s.CreatePollSession(issued)
+	proof := protocol.ClusterProof(key.Secret(issued), presented.ID)
+	if id, proven := s.SettleCluster(presented, proof); id != issued || !proven {
+		t.Errorf("with its proof: %q %v", id, proven)
+	}
+	if id, proven := s.SettleCluster(presented, protocol.ClusterProof(key.Secret(issued), fresh.ID)); id == issued || proven {
+		t.Errorf("with another session's proof: %q %v, want a new ID", id, proven)
+	}
+}
+
+func TestSelect(t *testing.T) {
+	none, _, _ := newService(t, sessions.Limits{}, nil)
+	if _, _, err := none.Select([]string{"mangodbs.mangodb.com"}); !errors.Is(err, ErrNoProvider) {
+		t.Errorf("without a provisioner: %v, want ErrNoProvider", err)
+	}
+	s, _, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
+	res, names, err := s.Select([]string{"mangodbs.mangodb.com", "mangodbs.mangodb.com"})
+	if err != nil || len(res) != 1 || res[0] != (binding.Resource{Group: "mangodb.com", Resource: "mangodbs"}) || len(names) != 1 {
+		t.Fatalf("one API twice: %v %v %v", res, names, err)
+	}
+	var se *SelectionError
+	for _, picked := range [][]string{nil, {"mangodbs.mangodb.com", "secrets.example.com"}, {"nodot"}} {
+		if _, _, err := s.Select(picked); !errors.As(err, &se) {
+			t.Errorf("%q: %v, want a SelectionError", picked, err)
+		}
+	}
+}
+
+// Bind fills the response for the session's flow and completes the
+// session once; what goes wrong is told apart.
+func TestBind(t *testing.T) {
+	ctx := context.Background()
+	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
+	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
+
+	s, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
+	poll, pollCluster, _ := s.CreatePollSession("")
+	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
+	for _, c := range []struct {
+		sess    Session
+		wantSID string
+	}{{poll, poll.ID}, {cb, "cli-session"}} {
+		body, err := s.Bind(ctx, c.sess, consumer, pollCluster, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var resp v1alpha1.BindingResponse
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if g := resp.Authentication.OAuth2CodeGrant; g == nil || g.SessionID != c.wantSID || g.ID != consumer.ID() {
+			t.Errorf("code grant %+v, want session %s and consumer %s", g, c.wantSID, consumer.ID())
+		}
+		stored, _ := store.Outcome(ctx, c.sess.ID)
+		if c.sess.Flow == sessionkey.FlowCallback {
+			// Handed to the CLI's callback at once: nothing recorded.
+			if stored.State != sessions.StatePending {
+				t.Errorf("a callback-flow bind recorded %v", stored.State)
+			}
+			continue
+		}
+		if stored.State != sessions.StateCompleted || !bytes.Equal(stored.Response, body) {
+			t.Errorf("stored outcome %v, response kept: %v", stored.State, bytes.Equal(stored.Response, body))
+		}
+		if _, err := s.Bind(ctx, c.sess, consumer, pollCluster, res); !errors.Is(err, ErrAlreadyDone) {
+			t.Errorf("second bind: %v, want ErrAlreadyDone", err)
+		}
+		if err := s.Deny(ctx, c.sess, "too late"); err != nil {
+			t.Errorf("deny of a completed session: %v, want nil (left as it is)", err)
+		}
+	}
+
+	failing, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{Err: errors.New("apiserver away")})
+	sess, cluster, _ := failing.CreatePollSession("")
+	if _, err := failing.Bind(ctx, sess, consumer, cluster, res); !errors.Is(err, ErrProvisioning) {
+		t.Errorf("provisioning failure: %v, want ErrProvisioning", err)
+	}
+	gone, _, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{Err: &binding.NotExportedError{Group: "mangodb.com", Resource: "mangodbs"}})
+	var se *SelectionError
+	if _, err := gone.Bind(ctx, sess, consumer, cluster, res); !errors.As(err, &se) {
+		t.Errorf("API no longer exported: %v, want a SelectionError", err)
+	}
+	if got, _ := store.Outcome(ctx, sess.ID); got.State != sessions.StatePending {
+		t.Errorf("session after failed binds: %v, want pending", got.State)
+	}
+	if err := failing.Deny(ctx, sess, "cancelled"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := store.Outcome(ctx, sess.ID); got.State != sessions.StateDenied || got.DenyReason != "cancelled" {
+		t.Errorf("denied session: %v %q", got.State, got.DenyReason)
+	}
+}
+
+// A response first delivered just before the session expires keeps its
+// whole grace period; one never delivered before the expiry is not served.
+func TestDeliverAroundExpiry(t *testing.T) {
+	ctx := context.Background()
+	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
+	early, _, _ := s.CreatePollSession("")
+	late, _, _ := s.CreatePollSession("")
+	for _, sess := range []Session{early, late} {
+		if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Minute - time.Second)
+	if err := s.Deliver(ctx, early); err != nil {
+		t.Fatalf("delivery a second before the expiry: %v", err)
+	}
+	clock.Advance(20 * time.Second)
+	polled, err := s.OpenPoll(early.ID)
+	if err != nil || !polled.Ended {
+		t.Fatalf("OpenPoll within the grace after the expiry: %+v, %v", polled, err)
+	}
+	if err := s.Deliver(ctx, polled); err != nil {
+		t.Fatalf("within the grace of a delivery made before the expiry: %v", err)
+	}
+	if _, err := s.Open(early.ID); !errors.Is(err, ErrExpired) {
+		t.Fatalf("Open after the expiry: %v, want ErrExpired", err)
+	}
+	lateSess, err := s.OpenPoll(late.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Deliver(ctx, lateSess); !errors.Is(err, ErrDelivered) {
+		t.Fatalf("first delivery after the expiry: %v, want ErrDelivered", err)
+	}
+	clock.Advance(15 * time.Second)
+	if _, err := s.OpenPoll(early.ID); !errors.Is(err, ErrExpired) {
+		t.Fatalf("OpenPoll after expiry plus grace: %v, want ErrExpired", err)
+	}
+}
+
+// renderPicks stands for the v1alpha2 renderer: the session and the
+// request names.
+func renderPicks(r Result) ([]byte, error) {
+	var names []string
+	for _, p := range r.Picks {
+		names = append(names, p.RequestName())
+	}
+	return json.Marshal(map[string]any{"sid": r.SessionID, "requests": names, "namespace": r.Namespace})
+}
+
+// TestBindV1alpha2: the v1alpha2 flows bind offers and render with their
+// renderer; only the polled one records its outcome; a session is never
+// bound with the other generation's selection.
+func TestBindV1alpha2(t *testing.T) {
+	ctx := context.Background()
+	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
+	s, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
+	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{{Name: "db", Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}}}}
+	s.cfg.RenderV1alpha2 = renderPicks
+
+	if _, err := s.SelectOffers([]string{"db", "nope"}); err == nil {
+		t.Error("an unknown offer was selected")
+	}
+	picks, err := s.SelectOffers([]string{"db", "db"})
+	if err != nil || len(picks) != 1 {
+		t.Fatalf("SelectOffers: %+v %v", picks, err)
+	}
+	poll, cluster, _ := s.CreatePollSessionOf(sessionkey.FlowPollV1alpha2, "")
+	body, err := s.BindOffers(ctx, poll, consumer, cluster, picks)
+	if err != nil || string(body) != `{"namespace":"`+fakes.ProvisionedNamespace+`","requests":["db"],"sid":"`+poll.ID+`"}` {
+		t.Fatalf("BindOffers: %s %v", body, err)
+	}
+	if o, _ := store.Outcome(ctx, poll.ID); o.State != sessions.StateCompleted {
+		t.Errorf("v1alpha2 poll session: %v", o.State)
+	}
+	browser := s.CreateRedirectSession(sessionkey.FlowBrowserV1alpha2, "http://127.0.0.1:1/callback", "cli-sid")
+	body, err = s.BindOffers(ctx, browser, consumer, "uid", picks)
+	if err != nil || !strings.Contains(string(body), `"sid":"cli-sid"`) {
+		t.Errorf("browser flow: %s %v", body, err)
+	}
+	if o, _ := store.Outcome(ctx, browser.ID); o.State != sessions.StatePending {
+		t.Errorf("browser flow recorded %v", o.State)
+	}
+	if err := s.Deny(ctx, browser, "no"); err != nil {
+		t.Errorf("Deny of a browser-flow session: %v", err)
+	}
+	body, err = s.BindDirect(ctx, consumer, "uid", "token-id", Pick{Name: "my-db", Offer: picks[0].Offer})
+	if err != nil || !strings.Contains(string(body), `"requests":["my-db"],"sid":"token-id"`) {
+		t.Errorf("BindDirect: %s %v", body, err)
+	}
+	// The other generation's selection is refused.
+	v1, _, _ := s.CreatePollSession("")
+	if _, err := s.BindOffers(ctx, v1, consumer, cluster, picks); err == nil {
+		t.Error("a v1alpha1 session bound offers")
+	}
+	if _, err := s.Bind(ctx, browser, consumer, "uid", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}); err == nil {
+		t.Error("a v1alpha2 session bound v1alpha1 resources")
+	}
+}
