@@ -83,8 +83,6 @@ func startKonnectorWhenReady(t *testing.T, e *env, c *procs.Command) *konnector.
 	})
 }
 
-func ptr[T any](v T) *T { return &v }
-
 var (
 	bindingGVR = apply.BindingGVR
 	requestGVR = apply.RequestGVR

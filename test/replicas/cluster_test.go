@@ -145,12 +145,6 @@ func (r *replica) shutdown() {
 	}
 }
 
-// kill ends the replica the hard way, as a crashed pod or node would.
-func (r *replica) kill(t *testing.T) {
-	t.Helper()
-	killAll(t, r)
-}
-
 // killAll sends SIGKILL to every replica at once, then waits for them.
 func killAll(t *testing.T, reps ...*replica) {
 	t.Helper()

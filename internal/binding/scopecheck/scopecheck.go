@@ -44,14 +44,6 @@ type Options struct {
 	Role string
 }
 
-// Validate checks the options once.
-func (o Options) Validate() error {
-	if o.Policy == "" || o.NamespacePrefix == "" || o.Role == "" {
-		return fmt.Errorf("scopecheck: Policy, NamespacePrefix and Role are required")
-	}
-	return nil
-}
-
 // Check sends the probes. It returns nil when both were Forbidden (by the
 // policy, or by RBAC), an error wrapping ErrUnconfined
 // when one was admitted, and another error when the API server could not

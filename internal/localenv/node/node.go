@@ -405,11 +405,6 @@ func (n *Node) importImages(ctx context.Context, images []Image) error {
 	return nil
 }
 
-// ImportImage imports one more image into the running node.
-func (n *Node) ImportImage(ctx context.Context, img Image) error {
-	return n.importImages(ctx, []Image{img})
-}
-
 func (n *Node) waitReady(ctx context.Context) error {
 	kube, err := kubernetes.NewForConfig(n.cp.AdminConfig())
 	if err != nil {
