@@ -492,19 +492,27 @@ func TestClusterRolesAreThoseOfBinding(t *testing.T) {
 	}
 }
 
+// TestNetworkPolicy: by default the diagnostics port (every check's error,
+// every metric) answers only the node's probes and the monitoring
+// namespace, not every pod of the cluster.
 func TestNetworkPolicy(t *testing.T) {
-	if n := len(render(t).ofKind("NetworkPolicy")); n != 0 {
-		t.Fatalf("%d NetworkPolicies by default", n)
-	}
-	objs := render(t, "networkPolicy.enabled=true", "networkPolicy.httpFrom[0].namespaceSelector.matchLabels.team=ingress")
+	objs := render(t, "networkPolicy.httpFrom[0].namespaceSelector.matchLabels.team=ingress")
 	np := objs.get(t, "NetworkPolicy", fullname)
 	rules := asSlice(t, field(t, np, "spec", "ingress"))
 	if len(rules) != 3 {
 		t.Fatalf("want a rule for the http port, the diagnostics port and the peer port, got %v", rules)
 	}
 	httpRule, diagRule, peerRule := asMap(t, rules[0]), asMap(t, rules[1]), asMap(t, rules[2])
-	if p := asMap(t, asSlice(t, diagRule["ports"])[0]); p["port"] != "diagnostics" || diagRule["from"] != nil {
-		t.Errorf("diagnostics rule %v: want port diagnostics from anywhere by default", diagRule)
+	if p := asMap(t, asSlice(t, diagRule["ports"])[0]); p["port"] != "diagnostics" {
+		t.Errorf("diagnostics rule %v: want port diagnostics", diagRule)
+	}
+	from := asSlice(t, diagRule["from"])
+	if len(from) != 1 {
+		t.Fatalf("diagnostics rule %v: want one peer by default", diagRule)
+	}
+	sel := asMap(t, asMap(t, asMap(t, from[0])["namespaceSelector"])["matchLabels"])
+	if len(sel) != 1 || sel["kubernetes.io/metadata.name"] != "monitoring" {
+		t.Errorf("diagnostics port open to %v by default, want only the monitoring namespace", from)
 	}
 	if p := asMap(t, asSlice(t, httpRule["ports"])[0]); p["port"] != "http" {
 		t.Errorf("first rule ports %v", p)
@@ -513,21 +521,27 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Errorf("http rule from %v: want the configured namespaceSelector", from)
 	}
 	if p := asMap(t, asSlice(t, peerRule["ports"])[0]); p["port"] != "peer" {
-		t.Errorf("second rule ports %v", p)
+		t.Errorf("third rule ports %v", p)
 	}
-	sel := asMap(t, asMap(t, asMap(t, asSlice(t, peerRule["from"])[0])["podSelector"])["matchLabels"])
-	if sel["app.kubernetes.io/instance"] != "kbb" {
-		t.Errorf("peer port open to %v, want only this release's pods", sel)
+	peers := asMap(t, asMap(t, asMap(t, asSlice(t, peerRule["from"])[0])["podSelector"])["matchLabels"])
+	if peers["app.kubernetes.io/instance"] != "kbb" {
+		t.Errorf("peer port open to %v, want only this release's pods", peers)
 	}
 	// One replica: no peer port to open.
-	one := render(t, "networkPolicy.enabled=true", "replicaCount=1")
+	one := render(t, "replicaCount=1")
 	if n := len(asSlice(t, field(t, one.get(t, "NetworkPolicy", fullname), "spec", "ingress"))); n != 2 {
 		t.Errorf("%d ingress rules for one replica, want 2 (http, diagnostics)", n)
 	}
-	scraped := render(t, "networkPolicy.enabled=true", "networkPolicy.diagnosticsFrom[0].namespaceSelector.matchLabels.team=monitoring")
-	diag := asMap(t, asSlice(t, field(t, scraped.get(t, "NetworkPolicy", fullname), "spec", "ingress"))[1])
-	if from := asSlice(t, diag["from"]); len(from) != 1 || asMap(t, from[0])["namespaceSelector"] == nil {
-		t.Errorf("diagnostics rule %v: want the configured namespaceSelector", diag)
+	// No peers for the diagnostics port: no rule opens it to any pod (a
+	// rule without "from" would open it to every source).
+	closed := render(t, "networkPolicy.diagnosticsFrom=null")
+	for _, r := range asSlice(t, field(t, closed.get(t, "NetworkPolicy", fullname), "spec", "ingress")) {
+		if p := asMap(t, asSlice(t, asMap(t, r)["ports"])[0]); p["port"] == "diagnostics" {
+			t.Errorf("with no diagnosticsFrom the diagnostics port is still opened: %v", r)
+		}
+	}
+	if n := len(render(t, "networkPolicy.enabled=false").ofKind("NetworkPolicy")); n != 0 {
+		t.Errorf("%d NetworkPolicies with networkPolicy.enabled=false", n)
 	}
 }
 
