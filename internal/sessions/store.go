@@ -4,6 +4,9 @@
 // denial), the first delivery of a response, single-use marks (the nonces
 // of authorize links, login states) and the pace of a session's polls.
 //
+// Writes pass a budget (Limits.WriteRate; the memory store also
+// Limits.MaxRecords) that fails closed with ErrOverBudget.
+//
 // Store is the one interface every implementation satisfies; the behaviour
 // is pinned down by the shared conformance suite in sessions/conformance,
 // which every implementation must pass unchanged.

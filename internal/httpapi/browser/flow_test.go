@@ -73,12 +73,12 @@ func FuzzParseFlowState(f *testing.F) {
 		callbackFields := fl.CallbackURL != "" || fl.CLISessionID != ""
 		switch fl.ClusterKind {
 		case clusterNew, clusterProven, clusterReplaced:
-			if callbackFields {
-				t.Fatalf("%q parsed to a poll-flow %+v with callback fields", b, fl)
+			if callbackFields || fl.LinkNonce == "" {
+				t.Fatalf("%q parsed to a poll-flow %+v with callback fields or without its link's nonce", b, fl)
 			}
 		case clusterCallback, clusterNone:
-			if fl.CallbackURL == "" || fl.CLISessionID == "" {
-				t.Fatalf("%q parsed to a callback flow %+v without its callback", b, fl)
+			if fl.CallbackURL == "" || fl.CLISessionID == "" || fl.LinkNonce != "" {
+				t.Fatalf("%q parsed to a callback flow %+v without its callback, or with a link nonce", b, fl)
 			}
 		default:
 			t.Fatalf("%q parsed to kind %q", b, fl.ClusterKind)

@@ -1,8 +1,11 @@
 // Package kube is a sessions.Store kept in the provider cluster: outcomes,
 // deliveries and single-use marks are Secrets in the backend's namespace,
 // written create-if-absent (so exactly one replica wins each) and read from
-// one informer (so reads make no API call). Poll admission stays in memory
-// on the replica that owns the session, as sessions.Store documents.
+// one informer (so reads make no API call). Every create passes the
+// store's write budget (sessions.Limits.WriteRate), so a flood of writes
+// is refused at once instead of filling etcd. Poll admission stays in
+// memory on the replica that owns the session, as sessions.Store
+// documents.
 package kube
 
 import (
