@@ -676,3 +676,38 @@ func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 		}
 	})
 }
+
+// Past the store's write budget, a signed-in user's Bind is 503 with
+// Retry-After and records nothing; once the budget refills, the same form
+// binds (provisioning is idempotent) and records the one outcome.
+func TestBindPastWriteBudget(t *testing.T) {
+	e := newRefusalEnv(t)
+	s, link := e.pollLink("", nil)
+	c, form := e.login(link, "dave")
+	spent := 0
+	for ; spent <= sessions.DefaultLimits.WriteBurst; spent++ {
+		if err := e.store.UseOnce(context.Background(), fmt.Sprint("filler-", spent), s.ExpiresAt); err != nil {
+			if !errors.Is(err, sessions.ErrOverBudget) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if spent > sessions.DefaultLimits.WriteBurst {
+		t.Fatalf("%d writes at one instant, beyond the burst of %d", spent, sessions.DefaultLimits.WriteBurst)
+	}
+	w := e.post(form, nil, c)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("bind past the write budget: %d (Retry-After %q), want 503 with Retry-After:\n%s", w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+	if o, err := e.store.Outcome(context.Background(), s.ID); err != nil || o.State != sessions.StatePending {
+		t.Fatalf("after the refused bind the session is %v (%v), want pending", o.State, err)
+	}
+	e.clock.Advance(time.Second)
+	if w := e.post(form, nil, c); w.Code != http.StatusOK {
+		t.Fatalf("the same bind a second later: %d:\n%s", w.Code, w.Body)
+	}
+	if o, err := e.store.Outcome(context.Background(), s.ID); err != nil || o.State != sessions.StateCompleted {
+		t.Fatalf("after the bind the session is %v (%v), want completed", o.State, err)
+	}
+}
