@@ -135,7 +135,8 @@ const notFinishedHint = "Nothing was recorded: to try again, open the link from 
 
 // idpUnavailable answers a login the identity provider could not finish
 // with 503, Retry-After and a "Try again" link that starts a new login for
-// the same session and cluster decision (the old state is spent).
+// the same session and cluster decision (the old state's cookie is
+// cleared; nothing was spent).
 func (h *Handler) idpUnavailable(w http.ResponseWriter, r *http.Request, flow []byte) {
 	p := errorPages[pageIdPRetry]
 	p.ProviderName = h.cfg.ProviderName
