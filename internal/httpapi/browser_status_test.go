@@ -220,10 +220,15 @@ func TestClientMistakesAreNotErrors(t *testing.T) {
 		}
 	}
 
-	// A used link, a tampered one, a poll of an unknown session.
+	// A used link (a second sign-in through it), a tampered one, a poll
+	// of an unknown session.
 	_, link := be.authURL()
-	be.loginCallback(link)
-	if resp, _ := be.send(be.jar(), http.MethodGet, link); resp.StatusCode != http.StatusUnauthorized {
+	client, back := be.loginCallback(link)
+	if resp, body := be.send(client, http.MethodGet, back.String()); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("first sign-in through the link: %d, want 303:\n%s", resp.StatusCode, body)
+	}
+	client, back = be.loginCallback(link)
+	if resp, _ := be.send(client, http.MethodGet, back.String()); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("used link: %d, want 401", resp.StatusCode)
 	}
 	if resp, _ := be.send(be.jar(), http.MethodGet, link[:len(link)-2]+"xx"); resp.StatusCode != http.StatusUnauthorized {

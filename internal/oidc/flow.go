@@ -48,18 +48,28 @@ func (a *Authenticator) Begin(w http.ResponseWriter, r *http.Request, flowState 
 }
 
 // Finish completes a login on the callback request r: it checks the state
-// (signature, expiry, this browser's cookie, first use), clears the cookie,
-// exchanges the code with the PKCE verifier, verifies the ID token
-// (signature, issuer, audience, expiry, nonce) and applies the allow-lists.
+// (signature, expiry, this browser's cookie), clears the cookie, exchanges
+// the code with the PKCE verifier, verifies the ID token (signature,
+// issuer, audience, expiry, nonce), spends the state (UseOnce) and applies
+// the allow-lists.
 //
-// flowState is returned exactly when the state proved genuine, of this
-// browser and unused, also alongside these errors: *ProviderError (the
-// identity provider sent an error, e.g. the user declined),
-// ErrInvalidCallback, ErrLoginFailed, ErrAccessDenied, and the transient
-// ErrIdPUnavailable (and ErrNotReady when the provider was never
-// discovered), after which the caller may start a new login for the same
-// flow state with Begin. It is nil with ErrInvalidState, ErrStateExpired,
-// ErrBrowserMismatch and ErrStateUsed.
+// The state is spent only once a user has signed in (the code exchanged,
+// the ID token verified), so a callback that signs nobody in writes
+// nothing: a forged error callback costs the backend no record. A state
+// still completes at most one login: the identity provider honours its
+// code once, the code is bound to this browser's PKCE verifier, and the
+// state is spent before a login counts.
+//
+// flowState is returned exactly when the state proved genuine and of
+// this browser, also alongside these errors, after which nobody signed in
+// and nothing was spent: *ProviderError (the identity provider sent an
+// error, e.g. the user declined), ErrInvalidCallback, ErrLoginFailed, and
+// the transient ErrIdPUnavailable (and ErrNotReady when the provider was
+// never discovered), after which the caller may start a new login for the
+// same flow state with Begin. With ErrAccessDenied the user signed in and
+// the state is spent. flowState is nil with ErrInvalidState,
+// ErrStateExpired, ErrBrowserMismatch and ErrStateUsed (which also wraps
+// a failure of UseOnce itself).
 func (a *Authenticator) Finish(w http.ResponseWriter, r *http.Request) (Identity, []byte, error) {
 	q := r.URL.Query()
 	p, err := parseState(a.stateKeys, q.Get("state"), a.cfg.Clock())
@@ -71,9 +81,6 @@ func (a *Authenticator) Finish(w http.ResponseWriter, r *http.Request) (Identity
 		return Identity{}, nil, ErrBrowserMismatch
 	}
 	http.SetCookie(w, a.cookie(p.ID, "", -1))
-	if err := a.cfg.UseOnce(r.Context(), p.Data, "oidc-state-"+p.ID); err != nil {
-		return Identity{}, nil, fmt.Errorf("%w: %w", ErrStateUsed, err)
-	}
 
 	if code := q.Get("error"); code != "" {
 		return Identity{}, p.Data, &ProviderError{Code: truncate(code, 64), Description: truncate(q.Get("error_description"), 256)}
@@ -124,6 +131,10 @@ func (a *Authenticator) Finish(w http.ResponseWriter, r *http.Request) (Identity
 	}
 	if err != nil {
 		return Identity{}, p.Data, err
+	}
+	// Signed in: only now is the state worth a record.
+	if err := a.cfg.UseOnce(r.Context(), p.Data, "oidc-state-"+p.ID); err != nil {
+		return Identity{}, nil, fmt.Errorf("%w: %w", ErrStateUsed, err)
 	}
 	if !a.allowed(id, emailVerified) {
 		a.log.Info("oidc login outside the allow-lists", "subject", id.Subject)

@@ -123,7 +123,8 @@ func (p *tokenIdP) forget(code string) {
 // identity provider honours for that login and {iss} the issuer URL.
 //
 // Properties: the flow state comes back exactly for the genuine state in
-// the browser that began the login, and only once; a login succeeds only
+// the browser that began the login; the state is spent exactly when a
+// user signed in, and a spent state never comes back; a login succeeds only
 // with the genuine state, that browser, the honoured code, no error and
 // no foreign iss, and with all of those it does succeed; what the
 // identity provider's error parameters say is bounded and valid UTF-8.
@@ -240,10 +241,24 @@ func FuzzFinishCallbackQuery(f *testing.F) {
 			t.Fatalf("identity %+v", id)
 		}
 
-		// The same callback again: the state was used.
+		// The state is spent exactly when a user signed in.
+		usedMu.Lock()
+		spent := used["oidc-state-"+p.ID]
+		usedMu.Unlock()
+		if spent != (err == nil) {
+			t.Fatalf("query %q: error %v, state spent %v", query, err, spent)
+		}
+		// The same callback again, with the code honoured again (as a
+		// provider that took a code twice would): a spent state signs
+		// nobody in; one that signed nobody in fails as before.
+		idp.issue(code, p.Nonce)
 		w = httptest.NewRecorder()
-		if _, flow, err := a.Finish(w, r); flow != nil || !errors.Is(err, ErrStateUsed) {
-			t.Fatalf("query %q replayed: flow %q, error %v", query, flow, err)
+		_, flow2, err2 := a.Finish(w, r)
+		switch {
+		case spent && (flow2 != nil || !errors.Is(err2, ErrStateUsed)):
+			t.Fatalf("query %q replayed: flow %q, error %v; want ErrStateUsed", query, flow2, err2)
+		case !spent && (flow2 == nil || err2 == nil):
+			t.Fatalf("query %q replayed: flow %q, error %v; want the same failure", query, flow2, err2)
 		}
 	})
 }

@@ -66,9 +66,11 @@ type Config struct {
 
 	// UseOnce marks a state as used and fails if it was used before; it is
 	// given the flow state Begin was called with and a key unique to the
-	// flow. Wire it to a store shared by all replicas (e.g. the session
-	// store's UseOnce). When nil, an in-process set is used, which is
-	// enough for a single replica only.
+	// flow. Finish calls it only once a user signed in (code exchanged, ID
+	// token verified), so strangers never reach it. Wire it to a store
+	// shared by all replicas (e.g. the session store's UseOnce). When nil,
+	// an in-process set is used, which is enough for a single replica
+	// only.
 	UseOnce func(ctx context.Context, flowState []byte, key string) error
 
 	// HTTPClient talks to the identity provider; default: 10 s timeout.
@@ -105,7 +107,8 @@ var (
 	ErrInvalidState = errors.New("invalid login state")
 	// ErrStateExpired: the user took longer than StateTTL.
 	ErrStateExpired = errors.New("login state expired")
-	// ErrStateUsed: the state was used before (a replay or a reload).
+	// ErrStateUsed: the state was used before (a replay or a reload), or
+	// UseOnce could not record it (the error wraps UseOnce's).
 	ErrStateUsed = errors.New("login state already used")
 	// ErrBrowserMismatch: the callback came to a browser that did not start the login.
 	ErrBrowserMismatch = errors.New("login was started in another browser")

@@ -273,11 +273,68 @@ func TestLoginAgainstRealProvider(t *testing.T) {
 		if r := e.callback(browser, back); !errors.Is(r.err, ErrBrowserMismatch) {
 			t.Fatalf("replay without cookie: %v, want ErrBrowserMismatch", r.err)
 		}
-		// Replayed with the cookie put back: the single-use record refuses it.
+		// Replayed with the cookie put back: the provider honours its
+		// code once.
 		srvURL, _ := url.Parse(e.srv.URL)
 		browser.Jar.SetCookies(srvURL, cookies)
-		if r := e.callback(browser, back); !errors.Is(r.err, ErrStateUsed) || r.data != nil {
-			t.Fatalf("replay with cookie: %v, want ErrStateUsed", r.err)
+		if r := e.callback(browser, back); !errors.Is(r.err, ErrInvalidCallback) || r.err == nil {
+			t.Fatalf("replay with cookie: %v, want ErrInvalidCallback (the code was used)", r.err)
+		}
+	})
+
+	t.Run("state spent only after a sign-in", func(t *testing.T) {
+		var spent []string
+		used := map[string]bool{}
+		e.use(func(c *Config) {
+			c.UseOnce = func(_ context.Context, _ []byte, key string) error {
+				spent = append(spent, key)
+				if used[key] {
+					return errors.New("used before")
+				}
+				used[key] = true
+				return nil
+			}
+		})
+		// Nobody signs in: the identity provider's error, forged or
+		// genuine, a missing or bad code: nothing is spent.
+		browser := newBrowser(t)
+		back := e.login(browser, "alice", "alice-pw", "data=d")
+		cookies := oidcCookies(browser, e.srv.URL)
+		srvURL, _ := url.Parse(e.srv.URL)
+		for _, edit := range []func(url.Values){
+			func(q url.Values) { q.Del("code"); q.Set("error", "access_denied") },
+			func(q url.Values) { q.Del("code") },
+			func(q url.Values) { q.Set("code", "made-up") },
+		} {
+			u := *back
+			q := u.Query()
+			edit(q)
+			u.RawQuery = q.Encode()
+			browser.Jar.SetCookies(srvURL, cookies)
+			if r := e.callback(browser, &u); r.err == nil || string(r.data) != "d" {
+				t.Fatalf("callback %s: %v (data %q), want an error with the flow state", u.RawQuery, r.err, r.data)
+			}
+		}
+		if len(spent) != 0 {
+			t.Fatalf("callbacks that signed nobody in spent %v", spent)
+		}
+		// The genuine callback then signs alice in and spends the state.
+		browser.Jar.SetCookies(srvURL, cookies)
+		if r := e.callback(browser, back); r.err != nil || r.id.Subject != "alice" {
+			t.Fatalf("genuine callback after the failures: %v", r.err)
+		}
+		if len(spent) != 1 {
+			t.Fatalf("a sign-in spent %v, want one key", spent)
+		}
+		// A state whose mark is spent signs nobody in, even with a code
+		// the provider honours (a provider that took a code twice).
+		e.use(func(c *Config) {
+			c.UseOnce = func(context.Context, []byte, string) error { return errors.New("used before") }
+		})
+		browser = newBrowser(t)
+		back = e.login(browser, "alice", "alice-pw", "data=d")
+		if r := e.callback(browser, back); !errors.Is(r.err, ErrStateUsed) || r.data != nil || r.id.Subject != "" {
+			t.Fatalf("spent state: %v (data %q, identity %+v), want ErrStateUsed and nothing else", r.err, r.data, r.id)
 		}
 	})
 

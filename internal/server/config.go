@@ -90,6 +90,11 @@ const (
 // StoreConfig is the session store configuration.
 type StoreConfig struct {
 	Kind string // StoreMemory or StoreHashring
+	// WriteRate is the store's write budget per replica, records a
+	// second (sessions.Limits.WriteRate; burst: WriteBurst).
+	WriteRate float64
+	// MaxRecords bounds the memory store's records.
+	MaxRecords int
 
 	// The rest is for the hashring only.
 	// Namespace holds the session records (the backend's own).

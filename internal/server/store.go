@@ -32,7 +32,8 @@ const discoveryRetry = 5 * time.Second
 // (its own cache) and the dependency it shares with every replica (the
 // provider cluster).
 func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err error) {
-	limits := sessions.Limits{MaxPolledSessions: s.cfg.MaxPolledSessions, Grace: s.cfg.GracePeriod}
+	limits := sessions.Limits{MaxPolledSessions: s.cfg.MaxPolledSessions, Grace: s.cfg.GracePeriod,
+		WriteRate: s.cfg.Store.WriteRate, WriteBurst: s.cfg.Store.WriteBurst(), MaxRecords: s.cfg.Store.MaxRecords}
 	keys, err := s.sessionKeys()
 	if err != nil {
 		return nil, nil, err

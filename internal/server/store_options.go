@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kbprovider/backend/internal/flagvalue"
+	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 )
 
@@ -22,6 +24,8 @@ type storeFlags struct {
 	peers, peerService, peerPort   string
 	peerKey, peerKeyFile           string
 	namespace                      string
+	writeRate                      float64
+	maxRecords                     int
 }
 
 func (r *storeFlags) addFlags(fs *pflag.FlagSet) {
@@ -34,6 +38,8 @@ func (r *storeFlags) addFlags(fs *pflag.FlagSet) {
 	s(&r.peerService, "peer-service", "", "hashring: namespace/name of the headless Service whose EndpointSlices list the replicas (the ring follows replicas that come and go)")
 	s(&r.peerPort, "peer-port-name", "", "hashring: name of the peer port in --peer-service's EndpointSlices (default: their only port)")
 	s(&r.peerKey, "peer-key", "", "hashring: base64 key of at least 32 bytes from which the peers' TLS identity and the session keys are derived; the same on every replica (prefer --peer-key-file)")
+	fs.Float64Var(&r.writeRate, "session-write-rate", sessions.DefaultLimits.WriteRate, "session records (outcomes, deliveries, single-use marks) this replica may write per second, with a burst of two seconds' worth; past it a write fails at once and its request gets 503 with Retry-After, nothing queues. With hashring each replica has its own budget: the provider cluster gets at most replicas × rate")
+	fs.IntVar(&r.maxRecords, "session-max-records", sessions.DefaultLimits.MaxRecords, "memory: most session records kept (each lives a session's TTL plus the grace period); past it a write fails with 503 and Retry-After")
 	s(&r.peerKeyFile, "peer-key-file", "", "hashring: file holding base64 peer keys, one per line, e.g. a mounted Kubernetes Secret: the first is current, the others (a previous key during a rotation) are still trusted")
 }
 
@@ -44,6 +50,15 @@ func (r *storeFlags) complete(podIP, podNamespace string) (StoreConfig, []error)
 	var c StoreConfig
 	var errs []error
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	if !(r.writeRate > 0) || r.writeRate > maxWriteRate {
+		fail("--session-write-rate %v: must be positive and at most %d", r.writeRate, maxWriteRate)
+	}
+	c.WriteRate = r.writeRate
+	if r.maxRecords <= 0 || r.maxRecords > maxRecordsBound {
+		fail("--session-max-records %d: must be positive and at most %d", r.maxRecords, maxRecordsBound)
+	}
+	c.MaxRecords = r.maxRecords
 
 	c.Kind = strings.ToLower(strings.TrimSpace(r.kind))
 	switch c.Kind {
@@ -157,6 +172,18 @@ func (r *storeFlags) complete(podIP, podNamespace string) (StoreConfig, []error)
 		}
 	}
 	return c, errs
+}
+
+// Bounds of --session-write-rate and --session-max-records: beyond them
+// the budget bounds nothing a provider cluster or a process could hold.
+const (
+	maxWriteRate    = 10_000
+	maxRecordsBound = 10_000_000
+)
+
+// WriteBurst is the burst of the write budget: two seconds' worth.
+func (c StoreConfig) WriteBurst() int {
+	return max(1, int(math.Ceil(2*c.WriteRate)))
 }
 
 // parsePeerURL accepts a peer base URL: https://host:port, nothing more,

@@ -4,6 +4,9 @@
 // denial), the first delivery of a response, single-use marks (the nonces
 // of authorize links, login states) and the pace of a session's polls.
 //
+// Writes pass a budget (Limits.WriteRate; the memory store also
+// Limits.MaxRecords) that fails closed with ErrOverBudget.
+//
 // Store is the one interface every implementation satisfies; the behaviour
 // is pinned down by the shared conformance suite in sessions/conformance,
 // which every implementation must pass unchanged.
@@ -14,6 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // State is where a session is in its life.
@@ -114,9 +119,13 @@ var (
 	ErrNotPending    = errors.New("session is not pending")
 	ErrTooLarge      = errors.New("binding response too large")
 	// ErrUnavailable: the store cannot answer now (its database is
-	// unreachable). Transient: the caller should try again shortly (503
-	// with Retry-After), not start over.
+	// unreachable, or its write budget is spent). Transient: the caller
+	// should try again shortly (503 with Retry-After), not start over.
 	ErrUnavailable = errors.New("session store temporarily unavailable")
+	// ErrOverBudget: a write refused because the store's write budget
+	// (Limits.WriteRate, Limits.MaxRecords) is spent; errors.Is
+	// ErrUnavailable too. Nothing was written.
+	ErrOverBudget = fmt.Errorf("%w: write budget spent", ErrUnavailable)
 )
 
 // TooSoonError is returned by AdmitPoll for a poll within the interval.
@@ -145,6 +154,18 @@ type Limits struct {
 	// Grace is how long a delivered response stays available, and how
 	// long records are kept past their session's expiry.
 	Grace time.Duration
+	// WriteRate and WriteBurst are the store's write budget: a token
+	// bucket of records written (Complete, Deny, the first Deliver,
+	// UseOnce) per second, per store instance (per replica: the global
+	// budget of a shared database is replicas × WriteRate). A write past
+	// it fails at once with ErrOverBudget and writes nothing: the caller
+	// answers 503, and nothing queues.
+	WriteRate  float64
+	WriteBurst int
+	// MaxRecords bounds the records a store keeps in its own memory
+	// (outcomes, deliveries and marks; the memory store): a write that
+	// would keep more fails with ErrOverBudget.
+	MaxRecords int
 }
 
 // DefaultTTL is how long a session lives after creation where nothing else
@@ -158,6 +179,14 @@ var DefaultLimits = Limits{
 	MaxNoncesPerSession: 1024,
 	MaxResponseBytes:    256 << 10,
 	Grace:               60 * time.Second,
+	// A bind writes four records (the link's nonce, the login state,
+	// the outcome, the first delivery): about 12 binds a second per
+	// replica, 25 at once.
+	WriteRate:  50,
+	WriteBurst: 100,
+	// Records live a session's TTL plus the grace period (11 minutes by
+	// default): 20,000 is about 5,000 binds in that time.
+	MaxRecords: 20_000,
 }
 
 // WithDefaults returns l with every zero field taken from DefaultLimits.
@@ -175,5 +204,37 @@ func (l Limits) WithDefaults() Limits {
 	if l.Grace <= 0 {
 		l.Grace = d.Grace
 	}
+	if !(l.WriteRate > 0) {
+		l.WriteRate = d.WriteRate
+	}
+	if l.WriteBurst <= 0 {
+		l.WriteBurst = d.WriteBurst
+	}
+	if l.MaxRecords <= 0 {
+		l.MaxRecords = d.MaxRecords
+	}
 	return l
+}
+
+// WriteBudget is the token bucket of Limits.WriteRate and WriteBurst,
+// on the store's clock. Safe for concurrent use.
+type WriteBudget struct {
+	now func() time.Time
+	lim *rate.Limiter
+}
+
+// NewWriteBudget returns the write budget of l (l.WithDefaults()) on the
+// clock now.
+func NewWriteBudget(l Limits, now func() time.Time) *WriteBudget {
+	l = l.WithDefaults()
+	return &WriteBudget{now: now, lim: rate.NewLimiter(rate.Limit(l.WriteRate), l.WriteBurst)}
+}
+
+// Take spends one write, or fails with ErrOverBudget when none is left
+// now: it never waits.
+func (b *WriteBudget) Take() error {
+	if !b.lim.AllowN(b.now(), 1) {
+		return ErrOverBudget
+	}
+	return nil
 }

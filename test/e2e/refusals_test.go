@@ -40,12 +40,19 @@ func TestRefusals(t *testing.T) {
 	})
 
 	t.Run("reused nonce", func(t *testing.T) {
+		// Opening a link spends nothing; the first sign-in through it
+		// does, and the next sign-in through it is refused.
 		_, authURL := e.newSession(t)
-		client := newJarClient(t)
-		if status, body := e.get(t, client, authURL); status != http.StatusOK {
-			t.Fatalf("first use: %d %s", status, body)
+		if status, body := e.get(t, newJarClient(t), authURL); status != http.StatusOK {
+			t.Fatalf("first opening: %d %s", status, body)
 		}
-		status, body := e.get(t, newJarClient(t), authURL)
+		e.loginToSelection(t, authURL, dave)
+		client := newJarClient(t)
+		callback, err := e.idp.Login(context.Background(), client, authURL, dave.Name, dave.Password)
+		if err != nil {
+			t.Fatal(err)
+		}
+		status, body := e.get(t, client, callback.String())
 		expectPage(t, status, body, http.StatusUnauthorized, "already used")
 	})
 
@@ -157,9 +164,12 @@ func TestRefusals(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Nobody signed in: nothing is recorded, the session stays
+		// pending and its link still works.
 		status, body := e.get(t, client, callback.String())
-		expectPage(t, status, body, http.StatusForbidden, "Access denied")
-		e.expectDenied(t, s, "refused the login")
+		expectPage(t, status, body, http.StatusForbidden, "open the link from your terminal again")
+		e.expectStillPending(t, s)
+		e.loginToSelection(t, authURL, dave)
 	})
 
 	t.Run("callback URL off this computer", func(t *testing.T) {

@@ -741,6 +741,25 @@ func (c *cluster) openSelection(t *testing.T, s *session) *selection {
 	return &selection{client: client, s: s, target: resp.Request.URL.ResolveReference(&url.URL{Path: action}), form: form}
 }
 
+// signIn logs alice in through link (the callback through the front) and
+// returns the status the callback led to: 200 on the selection page.
+func (c *cluster) signIn(t *testing.T, link string) int {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar, Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	callback, err := c.idp.Login(c.ctx, client, link, alice.Name, alice.Password)
+	if err != nil {
+		t.Fatalf("login through %s: %v", link, err)
+	}
+	resp, err := client.Get(callback.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 // bind picks the exported API and presses Bind, through the front; it
 // returns the status and the page.
 func (sel *selection) bind(ctx context.Context, origin string) (int, string) {

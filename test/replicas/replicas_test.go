@@ -15,7 +15,7 @@ import (
 // TestAnyReplicaAnswers: a session created on A, its link opened and the
 // user logged in through B, Bind pressed through C, the response polled
 // on A; a nonce and the poll pace hold across replicas (the owner admits
-// every poll), and a link opens once, whichever replica it reaches.
+// every poll), and a link completes one sign-in, whichever replica it reaches.
 func TestAnyReplicaAnswers(t *testing.T) {
 	c := newCluster(t, clusterOpts{replicas: 3})
 	a, b, cc := c.reps[0], c.reps[1], c.reps[2]
@@ -62,14 +62,22 @@ func TestAnyReplicaAnswers(t *testing.T) {
 	if code := openLink(t, cc, s.authURL()); code != http.StatusConflict {
 		t.Errorf("a new link of the bound session on C: %d, want 409", code)
 	}
-	// A link opens once, whichever replica gets it the second time.
+	// Opening a link spends nothing; it completes one sign-in, whichever
+	// replica gets the second.
 	s2 := c.create(t, cc)
 	link := s2.authURL()
-	if code := openLink(t, a, link); code != http.StatusSeeOther {
-		t.Fatalf("a fresh link on A: %d, want 303 to the identity provider", code)
+	for _, r := range []*replica{a, b} {
+		if code := openLink(t, r, link); code != http.StatusSeeOther {
+			t.Fatalf("a fresh link on %s: %d, want 303 to the identity provider", r.name, code)
+		}
 	}
-	if code := openLink(t, b, link); code != http.StatusUnauthorized {
-		t.Errorf("the same link again on B: %d, want 401 (used)", code)
+	c.f.pin(a)
+	if code := c.signIn(t, link); code != http.StatusOK {
+		t.Fatalf("the first sign-in through the link on A: %d, want 200 (the selection page)", code)
+	}
+	c.f.pin(b)
+	if code := c.signIn(t, link); code != http.StatusUnauthorized {
+		t.Errorf("a second sign-in through the link on B: %d, want 401 (used)", code)
 	}
 }
 
@@ -95,11 +103,12 @@ func TestAllReplicasKilledAfterBind(t *testing.T) {
 	sel := c.openSelection(t, mid)
 	// Created before the kill and never used.
 	fresh := []*session{c.create(t, reps[1]), c.create(t, reps[2]), c.create(t, reps[0])}
-	// A link opened before the kill stays used after it.
+	// A link signed in through before the kill stays used after it.
 	used := c.create(t, reps[2])
 	usedLink := used.authURL()
-	if code := openLink(t, reps[2], usedLink); code != http.StatusSeeOther {
-		t.Fatalf("a fresh link: %d, want 303", code)
+	c.f.pin(reps[2])
+	if code := c.signIn(t, usedLink); code != http.StatusOK {
+		t.Fatalf("a sign-in through a fresh link: %d, want 200", code)
 	}
 
 	killAll(t, reps...)
@@ -144,8 +153,9 @@ func TestAllReplicasKilledAfterBind(t *testing.T) {
 		time.Sleep(pollGap)
 		c.deliver(t, reps[(i+2)%3], s, answerWithin)
 	}
-	if code := openLink(t, reps[0], usedLink); code != http.StatusUnauthorized {
-		t.Errorf("the link opened before the kill, again after it: %d, want 401 (used)", code)
+	c.f.pin(reps[0])
+	if code := c.signIn(t, usedLink); code != http.StatusUnauthorized {
+		t.Errorf("a sign-in through the link used before the kill, after it: %d, want 401 (used)", code)
 	}
 }
 

@@ -184,6 +184,7 @@ Secrets are passed as files, never as flag values.
   (printf "--session-ttl=%s" $v.session.ttl)
   (printf "--poll-interval=%s" $v.session.pollInterval)
   (printf "--max-polled-sessions=%d" (int $v.session.maxPolled))
+  (printf "--session-write-rate=%v" $v.session.writeRate)
   (printf "--max-connections=%d" (int $v.connections.max))
   (printf "--max-connections-per-client=%d" (int $v.connections.maxPerClient))
   (printf "--session-create-rate=%v" $v.connections.sessionCreateRate)

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/kbprovider/backend/internal/oidc"
-	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"github.com/kbprovider/backend/pkg/protocol"
@@ -65,28 +64,21 @@ func (h *Handler) authorizePoll(w http.ResponseWriter, r *http.Request, q url.Va
 		return
 	}
 	ctx := r.Context()
-	if r.Method == http.MethodHead {
-		// A link preview or scanner: say what can be said without using
-		// the link (whether its nonce was spent cannot be asked without
-		// spending it).
-		if h.stillPending(ctx, w, sess) {
-			linkLooksGood(w)
-		}
-		return
-	}
 	if !h.stillPending(ctx, w, sess) {
 		return
 	}
-	switch err := h.svc.UseLink(ctx, sess, nonce); {
-	case errors.Is(err, sessions.ErrNonceUsed):
-		h.page(w, http.StatusUnauthorized, pageLinkUsed, "")
-		return
-	case err != nil:
-		h.storeFailed(w, err)
+	if r.Method == http.MethodHead {
+		// A link preview or scanner: what a GET would say, without the
+		// login it would begin.
+		linkLooksGood(w)
 		return
 	}
+	// The link's nonce travels in the login state and is spent at the
+	// callback once the user signed in (Handler.callback): opening a link
+	// writes nothing, so a stranger who made a session and its link
+	// costs the provider cluster no record.
 	clusterID, kind := h.pollCluster(sess, q)
-	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: kind}.encode())
+	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: kind, LinkNonce: nonce}.encode())
 }
 
 func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q url.Values) {
@@ -157,13 +149,12 @@ func (h *Handler) RefuseLink(w http.ResponseWriter, status int, problem string) 
 
 // linkLooksGood answers a HEAD of a link that a GET would act on. HEAD
 // must have no side effect (RFC 9110 §9.2.1), but the GET of a good link
-// spends its nonce (or, in the callback flow, creates a session) and
-// redirects to the identity provider with a state made for this browser.
-// Link previews, mail scanners and link checkers send HEAD to see whether
-// a link is alive; a 405 makes most of them retry with GET, which would
-// spend the user's link before the user opens it. So a good link answers
-// 200 text/html with no body and nothing changed, and a bad one the same
-// error status its GET gets.
+// begins a login (a state made for this browser, its binding cookie, a
+// redirect to the identity provider). Link previews, mail scanners and
+// link checkers send HEAD to see whether a link is alive; a 405 makes
+// most of them retry with GET. So a good link answers 200 text/html with
+// no body and nothing changed, and a bad one the same error status its
+// GET gets.
 func linkLooksGood(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")

@@ -24,7 +24,9 @@ import (
 const maxFormBytes = 32 << 10
 
 // callback finishes the login at the identity provider and moves the
-// browser on to the API selection page.
+// browser on to the API selection page. Nothing is written before a user
+// signed in (oidc's Finish spends the login state only then): a callback
+// that signs nobody in, forged or genuine, only renders a page.
 func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	id, flow, err := h.cfg.Login.Finish(w, r)
@@ -50,12 +52,21 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		h.idpUnavailable(w, r, flow)
 		return
 	}
+	if err != nil && !errors.Is(err, oidc.ErrAccessDenied) {
+		// Nobody signed in (the provider's error, a bad code, a bad ID
+		// token): nothing is recorded, since anybody holding a link can
+		// send this. The session stays pending and its link unspent:
+		// the user may open it again, or the client waits until the
+		// session expires.
+		h.loginNotFinished(w, r, sess, err)
+		return
+	}
 	if err != nil {
-		// The state was genuine, so the session cannot go on (its link
-		// was used): end it, so that the CLI stops waiting and says why.
+		// A user signed in whom the provider refuses: the session ends,
+		// so that the client stops waiting and says why.
 		reason, status, kind := loginRefusal(err)
 		if derr := h.svc.Deny(ctx, sess, reason); derr != nil {
-			h.log.Warn("denying a session after a failed login", "session", sess.ID, "error", derr)
+			h.log.Warn("denying a session after a refused login", "session", sess.ID, "error", derr)
 		}
 		h.log.Info("login refused", "session", sess.ID, "reason", reason, "error", err)
 		if redirectsToCLI(sess) {
@@ -74,6 +85,18 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 		h.RefuseCallbackFlow(w)
 		return
 	}
+	if sess.Flow.Polled() {
+		// The link completes one login at most: its nonce is spent by
+		// the first login through it, whichever replica serves it.
+		switch err := h.svc.UseLink(ctx, sess, f.LinkNonce); {
+		case errors.Is(err, sessions.ErrNonceUsed):
+			h.page(w, http.StatusUnauthorized, pageLinkUsed, "")
+			return
+		case err != nil:
+			h.loginStoreFailed(w, err)
+			return
+		}
+	}
 	if sess.Flow == sessionkey.FlowCLILogin {
 		h.finishCLILogin(w, r, sess, id)
 		return
@@ -87,9 +110,33 @@ func (h *Handler) callback(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, h.path("/bind")+"?s="+url.QueryEscape(sess.ID), http.StatusSeeOther)
 }
 
+// loginNotFinished answers a callback with a genuine state after which
+// nobody signed in. It records nothing: the page (or, in the v1alpha2
+// flows, the CLI's callback) says what happened.
+func (h *Handler) loginNotFinished(w http.ResponseWriter, r *http.Request, sess lifecycle.Session, err error) {
+	reason, status, kind := loginRefusal(err)
+	h.log.Info("login not finished; nothing recorded", "session", sess.ID, "reason", reason, "error", err)
+	if redirectsToCLI(sess) {
+		h.redirectError(w, r, sess, oauthError(err), reason)
+		return
+	}
+	p := errorPages[kind]
+	p.ProviderName = h.cfg.ProviderName
+	p.Message += " (" + reason + ")"
+	if sess.Flow.Polled() {
+		p.Hint = notFinishedHint
+	}
+	web.RenderError(w, status, p)
+}
+
+// notFinishedHint: after a login that signed nobody in, the poll flow's
+// link still works and its client still waits.
+const notFinishedHint = "Nothing was recorded: to try again, open the link from your terminal again. Otherwise stop the command there; it waits until the session expires."
+
 // idpUnavailable answers a login the identity provider could not finish
 // with 503, Retry-After and a "Try again" link that starts a new login for
-// the same session and cluster decision (the old state is spent).
+// the same session and cluster decision (the old state's cookie is
+// cleared; nothing was spent).
 func (h *Handler) idpUnavailable(w http.ResponseWriter, r *http.Request, flow []byte) {
 	p := errorPages[pageIdPRetry]
 	p.ProviderName = h.cfg.ProviderName

@@ -159,8 +159,9 @@ type Route struct {
 }
 
 // Routes lists the browser routes. GET routes take HEAD too (see
-// linkLooksGood for /authorize), except the callback, whose GET spends
-// the login state and which has nothing to check without spending it.
+// linkLooksGood for /authorize), except the callback, whose GET finishes
+// the login (exchanging its code, which works once) and which has nothing
+// to check without doing so.
 func (h *Handler) Routes() []Route {
 	return []Route{
 		{http.MethodGet, "/authorize", h.authorize},

@@ -35,11 +35,16 @@ const (
 // flow is what the login at the identity provider carries (signed,
 // readable, at most 1 KiB) from /authorize to /callback, and the login
 // cookie from there to the bind: the session, the cluster ID the bind will
-// use and how it was settled, and the callback flow's destination.
+// use and how it was settled, the poll flow's link nonce and the callback
+// flow's destination.
 type flow struct {
 	SessionID   string      `json:"s"`
 	ClusterID   string      `json:"c"`
 	ClusterKind clusterKind `json:"ck"`
+	// LinkNonce is the nonce of the poll flow's authorize link, spent
+	// at the callback once the user signed in, not when the link is
+	// opened: a stranger opening links writes nothing.
+	LinkNonce string `json:"n,omitempty"`
 	// CallbackURL and CLISessionID: the callback flow's only.
 	CallbackURL  string `json:"cb,omitempty"`
 	CLISessionID string `json:"cs,omitempty"`
@@ -57,11 +62,11 @@ func parseFlow(state []byte) (flow, bool) {
 	}
 	switch f.ClusterKind {
 	case clusterNew, clusterProven, clusterReplaced:
-		return f, f.ClusterID != "" && f.CallbackURL == "" && f.CLISessionID == ""
+		return f, f.ClusterID != "" && f.LinkNonce != "" && f.CallbackURL == "" && f.CLISessionID == ""
 	case clusterCallback:
-		return f, f.ClusterID != "" && f.CallbackURL != "" && f.CLISessionID != ""
+		return f, f.ClusterID != "" && f.LinkNonce == "" && f.CallbackURL != "" && f.CLISessionID != ""
 	case clusterNone:
-		return f, f.ClusterID == "" && f.CallbackURL != "" && f.CLISessionID != ""
+		return f, f.ClusterID == "" && f.LinkNonce == "" && f.CallbackURL != "" && f.CLISessionID != ""
 	}
 	return flow{}, false
 }

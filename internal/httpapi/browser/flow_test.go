@@ -6,9 +6,9 @@ import (
 
 // validFlows are flows /authorize makes: one of each cluster kind.
 var validFlows = []flow{
-	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterNew},
-	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterProven},
-	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterReplaced},
+	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterNew, LinkNonce: "n-1"},
+	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterProven, LinkNonce: "n-1"},
+	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterReplaced, LinkNonce: "n-1"},
 	{SessionID: "sid-1", ClusterID: "aB3dE9", ClusterKind: clusterCallback, CallbackURL: "http://localhost:41234/callback", CLISessionID: "cli-1"},
 	{SessionID: "sid-1", ClusterID: "", ClusterKind: clusterNone, CallbackURL: "http://127.0.0.1:41234/callback", CLISessionID: "cli-1"},
 }
@@ -38,6 +38,9 @@ func TestFlowStateRoundTrip(t *testing.T) {
 		`{"s":"sid-1","c":"","ck":"none","cs":"cli-1"}`,
 		`{"s":"sid-1","c":"","ck":"none","cb":"http://127.0.0.1:1/callback"}`,
 		`{"s":1,"c":"cluster-1","ck":"new"}`,
+		`{"s":"sid-1","c":"cluster-1","ck":"new"}`,
+		`{"s":"sid-1","c":"aB3dE9","ck":"callback","n":"n-1","cb":"http://localhost:1/callback","cs":"cli-1"}`,
+		`{"s":"sid-1","c":"","ck":"none","n":"n-1","cb":"http://127.0.0.1:1/callback","cs":"cli-1"}`,
 		`{"s":"sid-1","c":"cluster-1","ck":"new"} trailing`,
 	} {
 		if f, ok := parseFlow([]byte(bad)); ok {
@@ -70,12 +73,12 @@ func FuzzParseFlowState(f *testing.F) {
 		callbackFields := fl.CallbackURL != "" || fl.CLISessionID != ""
 		switch fl.ClusterKind {
 		case clusterNew, clusterProven, clusterReplaced:
-			if callbackFields {
-				t.Fatalf("%q parsed to a poll-flow %+v with callback fields", b, fl)
+			if callbackFields || fl.LinkNonce == "" {
+				t.Fatalf("%q parsed to a poll-flow %+v with callback fields or without its link's nonce", b, fl)
 			}
 		case clusterCallback, clusterNone:
-			if fl.CallbackURL == "" || fl.CLISessionID == "" {
-				t.Fatalf("%q parsed to a callback flow %+v without its callback", b, fl)
+			if fl.CallbackURL == "" || fl.CLISessionID == "" || fl.LinkNonce != "" {
+				t.Fatalf("%q parsed to a callback flow %+v without its callback, or with a link nonce", b, fl)
 			}
 		default:
 			t.Fatalf("%q parsed to kind %q", b, fl.ClusterKind)

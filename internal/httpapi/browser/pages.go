@@ -35,6 +35,7 @@ const (
 	pageInternal
 	pageUnavailable
 	pageNoCallbackFlow
+	pageLoginUnavailable
 )
 
 const runAgain = "Run the bind command in your terminal again; it prints a new link."
@@ -60,6 +61,7 @@ var errorPages = map[pageKind]web.ErrorPage{
 	pageMethodNotAllowed: {Title: "Request not allowed here", Message: "This page does not take this kind of request.", Hint: "Start from the link your terminal printed."},
 	pageInternal:         {Title: "Something went wrong", Message: "The provider hit an internal error.", Hint: "Try again in a moment. If it keeps failing, contact the provider."},
 	pageUnavailable:      {Title: "Please try again in a moment", Message: "The provider is briefly unable to reach its cluster. Your binding session is not lost.", Hint: "Reload this page in a few seconds."},
+	pageLoginUnavailable: {Title: "Please try again in a moment", Message: "The provider is briefly unable to record your sign-in. Your binding session is not lost.", Hint: "In a few seconds, open the link from your terminal again."},
 	pageNoCallbackFlow:   {Title: "This provider binds with the poll flow only", Message: "The link comes from a client that uses the callback flow (OAuth2CodeGrant), which this provider has turned off.", Hint: "Bind with kube-bind-poll, or another client that supports OAuth2CodeGrantPoll."},
 }
 
@@ -93,10 +95,25 @@ func (h *Handler) storeFailed(w http.ResponseWriter, err error) {
 	}
 }
 
+// loginStoreFailed renders the answer to a callback whose login could
+// not be recorded: the code is spent, so the user starts over from the
+// link (which is not spent either), once the store answers again.
+func (h *Handler) loginStoreFailed(w http.ResponseWriter, err error) {
+	if !errors.Is(err, sessions.ErrUnavailable) {
+		h.storeFailed(w, err)
+		return
+	}
+	h.log.Warn("session store briefly unavailable; the login is not recorded", "error", err)
+	w.Header().Set("Retry-After", "5")
+	h.page(w, http.StatusServiceUnavailable, pageLoginUnavailable, "")
+}
+
 // loginStateFailed renders the answer to a callback whose state is not
-// genuine, not this browser's, used or expired.
+// genuine, not this browser's, used or expired, or could not be spent.
 func (h *Handler) loginStateFailed(w http.ResponseWriter, err error) {
 	switch {
+	case errors.Is(err, sessions.ErrUnavailable):
+		h.loginStoreFailed(w, err)
 	case errors.Is(err, oidc.ErrNotReady):
 		w.Header().Set("Retry-After", "30")
 		h.page(w, http.StatusServiceUnavailable, pageIdPDown, "")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
@@ -246,11 +248,18 @@ func TestRefusalsInProcess(t *testing.T) {
 			wantStatus: http.StatusUnauthorized, wantText: "not valid", wantState: pending,
 		},
 		{
+			// Opening a link spends nothing; the first sign-in through
+			// it does, and a second sign-in through it is refused.
 			name: "reused nonce",
-			run: getsLink(func(e *refusalEnv, link string) string {
-				e.loginState(link)
-				return link
-			}),
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
+				s, link := e.pollLink("", nil)
+				again := e.loginState(link)
+				if n := e.marks(); n != 0 {
+					e.t.Errorf("opening a link wrote %d marks, want none", n)
+				}
+				e.login(link, "dave")
+				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {again}, "user": {"dave"}}.Encode(), nil, nil), s
+			},
 			wantStatus: http.StatusUnauthorized, wantText: "already used", wantState: pending,
 		},
 		{
@@ -420,13 +429,35 @@ func TestRefusalsInProcess(t *testing.T) {
 			wantStatus: http.StatusForbidden, wantText: "Access denied", wantState: denied, wantReason: "may not bind",
 		},
 		{
+			// Declined at the identity provider, or an error callback
+			// forged by whoever holds the link: nobody signed in, so
+			// nothing is recorded and the link still works.
 			name: "user declines at the identity provider",
 			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
 				s, link := e.pollLink("", nil)
 				state := e.loginState(link)
-				return e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "error": {"access_denied"}}.Encode(), nil, nil), s
+				w := e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}, "error": {"access_denied"}}.Encode(), nil, nil)
+				if o, d, m := e.store.Len(); o+d+m != 0 {
+					e.t.Errorf("an error callback recorded %d outcomes, %d deliveries, %d marks; want none", o, d, m)
+				}
+				e.login(link, "dave")
+				return w, s
 			},
-			wantStatus: http.StatusForbidden, wantText: "Access denied", wantState: denied, wantReason: "refused the login",
+			wantStatus: http.StatusForbidden, wantText: "open the link from your terminal again", wantState: pending,
+		},
+		{
+			name: "a code the identity provider refuses records nothing",
+			run: func(e *refusalEnv) (*httptest.ResponseRecorder, lifecycle.Session) {
+				s, link := e.pollLink("", nil)
+				state := e.loginState(link)
+				e.idp.Err = fmt.Errorf("%w: invalid_grant", oidc.ErrInvalidCallback)
+				w := e.do(http.MethodGet, "/callback?"+url.Values{"state": {state}}.Encode(), nil, nil)
+				if o, d, m := e.store.Len(); o+d+m != 0 {
+					e.t.Errorf("a failed login recorded %d outcomes, %d deliveries, %d marks; want none", o, d, m)
+				}
+				return w, s
+			},
+			wantStatus: http.StatusBadRequest, wantText: "Nothing was recorded", wantState: pending,
 		},
 		{
 			name: "HEAD of a signed link spends nothing",
@@ -644,4 +675,39 @@ func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 			t.Fatalf("provisioned %+v, want once under the proven cluster ID", calls)
 		}
 	})
+}
+
+// Past the store's write budget, a signed-in user's Bind is 503 with
+// Retry-After and records nothing; once the budget refills, the same form
+// binds (provisioning is idempotent) and records the one outcome.
+func TestBindPastWriteBudget(t *testing.T) {
+	e := newRefusalEnv(t)
+	s, link := e.pollLink("", nil)
+	c, form := e.login(link, "dave")
+	spent := 0
+	for ; spent <= sessions.DefaultLimits.WriteBurst; spent++ {
+		if err := e.store.UseOnce(context.Background(), fmt.Sprint("filler-", spent), s.ExpiresAt); err != nil {
+			if !errors.Is(err, sessions.ErrOverBudget) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if spent > sessions.DefaultLimits.WriteBurst {
+		t.Fatalf("%d writes at one instant, beyond the burst of %d", spent, sessions.DefaultLimits.WriteBurst)
+	}
+	w := e.post(form, nil, c)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("bind past the write budget: %d (Retry-After %q), want 503 with Retry-After:\n%s", w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+	if o, err := e.store.Outcome(context.Background(), s.ID); err != nil || o.State != sessions.StatePending {
+		t.Fatalf("after the refused bind the session is %v (%v), want pending", o.State, err)
+	}
+	e.clock.Advance(time.Second)
+	if w := e.post(form, nil, c); w.Code != http.StatusOK {
+		t.Fatalf("the same bind a second later: %d:\n%s", w.Code, w.Body)
+	}
+	if o, err := e.store.Outcome(context.Background(), s.ID); err != nil || o.State != sessions.StateCompleted {
+		t.Fatalf("after the bind the session is %v (%v), want completed", o.State, err)
+	}
 }

@@ -45,41 +45,54 @@ var testLimits = sessions.Limits{
 	Grace:               60 * time.Second,
 }
 
+// budgetLimits are testLimits with a write budget small enough to spend.
+var budgetLimits = func() sessions.Limits {
+	l := testLimits
+	l.WriteRate, l.WriteBurst = 1, 3
+	return l
+}()
+
 // Run runs the conformance suite against stores made by newStore.
 func Run(t *testing.T, newStore NewStoreFunc) {
 	for _, tc := range []struct {
-		name string
-		fn   func(*testing.T, *env)
+		name   string
+		fn     func(*testing.T, *env)
+		limits *sessions.Limits // nil: testLimits
 	}{
-		{"UnknownIsPending", testUnknownIsPending},
-		{"Complete", testComplete},
-		{"CompleteCopiesResponse", testCompleteCopiesResponse},
-		{"Deny", testDeny},
-		{"OneOutcome", testOneOutcome},
-		{"ResponseTooLarge", testResponseTooLarge},
-		{"DeliverRecordsFirst", testDeliverRecordsFirst},
-		{"DeliverPending", testDeliverPending},
-		{"UseOnce", testUseOnce},
-		{"NonceSingleUse", testNonceSingleUse},
-		{"NoncePerSession", testNoncePerSession},
-		{"NonceCap", testNonceCap},
-		{"PollTooSoon", testPollTooSoon},
-		{"TooSoonSpendsNothing", testTooSoonSpendsNothing},
-		{"PollZeroInterval", testPollZeroInterval},
-		{"PolledSessionsBounded", testPolledSessionsBounded},
-		{"ConcurrentOutcome", testConcurrentOutcome},
-		{"ConcurrentUseOnce", testConcurrentUseOnce},
-		{"ConcurrentNonce", testConcurrentNonce},
-		{"WaitComplete", testWaitComplete},
-		{"WaitDeny", testWaitDeny},
-		{"WaitEndsWithContext", testWaitEndsWithContext},
-		{"WaitFinalAtOnce", testWaitFinalAtOnce},
-		{"WaitMany", testWaitMany},
+		{"UnknownIsPending", testUnknownIsPending, nil},
+		{"Complete", testComplete, nil},
+		{"CompleteCopiesResponse", testCompleteCopiesResponse, nil},
+		{"Deny", testDeny, nil},
+		{"OneOutcome", testOneOutcome, nil},
+		{"ResponseTooLarge", testResponseTooLarge, nil},
+		{"DeliverRecordsFirst", testDeliverRecordsFirst, nil},
+		{"DeliverPending", testDeliverPending, nil},
+		{"UseOnce", testUseOnce, nil},
+		{"NonceSingleUse", testNonceSingleUse, nil},
+		{"NoncePerSession", testNoncePerSession, nil},
+		{"NonceCap", testNonceCap, nil},
+		{"PollTooSoon", testPollTooSoon, nil},
+		{"TooSoonSpendsNothing", testTooSoonSpendsNothing, nil},
+		{"PollZeroInterval", testPollZeroInterval, nil},
+		{"PolledSessionsBounded", testPolledSessionsBounded, nil},
+		{"ConcurrentOutcome", testConcurrentOutcome, nil},
+		{"ConcurrentUseOnce", testConcurrentUseOnce, nil},
+		{"ConcurrentNonce", testConcurrentNonce, nil},
+		{"WaitComplete", testWaitComplete, nil},
+		{"WaitDeny", testWaitDeny, nil},
+		{"WaitEndsWithContext", testWaitEndsWithContext, nil},
+		{"WaitFinalAtOnce", testWaitFinalAtOnce, nil},
+		{"WaitMany", testWaitMany, nil},
+		{"WriteBudget", testWriteBudget, &budgetLimits},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testutil.ClockAt(Start)
 			e := &env{t: t, clock: clock, ctx: context.Background()}
-			e.store = newStore(t, testLimits, clock)
+			limits := testLimits
+			if tc.limits != nil {
+				limits = *tc.limits
+			}
+			e.store = newStore(t, limits, clock)
 			tc.fn(t, e)
 		})
 	}
@@ -460,4 +473,28 @@ func testWaitMany(t *testing.T, e *env) {
 			t.Fatalf("a waiter got %v", o.State)
 		}
 	}
+}
+
+// testWriteBudget: writes beyond the burst of the write budget fail at
+// once with ErrOverBudget (an ErrUnavailable: the caller answers 503) and
+// write nothing; the budget refills at WriteRate on the store's clock.
+func testWriteBudget(t *testing.T, e *env) {
+	noErr(t, "UseOnce within the budget", e.store.UseOnce(e.ctx, e.id(), e.expires()))
+	noErr(t, "Deny within the budget", e.store.Deny(e.ctx, e.id(), e.expires(), "no"))
+	noErr(t, "Complete within the budget", e.store.Complete(e.ctx, e.id(), e.expires(), []byte(`{}`)))
+	key, id := e.id(), e.id()
+	err := e.store.UseOnce(e.ctx, key, e.expires())
+	wantErr(t, "UseOnce past the budget", err, sessions.ErrOverBudget)
+	wantErr(t, "UseOnce past the budget", err, sessions.ErrUnavailable)
+	wantErr(t, "Deny past the budget", e.store.Deny(e.ctx, id, e.expires(), "no"), sessions.ErrOverBudget)
+	wantErr(t, "Complete past the budget", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)), sessions.ErrOverBudget)
+	if o, err := e.store.Outcome(e.ctx, id); err != nil || o.State != sessions.StatePending {
+		t.Fatalf("a refused write left %v (%v), want pending", o.State, err)
+	}
+	e.clock.Advance(time.Second)
+	noErr(t, "a refused UseOnce spent nothing: the key after a second", e.store.UseOnce(e.ctx, key, e.expires()))
+	wantErr(t, "a second write in that second", e.store.Deny(e.ctx, id, e.expires(), "no"), sessions.ErrOverBudget)
+	e.clock.Advance(time.Second)
+	noErr(t, "Deny after another second", e.store.Deny(e.ctx, id, e.expires(), "no"))
+	e.shows(id, sessions.StateDenied)
 }

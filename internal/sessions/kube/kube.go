@@ -1,8 +1,11 @@
 // Package kube is a sessions.Store kept in the provider cluster: outcomes,
 // deliveries and single-use marks are Secrets in the backend's namespace,
 // written create-if-absent (so exactly one replica wins each) and read from
-// one informer (so reads make no API call). Poll admission stays in memory
-// on the replica that owns the session, as sessions.Store documents.
+// one informer (so reads make no API call). Every create passes the
+// store's write budget (sessions.Limits.WriteRate), so a flood of writes
+// is refused at once instead of filling etcd. Poll admission stays in
+// memory on the replica that owns the session, as sessions.Store
+// documents.
 package kube
 
 import (
@@ -70,6 +73,7 @@ type Store struct {
 	log      *slog.Logger
 	now      func() time.Time
 	admit    *admission.Table
+	budget   *sessions.WriteBudget
 	informer cache.SharedIndexInformer
 
 	mu      sync.Mutex
@@ -116,6 +120,7 @@ func New(opts Options) (*Store, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.budget = sessions.NewWriteBudget(limits, s.now)
 	// The informer's own list and watch calls tell when the watch is
 	// broken: client-go retries a refused watch quietly, without its
 	// watch error handler.
@@ -391,8 +396,13 @@ func (s *Store) readDirect(ctx context.Context, name string) *corev1.Secret {
 var errTaken = errors.New("record exists")
 
 // create creates sec, or returns taken if a record of its name exists:
-// whoever created that first won.
+// whoever created that first won. Each create spends one write of the
+// budget, whatever the API server answers; with none left it fails with
+// sessions.ErrOverBudget and asks nothing.
 func (s *Store) create(ctx context.Context, sec *corev1.Secret, taken error) error {
+	if err := s.budget.Take(); err != nil {
+		return err
+	}
 	_, err := s.secrets.Create(ctx, sec, metav1.CreateOptions{})
 	switch {
 	case err == nil:

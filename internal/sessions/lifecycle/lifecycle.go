@@ -239,14 +239,15 @@ func (s *Service) open(id string, grace time.Duration) (Session, error) {
 	return Session{Session: ks, Ended: !now.Before(ks.ExpiresAt)}, nil
 }
 
-// UseLink spends the nonce of an authorize link: sessions.ErrNonceUsed if
-// the link was opened before, on any replica.
+// UseLink spends the nonce of an authorize link once a user signed in
+// through it: sessions.ErrNonceUsed if somebody signed in through the
+// link before, on any replica.
 func (s *Service) UseLink(ctx context.Context, sess Session, nonce string) error {
 	return s.cfg.Store.UseOnce(ctx, "link\n"+sess.ID+"\n"+nonce, sess.ExpiresAt)
 }
 
-// UseLoginState spends a login state (oidc.Config.UseOnce), kept for a
-// session's life.
+// UseLoginState spends a login state (oidc.Config.UseOnce, called once
+// the user signed in), kept for a session's life.
 func (s *Service) UseLoginState(ctx context.Context, key string) error {
 	return s.cfg.Store.UseOnce(ctx, "login-state\n"+key, s.cfg.Now().Add(s.cfg.SessionTTL))
 }

@@ -13,11 +13,13 @@ import (
 )
 
 // Store keeps outcomes, deliveries and marks in maps, and collects them
-// after their expiry plus the grace period.
+// after their expiry plus the grace period. It keeps at most
+// Limits.MaxRecords of them, and writes within Limits.WriteRate.
 type Store struct {
 	limits sessions.Limits
 	now    func() time.Time
 	admit  *admission.Table
+	budget *sessions.WriteBudget
 
 	mu          sync.Mutex
 	outcomes    map[string]record
@@ -40,7 +42,7 @@ func New(limits sessions.Limits, now func() time.Time) *Store {
 	}
 	limits = limits.WithDefaults()
 	return &Store{
-		limits: limits, now: now, admit: admission.New(limits),
+		limits: limits, now: now, admit: admission.New(limits), budget: sessions.NewWriteBudget(limits, now),
 		outcomes: map[string]record{}, delivered: map[string]record{},
 		marks: map[string]time.Time{}, waiters: map[string][]chan struct{}{},
 	}
@@ -75,6 +77,9 @@ func (s *Store) record(id string, expires time.Time, o sessions.Outcome) error {
 	if _, ok := s.outcomes[id]; ok {
 		return sessions.ErrNotPending
 	}
+	if err := s.admitWrite(); err != nil {
+		return err
+	}
 	s.outcomes[id] = record{outcome: o, collect: expires.Add(s.limits.Grace)}
 	for _, w := range s.waiters[id] {
 		close(w)
@@ -93,6 +98,9 @@ func (s *Store) Deliver(_ context.Context, id string, expires time.Time) (time.T
 	if d, ok := s.delivered[id]; ok {
 		return d.at, nil
 	}
+	if err := s.admitWrite(); err != nil {
+		return time.Time{}, err
+	}
 	now := s.now()
 	s.delivered[id] = record{at: now, collect: expires.Add(s.limits.Grace)}
 	return now, nil
@@ -105,6 +113,9 @@ func (s *Store) UseOnce(_ context.Context, key string, expires time.Time) error 
 	s.collect()
 	if _, used := s.marks[key]; used {
 		return sessions.ErrNonceUsed
+	}
+	if err := s.admitWrite(); err != nil {
+		return err
 	}
 	s.marks[key] = expires.Add(s.limits.Grace)
 	return nil
@@ -151,15 +162,33 @@ func (s *Store) dropWaiter(id string, ch chan struct{}) {
 	}
 }
 
+// admitWrite admits one new record, with mu held: within the write
+// budget and below MaxRecords (collecting first when at it), else
+// ErrOverBudget.
+func (s *Store) admitWrite() error {
+	if len(s.outcomes)+len(s.delivered)+len(s.marks) >= s.limits.MaxRecords {
+		s.collectNow()
+		if len(s.outcomes)+len(s.delivered)+len(s.marks) >= s.limits.MaxRecords {
+			return sessions.ErrOverBudget
+		}
+	}
+	return s.budget.Take()
+}
+
 // collect drops what is past its time. Called with mu held by every
 // write, so the maps never hold more than what is alive plus one write's
 // worth; reads need not collect (an expired session is refused before
 // its records are asked for).
 func (s *Store) collect() {
-	now := s.now()
-	if now.Before(s.nextCollect) {
+	if s.now().Before(s.nextCollect) {
 		return
 	}
+	s.collectNow()
+}
+
+// collectNow is collect whenever it was last run.
+func (s *Store) collectNow() {
+	now := s.now()
 	s.nextCollect = now.Add(collectEvery)
 	for id, r := range s.outcomes {
 		if now.After(r.collect) {
