@@ -511,7 +511,7 @@ func regrant(offers []Offer, catalog *binding.Catalog, claimableRes []schema.Gro
 			}
 		}
 		if !g.Claims[i] {
-			dropped = append(dropped, "permission claim on "+v1alpha2.Resource{Group: c.Group, Resource: c.Resource}.Name())
+			dropped = append(dropped, "permission claim on "+strings.TrimSuffix(v1alpha2.Resource{Group: c.Group, Resource: c.Resource}.Name(), "."))
 		}
 	}
 	for i, n := range spec.Namespaces {

@@ -100,7 +100,11 @@ func (r *run) answerRequests(ctx context.Context, ns string) (map[string]*wanted
 		w, err := fromRequest(req)
 		if phase == PhaseSucceeded {
 			if err == nil {
-				if err := r.setGranted(ctx, req, r.regrant(w)); err != nil {
+				g, err := r.regrant(ctx, w)
+				if err != nil {
+					return nil, err
+				}
+				if err := r.setGranted(ctx, req, g); err != nil {
 					return nil, err
 				}
 				wanted[w.name] = w
@@ -132,8 +136,10 @@ func (r *run) answerRequests(ctx context.Context, ns string) (map[string]*wanted
 
 // regrant narrows w to what today's offers still hold (offers.Regrant):
 // never more than it asked for. An export left without resources is
-// withdrawn.
-func (r *run) regrant(w *wantedExport) offers.Grant {
+// withdrawn. The catalog's cache may lag a CRD labelled just now, which
+// another controller (a leader handover) has already granted: a resource
+// dropped as not exported is asked of the API server first.
+func (r *run) regrant(ctx context.Context, w *wantedExport) (offers.Grant, error) {
 	g := r.cfg.Offers.Regrant(w.spec)
 	if len(g.Resources) != len(w.resources) || len(g.Claims) != len(w.claims) {
 		// The stored lists do not match their decoded form: grant nothing.
@@ -141,17 +147,28 @@ func (r *run) regrant(w *wantedExport) offers.Grant {
 			Namespaces: make([]bool, len(w.spec.Namespaces)), Reason: offers.ReasonOfferWithdrawn,
 			Message: "the request cannot be read; nothing is granted"}
 	}
+	for i, res := range w.spec.Resources {
+		if i >= len(g.Resources) || g.Resources[i] {
+			continue
+		}
+		if _, ok := r.cfg.Catalog.ExportedCRD(res.Group, res.Resource); ok {
+			continue
+		}
+		exported, err := r.cfg.Catalog.ExportedNow(ctx, res.Group, res.Resource)
+		if err != nil {
+			return g, fmt.Errorf("checking whether %s is exported: %w", res.Name(), err)
+		}
+		if exported {
+			return g, &requeueAfter{d: time.Second, reason: "the catalog has not seen " + res.Name() + " exported yet"}
+		}
+	}
 	w.spec.Resources = keep(w.spec.Resources, g.Resources)
 	w.resources = keep(w.resources, g.Resources)
 	w.spec.PermissionClaims = keep(w.spec.PermissionClaims, g.Claims)
 	w.claims = keep(w.claims, g.Claims)
 	w.spec.Namespaces = keep(w.spec.Namespaces, g.Namespaces)
 	w.withdrawn = len(w.spec.Resources) == 0
-	if g.Reason != "" {
-		r.log.Info("exports: a decided export is granted less than it asked for", "export", w.name, "reason", g.Reason,
-			"message", g.Message)
-	}
-	return g
+	return g, nil
 }
 
 // keep returns the items of s whose mask entry is true.

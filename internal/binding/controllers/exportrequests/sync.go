@@ -29,7 +29,9 @@ func (r *run) syncExports(ctx context.Context, ns string, wanted map[string]*wan
 		existing[e.GetName()] = e
 		if wanted[e.GetName()] == nil {
 			w := fromExport(e)
-			r.regrant(w)
+			if _, err := r.regrant(ctx, w); err != nil {
+				return nil, nil, err
+			}
 			wanted[e.GetName()] = w
 		}
 	}
