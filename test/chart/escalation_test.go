@@ -2,6 +2,7 @@ package chart_test
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"strings"
 	"testing"
@@ -159,6 +160,11 @@ func testEscalationWithoutPolicy(t *testing.T, cp *controlplane.ControlPlane, ad
 	if canI(t, cp, ns, "create", "pods") {
 		t.Errorf("after the attempts, the backend may create pods in %s", ns)
 	}
+	// RBAC lets the backend write its consumer Roles by name with any
+	// rule in a namespace it made: the Role probe sees that.
+	if err := scopecheck.CheckRoles(ctx, as, scopeOptions); !errors.Is(err, scopecheck.ErrUnconfined) || !strings.Contains(err.Error(), "granting Pods") {
+		t.Errorf("the Role probe without the policy: %v, want ErrUnconfined", err)
+	}
 
 	// What RBAC cannot refuse: the backend granting itself its namespace
 	// role anywhere. So it refuses to start.
@@ -211,6 +217,9 @@ func testConsumerRolesWithinDeclared(t *testing.T, cp *controlplane.ControlPlane
 	rule := func(group string, resources []string, verbs ...string) *rbacv1ac.PolicyRuleApplyConfiguration {
 		return rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources(resources...).WithVerbs(verbs...)
 	}
+	if err := apply(); err != nil {
+		t.Errorf("a consumer Role without rules: %v, want admitted", err)
+	}
 	for what, r := range map[string]*rbacv1ac.PolicyRuleApplyConfiguration{
 		"a CRD's resource":        rule("mangodb.com", []string{"mangodbs"}, binding.ConsumerVerbs...),
 		"the claimable resources": rule("", []string{"secrets", "configmaps"}, "get", "list", "watch", "create", "update", "delete"),
@@ -239,10 +248,12 @@ func testConsumerRolesWithinDeclared(t *testing.T, cp *controlplane.ControlPlane
 	if canI(t, cp, ns, "create", "pods") {
 		t.Errorf("after the attempts, the backend may create pods in %s", ns)
 	}
-	err := scopecheck.Check(ctx, as, scopecheck.Options{Policy: fullname + "-scope", NamespacePrefix: "kube-bind-",
-		Role: binding.BackendNamespaceClusterRole, ConsumerRole: binding.ConsumerClaimsRole,
-		ManagedBy: binding.LabelManagedBy + "=" + binding.ManagedByValue})
-	if err != nil {
+	if err := scopecheck.Check(ctx, as, scopeOptions); err != nil {
 		t.Errorf("scopecheck.Check with the chart's policy: %v", err)
 	}
 }
+
+// scopeOptions are the probes' options as the backend sets them.
+var scopeOptions = scopecheck.Options{Policy: fullname + "-scope", NamespacePrefix: "kube-bind-",
+	Role: binding.BackendNamespaceClusterRole, ConsumerRole: binding.ConsumerClaimsRole,
+	ManagedBy: binding.LabelManagedBy + "=" + binding.ManagedByValue}

@@ -80,12 +80,15 @@ func Check(ctx context.Context, kube kubernetes.Interface, o Options) error {
 	if err := judge(err, o, "a namespace without the backend's label"); err != nil {
 		return err
 	}
-	return checkRoles(ctx, kube, o)
+	return CheckRoles(ctx, kube, o)
 }
 
-// checkRoles applies, as a dry run, the consumer Role granting Pods in a
-// namespace the backend made: only the policy refuses it there.
-func checkRoles(ctx context.Context, kube kubernetes.Interface, o Options) error {
+// CheckRoles applies, as a dry run, the consumer Role granting Pods in a
+// namespace the backend made: only the policy refuses it there. A refusal
+// by RBAC (the backend's namespace role not bound there, or not yet) says
+// nothing about the policy, so the next such namespace is tried. It
+// returns nil when the policy refused, or when no namespace could tell.
+func CheckRoles(ctx context.Context, kube kubernetes.Interface, o Options) error {
 	if o.ConsumerRole == "" || o.ManagedBy == "" {
 		return nil
 	}
@@ -101,16 +104,19 @@ func checkRoles(ctx context.Context, kube kubernetes.Interface, o Options) error
 			WithAPIGroups("").WithResources("pods").WithVerbs("create"))
 		_, err := kube.RbacV1().Roles(ns.Name).Apply(ctx, role, metav1.ApplyOptions{
 			DryRun: []string{metav1.DryRunAll}, FieldManager: "kube-bind-backend-scopecheck", Force: true})
-		if err == nil {
+		switch {
+		case err == nil:
 			return fmt.Errorf("%w: a dry run of the Role %s granting Pods in %s was admitted, so the ValidatingAdmissionPolicy %q does not hold "+
 				"the Roles the backend makes for consumers to what a provider declares: a bug in its controllers could grant a consumer anything. "+
 				"Upgrade the chart (admissionPolicy.enabled=true), or, knowing that risk, start with --unsafe-skip-admission-policy-check",
 				ErrUnconfined, o.ConsumerRole, ns.Name, o.Policy)
+		case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "ValidatingAdmissionPolicy"):
+			return nil
+		case apierrors.IsForbidden(err), apierrors.IsNotFound(err):
+			continue // RBAC, or deleted meanwhile: this namespace cannot tell
+		default:
+			return fmt.Errorf("checking that the ValidatingAdmissionPolicy %q holds consumer Roles (dry run in %s): %w", o.Policy, ns.Name, err)
 		}
-		if apierrors.IsNotFound(err) {
-			continue // deleted meanwhile
-		}
-		return judge(err, o, fmt.Sprintf("the Role %s granting Pods in %s", o.ConsumerRole, ns.Name))
 	}
 	return nil
 }
