@@ -305,9 +305,13 @@ func TestAttackWildcardClaimsAfterSuccess(t *testing.T) {
 		if err := c.privilegedPod(ns); !apierrors.IsForbidden(err) {
 			t.Errorf("a privileged Pod in %s: %v, want Forbidden", ns, err)
 		}
-		for _, res := range [][2]string{{"", "pods"}, {"", "namespaces"}, {"rbac.authorization.k8s.io", "rolebindings"}, {"*", "*"}} {
-			if c.can(t, ns, "create", res[0], res[1]) {
-				t.Errorf("the consumer may create %s.%s in %s", res[1], res[0], ns)
+		// What the attacker did next with the wildcard: relabel the
+		// namespace for privileged Pods, bind its Role to anybody.
+		for _, do := range [][3]string{{"create", "", "pods"}, {"patch", "", "namespaces"}, {"update", "", "namespaces"},
+			{"create", "rbac.authorization.k8s.io", "rolebindings"}, {"bind", "rbac.authorization.k8s.io", "roles"},
+			{"escalate", "rbac.authorization.k8s.io", "roles"}, {"create", "*", "*"}} {
+			if c.can(t, ns, do[0], do[1], do[2]) {
+				t.Errorf("the consumer may %s %s.%s in %s", do[0], do[2], do[1], ns)
 			}
 		}
 	}
