@@ -185,8 +185,8 @@ spec: {kubeconfigSecretRef: {name: kubeconfig, key: other}, providerPrettyName: 
 	mustRefuse("ClusterBinding with bad key", err, "spec.kubeconfigSecretRef.key")
 	mustRefuse("ClusterBinding with empty pretty name", err, "spec.providerPrettyName")
 
-	// APIServiceExportRequest: phase defaults to Pending, resources and
-	// parameters are immutable, at least one resource, phase enum.
+	// APIServiceExportRequest: phase defaults to Pending, the whole spec is
+	// immutable, at least one resource, phase enum.
 	req := mustCreate("apiserviceexportrequests", `
 apiVersion: kube-bind.io/v1alpha1
 kind: APIServiceExportRequest
@@ -197,14 +197,25 @@ spec:
 	if phase, _, _ := unstructured.NestedString(req.Object, "status", "phase"); phase != "Pending" {
 		t.Errorf("phase %q, want the default Pending", phase)
 	}
+	for _, version := range []string{"v1alpha1", "v1alpha2"} {
+		r := dyn.Resource(schema.GroupVersionResource{Group: Group, Version: version, Resource: "apiserviceexportrequests"}).Namespace(ns)
+		for what, patch := range map[string]string{
+			"changing resources":           `{"spec":{"resources":[{"group":"example.com","resource":"gadgets"}]}}`,
+			"removing parameters":          `{"spec":{"parameters":null}}`,
+			"changing parameters":          `{"spec":{"parameters":{"size":4}}}`,
+			"adding permission claims":     `{"spec":{"permissionClaims":[{"group":"*","resource":"*","selector":{}}]}}`,
+			"adding namespaces":            `{"spec":{"namespaces":[{"name":"kube-system"}]}}`,
+			"setting a schemaUpdatePolicy": `{"spec":{"schemaUpdatePolicy":"Never"}}`,
+		} {
+			_, err := r.Patch(ctx, "widgets.example.com", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			mustRefuse(what+" through "+version, err, "spec is immutable")
+		}
+	}
 	r := dyn.Resource(gvr("apiserviceexportrequests")).Namespace(ns)
-	_, err = r.Patch(ctx, "widgets.example.com", types.MergePatchType,
-		[]byte(`{"spec":{"resources":[{"group":"example.com","resource":"gadgets"}]}}`), metav1.PatchOptions{})
-	mustRefuse("changing resources", err, "resources are immutable")
-	_, err = r.Patch(ctx, "widgets.example.com", types.MergePatchType, []byte(`{"spec":{"parameters":null}}`), metav1.PatchOptions{})
-	mustRefuse("removing parameters", err, "parameters are immutable")
-	_, err = r.Patch(ctx, "widgets.example.com", types.MergePatchType, []byte(`{"spec":{"parameters":{"size":4}}}`), metav1.PatchOptions{})
-	mustRefuse("changing parameters", err, "parameters are immutable")
+	// Metadata stays writable (the CLI and the konnector label requests).
+	if _, err := r.Patch(ctx, "widgets.example.com", types.MergePatchType, []byte(`{"metadata":{"labels":{"a":"b"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("labelling a request: %v", err)
+	}
 	// Parameters are flat and bounded; a nested or long value is refused.
 	for name, params := range map[string]string{
 		"nested":   `{deep: {a: [1, 2]}}`,

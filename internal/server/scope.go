@@ -25,7 +25,8 @@ const (
 )
 
 func (s *Server) scopeOptions() scopecheck.Options {
-	return scopecheck.Options{Policy: s.cfg.Provider.AdmissionPolicy, NamespacePrefix: s.cfg.Provider.NamespacePrefix, Role: binding.BackendNamespaceClusterRole}
+	return scopecheck.Options{Policy: s.cfg.Provider.AdmissionPolicy, NamespacePrefix: s.cfg.Provider.NamespacePrefix, Role: binding.BackendNamespaceClusterRole,
+		ConsumerRole: binding.ConsumerClaimsRole, ManagedBy: binding.LabelManagedBy + "=" + binding.ManagedByValue}
 }
 
 // checkScopeAtStart refuses to start when the admission policy does not

@@ -2,6 +2,7 @@ package chart_test
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"strings"
 	"testing"
@@ -12,9 +13,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/scopecheck"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 )
 
@@ -157,6 +160,11 @@ func testEscalationWithoutPolicy(t *testing.T, cp *controlplane.ControlPlane, ad
 	if canI(t, cp, ns, "create", "pods") {
 		t.Errorf("after the attempts, the backend may create pods in %s", ns)
 	}
+	// RBAC lets the backend write its consumer Roles by name with any
+	// rule in a namespace it made: the Role probe sees that.
+	if err := scopecheck.CheckRoles(ctx, as, scopeOptions); !errors.Is(err, scopecheck.ErrUnconfined) || !strings.Contains(err.Error(), "granting Pods") {
+		t.Errorf("the Role probe without the policy: %v, want ErrUnconfined", err)
+	}
 
 	// What RBAC cannot refuse: the backend granting itself its namespace
 	// role anywhere. So it refuses to start.
@@ -170,3 +178,82 @@ func testEscalationWithoutPolicy(t *testing.T, cp *controlplane.ControlPlane, ad
 		t.Errorf("the backend without its admission policy: exit %d (%v), want 1 with an error naming %s:\n%s", code, err, policy, out)
 	}
 }
+
+// testConsumerRolesWithinDeclared applies, as the chart's ServiceAccount,
+// the consumer Roles the backend makes, in a namespace it made: Roles of a
+// CRD's resource and of the claimable resources pass the chart's policy;
+// a Role granting Pods, a wildcard, RBAC, kube-bind.io or a verb beyond
+// the consumer verbs is refused by it, although RBAC (escalate by name)
+// would let the backend write it. scopecheck.Check, as the backend runs it
+// at start, sees the policy confine it.
+func testConsumerRolesWithinDeclared(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	as := kubernetes.NewForConfigOrDie(backendSAConfig(ctx, t, cp, admin))
+	ns := "kube-bind-roles-within"
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{binding.LabelManagedBy: binding.ManagedByValue}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-bind-backend"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: binding.BackendNamespaceClusterRole},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: saUser}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for !canI(t, cp, ns, "patch", "roles") {
+		if ctx.Err() != nil {
+			t.Fatal("the backend never got its namespace role")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	apply := func(rules ...*rbacv1ac.PolicyRuleApplyConfiguration) error {
+		_, err := as.RbacV1().Roles(ns).Apply(ctx, rbacv1ac.Role(binding.ConsumerClaimsRole, ns).WithRules(rules...),
+			metav1.ApplyOptions{FieldManager: "kube-bind-backend", Force: true})
+		return err
+	}
+	rule := func(group string, resources []string, verbs ...string) *rbacv1ac.PolicyRuleApplyConfiguration {
+		return rbacv1ac.PolicyRule().WithAPIGroups(group).WithResources(resources...).WithVerbs(verbs...)
+	}
+	if err := apply(); err != nil {
+		t.Errorf("a consumer Role without rules: %v, want admitted", err)
+	}
+	for what, r := range map[string]*rbacv1ac.PolicyRuleApplyConfiguration{
+		"a CRD's resource":        rule("mangodb.com", []string{"mangodbs"}, binding.ConsumerVerbs...),
+		"the claimable resources": rule("", []string{"secrets", "configmaps"}, "get", "list", "watch", "create", "update", "delete"),
+	} {
+		if err := apply(r); err != nil {
+			t.Errorf("a consumer Role of %s: %v, want admitted", what, err)
+		}
+	}
+	for what, r := range map[string]*rbacv1ac.PolicyRuleApplyConfiguration{
+		"pods":                          rule("", []string{"pods"}, "create"),
+		"secrets and pods":              rule("", []string{"secrets", "pods"}, "get"),
+		"every resource":                rule("*", []string{"*"}, "get"),
+		"every resource of a CRD group": rule("mangodb.com", []string{"*"}, "get"),
+		"every verb":                    rule("mangodb.com", []string{"mangodbs"}, "*"),
+		"escalate":                      rule("mangodb.com", []string{"mangodbs"}, "escalate"),
+		"roles":                         rule("rbac.authorization.k8s.io", []string{"roles"}, "create"),
+		"kube-bind.io":                  rule("kube-bind.io", []string{"apiserviceexports"}, "create"),
+		"deployments":                   rule("apps", []string{"deployments"}, "create"),
+		"a built-in group with a dot":   rule("admissionregistration.k8s.io", []string{"validatingadmissionpolicies"}, "delete"),
+	} {
+		err := apply(r)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exported CRDs and the claimable resources") {
+			t.Errorf("a consumer Role of %s: %v, want Forbidden by the chart's policy", what, err)
+		}
+	}
+	if canI(t, cp, ns, "create", "pods") {
+		t.Errorf("after the attempts, the backend may create pods in %s", ns)
+	}
+	if err := scopecheck.Check(ctx, as, scopeOptions); err != nil {
+		t.Errorf("scopecheck.Check with the chart's policy: %v", err)
+	}
+}
+
+// scopeOptions are the probes' options as the backend sets them.
+var scopeOptions = scopecheck.Options{Policy: fullname + "-scope", NamespacePrefix: "kube-bind-",
+	Role: binding.BackendNamespaceClusterRole, ConsumerRole: binding.ConsumerClaimsRole,
+	ManagedBy: binding.LabelManagedBy + "=" + binding.ManagedByValue}

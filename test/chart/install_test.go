@@ -233,6 +233,10 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		testConsumerNamespace(t, cp, admin)
 	})
 
+	t.Run("consumer Roles within what a provider declares", func(t *testing.T) {
+		testConsumerRolesWithinDeclared(t, cp, admin)
+	})
+
 	t.Run("escalation attempts without the admission policy", func(t *testing.T) {
 		testEscalationWithoutPolicy(t, cp, admin)
 	})

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
@@ -615,5 +616,35 @@ func TestDiagnosticsPortIsNotExposed(t *testing.T) {
 	off := render(t, "diagnostics.prometheusAnnotations=false")
 	if _, has := asMap(t, field(t, off.get(t, "Deployment", fullname), "spec", "template", "metadata", "annotations"))["prometheus.io/scrape"]; has {
 		t.Error("prometheus.io/scrape with diagnostics.prometheusAnnotations=false")
+	}
+}
+
+// The admission policy's lists of what a consumer Role may hold are those
+// the controllers build Roles from: binding.BuiltinGroups, the consumer
+// verbs and offers.DefaultClaimableResources.
+func TestScopePolicyListsAreThoseOfBinding(t *testing.T) {
+	vap := render(t).get(t, "ValidatingAdmissionPolicy", fullname+"-scope")
+	vars := map[string]string{}
+	for _, v := range asSlice(t, field(t, vap, "spec", "variables")) {
+		m := asMap(t, v)
+		vars[m["name"].(string)] = m["expression"].(string)
+	}
+	quoted := func(items []string) string {
+		q := make([]string, len(items))
+		for i, s := range items {
+			q[i] = "'" + s + "'"
+		}
+		return "[" + strings.Join(q, ", ") + "]"
+	}
+	var claimable []string
+	for _, gr := range offers.DefaultClaimableResources {
+		claimable = append(claimable, gr.Group+"/"+gr.Resource)
+	}
+	for name, want := range map[string][]string{
+		"builtinGroups": binding.BuiltinGroups, "verbs": binding.ConsumerVerbs, "claimable": claimable,
+	} {
+		if got := strings.Join(strings.Fields(vars[name]), " "); got != quoted(want) {
+			t.Errorf("the policy's %s is %s, want %s", name, got, quoted(want))
+		}
 	}
 }

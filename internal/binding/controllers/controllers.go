@@ -91,13 +91,18 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	}
 	logFor := func(component string) *slog.Logger { return cfg.Logger.With("component", component) }
 	exportsLog := logFor("exports")
-	exports, err := exportrequests.New(rc, exportrequests.Config{
+	exportsCfg := exportrequests.Config{
 		Catalog:         cfg.Catalog,
-		Offers:          cfg.Offers,
 		GrantBackend:    cfg.Provisioner.GrantBackend,
 		NamespacePrefix: cfg.NamespacePrefix,
 		Logger:          exportsLog,
-	})
+	}
+	if cfg.Offers != nil {
+		// A nil *offers.Source in the interface would not be nil.
+		exportsCfg.Offers = cfg.Offers
+		exportsCfg.ClaimableResources = cfg.Offers.ClaimableResources()
+	}
+	exports, err := exportrequests.New(rc, exportsCfg)
 	if err != nil {
 		return nil, err
 	}

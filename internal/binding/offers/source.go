@@ -436,3 +436,123 @@ func (c *CatalogCoverer) Cover(spec v1alpha2.APIServiceExportRequestSpec) (strin
 
 // HasSynced is the catalog's.
 func (c *CatalogCoverer) HasSynced() bool { return c.catalog.HasSynced() }
+
+// Reasons a decided request is granted less than it asked for (the
+// Granted condition of the request).
+const (
+	// ReasonOfferNarrowed: some resources, claims or namespaces are no
+	// longer offered; the rest stays granted.
+	ReasonOfferNarrowed = "OfferNarrowed"
+	// ReasonOfferWithdrawn: no offer holds any of its resources.
+	ReasonOfferWithdrawn = "OfferWithdrawn"
+)
+
+// Grant is what a decided request (or an export whose request is gone)
+// still gets from today's offers: per item of its spec, whether it is
+// kept. It never holds more than the spec.
+type Grant struct {
+	Resources, Claims, Namespaces []bool
+	// Reason is "" when everything is kept, else ReasonOfferNarrowed or
+	// ReasonOfferWithdrawn; Message says what was dropped.
+	Reason, Message string
+}
+
+// Regrant judges a decided spec against today's offers: a resource is kept
+// while some offer holds it (any versions: RBAC does not tell versions
+// apart), a claim or namespace while an offer holding every kept resource
+// still has it exactly, and a claim only on a claimable resource.
+func (s *Source) Regrant(spec v1alpha2.APIServiceExportRequestSpec) Grant {
+	return regrant(s.List(), s.catalog, s.cfg.ClaimableResources, spec)
+}
+
+// ClaimableResources are the resources a template's claims may name.
+func (s *Source) ClaimableResources() []schema.GroupResource {
+	return slices.Clone(s.cfg.ClaimableResources)
+}
+
+func regrant(offers []Offer, catalog *binding.Catalog, claimableRes []schema.GroupResource, spec v1alpha2.APIServiceExportRequestSpec) Grant {
+	g := Grant{
+		Resources:  make([]bool, len(spec.Resources)),
+		Claims:     make([]bool, len(spec.PermissionClaims)),
+		Namespaces: make([]bool, len(spec.Namespaces)),
+	}
+	var dropped, kept []string
+	var keptRes []v1alpha2.Resource
+	for i, r := range spec.Resources {
+		name := v1alpha2.Resource{Group: r.Group, Resource: r.Resource}.Name()
+		_, exported := catalog.Lookup(r.Group, r.Resource)
+		for _, o := range offers {
+			if exported && offersResource(o, r) {
+				g.Resources[i] = true
+				break
+			}
+		}
+		if g.Resources[i] {
+			keptRes = append(keptRes, r)
+			kept = append(kept, name)
+		} else {
+			dropped = append(dropped, "resource "+name)
+		}
+	}
+	// The offers that could still have decided what is kept.
+	var holders []Offer
+	for _, o := range offers {
+		if len(keptRes) > 0 && covers(o, v1alpha2.APIServiceExportRequestSpec{Resources: unversioned(keptRes)}) {
+			holders = append(holders, o)
+		}
+	}
+	for i, c := range spec.PermissionClaims {
+		if claimable(claimableRes, c) {
+			for _, o := range holders {
+				if holdsClaim(o, c) {
+					g.Claims[i] = true
+					break
+				}
+			}
+		}
+		if !g.Claims[i] {
+			dropped = append(dropped, "permission claim on "+strings.TrimSuffix(v1alpha2.Resource{Group: c.Group, Resource: c.Resource}.Name(), "."))
+		}
+	}
+	for i, n := range spec.Namespaces {
+		for _, o := range holders {
+			if holdsNamespace(o, n.Name) {
+				g.Namespaces[i] = true
+				break
+			}
+		}
+		if !g.Namespaces[i] {
+			dropped = append(dropped, "namespace "+n.Name)
+		}
+	}
+	switch {
+	case len(kept) == 0:
+		g.Reason = ReasonOfferWithdrawn
+		g.Message = "no offer of this provider holds these resources any more; nothing is granted"
+	case len(dropped) > 0:
+		g.Reason = ReasonOfferNarrowed
+		g.Message = "no longer offered, so no longer granted: " + strings.Join(dropped, ", ")
+	}
+	return g
+}
+
+// offersResource is holdsResource without versions.
+func offersResource(o Offer, r v1alpha2.Resource) bool {
+	return holdsResource(o, v1alpha2.Resource{Group: r.Group, Resource: r.Resource})
+}
+
+func unversioned(rs []v1alpha2.Resource) []v1alpha2.Resource {
+	out := make([]v1alpha2.Resource, len(rs))
+	for i, r := range rs {
+		out[i] = v1alpha2.Resource{Group: r.Group, Resource: r.Resource}
+	}
+	return out
+}
+
+// Regrant is Source.Regrant without templates.
+func (c *CatalogCoverer) Regrant(spec v1alpha2.APIServiceExportRequestSpec) Grant {
+	return regrant(build(c.catalog, nil, Config{}), c.catalog, nil, spec)
+}
+
+// OnChange does nothing: the catalog has its own.
+func (c *CatalogCoverer) OnChange(func()) (func(), error) { return func() {}, nil }

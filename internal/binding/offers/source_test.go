@@ -143,6 +143,39 @@ func TestOffers(t *testing.T) {
 		}
 	}
 
+	// Regrant keeps of a decided spec only what an offer still holds,
+	// never more than it asked for.
+	star := v1alpha2.PermissionClaim{Group: "*", Resource: "*", Selector: v1alpha2.Selector{}}
+	unexported := v1alpha2.Resource{Group: "internal.example.com", Resource: "secretthings"}
+	full := v1alpha2.APIServiceExportRequestSpec{Resources: []v1alpha2.Resource{redises, mangodbs},
+		PermissionClaims: []v1alpha2.PermissionClaim{claim}, Namespaces: []v1alpha2.NameRef{{Name: "team-a"}}}
+	regrant := []struct {
+		what                   string
+		spec                   v1alpha2.APIServiceExportRequestSpec
+		resources, claims, nss []bool
+		reason                 string
+	}{
+		{"a spec an offer covers", full, []bool{true, true}, []bool{true}, []bool{true}, ""},
+		{"a wider and a wildcard claim", v1alpha2.APIServiceExportRequestSpec{Resources: []v1alpha2.Resource{mangodbs},
+			PermissionClaims: []v1alpha2.PermissionClaim{claim, wider, star}}, []bool{true}, []bool{true, false, false}, []bool{}, offers.ReasonOfferNarrowed},
+		{"a namespace not offered", v1alpha2.APIServiceExportRequestSpec{Resources: []v1alpha2.Resource{mangodbs},
+			Namespaces: []v1alpha2.NameRef{{Name: "kube-system"}}}, []bool{true}, []bool{}, []bool{false}, offers.ReasonOfferNarrowed},
+		{"an unexported resource beside an offered one", v1alpha2.APIServiceExportRequestSpec{Resources: []v1alpha2.Resource{unexported, mangodbs}},
+			[]bool{false, true}, []bool{}, []bool{}, offers.ReasonOfferNarrowed},
+		{"only unexported resources", v1alpha2.APIServiceExportRequestSpec{Resources: []v1alpha2.Resource{unexported},
+			PermissionClaims: []v1alpha2.PermissionClaim{claim}}, []bool{false}, []bool{false}, []bool{}, offers.ReasonOfferWithdrawn},
+	}
+	for _, tc := range regrant {
+		g := src.Regrant(tc.spec)
+		if !reflect.DeepEqual(g.Resources, tc.resources) || !reflect.DeepEqual(g.Claims, tc.claims) ||
+			!reflect.DeepEqual(g.Namespaces, tc.nss) || g.Reason != tc.reason || (g.Reason == "") != (g.Message == "") {
+			t.Errorf("%s: Regrant = %+v, want resources %v claims %v namespaces %v reason %q", tc.what, g, tc.resources, tc.claims, tc.nss, tc.reason)
+		}
+	}
+	if got := src.ClaimableResources(); !reflect.DeepEqual(got, offers.DefaultClaimableResources) {
+		t.Errorf("ClaimableResources = %v, want the defaults", got)
+	}
+
 	// The Ready condition says which templates are offered and why not,
 	// written with the backend's own rights.
 	statusDone := make(chan error, 1)
@@ -176,6 +209,12 @@ func TestOffers(t *testing.T) {
 		status, reason := ready("databases")
 		return status == "False" && reason == offers.ReasonResourceNotExported
 	})
+	// What the template granted narrows to what the implicit offer of
+	// mangodbs holds: no claim, no namespace.
+	if g := src.Regrant(full); !reflect.DeepEqual(g.Resources, []bool{false, true}) || !reflect.DeepEqual(g.Claims, []bool{false}) ||
+		!reflect.DeepEqual(g.Namespaces, []bool{false}) || g.Reason != offers.ReasonOfferNarrowed {
+		t.Errorf("with Redis withdrawn, Regrant = %+v", g)
+	}
 	setExported(t, cp.AdminConfig(), exampleapis.Redis, true)
 	testutil.Await(t, "template databases to be Ready again", func() bool { status, _ := ready("databases"); return status == "True" })
 

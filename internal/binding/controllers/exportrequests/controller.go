@@ -26,6 +26,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -46,9 +47,14 @@ import (
 type Config struct {
 	// Catalog says which CRDs are exported; the caller starts it.
 	Catalog *binding.Catalog
-	// Offers decides requests (an offers.Source, started by the caller);
-	// nil decides by the catalog's implicit offers alone.
+	// Offers decides requests and re-judges decided ones (an
+	// offers.Source, started by the caller); nil decides by the catalog's
+	// implicit offers alone.
 	Offers Coverer
+	// ClaimableResources are the only resources a claims Role names (the
+	// offers' offers.Config.ClaimableResources); nil means
+	// offers.DefaultClaimableResources.
+	ClaimableResources []schema.GroupResource
 	// GrantBackend gives the backend its namespace role in a namespace it
 	// made (binding.Provisioner.GrantBackend).
 	GrantBackend func(ctx context.Context, namespace string) error
@@ -64,9 +70,13 @@ type Config struct {
 }
 
 // Coverer says which offer covers a request, or what the consumer should
-// read when none does (offers.Source.Cover).
+// read when none does (offers.Source.Cover), and what a decided request
+// still gets (offers.Source.Regrant).
 type Coverer interface {
 	Cover(spec v1alpha2.APIServiceExportRequestSpec) (offer, problem string)
+	Regrant(spec v1alpha2.APIServiceExportRequestSpec) offers.Grant
+	// OnChange calls fn when an offer may have changed.
+	OnChange(fn func()) (stop func(), err error)
 	HasSynced() bool
 }
 
@@ -89,6 +99,9 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	}
 	if cfg.Offers == nil {
 		cfg.Offers = offers.CatalogOnly(cfg.Catalog)
+	}
+	if cfg.ClaimableResources == nil {
+		cfg.ClaimableResources = offers.DefaultClaimableResources
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
@@ -203,6 +216,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer stop()
+	// A template changed: a decided request may be granted less.
+	stopOffers, err := c.cfg.Offers.OnChange(r.enqueueAll)
+	if err != nil {
+		return err
+	}
+	defer stopOffers()
 
 	nsFactory.Start(ctx.Done())
 	dynFactory.Start(ctx.Done())

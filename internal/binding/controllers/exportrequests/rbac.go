@@ -10,6 +10,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 
 	"github.com/kbprovider/backend/internal/binding"
@@ -30,14 +31,21 @@ const ConsumerClaimsRole = binding.ConsumerClaimsRole
 // consumerVerbs are what the konnector does with a bound resource's
 // objects on the provider side: it creates and updates the spec, deletes,
 // and watches the status the provider writes.
-var consumerVerbs = []string{"get", "list", "watch", "create", "update", "patch", "delete"}
+var consumerVerbs = binding.ConsumerVerbs
 
-// consumerRules grants the namespaced bound resources. Cluster-scoped
+// claimVerbs are what konnector v0.8 does with claimed objects on the
+// provider side: it watches them (list, watch; get through its cache),
+// creates and updates the copies the consumer owns, deletes them when the
+// consumer's are gone. It never patches them.
+var claimVerbs = []string{"get", "list", "watch", "create", "update", "delete"}
+
+// consumerRules grants the namespaced bound resources: the group and
+// plural of each exported CRD, never a built-in group. Cluster-scoped
 // ones cannot be granted with a Role (see docs/exports.md).
 func consumerRules(bound []*apiextensionsv1.CustomResourceDefinition) []rbacv1.PolicyRule {
 	rules := []rbacv1.PolicyRule{}
 	for _, crd := range bound {
-		if crd.Spec.Scope != apiextensionsv1.NamespaceScoped {
+		if crd.Spec.Scope != apiextensionsv1.NamespaceScoped || binding.IsBuiltinGroup(crd.Spec.Group) {
 			continue
 		}
 		rules = append(rules, rbacv1.PolicyRule{
@@ -49,16 +57,20 @@ func consumerRules(bound []*apiextensionsv1.CustomResourceDefinition) []rbacv1.P
 	return rules
 }
 
-// claimRules grants every resource the exports claim, with the verbs the
-// konnector needs to sync claimed objects both ways.
-func claimRules(exports []*wantedExport) []rbacv1.PolicyRule {
-	seen := map[string]bool{}
+// claimRules grants every resource the exports (already narrowed to what
+// the offers hold) claim, spelled as the provider's claimable resources
+// spell it: a claim on anything else grants nothing.
+func claimRules(exports []*wantedExport, claimable []schema.GroupResource) []rbacv1.PolicyRule {
+	seen := map[schema.GroupResource]bool{}
 	rules := []rbacv1.PolicyRule{}
 	for _, w := range exports {
 		for _, c := range w.spec.PermissionClaims {
-			if key := c.Resource + "." + c.Group; !seen[key] {
-				seen[key] = true
-				rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{c.Group}, Resources: []string{c.Resource}, Verbs: consumerVerbs})
+			for _, gr := range claimable {
+				if gr.Group != c.Group || gr.Resource != c.Resource || seen[gr] {
+					continue
+				}
+				seen[gr] = true
+				rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{gr.Group}, Resources: []string{gr.Resource}, Verbs: claimVerbs})
 			}
 		}
 	}
@@ -68,11 +80,29 @@ func claimRules(exports []*wantedExport) []rbacv1.PolicyRule {
 	return rules
 }
 
+// safeRules drops every rule a consumer's Role must never hold
+// (binding.CheckConsumerRule): the rules above cannot produce one, so a
+// drop is a bug, logged as an error. The chart's admission policy refuses
+// such a Role as well.
+func (r *run) safeRules(ns, name string, rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
+	out := make([]rbacv1.PolicyRule, 0, len(rules))
+	for _, rule := range rules {
+		if err := binding.CheckConsumerRule(rule, r.cfg.ClaimableResources); err != nil {
+			r.log.Error("exports: a rule beyond what the provider declared was kept out of a consumer's Role",
+				"namespace", ns, "role", name, "rule", rule.String(), "error", err)
+			continue
+		}
+		out = append(out, rule)
+	}
+	return out
+}
+
 // applyConsumerRBAC makes the Role name of rules and its RoleBinding to
 // the service account of consumerNS, in ns. What was applied is
 // remembered, so an unchanged namespace costs no request until the next
 // resync.
 func (r *run) applyConsumerRBAC(ctx context.Context, ns, consumerNS, name string, rules []rbacv1.PolicyRule) error {
+	rules = r.safeRules(ns, name, rules)
 	b, _ := json.Marshal(rules)
 	fingerprint := consumerNS + "\x00" + string(b)
 	key := ns + "\x00" + name

@@ -62,7 +62,7 @@ func (r *run) reconcile(ctx context.Context, nsName string) error {
 	if err := r.ensureRequestedNamespaces(ctx, nsName, all); err != nil {
 		return err
 	}
-	return r.syncAPIServiceNamespaces(ctx, nsName, rules, claimRules(all))
+	return r.syncAPIServiceNamespaces(ctx, nsName, rules, claimRules(all, r.cfg.ClaimableResources))
 }
 
 func (r *run) namespace(name string) *corev1.Namespace {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kbprovider/backend/internal/binding/kbcache"
+	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
@@ -29,6 +30,8 @@ type wantedExport struct {
 	// claims, no namespaces), so the export also carries the v1alpha1
 	// fields for konnectors before v0.5.
 	dual bool
+	// withdrawn: no offer holds any of its resources any more (regrant).
+	withdrawn bool
 }
 
 // fromRequest is the export a request asks for.
@@ -82,8 +85,10 @@ func convert(in any, out any) error {
 }
 
 // answerRequests decides every pending request of the namespace and
-// returns the exports of all succeeded ones by name. A decided request is
-// never decided again (its phase is terminal).
+// returns the exports of all succeeded ones by name, each narrowed to what
+// today's offers still hold (regrant). A decided request is never decided
+// again (its phase is terminal), but what it is granted is judged on every
+// pass: its status may have been written by anyone, and offers change.
 func (r *run) answerRequests(ctx context.Context, ns string) (map[string]*wantedExport, error) {
 	holders := r.exportHolders(ns)
 	wanted := map[string]*wantedExport{}
@@ -95,6 +100,13 @@ func (r *run) answerRequests(ctx context.Context, ns string) (map[string]*wanted
 		w, err := fromRequest(req)
 		if phase == PhaseSucceeded {
 			if err == nil {
+				g, err := r.regrant(ctx, w)
+				if err != nil {
+					return nil, err
+				}
+				if err := r.setGranted(ctx, req, g); err != nil {
+					return nil, err
+				}
 				wanted[w.name] = w
 			}
 			continue
@@ -120,6 +132,123 @@ func (r *run) answerRequests(ctx context.Context, ns string) (map[string]*wanted
 		}
 	}
 	return wanted, nil
+}
+
+// regrant narrows w to what today's offers still hold (offers.Regrant):
+// never more than it asked for. An export left without resources is
+// withdrawn. The catalog's cache may lag a CRD labelled just now, which
+// another controller (a leader handover) has already granted: a resource
+// dropped as not exported is asked of the API server first.
+func (r *run) regrant(ctx context.Context, w *wantedExport) (offers.Grant, error) {
+	g := r.cfg.Offers.Regrant(w.spec)
+	if len(g.Resources) != len(w.resources) || len(g.Claims) != len(w.claims) {
+		// The stored lists do not match their decoded form: grant nothing.
+		g = offers.Grant{Resources: make([]bool, len(w.resources)), Claims: make([]bool, len(w.claims)),
+			Namespaces: make([]bool, len(w.spec.Namespaces)), Reason: offers.ReasonOfferWithdrawn,
+			Message: "the request cannot be read; nothing is granted"}
+	}
+	for i, res := range w.spec.Resources {
+		if i >= len(g.Resources) || g.Resources[i] {
+			continue
+		}
+		if _, ok := r.cfg.Catalog.ExportedCRD(res.Group, res.Resource); ok {
+			continue
+		}
+		exported, err := r.cfg.Catalog.ExportedNow(ctx, res.Group, res.Resource)
+		if err != nil {
+			return g, fmt.Errorf("checking whether %s is exported: %w", res.Name(), err)
+		}
+		if exported {
+			return g, &requeueAfter{d: time.Second, reason: "the catalog has not seen " + res.Name() + " exported yet"}
+		}
+	}
+	w.spec.Resources = keep(w.spec.Resources, g.Resources)
+	w.resources = keep(w.resources, g.Resources)
+	w.spec.PermissionClaims = keep(w.spec.PermissionClaims, g.Claims)
+	w.claims = keep(w.claims, g.Claims)
+	w.spec.Namespaces = keep(w.spec.Namespaces, g.Namespaces)
+	w.withdrawn = len(w.spec.Resources) == 0
+	return g, nil
+}
+
+// keep returns the items of s whose mask entry is true.
+func keep[T any](s []T, mask []bool) []T {
+	var out []T
+	for i, v := range s {
+		if i < len(mask) && mask[i] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Granted condition of a request: False with the reason and message of
+// offers.Grant while it is granted less than it asked for; True again when
+// everything it asked for is offered once more. Absent: fully granted.
+const (
+	ConditionGranted = "Granted"
+	reasonOffered    = "Offered"
+	grantedManager   = "kube-bind-backend/granted"
+)
+
+// setGranted writes the Granted condition of req when it differs from g.
+// Server-side apply owns only this condition; the resourceVersion makes a
+// write from a stale cache fail and the next pass look again.
+func (r *run) setGranted(ctx context.Context, req *unstructured.Unstructured, g offers.Grant) error {
+	var have map[string]any
+	conds, _, _ := unstructured.NestedSlice(req.Object, "status", "conditions")
+	for _, c := range conds {
+		if c, ok := c.(map[string]any); ok && c["type"] == ConditionGranted {
+			have = c
+		}
+	}
+	status, reason, message := string(metav1.ConditionFalse), g.Reason, cutCondition(g.Message)
+	if g.Reason == "" {
+		if have == nil {
+			return nil
+		}
+		status, reason, message = string(metav1.ConditionTrue), reasonOffered, "everything this request asks for is offered"
+	}
+	if have != nil && have["status"] == status && have["reason"] == reason && have["message"] == message {
+		return nil
+	}
+	since := metav1.Now().UTC().Format(time.RFC3339)
+	if t, ok := have["lastTransitionTime"].(string); ok && have["status"] == status {
+		since = t
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": kbresources.APIServiceExportRequestsV1alpha2.GroupVersion().String(),
+		"kind":       "APIServiceExportRequest",
+		"metadata": map[string]any{
+			"name": req.GetName(), "namespace": req.GetNamespace(), "resourceVersion": req.GetResourceVersion(),
+		},
+		"status": map[string]any{"conditions": []any{map[string]any{
+			"type": ConditionGranted, "status": status, "reason": reason, "message": message, "lastTransitionTime": since,
+		}}},
+	}}
+	_, err := r.dynamic.Resource(kbresources.APIServiceExportRequestsV1alpha2).Namespace(req.GetNamespace()).
+		ApplyStatus(ctx, req.GetName(), obj, metav1.ApplyOptions{FieldManager: grantedManager, Force: true})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if apierrors.IsConflict(err) {
+		return &requeueAfter{d: time.Second, reason: "request " + req.GetName() + " changed while its grant was judged"}
+	}
+	if err != nil {
+		return fmt.Errorf("setting the Granted condition of %s/%s: %w", req.GetNamespace(), req.GetName(), err)
+	}
+	r.log.Info("exports: request's grant judged", "namespace", req.GetNamespace(), "request", req.GetName(),
+		"granted", status, "reason", reason, "message", message)
+	return nil
+}
+
+// cutCondition fits a condition message to what the caches keep, so that
+// the comparison with the cached condition holds.
+func cutCondition(m string) string {
+	if len(m) <= kbcache.MaxConditionText {
+		return m
+	}
+	return kbcache.Truncate(m, kbcache.MaxConditionText-len("…")) + "…"
 }
 
 // answer makes what a request was granted (its BoundSchemas first, then

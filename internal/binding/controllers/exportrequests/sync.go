@@ -20,14 +20,19 @@ import (
 
 // syncExports keeps every wanted or existing export of the namespace in
 // step with its CRDs and deletes those with a CRD gone or no longer
-// exported. It returns the exported CRDs the consumer has bound and every
-// export kept.
+// exported, or no longer offered. An export whose request is gone is
+// judged against today's offers as its request would be. It returns the
+// exported CRDs the consumer has bound and every export kept.
 func (r *run) syncExports(ctx context.Context, ns string, wanted map[string]*wantedExport) ([]*apiextensionsv1.CustomResourceDefinition, []*wantedExport, error) {
 	existing := map[string]*unstructured.Unstructured{}
 	for _, e := range r.inNamespace(r.exports, ns) {
 		existing[e.GetName()] = e
 		if wanted[e.GetName()] == nil {
-			wanted[e.GetName()] = fromExport(e)
+			w := fromExport(e)
+			if _, err := r.regrant(ctx, w); err != nil {
+				return nil, nil, err
+			}
+			wanted[e.GetName()] = w
 		}
 	}
 	holders := r.exportHolders(ns)
@@ -44,6 +49,12 @@ func (r *run) syncExports(ctx context.Context, ns string, wanted map[string]*wan
 		if have == nil && exportedElsewhere(holders, w) != "" {
 			// A request decided before the upgrade, whose resource an
 			// export of another name holds: leave that one alone.
+			continue
+		}
+		if w.withdrawn {
+			if err := r.deleteExport(ctx, ns, have, ""); err != nil {
+				return nil, nil, err
+			}
 			continue
 		}
 		crds, missing := r.exportedCRDs(w)
@@ -84,26 +95,34 @@ func (r *run) exportedCRDs(w *wantedExport) ([]*apiextensionsv1.CustomResourceDe
 	return out, ""
 }
 
+// deleteExport deletes have: a CRD of it (missing) is no longer
+// exported, or, with missing "", no offer holds any of its resources.
 func (r *run) deleteExport(ctx context.Context, ns string, have *unstructured.Unstructured, missing string) error {
 	if have == nil || have.GetDeletionTimestamp() != nil {
 		return nil
 	}
-	// The catalog's cache may lag a CRD labelled just now, which another
-	// controller (a leader handover) has already exported: ask the API
-	// server before deleting.
-	resource, group, _ := strings.Cut(missing, ".")
-	exported, err := r.cfg.Catalog.ExportedNow(ctx, group, resource)
-	if err != nil {
-		return fmt.Errorf("checking whether %s is exported: %w", missing, err)
-	}
-	if exported {
-		return &requeueAfter{d: time.Second, reason: "the catalog has not seen " + missing + " exported yet"}
+	if missing != "" {
+		// The catalog's cache may lag a CRD labelled just now, which
+		// another controller (a leader handover) has already exported:
+		// ask the API server before deleting.
+		resource, group, _ := strings.Cut(missing, ".")
+		exported, err := r.cfg.Catalog.ExportedNow(ctx, group, resource)
+		if err != nil {
+			return fmt.Errorf("checking whether %s is exported: %w", missing, err)
+		}
+		if exported {
+			return &requeueAfter{d: time.Second, reason: "the catalog has not seen " + missing + " exported yet"}
+		}
 	}
 	uid := have.GetUID()
-	err = r.dynamic.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Delete(ctx, have.GetName(),
+	err := r.dynamic.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Delete(ctx, have.GetName(),
 		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting APIServiceExport %s/%s: %w", ns, have.GetName(), err)
+	}
+	if missing == "" {
+		r.log.Info("exports: APIServiceExport deleted, no offer holds it any more", "namespace", ns, "export", have.GetName())
+		return nil
 	}
 	r.log.Info("exports: APIServiceExport deleted, a CRD of it is no longer exported", "namespace", ns,
 		"export", have.GetName(), "crd", missing)
@@ -117,10 +136,14 @@ func (r *run) deleteExport(ctx context.Context, ns string, have *unstructured.Un
 func (r *run) applyExport(ctx context.Context, ns string, w *wantedExport, crds []*apiextensionsv1.CustomResourceDefinition, have *unstructured.Unstructured) error {
 	scope := informerScope(r.cfg.Catalog.Scope())
 	v2 := map[string]any{"resources": w.resources, "informerScope": scope, "isolation": v1alpha2.IsolationPrefixed}
+	absent := []string{}
 	if len(w.claims) > 0 {
 		v2["permissionClaims"] = w.claims
+	} else {
+		// Claims no longer offered: applying without them drops them.
+		absent = append(absent, "permissionClaims")
 	}
-	if err := r.applyExportFields(ctx, ns, w.name, fieldManagerV1alpha2, v2, have); err != nil {
+	if err := r.applyExportFields(ctx, ns, w.name, fieldManagerV1alpha2, v2, have, absent...); err != nil {
 		return err
 	}
 	if !w.dual {
@@ -133,8 +156,8 @@ func (r *run) applyExport(ctx context.Context, ns string, w *wantedExport, crds 
 	return r.applyExportFields(ctx, ns, w.name, fieldManager, v1, have)
 }
 
-func (r *run) applyExportFields(ctx context.Context, ns, name, manager string, spec map[string]any, have *unstructured.Unstructured) error {
-	if inStep(have, spec) {
+func (r *run) applyExportFields(ctx context.Context, ns, name, manager string, spec map[string]any, have *unstructured.Unstructured, absent ...string) error {
+	if inStep(have, spec, absent...) {
 		return nil
 	}
 	obj := &unstructured.Unstructured{Object: map[string]any{
@@ -157,12 +180,17 @@ func (r *run) applyExportFields(ctx context.Context, ns, name, manager string, s
 }
 
 // inStep says whether have (a cached object of the backend's) already
-// holds every field of spec with the same value.
-func inStep(have *unstructured.Unstructured, spec map[string]any) bool {
+// holds every field of spec with the same value, and none of absent.
+func inStep(have *unstructured.Unstructured, spec map[string]any, absent ...string) bool {
 	if have == nil || have.GetDeletionTimestamp() != nil || have.GetLabels()[binding.LabelManagedBy] != binding.ManagedByValue {
 		return false
 	}
 	haveSpec, _, _ := unstructured.NestedMap(have.Object, "spec")
+	for _, k := range absent {
+		if _, ok := haveSpec[k]; ok {
+			return false
+		}
+	}
 	for k, v := range spec {
 		if !equality.Semantic.DeepEqual(haveSpec[k], v) {
 			return false

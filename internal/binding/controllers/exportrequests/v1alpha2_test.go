@@ -214,15 +214,35 @@ spec:
 	_, err = c.dyn.Resource(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}).Namespace(child).List(ctx, metav1.ListOptions{})
 	wantForbidden(t, "listing unclaimed configmaps there", err)
 
-	// Redis unexported: the export goes, and with it both BoundSchemas.
+	// Redis unexported: the template is no longer offered, so the export
+	// narrows to MangoDBs, which the implicit offer still holds, without
+	// the template's claim and namespace; Redis's BoundSchema goes, and
+	// the claimed Secrets are no longer granted. The request says why and
+	// stays Succeeded.
 	setExported(t, e, "redises.cache.example.com", false)
 	t.Cleanup(func() { setExported(t, e, "redises.cache.example.com", true) })
-	testutil.Await(t, "the export and its BoundSchemas are deleted", func() bool {
-		_, err := e.dyn.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(c.namespace).Get(ctx, "databases", metav1.GetOptions{})
-		if !apierrors.IsNotFound(err) {
+	testutil.Await(t, "the export narrows to MangoDBs, with one BoundSchema", func() bool {
+		u, err := e.dyn.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(c.namespace).Get(ctx, "databases", metav1.GetOptions{})
+		if err != nil {
 			return false
 		}
+		resources, _, _ := unstructured.NestedSlice(u.Object, "spec", "resources")
+		_, claimed, _ := unstructured.NestedSlice(u.Object, "spec", "permissionClaims")
 		list, err := e.dyn.Resource(kbresources.BoundSchemas).Namespace(c.namespace).List(ctx, metav1.ListOptions{})
-		return err == nil && len(list.Items) == 0
+		return err == nil && len(resources) == 1 && !claimed && len(list.Items) == 1 && list.Items[0].GetName() == "mangodbs.mangodb.com"
 	})
+	testutil.Await(t, "the claimed Secrets are no longer granted", func() bool {
+		_, err := c.dyn.Resource(secrets).Namespace(child).List(ctx, metav1.ListOptions{})
+		return apierrors.IsForbidden(err)
+	})
+	u, err := c.dyn.Resource(kbresources.APIServiceExportRequestsV1alpha2).Namespace(c.namespace).Get(ctx, "databases", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	phase, _, _ := unstructured.NestedString(u.Object, "status", "phase")
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	b, _ := json.Marshal(conds)
+	if phase != exportrequests.PhaseSucceeded || !strings.Contains(string(b), `"reason":"OfferNarrowed"`) || !strings.Contains(string(b), "redises.cache.example.com") {
+		t.Errorf("the narrowed request: phase %s, conditions %s", phase, b)
+	}
 }
