@@ -20,6 +20,11 @@ type Consumer struct {
 	// re-check (AnnotationBoundBy); nil: issuer and subject only. They do
 	// not take part in the identity.
 	Claims *Claims
+	// ClusterIssued: this backend issued the cluster ID and the client
+	// proved it (the poll flow). It does not take part in the identity;
+	// a namespace made with it is never reached without it
+	// (AnnotationClusterIssued).
+	ClusterIssued bool
 }
 
 // ID is the identity as the BindingResponse names it, "<issuer>/<subject>".

@@ -60,6 +60,7 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 		ExternalServerName: cfg.Provider.ExternalServerName,
 		TokenLifetime:      cfg.Controllers.Credentials.Lifetime,
 		Quota:              cfg.Provider.Quota,
+		MaxClustersPerUser: cfg.Provider.MaxClustersPerUser,
 	})
 	if err != nil {
 		return browserPart{}, err
