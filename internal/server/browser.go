@@ -71,7 +71,7 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 	if err != nil {
 		return browserPart{}, err
 	}
-	tokens, err := s.newCLITokens()
+	tokens, err := s.newCLITokens(rc)
 	if err != nil {
 		return browserPart{}, err
 	}
