@@ -89,9 +89,9 @@ var (
 	ErrUserRevoked  = errors.New("the provider revoked this user's tokens issued before a time, this one among them")
 	// ErrUnjudged wraps an error of the Revocations: the token cannot be
 	// judged now (503, not 401).
-	ErrUnjudged = errors.New("the token cannot be judged now")
-	ErrNotYetValid  = errors.New("the token was issued in the future")
-	ErrWrongIssuer  = errors.New("the token is of another identity provider")
+	ErrUnjudged    = errors.New("the token cannot be judged now")
+	ErrNotYetValid = errors.New("the token was issued in the future")
+	ErrWrongIssuer = errors.New("the token is of another identity provider")
 )
 
 // Config configures Tokens.
