@@ -59,7 +59,7 @@ func Parse(data map[string]string) (map[string]time.Time, []error) {
 			errs = append(errs, fmt.Errorf("entry %q: %w", k, err))
 			continue
 		}
-		if t.After(out[subject]) {
+		if have, ok := out[subject]; !ok || t.After(have) {
 			out[subject] = t
 		}
 	}
