@@ -162,7 +162,7 @@ func (e *env) liveNamespaces(t *testing.T, user oidcprovider.User) []string {
 // v1alpha2 error format naming the cap, nothing is made for them, and the
 // poll session is denied with the same words.
 func TestAttackUnboundedNamespacesFromOneToken(t *testing.T) {
-	eve := binder("maxClusters-eve")
+	eve := binder("cap-eve")
 	e := startEnv(t, backendOptions{extraArgs: unpaced, users: []oidcprovider.User{eve}})
 	token := e.cliLogin(t, eve)
 
@@ -191,13 +191,13 @@ func TestAttackUnboundedNamespacesFromOneToken(t *testing.T) {
 		t.Fatalf("%d binds succeeded, %d refused, %d namespaces; want %d, %d, %d", ok, len(refusals), len(live), maxClusters, binds-maxClusters, maxClusters)
 	}
 	slices.Sort(refusals)
-	t.Logf("one user: %d of %d binds made a namespace; %d refused naming the maxClusters; refusal median %s, max %s; all %d binds in %s",
+	t.Logf("one user: %d of %d binds made a namespace; %d refused naming the cap; refusal median %s, max %s; all %d binds in %s",
 		ok, binds, len(refusals), refusals[len(refusals)/2].Round(time.Millisecond), refusals[len(refusals)-1].Round(time.Millisecond),
 		binds, elapsed.Round(time.Millisecond))
 
-	// A rebind of one of the user's clusters still works at the maxClusters.
+	// A rebind of one of the user's clusters still works at the cap.
 	if r := e.apiBind(t, token, "made-up-cluster-000"); r.status != http.StatusOK {
-		t.Fatalf("rebind at the maxClusters: %d %s", r.status, r.body)
+		t.Fatalf("rebind at the cap: %d %s", r.status, r.body)
 	}
 
 	// The poll flow's new cluster ID: the page says why, 403, and the
