@@ -420,11 +420,11 @@ func TestBind(t *testing.T) {
 		// The form of the poll flow's cluster IDs: only that flow, with
 		// its proof, reaches their namespaces.
 		"issued cluster ID": {bindBody("x", "widgets.example.com", "abcdefghijklmnopqrstuvwxyz"), 400, v1alpha2.ErrorBadRequest},
-		"bad name":         {bindBody("X_", "widgets.example.com", "uid"), 400, v1alpha2.ErrorBadRequest},
-		"unknown field":    {`{"metadata":{"name":"x"},"spec":{"templateRef":{"name":"t"},"clusterIdentity":{"identity":"u"},"extra":1}}`, 400, v1alpha2.ErrorBadRequest},
-		"trailing data":    {bindBody("x", "widgets.example.com", "uid") + "{}", 400, v1alpha2.ErrorBadRequest},
-		"not JSON":         {"name=x", 400, v1alpha2.ErrorBadRequest},
-		"too large":        {`{"metadata":{"name":"x","annotations":{"a":"` + strings.Repeat("a", MaxBindBody) + `"}}}`, 413, v1alpha2.ErrorBadRequest},
+		"bad name":          {bindBody("X_", "widgets.example.com", "uid"), 400, v1alpha2.ErrorBadRequest},
+		"unknown field":     {`{"metadata":{"name":"x"},"spec":{"templateRef":{"name":"t"},"clusterIdentity":{"identity":"u"},"extra":1}}`, 400, v1alpha2.ErrorBadRequest},
+		"trailing data":     {bindBody("x", "widgets.example.com", "uid") + "{}", 400, v1alpha2.ErrorBadRequest},
+		"not JSON":          {"name=x", 400, v1alpha2.ErrorBadRequest},
+		"too large":         {`{"metadata":{"name":"x","annotations":{"a":"` + strings.Repeat("a", MaxBindBody) + `"}}}`, 413, v1alpha2.ErrorBadRequest},
 	} {
 		resp, body := e.do(e.client(), "POST", "/api/bind", strings.NewReader(c.body), auth...)
 		var apiErr v1alpha2.Error
