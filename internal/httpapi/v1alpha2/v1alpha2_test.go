@@ -490,6 +490,34 @@ func TestTokenRoutesPacedPerUser(t *testing.T) {
 	}
 }
 
+// A browser-flow bind beyond the user's cap goes to the CLI's callback
+// as access_denied with the words naming the cap, so that the CLI stops
+// waiting and says why.
+func TestBrowserFlowBeyondTheCap(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	q := url.Values{"session_id": {"CLISESSION234567"}, "redirect_url": {cliCallback}, "consumer_id": {"9a7d-uid"}}
+	sel := e.loginAt(c, "/?"+q.Encode()).Header.Get("Location")
+	_, page := e.do(c, "GET", sel, nil)
+	m := csrfRE.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the page: %s", page)
+	}
+	sid, _ := url.ParseQuery(strings.TrimPrefix(sel, "/bind?"))
+	form := url.Values{web.FieldCSRF: {m[1]}, "s": {sid.Get("s")}, web.FieldAPI: {"widgets.example.com"},
+		web.FieldAction: {web.ActionBind}, web.FieldConfirm: {web.ConfirmYes}}
+	e.prov.FailNext(&binding.ClusterCapError{Cap: 10, Have: 10})
+	resp, body := e.do(c, "POST", "/bind", strings.NewReader(form.Encode()), "Content-Type", "application/x-www-form-urlencoded")
+	loc, _ := url.Parse(resp.Header.Get("Location"))
+	if resp.StatusCode != http.StatusSeeOther || loc == nil || loc.Query().Get("error") != "access_denied" ||
+		!strings.Contains(loc.Query().Get("error_description"), "at most 10 clusters per user") {
+		t.Fatalf("bind beyond the cap: %d %s %s", resp.StatusCode, resp.Header.Get("Location"), body)
+	}
+	if calls := e.prov.Take(); len(calls) != 1 || calls[0].Consumer.ClusterIssued {
+		t.Errorf("provisioned %+v, want one call with an asserted cluster ID", calls)
+	}
+}
+
 var csrfRE = regexp.MustCompile(`name="` + web.FieldCSRF + `" value="([^"]+)"`)
 
 // TestBrowserFlow: plain `kubectl bind` from the root page to the CLI's
