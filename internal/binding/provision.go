@@ -238,7 +238,8 @@ func (p *Provisioner) resolve(resources []Resource) ([]ExportedAPI, error) {
 // is derived from the identity, so concurrent binds race on one Create and
 // the API server lets exactly one win; the others read it back and check
 // that it really is this identity's. A new namespace must fit under the
-// user's cap (userCap); an existing one is never refused by it.
+// user's cap (checked here, held by holdCap); an existing one is never
+// refused by it.
 func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID string) (string, error) {
 	name := p.Namespace(c, clusterID)
 	have, err := p.userClusters(ctx, c)
