@@ -262,7 +262,7 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 			AnnotationCluster: clusterID,
 		},
 	}}
-	if c.ClusterIssued {
+	if c.Proof == ProofIssued {
 		want.Annotations[AnnotationClusterIssued] = "true"
 	}
 	created, err := p.client.CoreV1().Namespaces().Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
@@ -279,7 +279,7 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 	if !sameIdentity(existing, c, clusterID) {
 		return "", fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
 	}
-	if existing.Annotations[AnnotationClusterIssued] == "true" && !c.ClusterIssued {
+	if existing.Annotations[AnnotationClusterIssued] == "true" && c.Proof == ProofToken {
 		return "", fmt.Errorf("%w: namespace %s", ErrClusterNotProven, name)
 	}
 	if existing.DeletionTimestamp != nil {

@@ -20,11 +20,9 @@ const (
 	// (issuer and subject) who bound it, so that a user's namespaces are
 	// counted with one label selector.
 	LabelConsumerUser = "kube-bind.io/consumer-user"
-	// AnnotationClusterIssued, "true", marks a namespace whose cluster ID
-	// this backend issued to a poll client that proved it (or received
-	// it with the very session that bound): a bind with a cluster ID the
-	// client merely asserts (a CLI token's clusterIdentity, the browser
-	// flows' consumer_id or c) never reaches it.
+	// AnnotationClusterIssued, "true", marks a namespace made by the
+	// poll flow (ProofIssued): a CLI token alone (ProofToken) never
+	// reaches it.
 	AnnotationClusterIssued = "kube-bind.io/cluster-id-issued"
 
 	// DefaultMaxClustersPerUser is --max-clusters-per-user's default.
@@ -47,10 +45,10 @@ func ValidateMaxClustersPerUser(n int) error {
 // ErrClusterCap matches any *ClusterCapError with errors.Is.
 var ErrClusterCap = errors.New("the user has as many clusters bound as this provider allows")
 
-// ErrClusterNotProven: the namespace of this identity was bound through
-// the poll flow with a cluster ID the backend issued; a bind that merely
-// asserts that cluster ID may not reach it.
-var ErrClusterNotProven = errors.New("the provider namespace of this cluster ID is bound through the poll flow; a bind must prove the cluster ID")
+// ErrClusterNotProven: the namespace of this identity was made by the
+// poll flow, with a cluster ID the backend issued; a CLI token alone may
+// not reach it.
+var ErrClusterNotProven = errors.New("the provider namespace of this cluster ID was made by the poll flow; a CLI token alone does not reach it")
 
 // ClusterCapError refuses a new provider namespace beyond the user's cap.
 type ClusterCapError struct {

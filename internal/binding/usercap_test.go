@@ -143,28 +143,32 @@ func TestClusterCapConcurrent(t *testing.T) {
 }
 
 // A namespace bound with a cluster ID the backend issued and the client
-// proved (the poll flow) is never reached by a bind that only asserts the
-// same cluster ID; the same user's proven rebind still reaches it. The
-// identity includes the subject: another user naming the same cluster ID
-// gets a namespace of their own.
-func TestClusterIssuedNotReachedByAssertion(t *testing.T) {
+// proved (the poll flow) is never reached by a CLI token naming the same
+// cluster ID; the same user's proven rebind, or a bind after signing in,
+// still reaches it. The identity includes the subject: another user
+// naming the same cluster ID gets a namespace of their own.
+func TestClusterIssuedNotReachedByToken(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	p := newProvisioner(t, e, e.backend, ScopeNamespaced)
-	proven := Consumer{Issuer: issuer, Subject: "poll-user", ClusterIssued: true}
+	proven := Consumer{Issuer: issuer, Subject: "poll-user", Proof: ProofIssued}
 	res, err := p.Provision(ctx, proven, "abcdefghijklmnopqrstuvwxyz", []Resource{widgets})
 	if err != nil {
 		t.Fatal(err)
 	}
-	asserted := Consumer{Issuer: issuer, Subject: "poll-user"}
-	if _, err := p.Provision(ctx, asserted, "abcdefghijklmnopqrstuvwxyz", []Resource{widgets}); !errors.Is(err, ErrClusterNotProven) {
-		t.Fatalf("asserted rebind: got %v, want ErrClusterNotProven", err)
+	token := Consumer{Issuer: issuer, Subject: "poll-user", Proof: ProofToken}
+	if _, err := p.Provision(ctx, token, "abcdefghijklmnopqrstuvwxyz", []Resource{widgets}); !errors.Is(err, ErrClusterNotProven) {
+		t.Fatalf("rebind with a CLI token: got %v, want ErrClusterNotProven", err)
+	}
+	login := Consumer{Issuer: issuer, Subject: "poll-user", Proof: ProofLogin}
+	if r, err := p.Provision(ctx, login, "abcdefghijklmnopqrstuvwxyz", []Resource{widgets}); err != nil || r.Namespace != res.Namespace {
+		t.Fatalf("rebind after signing in (callback flow): %v %v", r, err)
 	}
 	again, err := p.Provision(ctx, proven, "abcdefghijklmnopqrstuvwxyz", []Resource{widgets})
 	if err != nil || again.Namespace != res.Namespace {
 		t.Fatalf("proven rebind: %v %v", again, err)
 	}
-	other, err := p.Provision(ctx, Consumer{Issuer: issuer, Subject: "someone-else", ClusterIssued: true}, "abcdefghijklmnopqrstuvwxyz", []Resource{widgets})
+	other, err := p.Provision(ctx, Consumer{Issuer: issuer, Subject: "someone-else", Proof: ProofToken}, "abcdefghijklmnopqrstuvwxyz", []Resource{widgets})
 	if err != nil || other.Namespace == res.Namespace {
 		t.Fatalf("another user with the same cluster ID: %v %v", other, err)
 	}

@@ -65,8 +65,7 @@ func FuzzLoginQuery(f *testing.F) {
 		}
 		if b, err := ParseBrowserQuery(raw); err == nil {
 			checkCommon(t, q, qerr, b.RedirectURL, b.SessionID)
-			if len(q["consumer_id"]) != 1 || q.Get("consumer_id") != b.ConsumerID || !ValidClusterIdentity(b.ConsumerID) ||
-				protocol.IssuedClusterID(b.ConsumerID) {
+			if len(q["consumer_id"]) != 1 || q.Get("consumer_id") != b.ConsumerID || !ValidClusterIdentity(b.ConsumerID) {
 				t.Fatalf("accepted consumer_id %q", q["consumer_id"])
 			}
 		}

@@ -57,12 +57,6 @@ func ParseRedirectURL(raw string) (*url.URL, bool) {
 // session ID, echoed back to it).
 func ValidSessionID(s string) bool { return protocol.URLSafe(s, maxSessionID) }
 
-// issuedIdentity refuses an asserted cluster identity of the form of the
-// cluster IDs the poll flow issues: their namespaces are reached only
-// with the proof of their cluster secret.
-const issuedIdentity = "has the form of a cluster ID this provider issues to poll clients; " +
-	"such a cluster binds only through the poll flow, which proves it"
-
 // ValidClusterIdentity: 1–128 characters of [A-Za-z0-9._:-] (the CLI
 // sends the UID of kube-system).
 func ValidClusterIdentity(s string) bool {
@@ -127,9 +121,6 @@ func ParseBrowserQuery(rawQuery string) (BrowserRequest, error) {
 	consumer, ok := protocol.Single(q, "consumer_id")
 	if !ok || !ValidClusterIdentity(consumer) {
 		return BrowserRequest{}, errors.New("consumer_id must be the cluster's identity (1 to 128 of A-Z a-z 0-9 . _ : -), once")
-	}
-	if protocol.IssuedClusterID(consumer) {
-		return BrowserRequest{}, errors.New("consumer_id " + issuedIdentity)
 	}
 	return BrowserRequest{RedirectURL: redirect, SessionID: sid, ConsumerID: consumer}, nil
 }
@@ -227,7 +218,8 @@ func ParseBindRequest(body []byte) (BindRequest, error) {
 		return BindRequest{}, errors.New("spec.clusterIdentity.identity must be 1 to 128 of A-Z a-z 0-9 . _ : -")
 	}
 	if protocol.IssuedClusterID(w.Spec.ClusterIdentity.Identity) {
-		return BindRequest{}, errors.New("spec.clusterIdentity.identity " + issuedIdentity)
+		return BindRequest{}, errors.New("spec.clusterIdentity.identity has the form of a cluster ID this provider issues to poll clients; " +
+			"such a cluster binds through the poll flow, which proves it, or by signing in, never with a CLI token alone")
 	}
 	return BindRequest{Name: name, Template: tmpl, ClusterIdentity: w.Spec.ClusterIdentity.Identity}, nil
 }

@@ -397,7 +397,7 @@ func TestBind(t *testing.T) {
 		t.Errorf("request %s", br.Requests[0])
 	}
 	calls := e.prov.Take()
-	if len(calls) != 1 || calls[0].Consumer.ID() != issuer+"/alice" || calls[0].ClusterID != "2f1c-uid" ||
+	if len(calls) != 1 || calls[0].Consumer.ID() != issuer+"/alice" || calls[0].ClusterID != "2f1c-uid" || calls[0].Consumer.Proof != binding.ProofToken ||
 		!slices.Equal(calls[0].Resources, []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}) {
 		t.Errorf("provisioned %+v", calls)
 	}
@@ -513,8 +513,8 @@ func TestBrowserFlowBeyondTheCap(t *testing.T) {
 		!strings.Contains(loc.Query().Get("error_description"), "at most 10 clusters per user") {
 		t.Fatalf("bind beyond the cap: %d %s %s", resp.StatusCode, resp.Header.Get("Location"), body)
 	}
-	if calls := e.prov.Take(); len(calls) != 1 || calls[0].Consumer.ClusterIssued {
-		t.Errorf("provisioned %+v, want one call with an asserted cluster ID", calls)
+	if calls := e.prov.Take(); len(calls) != 1 || calls[0].Consumer.Proof != binding.ProofLogin {
+		t.Errorf("provisioned %+v, want one call vouched for by the login", calls)
 	}
 }
 

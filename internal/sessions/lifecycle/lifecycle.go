@@ -405,7 +405,7 @@ func (s *Service) BindOffers(ctx context.Context, sess Session, consumer binding
 // token): it provisions and renders the v1alpha2 response, with sid as
 // its session ID, and records nothing.
 func (s *Service) BindDirect(ctx context.Context, consumer binding.Consumer, clusterID, sid string, pick Pick) ([]byte, error) {
-	consumer.ClusterIssued = false // the CLI's clusterIdentity is asserted, never proven
+	consumer.Proof = binding.ProofToken
 	body, _, err := s.provision(ctx, consumer, clusterID, sid, pickedResources([]Pick{pick}), []Pick{pick})
 	return body, err
 }
@@ -429,8 +429,12 @@ func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consu
 		return nil, fmt.Errorf("lifecycle: a %s session bound with the other generation's selection", generation(sess.Flow))
 	}
 	// A poll session's cluster ID was issued by this backend and settled
-	// with its proof (SettleCluster); no other flow's is.
-	consumer.ClusterIssued = sess.Flow.Polled()
+	// with its proof (SettleCluster); the other flows' is the word of a
+	// user who just signed in.
+	consumer.Proof = binding.ProofLogin
+	if sess.Flow.Polled() {
+		consumer.Proof = binding.ProofIssued
+	}
 	body, _, err := s.provision(ctx, consumer, clusterID, sid, resources, picks)
 	var refused *RefusedError
 	if errors.As(err, &refused) {
@@ -487,7 +491,7 @@ func (s *Service) provision(ctx context.Context, consumer binding.Consumer, clus
 	}
 	if errors.Is(err, binding.ErrClusterNotProven) {
 		return nil, nil, &RefusedError{Err: err, Reason: "this cluster was bound with the poll flow, which proves its cluster ID; " +
-			"bind it again the same way (a cluster identity that is only asserted never reaches its binding)"}
+			"bind it again that way or by signing in (a CLI token alone never reaches its binding)"}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)

@@ -359,7 +359,7 @@ func TestBindRefused(t *testing.T) {
 	if got, _ := store.Outcome(ctx, poll.ID); got.State != sessions.StateDenied || got.DenyReason != refused.Reason {
 		t.Errorf("poll session after the refusal: %v %q, want denied with the reason", got.State, got.DenyReason)
 	}
-	if calls := p.Take(); len(calls) != 1 || !calls[0].Consumer.ClusterIssued {
+	if calls := p.Take(); len(calls) != 1 || calls[0].Consumer.Proof != binding.ProofIssued {
 		t.Errorf("a poll-flow bind did not say its cluster ID is issued: %+v", calls)
 	}
 
@@ -368,7 +368,7 @@ func TestBindRefused(t *testing.T) {
 	if _, err := s.Bind(ctx, cb, consumer, "abcdef", res); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "poll flow") {
 		t.Errorf("unproven: %v, want a RefusedError naming the poll flow", err)
 	}
-	if calls := p.Take(); len(calls) != 1 || calls[0].Consumer.ClusterIssued {
-		t.Errorf("a callback-flow bind claimed an issued cluster ID: %+v", calls)
+	if calls := p.Take(); len(calls) != 1 || calls[0].Consumer.Proof != binding.ProofLogin {
+		t.Errorf("a callback-flow bind did not vouch by its login: %+v", calls)
 	}
 }
