@@ -254,10 +254,11 @@ func TestAttackCLITokenWithAnotherUsersClusterIdentity(t *testing.T) {
 // in the consumer cluster), (b) the clusterIdentity of the user's binding
 // made with the CLI; binds with each to get a credential for the
 // existing namespace. Stopped by: (a) a cluster identity of the issued
-// form is refused (400) and a poll-flow namespace is never reached
-// without the proof of its cluster secret; (b) is reachable by design for
-// the token's life, and the per-user revocation (the revocations
-// ConfigMap) ends it within seconds on every replica (401).
+// form is refused (400), and a poll-flow namespace is never reached with
+// a token alone (only with the proof of its cluster secret, or by the
+// user signing in); (b) is reachable by design for the token's life, and
+// the per-user revocation (the revocations ConfigMap) ends it within
+// seconds on every replica (401).
 func TestAttackStolenCLITokenExistingNamespaces(t *testing.T) {
 	victim := binder("stolen-victim")
 	revNS := "e2e-revocations-stolen"
