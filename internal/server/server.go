@@ -273,22 +273,24 @@ func (s *Server) newSessionService(catalog lifecycle.Catalog, provisioner lifecy
 
 // newCLITokens builds the CLI token keys (docs/v1alpha2.md §2.3), derived
 // from the session keys, for the configured identity provider.
-func (s *Server) newCLITokens(rc *rest.Config) (*clitoken.Tokens, error) {
+func (s *Server) newCLITokens(rc *rest.Config) (*clitoken.Tokens, *revocations.Watcher, error) {
 	if s.sessionKeysRandom {
 		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=hashring with --peer-key, whose session keys every replica shares across restarts")
 	}
 	cfg := clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDC.IssuerURL,
 		TTL: s.cfg.CLITokens.TTL, NotBefore: s.cfg.CLITokens.NotBefore}
+	var w *revocations.Watcher
 	if o := s.cfg.CLITokens; o.RevocationsName != "" {
 		client, err := kubernetes.NewForConfig(rc)
 		if err != nil {
-			return nil, fmt.Errorf("provider cluster: %w", err)
+			return nil, nil, fmt.Errorf("provider cluster: %w", err)
 		}
-		w := revocations.New(client, o.RevocationsNamespace, o.RevocationsName, s.log.With("component", "cli-token-revocations"))
+		w = revocations.New(client, o.RevocationsNamespace, o.RevocationsName, s.log.With("component", "cli-token-revocations"))
 		s.loops = append(s.loops, loop{"cli token revocations", w.Run})
 		cfg.Revocations = w
 	}
-	return clitoken.New(cfg)
+	tokens, err := clitoken.New(cfg)
+	return tokens, w, err
 }
 
 // newV1alpha2 builds the kube-bind.io/v1alpha2 routes of the released
