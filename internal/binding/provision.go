@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
@@ -87,6 +88,9 @@ type Provisioner struct {
 
 	userMu sync.Mutex
 	user   string // the backend's own user name, found once
+
+	// capRefusals counts new clusters refused by the user's cap.
+	capRefusals atomic.Int64
 }
 
 // NewProvisioner checks the configuration and reads the CA files. It does
@@ -247,6 +251,7 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 		return "", err
 	}
 	if !slices.ContainsFunc(have, func(ns corev1.Namespace) bool { return ns.Name == name }) && len(have) >= p.cfg.MaxClustersPerUser {
+		p.capRefusals.Add(1)
 		return "", &ClusterCapError{Cap: p.cfg.MaxClustersPerUser, Have: len(have)}
 	}
 	want := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{

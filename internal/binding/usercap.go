@@ -131,5 +131,10 @@ func (p *Provisioner) holdCap(ctx context.Context, c Consumer, ns *corev1.Namesp
 	if err != nil {
 		return err
 	}
+	p.capRefusals.Add(1)
 	return &ClusterCapError{Cap: p.cfg.MaxClustersPerUser, Have: len(have) - 1}
 }
+
+// CapRefusals is how many new clusters this provisioner refused for
+// their user's cap (kube_bind_backend_cluster_cap_refusals_total).
+func (p *Provisioner) CapRefusals() int64 { return p.capRefusals.Load() }

@@ -75,6 +75,9 @@ func TestClusterCapPerUser(t *testing.T) {
 	if _, err := e.kube.CoreV1().Namespaces().Get(ctx, p.Namespace(c, "cluster-2"), metav1.GetOptions{}); err == nil {
 		t.Fatal("a namespace was made for the refused cluster")
 	}
+	if n := p.CapRefusals(); n != 1 {
+		t.Fatalf("%d refusals counted, want 1", n)
+	}
 	// At the cap, a rebind of the old and of a new one still works.
 	if _, err := p.Provision(ctx, c, "cluster-0", []Resource{widgets}); err != nil {
 		t.Fatalf("rebind at the cap: %v", err)
@@ -130,6 +133,9 @@ func TestClusterCapConcurrent(t *testing.T) {
 		}
 	}
 	live := liveUserNamespaces(t, e, c)
+	if n := ps[0].CapRefusals() + ps[1].CapRefusals(); n != int64(binds-ok) {
+		t.Errorf("%d refusals counted, %d binds refused", n, binds-ok)
+	}
 	if len(live) > max || ok > max || ok != len(live) {
 		t.Fatalf("%d binds succeeded, %d namespaces stay (%v); want at most %d, one per success", ok, len(live), live, max)
 	}

@@ -180,7 +180,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
-	if b.provisioner != nil {
+	if p := b.provisioner; p != nil {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "kube_bind_backend", Name: "cluster_cap_refusals_total",
+			Help: "Binds of a new consumer cluster refused because its user had --max-clusters-per-user bound.",
+		}, func() float64 { return float64(p.CapRefusals()) }))
 		if err := s.newControllers(b, reg); err != nil {
 			return nil, err
 		}

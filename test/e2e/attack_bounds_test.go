@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
+	"github.com/kbprovider/backend/internal/testutil/backendproc"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
@@ -163,7 +165,8 @@ func (e *env) liveNamespaces(t *testing.T, user oidcprovider.User) []string {
 // poll session is denied with the same words.
 func TestAttackUnboundedNamespacesFromOneToken(t *testing.T) {
 	eve := binder("cap-eve")
-	e := startEnv(t, backendOptions{extraArgs: unpaced, users: []oidcprovider.User{eve}})
+	diag := backendproc.DiagnosticsArgs(t)
+	e := startEnv(t, backendOptions{extraArgs: append(diag, unpaced...), users: []oidcprovider.User{eve}})
 	token := e.cliLogin(t, eve)
 
 	const binds, maxClusters = 150, binding.DefaultMaxClustersPerUser
@@ -210,6 +213,27 @@ func TestAttackUnboundedNamespacesFromOneToken(t *testing.T) {
 	if n := len(e.liveNamespaces(t, eve)); n != maxClusters {
 		t.Fatalf("%d namespaces after the poll-flow attempt, want %d", n, maxClusters)
 	}
+	if n := capRefusalsMetric(t, "http://"+diag[1]); n != binds-maxClusters+1 {
+		t.Errorf("kube_bind_backend_cluster_cap_refusals_total %d, want %d", n, binds-maxClusters+1)
+	}
+}
+
+// capRefusalsMetric reads kube_bind_backend_cluster_cap_refusals_total
+// from the diagnostics listener diag.
+func capRefusalsMetric(t *testing.T, diag string) int {
+	t.Helper()
+	resp, err := http.Get(diag + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^kube_bind_backend_cluster_cap_refusals_total (\d+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no kube_bind_backend_cluster_cap_refusals_total in /metrics")
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
 }
 
 // TestAttackCLITokenWithAnotherUsersClusterIdentity binds as someone
