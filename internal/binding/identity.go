@@ -20,7 +20,28 @@ type Consumer struct {
 	// re-check (AnnotationBoundBy); nil: issuer and subject only. They do
 	// not take part in the identity.
 	Claims *Claims
+	// Proof says how the bind vouches for the cluster ID. It does not
+	// take part in the identity; a namespace made with ProofIssued is
+	// never reached with ProofToken (AnnotationClusterIssued).
+	Proof ClusterProof
 }
+
+// ClusterProof says how a bind vouches for its cluster ID.
+type ClusterProof int
+
+const (
+	// ProofLogin: the user signed in at the identity provider for this
+	// bind and the result goes to their own machine (the callback
+	// flows); the cluster ID is the client's word.
+	ProofLogin ClusterProof = iota
+	// ProofIssued: this backend issued the cluster ID, and the client
+	// proved it with its cluster secret or received it with this very
+	// session (the poll flow).
+	ProofIssued
+	// ProofToken: a CLI token alone, with the cluster identity the
+	// client asserts (POST /api/bind): whoever holds the token.
+	ProofToken
+)
 
 // ID is the identity as the BindingResponse names it, "<issuer>/<subject>".
 func (c Consumer) ID() string { return c.Issuer + "/" + c.Subject }

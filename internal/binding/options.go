@@ -26,6 +26,9 @@ type Options struct {
 	// ConsumerScope is set by Complete.
 	ConsumerScope Scope
 	Quota         Quota
+	// MaxClustersPerUser caps the provider namespaces of one user
+	// (Config.MaxClustersPerUser).
+	MaxClustersPerUser int
 	// AdmissionPolicy names the ValidatingAdmissionPolicy that confines the
 	// backend to the namespaces it made (internal/binding/scopecheck); ""
 	// (set by Complete with --unsafe-skip-admission-policy-check) checks
@@ -50,6 +53,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"how many APIServiceExportRequests one consumer may have in its provider namespace (a ResourceQuota made at each bind)")
 	fs.IntVar(&o.Quota.Namespaces, "consumer-max-namespaces", DefaultMaxNamespaces,
 		"how many APIServiceNamespaces, and so provider namespaces, one consumer may have (a ResourceQuota made at each bind)")
+	fs.IntVar(&o.MaxClustersPerUser, "max-clusters-per-user", DefaultMaxClustersPerUser,
+		"how many consumer clusters (each a provider namespace) one user of the identity provider (issuer and subject) may bind, across every flow; a bind of a new cluster beyond it is refused, a rebind never (1 to 10000)")
 	s(&o.AdmissionPolicy, "admission-policy", "kube-bind-backend-scope", "name of the ValidatingAdmissionPolicy confining the backend to the namespaces it made (the chart's <release>-scope); at start the backend proves with dry-run requests that it is in force and refuses to start where it is not, and the leader checks again every 5 minutes")
 	fs.BoolVar(&o.unsafeSkipAdmissionPolicyCheck, "unsafe-skip-admission-policy-check", false, "UNSAFE: start without proving that --admission-policy confines the backend; without that policy whoever takes over the backend can grant itself Secrets and ServiceAccount tokens in any namespace and delete any namespace. Only for a backend that runs as a cluster admin anyway (local demos, tests)")
 }
@@ -60,6 +65,9 @@ func (o *Options) Complete() error {
 	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if err := o.Quota.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := ValidateMaxClustersPerUser(o.MaxClustersPerUser); err != nil {
+		fail("--max-clusters-per-user: %v", err)
 	}
 	if o.externalCAFile != "" {
 		b, err := os.ReadFile(o.externalCAFile)

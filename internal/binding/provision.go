@@ -3,7 +3,9 @@ package binding
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
@@ -51,6 +53,10 @@ type Config struct {
 	// Quota caps what the consumer creates in its namespace; the zero
 	// value means DefaultQuota.
 	Quota Quota
+	// MaxClustersPerUser caps the provider namespaces (consumer clusters)
+	// of one user (issuer and subject) across every flow
+	// (--max-clusters-per-user); 0 means DefaultMaxClustersPerUser.
+	MaxClustersPerUser int
 }
 
 // Resource is one API a consumer selected.
@@ -82,6 +88,9 @@ type Provisioner struct {
 
 	userMu sync.Mutex
 	user   string // the backend's own user name, found once
+
+	// capRefusals counts new clusters refused by the user's cap.
+	capRefusals atomic.Int64
 }
 
 // NewProvisioner checks the configuration and reads the CA files. It does
@@ -107,6 +116,12 @@ func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = defaultTimeout
+	}
+	if cfg.MaxClustersPerUser == 0 {
+		cfg.MaxClustersPerUser = DefaultMaxClustersPerUser
+	}
+	if err := ValidateMaxClustersPerUser(cfg.MaxClustersPerUser); err != nil {
+		return nil, err
 	}
 	if cfg.Quota == (Quota{}) {
 		cfg.Quota = DefaultQuota()
@@ -226,13 +241,24 @@ func (p *Provisioner) resolve(resources []Resource) ([]ExportedAPI, error) {
 // ensureNamespace creates the identity's namespace, or finds it. The name
 // is derived from the identity, so concurrent binds race on one Create and
 // the API server lets exactly one win; the others read it back and check
-// that it really is this identity's.
+// that it really is this identity's. A new namespace must fit under the
+// user's cap (checked here, held by holdCap); an existing one is never
+// refused by it.
 func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID string) (string, error) {
 	name := p.Namespace(c, clusterID)
+	have, err := p.userClusters(ctx, c)
+	if err != nil {
+		return "", err
+	}
+	if !slices.ContainsFunc(have, func(ns corev1.Namespace) bool { return ns.Name == name }) && len(have) >= p.cfg.MaxClustersPerUser {
+		p.capRefusals.Add(1)
+		return "", &ClusterCapError{Cap: p.cfg.MaxClustersPerUser, Have: len(have)}
+	}
 	want := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		Name: name,
 		Labels: map[string]string{
 			LabelConsumerHash: identityHash(c, clusterID),
+			LabelConsumerUser: userHash(c),
 			LabelManagedBy:    managedByValue,
 		},
 		Annotations: map[string]string{
@@ -241,24 +267,30 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 			AnnotationCluster: clusterID,
 		},
 	}}
-	_, err := p.client.CoreV1().Namespaces().Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
+	if c.Proof == ProofIssued {
+		want.Annotations[AnnotationClusterIssued] = "true"
+	}
+	created, err := p.client.CoreV1().Namespaces().Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
 	if err == nil {
-		return name, nil
+		return name, p.holdCap(ctx, c, created)
 	}
 	if !apierrors.IsAlreadyExists(err) {
 		return "", fmt.Errorf("creating provider namespace %s: %w", name, err)
 	}
-	have, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	existing, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return "", fmt.Errorf("reading provider namespace %s: %w", name, err)
 	}
-	if !sameIdentity(have, c, clusterID) {
+	if !sameIdentity(existing, c, clusterID) {
 		return "", fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
 	}
-	if have.DeletionTimestamp != nil {
+	if existing.Annotations[AnnotationClusterIssued] == "true" && c.Proof == ProofToken {
+		return "", fmt.Errorf("%w: namespace %s", ErrClusterNotProven, name)
+	}
+	if existing.DeletionTimestamp != nil {
 		return "", fmt.Errorf("%w: namespace %s; bind again once it is gone", ErrNamespaceTerminating, name)
 	}
-	if IsRevoked(have.Labels) {
+	if IsRevoked(existing.Labels) {
 		return "", fmt.Errorf("%w: namespace %s was revoked by the provider (label %s) and is about to be removed",
 			ErrNamespaceTerminating, name, LabelRevoked)
 	}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/pace"
 	"github.com/kbprovider/backend/internal/server/health"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 )
@@ -246,7 +248,7 @@ type server struct {
 	minPollGap time.Duration
 	// createLimit paces the routes that create something, per client
 	// (nil: no limit).
-	createLimit *clientLimiter
+	createLimit *pace.Limiter[netip.Addr]
 }
 
 // pollTolerance is how much earlier than pollInterval after the previous

@@ -126,9 +126,9 @@ func TestClientLimiterBounded(t *testing.T) {
 	l := newClientLimiter(1, 100)
 	now := time.Now()
 	for i := range 1000 {
-		l.allow(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), now)
+		l.Allow(netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}), now)
 	}
-	if n := l.len(); n != 100 {
+	if n := l.Len(); n != 100 {
 		t.Fatalf("%d clients remembered, want 100", n)
 	}
 	if newClientLimiter(0, 100) != nil {

@@ -60,6 +60,7 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 		ExternalServerName: cfg.Provider.ExternalServerName,
 		TokenLifetime:      cfg.Controllers.Credentials.Lifetime,
 		Quota:              cfg.Provider.Quota,
+		MaxClustersPerUser: cfg.Provider.MaxClustersPerUser,
 	})
 	if err != nil {
 		return browserPart{}, err
@@ -70,7 +71,7 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 	if err != nil {
 		return browserPart{}, err
 	}
-	tokens, err := s.newCLITokens()
+	tokens, revoked, err := s.newCLITokens(rc)
 	if err != nil {
 		return browserPart{}, err
 	}
@@ -134,7 +135,17 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 		}
 		return nil
 	})
-	return browserPart{handler: handler, readiness: []health.Check{cached}, dependencies: []health.Check{login, catalog},
+	readiness := []health.Check{cached}
+	if revoked != nil {
+		// A token cannot be judged before its user's revocations are read.
+		readiness = append(readiness, health.CheckFunc("cli-token-revocations", func(context.Context) error {
+			if !revoked.HasSynced() {
+				return errors.New("the CLI token revocations are not read yet")
+			}
+			return nil
+		}))
+	}
+	return browserPart{handler: handler, readiness: readiness, dependencies: []health.Check{login, catalog},
 		onDelivered: marker.Delivered, offers: src, tokens: tokens, catalog: catalog, provisioner: provisioner}, nil
 }
 

@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/binding"
@@ -35,6 +36,7 @@ import (
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
 	protov1alpha2 "github.com/kbprovider/backend/internal/httpapi/v1alpha2"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
+	"github.com/kbprovider/backend/internal/oidc/clitoken/revocations"
 	"github.com/kbprovider/backend/internal/server/connlimit"
 	"github.com/kbprovider/backend/internal/server/health"
 	"github.com/kbprovider/backend/internal/server/servingcert"
@@ -178,7 +180,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
-	if b.provisioner != nil {
+	if p := b.provisioner; p != nil {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "kube_bind_backend", Name: "cluster_cap_refusals_total",
+			Help: "Binds of a new consumer cluster refused because its user had --max-clusters-per-user bound.",
+		}, func() float64 { return float64(p.CapRefusals()) }))
 		if err := s.newControllers(b, reg); err != nil {
 			return nil, err
 		}
@@ -271,12 +277,24 @@ func (s *Server) newSessionService(catalog lifecycle.Catalog, provisioner lifecy
 
 // newCLITokens builds the CLI token keys (docs/v1alpha2.md §2.3), derived
 // from the session keys, for the configured identity provider.
-func (s *Server) newCLITokens() (*clitoken.Tokens, error) {
+func (s *Server) newCLITokens(rc *rest.Config) (*clitoken.Tokens, *revocations.Watcher, error) {
 	if s.sessionKeysRandom {
 		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=hashring with --peer-key, whose session keys every replica shares across restarts")
 	}
-	return clitoken.New(clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDC.IssuerURL,
-		TTL: s.cfg.CLITokens.TTL, NotBefore: s.cfg.CLITokens.NotBefore})
+	cfg := clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDC.IssuerURL,
+		TTL: s.cfg.CLITokens.TTL, NotBefore: s.cfg.CLITokens.NotBefore}
+	var w *revocations.Watcher
+	if o := s.cfg.CLITokens; o.RevocationsName != "" {
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("provider cluster: %w", err)
+		}
+		w = revocations.New(client, o.RevocationsNamespace, o.RevocationsName, s.log.With("component", "cli-token-revocations"))
+		s.loops = append(s.loops, loop{"cli token revocations", w.Run})
+		cfg.Revocations = w
+	}
+	tokens, err := clitoken.New(cfg)
+	return tokens, w, err
 }
 
 // newV1alpha2 builds the kube-bind.io/v1alpha2 routes of the released
@@ -299,6 +317,8 @@ func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
 		PollSessions:    true,
 		NoCallbackFlow:  s.cfg.Browser.NoCallbackFlow,
 		OnDelivered:     b.onDelivered,
+		RequestRate:     s.cfg.CLITokens.RequestRate,
+		BindRate:        s.cfg.CLITokens.BindRate,
 		Logger:          s.log.With("component", "v1alpha2"),
 	}
 	if b.handler != nil {

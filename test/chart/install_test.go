@@ -199,6 +199,10 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{releaseNS, "watch", "secrets", nil},
 		{releaseNS, "create", "secrets", nil},
 		{releaseNS, "delete", "secrets", nil},
+		// The per-user CLI token revocations: one ConfigMap, read only.
+		{releaseNS, "get", "configmaps/" + fullname + "-cli-token-revocations", nil},
+		{releaseNS, "list", "configmaps/" + fullname + "-cli-token-revocations", nil},
+		{releaseNS, "watch", "configmaps/" + fullname + "-cli-token-revocations", nil},
 	})
 	// A sample of what it must never be able to do.
 	checkRequests(t, cp, false, []request{
@@ -227,6 +231,8 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{"default", "list", "endpointslices.discovery.k8s.io", nil},
 		{"", "impersonate", "users", nil},
 		{"", "create", "serviceaccounts/token", nil},
+		{releaseNS, "get", "configmaps/another", nil},
+		{releaseNS, "update", "configmaps/" + fullname + "-cli-token-revocations", nil},
 	})
 
 	t.Run("consumer namespace, as the service account's own token", func(t *testing.T) {

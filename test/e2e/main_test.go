@@ -73,6 +73,9 @@ func prepareCluster(t *testing.T, cp *controlplane.ControlPlane) {
 // backendOptions change how a backend of one test is started.
 type backendOptions struct {
 	extraArgs []string
+	// users are more users of the identity provider, for tests that need
+	// users no other test binds as.
+	users []oidcprovider.User
 }
 
 // startEnv starts an identity provider and a backend process for the test.
@@ -85,7 +88,7 @@ func startEnv(t *testing.T, opts backendOptions) *env {
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	idp := oidcprovider.Start(t, oidcprovider.Options{
 		RedirectURIs: []string{base + "/callback"},
-		Users:        []oidcprovider.User{alice, bob, carol, dave, mallory},
+		Users:        append([]oidcprovider.User{alice, bob, carol, dave, mallory}, opts.users...),
 	})
 	args := backendproc.BrowserArgs(t, port, base, idp, cp.AdminKubeconfigPath(), prettyName, namespacePrefix)
 	backendproc.Start(t, base, append(args, opts.extraArgs...), 60*time.Second)

@@ -429,12 +429,24 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	}
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject, Claims: lc.claims()}
 	body, err := doBind(consumer)
+	var refused *lifecycle.RefusedError
 	switch {
 	case err == nil:
 	case errors.As(err, &problem):
 		// 422: the form was well formed, but what it asks for cannot be
 		// done; the page again, saying what to fix.
 		h.renderSelection(w, r, http.StatusUnprocessableEntity, lc, sess, tickedSet(names), problem.Problem)
+		return
+	case errors.As(err, &refused):
+		// The user's own state (the cap, an unproven cluster): the
+		// session is denied with the reason, which its poll shows.
+		h.log.Info("bind refused", "session", sess.ID, "consumer", consumer.ID(), "cluster", lc.Flow.ClusterID, "reason", refused.Reason)
+		h.clearLoginCookie(w)
+		if redirectsToCLI(sess) {
+			h.redirectError(w, r, sess, "access_denied", refused.Reason)
+			return
+		}
+		h.page(w, http.StatusForbidden, pageDenied, refused.Reason)
 		return
 	case errors.Is(err, lifecycle.ErrProvisioning):
 		h.log.Error("provisioning failed", "session", sess.ID, "consumer", consumer.ID(), "error", err)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/kbprovider/backend/pkg/protocol"
 )
 
 // FuzzRedirectURL: ParseRedirectURL accepts only the released CLI's
@@ -84,7 +86,8 @@ func checkCommon(t *testing.T, q url.Values, qerr error, redirect, sid string) {
 }
 
 // FuzzBindRequest: a bind body is accepted only with a valid name,
-// template and cluster identity, and gives what it says.
+// template and cluster identity (never of the form of an issued cluster
+// ID), and gives what it says.
 func FuzzBindRequest(f *testing.F) {
 	f.Add([]byte(bindBody("my-db", "mangodb-with-secrets", "2f1c-uid")))
 	f.Add([]byte(`{"metadata":{"name":"n"},"spec":{"templateRef":{"name":"t"},"clusterIdentity":{"identity":"i"}}}`))
@@ -92,6 +95,8 @@ func FuzzBindRequest(f *testing.F) {
 	f.Add([]byte(`{"metadata":{"name":"n"},"spec":{"templateRef":{"name":"t"},"clusterIdentity":{"identity":"i"}}} x`))
 	f.Add([]byte(`{"metadata":{"name":"n"},"spec":{"templateRef":{"name":"t"},"clusterIdentity":{"identity":"i"}},"x":1}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(bindBody("n", "t", "abcdefghijklmnopqrstuvwxyz")))
+	f.Add([]byte(bindBody("n", "t", "abcdefghijklmnopqrstuvwxy7")))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := ParseBindRequest(body)
 		if err != nil {
@@ -100,7 +105,8 @@ func FuzzBindRequest(f *testing.F) {
 			}
 			return
 		}
-		if len(validation.IsDNS1123Subdomain(r.Name)) > 0 || len(validation.IsDNS1123Subdomain(r.Template)) > 0 || !ValidClusterIdentity(r.ClusterIdentity) {
+		if len(validation.IsDNS1123Subdomain(r.Name)) > 0 || len(validation.IsDNS1123Subdomain(r.Template)) > 0 || !ValidClusterIdentity(r.ClusterIdentity) ||
+			protocol.IssuedClusterID(r.ClusterIdentity) {
 			t.Fatalf("accepted %+v", r)
 		}
 		again, err := ParseBindRequest([]byte(bindBody(r.Name, r.Template, r.ClusterIdentity)))

@@ -217,5 +217,9 @@ func ParseBindRequest(body []byte) (BindRequest, error) {
 	if !ValidClusterIdentity(w.Spec.ClusterIdentity.Identity) {
 		return BindRequest{}, errors.New("spec.clusterIdentity.identity must be 1 to 128 of A-Z a-z 0-9 . _ : -")
 	}
+	if protocol.IssuedClusterID(w.Spec.ClusterIdentity.Identity) {
+		return BindRequest{}, errors.New("spec.clusterIdentity.identity has the form of a cluster ID this provider issues to poll clients; " +
+			"such a cluster binds through the poll flow, which proves it, or by signing in, never with a CLI token alone")
+	}
 	return BindRequest{Name: name, Template: tmpl, ClusterIdentity: w.Spec.ClusterIdentity.Identity}, nil
 }

@@ -15,8 +15,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
+	"github.com/kbprovider/backend/internal/pace"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
@@ -105,6 +108,14 @@ type Config struct {
 	// CLI token the login hands out (templates, collections, bind)
 	// answer 404, before any login.
 	NoCallbackFlow bool
+	// RequestRate paces the bearer routes per user (subject), per second,
+	// with a burst of three seconds' worth; BindRate paces POST /api/bind
+	// per user, per minute, with a burst of clitoken.BindBurst. 0: no
+	// limit (clitoken.Options).
+	RequestRate float64
+	BindRate    float64
+	// Now is the clock of the pacing (default time.Now).
+	Now func() time.Time
 	// OnDelivered is called with each response POST /api/bind hands out
 	// (binding.DeliveryMarker); it must not block.
 	OnDelivered func(response []byte)
@@ -116,7 +127,13 @@ type Handler struct {
 	cfg     Config
 	log     *slog.Logger
 	exports []byte
+	// requests and binds pace the bearer routes per subject.
+	requests, binds *pace.Limiter[string]
 }
+
+// maxPacedUsers bounds the users whose pace is remembered; beyond it the
+// least recently seen is forgotten (a full bucket again).
+const maxPacedUsers = 16384
 
 // New checks cfg and returns the handler.
 func New(cfg Config) (*Handler, error) {
@@ -129,7 +146,12 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	h := &Handler{cfg: cfg, log: cfg.Logger,
+		requests: pace.New[string](cfg.RequestRate, int(math.Ceil(3*cfg.RequestRate)), maxPacedUsers),
+		binds:    pace.New[string](cfg.BindRate/60, clitoken.BindBurst, maxPacedUsers)}
 	doc, err := json.Marshal(h.exportsDocument())
 	if err != nil {
 		return nil, err
@@ -292,11 +314,20 @@ func (h *Handler) authenticated(w http.ResponseWriter, r *http.Request) (clitoke
 		return clitoken.Claims{}, false
 	}
 	c, err := h.cfg.Tokens.Verify(token)
+	if errors.Is(err, clitoken.ErrUnjudged) {
+		h.log.Warn("CLI token not judged: the revocations are not read", "path", r.URL.Path, "error", err)
+		w.Header().Set("Retry-After", "10")
+		writeError(w, http.StatusServiceUnavailable, v1alpha2.ErrorUnavailable, "the provider cannot check tokens right now; try again in a moment")
+		return clitoken.Claims{}, false
+	}
 	if err != nil {
 		// Never the token itself.
 		h.log.Info("CLI token refused", "path", r.URL.Path, "reason", err.Error())
 		w.Header().Set("WWW-Authenticate", `Bearer realm="kube-bind", error="invalid_token"`)
 		writeError(w, http.StatusUnauthorized, v1alpha2.ErrorAuthenticationFailed, err.Error()+": run kubectl bind login again")
+		return clitoken.Claims{}, false
+	}
+	if !h.paced(w, r, h.requests, c, "requests") {
 		return clitoken.Claims{}, false
 	}
 	if h.cfg.Allows != nil && !h.cfg.Allows(c.User) {
@@ -310,6 +341,21 @@ func (h *Handler) authenticated(w http.ResponseWriter, r *http.Request) (clitoke
 		return clitoken.Claims{}, false
 	}
 	return c, true
+}
+
+// paced takes a token of the user's bucket in lim, or answers 429 with
+// Retry-After.
+func (h *Handler) paced(w http.ResponseWriter, r *http.Request, lim *pace.Limiter[string], c clitoken.Claims, what string) bool {
+	wait := lim.Allow(c.Subject, h.cfg.Now())
+	if wait <= 0 {
+		return true
+	}
+	sec := int64(math.Ceil(wait.Seconds()))
+	h.log.Info("CLI token user paced", "path", r.URL.Path, "token", c.ID, "retryAfterSeconds", sec)
+	w.Header().Set("Retry-After", strconv.FormatInt(sec, 10))
+	writeError(w, http.StatusTooManyRequests, v1alpha2.ErrorBadRequest,
+		"too many "+what+" with your CLI token in a short time; try again in "+strconv.FormatInt(sec, 10)+" s")
+	return false
 }
 
 // bearer returns the token of the one Authorization header "Bearer
@@ -381,7 +427,7 @@ func (h *Handler) collections(w http.ResponseWriter, r *http.Request) {
 // bind is POST /api/bind (`kubectl bind apiservice --template-name`).
 func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	claims, ok := h.authenticated(w, r)
-	if !ok {
+	if !ok || !h.paced(w, r, h.binds, claims, "binds") {
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBindBody))
@@ -408,9 +454,16 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		Claims: &binding.Claims{Email: claims.Email, Groups: claims.Groups, GroupsKnown: claims.GroupsKnown}}
 	resp, err := h.cfg.Sessions.BindDirect(r.Context(), consumer, req.ClusterIdentity, claims.ID,
 		lifecycle.Pick{Name: req.Name, Offer: offer})
-	var problem *lifecycle.SelectionError
+	var (
+		problem *lifecycle.SelectionError
+		refused *lifecycle.RefusedError
+	)
 	switch {
 	case err == nil:
+	case errors.As(err, &refused):
+		h.log.Info("bind refused", "consumer", consumer.ID(), "token", claims.ID, "cluster", req.ClusterIdentity, "reason", refused.Reason)
+		writeError(w, http.StatusForbidden, v1alpha2.ErrorAuthorizationFailed, refused.Reason)
+		return
 	case errors.As(err, &problem):
 		// The catalog changed under the offer.
 		writeError(w, http.StatusNotFound, v1alpha2.ErrorResourceNotFound, problem.Problem)

@@ -69,6 +69,8 @@ func newEnv(t *testing.T) *env { t.Helper(); return newEnvWith(t, envOptions{}) 
 type envOptions struct {
 	noCallbackFlow bool // --callback-flow=false
 	allows         func(clitoken.User) bool
+	// requestRate and bindRate pace the bearer routes per user.
+	requestRate, bindRate float64
 }
 
 func newEnvWith(t *testing.T, o envOptions) *env {
@@ -99,7 +101,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	}
 	h, err := New(Config{ExternalURL: ext, PrettyName: "Test", Sessions: svc, Offers: testOffers, Tokens: e.tokens,
 		Issuer: issuer, Browser: bh, PollInterval: 2 * time.Second, PollSessions: true, OnDelivered: onDelivered,
-		NoCallbackFlow: noCallbackFlow, Allows: o.allows})
+		NoCallbackFlow: noCallbackFlow, Allows: o.allows, RequestRate: o.requestRate, BindRate: o.bindRate, Now: e.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +397,7 @@ func TestBind(t *testing.T) {
 		t.Errorf("request %s", br.Requests[0])
 	}
 	calls := e.prov.Take()
-	if len(calls) != 1 || calls[0].Consumer.ID() != issuer+"/alice" || calls[0].ClusterID != "2f1c-uid" ||
+	if len(calls) != 1 || calls[0].Consumer.ID() != issuer+"/alice" || calls[0].ClusterID != "2f1c-uid" || calls[0].Consumer.Proof != binding.ProofToken ||
 		!slices.Equal(calls[0].Resources, []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}) {
 		t.Errorf("provisioned %+v", calls)
 	}
@@ -415,11 +417,14 @@ func TestBind(t *testing.T) {
 	}{
 		"unknown template": {bindBody("x", "nope", "uid"), 404, v1alpha2.ErrorResourceNotFound},
 		"bad identity":     {bindBody("x", "widgets.example.com", "a b"), 400, v1alpha2.ErrorBadRequest},
-		"bad name":         {bindBody("X_", "widgets.example.com", "uid"), 400, v1alpha2.ErrorBadRequest},
-		"unknown field":    {`{"metadata":{"name":"x"},"spec":{"templateRef":{"name":"t"},"clusterIdentity":{"identity":"u"},"extra":1}}`, 400, v1alpha2.ErrorBadRequest},
-		"trailing data":    {bindBody("x", "widgets.example.com", "uid") + "{}", 400, v1alpha2.ErrorBadRequest},
-		"not JSON":         {"name=x", 400, v1alpha2.ErrorBadRequest},
-		"too large":        {`{"metadata":{"name":"x","annotations":{"a":"` + strings.Repeat("a", MaxBindBody) + `"}}}`, 413, v1alpha2.ErrorBadRequest},
+		// The form of the poll flow's cluster IDs: only that flow, with
+		// its proof, reaches their namespaces.
+		"issued cluster ID": {bindBody("x", "widgets.example.com", "abcdefghijklmnopqrstuvwxyz"), 400, v1alpha2.ErrorBadRequest},
+		"bad name":          {bindBody("X_", "widgets.example.com", "uid"), 400, v1alpha2.ErrorBadRequest},
+		"unknown field":     {`{"metadata":{"name":"x"},"spec":{"templateRef":{"name":"t"},"clusterIdentity":{"identity":"u"},"extra":1}}`, 400, v1alpha2.ErrorBadRequest},
+		"trailing data":     {bindBody("x", "widgets.example.com", "uid") + "{}", 400, v1alpha2.ErrorBadRequest},
+		"not JSON":          {"name=x", 400, v1alpha2.ErrorBadRequest},
+		"too large":         {`{"metadata":{"name":"x","annotations":{"a":"` + strings.Repeat("a", MaxBindBody) + `"}}}`, 413, v1alpha2.ErrorBadRequest},
 	} {
 		resp, body := e.do(e.client(), "POST", "/api/bind", strings.NewReader(c.body), auth...)
 		var apiErr v1alpha2.Error
@@ -436,11 +441,80 @@ func TestBind(t *testing.T) {
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, v1alpha2.ErrorUnavailable) {
 		t.Errorf("outage: %d %s", resp.StatusCode, body)
 	}
+	// The user's cap: 403 in the error format, naming it.
+	e.prov.FailNext(&binding.ClusterCapError{Cap: 10, Have: 10})
+	resp, body = e.do(e.client(), "POST", "/api/bind", strings.NewReader(bindBody("x", "widgets.example.com", "uid")), auth...)
+	if resp.StatusCode != 403 || !strings.Contains(body, v1alpha2.ErrorAuthorizationFailed) || !strings.Contains(body, "at most 10 clusters per user") {
+		t.Errorf("cap: %d %s", resp.StatusCode, body)
+	}
 	// Without a token nothing is provisioned.
 	e.prov.Take()
 	resp, _ = e.do(e.client(), "POST", "/api/bind", strings.NewReader(bindBody("x", "widgets.example.com", "uid")))
 	if resp.StatusCode != 401 || len(e.prov.Take()) != 0 {
 		t.Errorf("no token: %d", resp.StatusCode)
+	}
+}
+
+// The bearer routes are paced per user: beyond the burst 429 with
+// Retry-After in the error format, for that user only; binds have a
+// bucket of their own, per minute.
+func TestTokenRoutesPacedPerUser(t *testing.T) {
+	e := newEnvWith(t, envOptions{requestRate: 1, bindRate: 2})
+	alice := []string{"Authorization", "Bearer " + e.token("alice")}
+	for i := range 3 {
+		if resp, body := e.do(e.client(), "GET", "/api/templates", nil, alice...); resp.StatusCode != 200 {
+			t.Fatalf("request %d of the burst: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	resp, body := e.do(e.client(), "GET", "/api/collections", nil, alice...)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(body, "too many requests") {
+		t.Fatalf("beyond the burst: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if resp, body := e.do(e.client(), "GET", "/api/templates", nil, "Authorization", "Bearer "+e.token("bob")); resp.StatusCode != 200 {
+		t.Fatalf("another user: %d %s", resp.StatusCode, body)
+	}
+	// Binds: 10 at once, then one per 30 s (2 per minute).
+	auth := append(alice, "Content-Type", "application/json")
+	for i := range clitoken.BindBurst + 1 {
+		e.clock.Advance(time.Second) // a request token each
+		resp, body := e.do(e.client(), "POST", "/api/bind", strings.NewReader(bindBody("x", "widgets.example.com", "uid")), auth...)
+		if i < clitoken.BindBurst && resp.StatusCode != 200 {
+			t.Fatalf("bind %d: %d %s", i, resp.StatusCode, body)
+		}
+		if i == clitoken.BindBurst && (resp.StatusCode != 429 || !strings.Contains(body, "too many binds") || resp.Header.Get("Retry-After") != "20") {
+			t.Fatalf("bind beyond the burst: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+	if n := len(e.prov.Take()); n != clitoken.BindBurst {
+		t.Errorf("%d binds provisioned, want %d", n, clitoken.BindBurst)
+	}
+}
+
+// A browser-flow bind beyond the user's cap goes to the CLI's callback
+// as access_denied with the words naming the cap, so that the CLI stops
+// waiting and says why.
+func TestBrowserFlowBeyondTheCap(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	q := url.Values{"session_id": {"CLISESSION234567"}, "redirect_url": {cliCallback}, "consumer_id": {"9a7d-uid"}}
+	sel := e.loginAt(c, "/?"+q.Encode()).Header.Get("Location")
+	_, page := e.do(c, "GET", sel, nil)
+	m := csrfRE.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no CSRF token on the page: %s", page)
+	}
+	sid, _ := url.ParseQuery(strings.TrimPrefix(sel, "/bind?"))
+	form := url.Values{web.FieldCSRF: {m[1]}, "s": {sid.Get("s")}, web.FieldAPI: {"widgets.example.com"},
+		web.FieldAction: {web.ActionBind}, web.FieldConfirm: {web.ConfirmYes}}
+	e.prov.FailNext(&binding.ClusterCapError{Cap: 10, Have: 10})
+	resp, body := e.do(c, "POST", "/bind", strings.NewReader(form.Encode()), "Content-Type", "application/x-www-form-urlencoded")
+	loc, _ := url.Parse(resp.Header.Get("Location"))
+	if resp.StatusCode != http.StatusSeeOther || loc == nil || loc.Query().Get("error") != "access_denied" ||
+		!strings.Contains(loc.Query().Get("error_description"), "at most 10 clusters per user") {
+		t.Fatalf("bind beyond the cap: %d %s %s", resp.StatusCode, resp.Header.Get("Location"), body)
+	}
+	if calls := e.prov.Take(); len(calls) != 1 || calls[0].Consumer.Proof != binding.ProofLogin {
+		t.Errorf("provisioned %+v, want one call vouched for by the login", calls)
 	}
 }
 

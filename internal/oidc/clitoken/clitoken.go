@@ -79,15 +79,19 @@ const (
 	MaxTTL     = 24 * time.Hour
 )
 
-// Errors of Verify. Every one means 401 to the client.
+// Errors of Verify. Every one but ErrUnjudged means 401 to the client.
 var (
 	ErrMalformed    = errors.New("not a CLI token of this backend")
 	ErrUnknownKey   = errors.New("the token's key is not known")
 	ErrBadSignature = errors.New("the token's signature does not match")
 	ErrExpired      = errors.New("the token expired")
 	ErrRevoked      = errors.New("the token was issued before --cli-tokens-not-before")
-	ErrNotYetValid  = errors.New("the token was issued in the future")
-	ErrWrongIssuer  = errors.New("the token is of another identity provider")
+	ErrUserRevoked  = errors.New("the provider revoked this user's tokens issued before a time, this one among them")
+	// ErrUnjudged wraps an error of the Revocations: the token cannot be
+	// judged now (503, not 401).
+	ErrUnjudged    = errors.New("the token cannot be judged now")
+	ErrNotYetValid = errors.New("the token was issued in the future")
+	ErrWrongIssuer = errors.New("the token is of another identity provider")
 )
 
 // Config configures Tokens.
@@ -103,8 +107,18 @@ type Config struct {
 	TTL time.Duration
 	// NotBefore: tokens issued before it are refused (zero: none).
 	NotBefore time.Time
+	// Revocations, if set, refuse one subject's tokens issued before a
+	// time (revocations.Watcher); an error of theirs fails Verify with it
+	// (a 503: the token cannot be judged).
+	Revocations Revocations
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+}
+
+// Revocations say before when a subject's tokens are revoked (zero:
+// none).
+type Revocations interface {
+	NotBefore(subject string) (time.Time, error)
 }
 
 type key struct {
@@ -119,6 +133,7 @@ type Tokens struct {
 	issuerHash [8]byte
 	ttl        time.Duration
 	notBefore  time.Time
+	revs       Revocations
 	now        func() time.Time
 }
 
@@ -139,7 +154,7 @@ func New(cfg Config) (*Tokens, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	t := &Tokens{issuer: cfg.Issuer, ttl: cfg.TTL, notBefore: cfg.NotBefore, now: cfg.Now}
+	t := &Tokens{issuer: cfg.Issuer, ttl: cfg.TTL, notBefore: cfg.NotBefore, revs: cfg.Revocations, now: cfg.Now}
 	sum := sha256.Sum256([]byte(cfg.Issuer))
 	copy(t.issuerHash[:], sum[:])
 	for i, sk := range cfg.SessionKeys {
@@ -334,6 +349,15 @@ func (t *Tokens) Verify(token string) (Claims, error) {
 	for _, g := range c.Groups {
 		if !utf8.ValidString(g) {
 			return Claims{}, ErrMalformed
+		}
+	}
+	if t.revs != nil {
+		nb, err := t.revs.NotBefore(c.Subject)
+		switch {
+		case err != nil:
+			return Claims{}, fmt.Errorf("%w: %w", ErrUnjudged, err)
+		case c.IssuedAt.Before(nb):
+			return Claims{}, ErrUserRevoked
 		}
 	}
 	return c, nil

@@ -290,3 +290,42 @@ func TestUserCarried(t *testing.T) {
 		t.Errorf("version 1 token: %+v, %v", got.User, err)
 	}
 }
+
+// revs is a Revocations of fixed times (or a fixed error).
+type revs struct {
+	notBefore map[string]time.Time
+	err       error
+}
+
+func (r revs) NotBefore(subject string) (time.Time, error) { return r.notBefore[subject], r.err }
+
+// One user's revocation refuses that user's tokens issued before it and
+// nobody else's; a token issued after it works; Revocations that cannot
+// answer make Verify fail with ErrUnjudged, never let a token through.
+func TestUserRevocation(t *testing.T) {
+	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	r := &revs{notBefore: map[string]time.Time{}}
+	tk, err := New(Config{SessionKeys: [][]byte{keyA}, Issuer: issuer, Now: clock.Now, Revocations: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, _, _ := tk.Issue(issuer, User{Subject: "alice"})
+	bob, _, _ := tk.Issue(issuer, User{Subject: "bob"})
+	clock.Advance(time.Minute)
+	r.notBefore["alice"] = clock.Now()
+	if _, err := tk.Verify(alice); !errors.Is(err, ErrUserRevoked) {
+		t.Errorf("alice's old token: %v, want ErrUserRevoked", err)
+	}
+	if c, err := tk.Verify(bob); err != nil || c.Subject != "bob" {
+		t.Errorf("bob's token: %v", err)
+	}
+	clock.Advance(time.Second)
+	fresh, _, _ := tk.Issue(issuer, User{Subject: "alice"})
+	if _, err := tk.Verify(fresh); err != nil {
+		t.Errorf("alice's token issued after the revocation: %v", err)
+	}
+	r.err = errors.New("not read yet")
+	if _, err := tk.Verify(bob); !errors.Is(err, ErrUnjudged) {
+		t.Errorf("revocations unknown: %v, want ErrUnjudged", err)
+	}
+}

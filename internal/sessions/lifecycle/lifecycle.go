@@ -371,6 +371,17 @@ var (
 	ErrNoProvider = errors.New("lifecycle: no catalog and provisioner configured")
 )
 
+// RefusedError is a bind the provider refuses for the user's own state
+// (binding.ErrClusterCap, binding.ErrClusterNotProven): a 4xx, with
+// Reason in words for the user. A poll session is denied with it.
+type RefusedError struct {
+	Reason string
+	Err    error
+}
+
+func (e *RefusedError) Error() string { return e.Reason }
+func (e *RefusedError) Unwrap() error { return e.Err }
+
 // Bind provisions consumer with resources under clusterID, renders the
 // v1alpha1 response for sess's flow (the CLI's session ID in the callback
 // flow) and records it as the session's outcome. It returns the
@@ -395,6 +406,7 @@ func (s *Service) BindOffers(ctx context.Context, sess Session, consumer binding
 // token): it provisions and renders the v1alpha2 response, with sid as
 // its session ID, and records nothing.
 func (s *Service) BindDirect(ctx context.Context, consumer binding.Consumer, clusterID, sid string, pick Pick) ([]byte, error) {
+	consumer.Proof = binding.ProofToken
 	body, _, err := s.provision(ctx, consumer, clusterID, sid, pickedResources([]Pick{pick}), []Pick{pick})
 	return body, err
 }
@@ -417,7 +429,21 @@ func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consu
 	if sess.Flow.V1alpha2() != (picks != nil) {
 		return nil, fmt.Errorf("lifecycle: a %s session bound with the other generation's selection", generation(sess.Flow))
 	}
+	// A poll session's cluster ID was issued by this backend and settled
+	// with its proof (SettleCluster); the other flows' is the word of a
+	// user who just signed in.
+	consumer.Proof = binding.ProofLogin
+	if sess.Flow.Polled() {
+		consumer.Proof = binding.ProofIssued
+	}
 	body, _, err := s.provision(ctx, consumer, clusterID, sid, resources, picks)
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		// The client polls until it hears why.
+		if derr := s.Deny(ctx, sess, refused.Reason); derr != nil {
+			return nil, derr
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -460,6 +486,13 @@ func (s *Service) provision(ctx context.Context, consumer binding.Consumer, clus
 	if errors.As(err, &ne) {
 		// The catalog changed since Select.
 		return nil, nil, notOffered(ne.Resource + "." + ne.Group)
+	}
+	if errors.Is(err, binding.ErrClusterCap) {
+		return nil, nil, &RefusedError{Reason: err.Error(), Err: err}
+	}
+	if errors.Is(err, binding.ErrClusterNotProven) {
+		return nil, nil, &RefusedError{Err: err, Reason: "this cluster was bound with the poll flow, which proves its cluster ID; " +
+			"bind it again that way or by signing in (a CLI token alone never reaches its binding)"}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)

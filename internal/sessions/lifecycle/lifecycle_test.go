@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -333,5 +334,41 @@ func TestBindV1alpha2(t *testing.T) {
 	}
 	if _, err := s.Bind(ctx, browser, consumer, "uid", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}); err == nil {
 		t.Error("a v1alpha2 session bound v1alpha1 resources")
+	}
+}
+
+// A bind refused for the user's own state (the cap, an unproven cluster)
+// is a RefusedError with words for the user, not a provisioning failure;
+// a poll session is denied with those words, so that its client shows
+// them. Only a poll session's cluster ID counts as issued.
+func TestBindRefused(t *testing.T) {
+	ctx := context.Background()
+	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
+	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
+	p := &fakes.Provisioner{}
+	s, store, _ := newService(t, sessions.Limits{}, p)
+
+	poll, cluster, _ := s.CreatePollSession("")
+	p.FailNext(&binding.ClusterCapError{Cap: 10, Have: 10})
+	_, err := s.Bind(ctx, poll, consumer, cluster, res)
+	var refused *RefusedError
+	if !errors.As(err, &refused) || !errors.Is(err, binding.ErrClusterCap) || errors.Is(err, ErrProvisioning) ||
+		!strings.Contains(refused.Reason, "at most 10 clusters per user") {
+		t.Fatalf("cap: %v, want a RefusedError naming the cap", err)
+	}
+	if got, _ := store.Outcome(ctx, poll.ID); got.State != sessions.StateDenied || got.DenyReason != refused.Reason {
+		t.Errorf("poll session after the refusal: %v %q, want denied with the reason", got.State, got.DenyReason)
+	}
+	if calls := p.Take(); len(calls) != 1 || calls[0].Consumer.Proof != binding.ProofIssued {
+		t.Errorf("a poll-flow bind did not say its cluster ID is issued: %+v", calls)
+	}
+
+	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
+	p.FailNext(fmt.Errorf("namespace kb-x: %w", binding.ErrClusterNotProven))
+	if _, err := s.Bind(ctx, cb, consumer, "abcdef", res); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "poll flow") {
+		t.Errorf("unproven: %v, want a RefusedError naming the poll flow", err)
+	}
+	if calls := p.Take(); len(calls) != 1 || calls[0].Consumer.Proof != binding.ProofLogin {
+		t.Errorf("a callback-flow bind did not vouch by its login: %+v", calls)
 	}
 }
