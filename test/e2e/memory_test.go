@@ -77,7 +77,7 @@ func TestConsumerObjectsStayWithinMemoryLimit(t *testing.T) {
 	proc := backendproc.StartBinary(t, backendproc.Binary, base, args, 2*time.Minute)
 	// The caches hold them all once the metric counts every request.
 	deadline := time.Now().Add(2 * time.Minute)
-	for exportRequestsSeen(t, proc.Diagnostics) < objectsPerKind {
+	for metricSum(t, proc.Diagnostics, "kube_bind_backend_export_requests") < objectsPerKind {
 		if time.Now().After(deadline) {
 			t.Fatalf("the backend's caches did not see %d requests in time", objectsPerKind)
 		}
@@ -192,9 +192,9 @@ func storeConsumerObjects(ctx context.Context, dyn dynamic.Interface, ns string,
 	return nil
 }
 
-// exportRequestsSeen sums kube_bind_backend_export_requests, which the
-// backend computes from its cache, from its diagnostics listener (diag).
-func exportRequestsSeen(t *testing.T, diag string) int {
+// metricSum sums every series of the metric name (with or without
+// labels) on the diagnostics listener diag; a metric absent sums to 0.
+func metricSum(t *testing.T, diag, name string) int {
 	t.Helper()
 	resp, err := http.Get(diag + "/metrics")
 	if err != nil {
@@ -204,7 +204,7 @@ func exportRequestsSeen(t *testing.T, diag string) int {
 	body, _ := io.ReadAll(resp.Body)
 	n := 0
 	for line := range strings.Lines(string(body)) {
-		if strings.HasPrefix(line, "kube_bind_backend_export_requests{") {
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
 			f := strings.Fields(line)
 			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
 			n += int(v)
