@@ -282,7 +282,9 @@ func (e *env) noWildcard(t *testing.T, ns string) {
 // through both versions); the claims Role is built only from the offer's
 // exact claims on claimable resources, so it gains no rule; no Pod.
 func TestAttackWildcardClaimsAfterSuccess(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	carol := binder("carol-wildcard-claims-after-success")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{carol}})
 	c, child := e.bound(t, carol, "attack-wildcard", claimSecrets)
 	before := e.rules(child, exportrequests.ConsumerClaimsRole)
 
@@ -324,7 +326,9 @@ func TestAttackWildcardClaimsAfterSuccess(t *testing.T) {
 // Stopped by: the CRD's rule that the whole spec is immutable, in both
 // served versions; the export stays as decided.
 func TestAttackEditSpecAfterSuccess(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	dave := binder("dave-edit-spec-after-success")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{dave}})
 	c := e.bindConsumer(t, dave)
 	c.request(t, `{apiVersion: kube-bind.io/v1alpha2, kind: APIServiceExportRequest, metadata: {name: mangodbs.mangodb.com},
   spec: {resources: [{group: mangodb.com, resource: mangodbs}], parameters: {size: 1}}}`)
@@ -382,7 +386,9 @@ func TestAttackEditSpecAfterSuccess(t *testing.T) {
 // fails, and the export left from the old request is judged against the
 // offers on every pass: the Role keeps only the offer's claim.
 func TestAttackRecreateRequestWider(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	carol := binder("carol-recreate-request-wider")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{carol}})
 	c, child := e.bound(t, carol, "attack-recreate", claimSecrets)
 	before := e.rules(child, exportrequests.ConsumerClaimsRole)
 	if err := c.dyn.Resource(requestsV2).Namespace(c.ns).Delete(context.Background(), "mangodbs.mangodb.com", metav1.DeleteOptions{}); err != nil {
@@ -426,7 +432,9 @@ func TestAttackRecreateRequestWider(t *testing.T) {
 // by the admin) it gets MangoDBs only, no claim, no namespace, and a
 // Granted=False condition saying why.
 func TestAttackWriteStatus(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	dave := binder("dave-write-status")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{dave}})
 	c := e.bindConsumer(t, dave)
 	c.request(t, `{apiVersion: kube-bind.io/v1alpha2, kind: APIServiceExportRequest, metadata: {name: mangodbs.mangodb.com},
   spec: {resources: [{group: mangodb.com, resource: mangodbs}], namespaces: [{name: kube-system}],
@@ -515,7 +523,9 @@ func TestAttackWriteStatus(t *testing.T) {
 // Stopped by: the consumer may only read BoundSchemas and write their
 // status; /status keeps the spec; the backend owns and rewrites the spec.
 func TestAttackWriteBoundSchemas(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	dave := binder("dave-write-bound-schemas")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{dave}})
 	c := e.bindConsumer(t, dave)
 	c.request(t, requestYAML("mangodbs.mangodb.com"))
 	c.awaitPhase(t, "mangodbs.mangodb.com", "Succeeded")
@@ -559,7 +569,10 @@ func TestAttackWriteBoundSchemas(t *testing.T) {
 // hash of the consumer's namespace and the name, with the backend's
 // prefix; the Roles go only there. Nothing appears in the named ones.
 func TestAttackAPIServiceNamespaceNames(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	bob := binder("bob-apiservicenamespace-names")
+	dave := binder("dave-apiservicenamespace-names")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{bob, dave}})
 	victim := e.bindConsumer(t, bob)
 	victim.request(t, requestYAML("mangodbs.mangodb.com"))
 	victim.awaitPhase(t, "mangodbs.mangodb.com", "Succeeded")
@@ -600,8 +613,12 @@ func TestAttackAPIServiceNamespaceNames(t *testing.T) {
 // Stopped by: /status keeps everything but the status (metadata
 // included); the consumer has no rights on the ClusterBinding itself.
 func TestAttackClusterBindingMetadataThroughStatus(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	dave := binder("dave-cluster-binding-metadata-through-status")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{dave}})
 	c := e.bindConsumer(t, dave)
+	// The backend's own last write (the delivery mark) lands first.
+	e.waitDelivered(t, c.ns)
 	cbs := kbresources.ClusterBindingsV1alpha2
 	before, err := e.kube.CoreV1().Namespaces().Get(context.Background(), c.ns, metav1.GetOptions{})
 	if err != nil {
@@ -649,7 +666,10 @@ func TestAttackClusterBindingMetadataThroughStatus(t *testing.T) {
 // namespaces made for APIServiceNamespaces, never in a consumer's own
 // provider namespace, another's, or a system namespace.
 func TestAttackClaimReachesBackendSecrets(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	bob := binder("bob-claim-reaches-backend-secrets")
+	carol := binder("carol-claim-reaches-backend-secrets")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{bob, carol}})
 	victim := e.bindConsumer(t, bob)
 	allSecrets := `{group: "", resource: secrets, selector: {}}`
 	c, child := e.bound(t, carol, "attack-all-secrets", allSecrets)
@@ -691,7 +711,9 @@ func TestAttackClaimReachesBackendSecrets(t *testing.T) {
 // export narrow to what the offers still hold, and the request's Granted
 // condition says why. How long that takes is logged.
 func TestAttackKeepsWithdrawnOffer(t *testing.T) {
-	e := startEnv(t, backendOptions{})
+	// Users of its own: what it leaves behind meets no other test.
+	carol := binder("carol-keeps-withdrawn-offer")
+	e := startEnv(t, backendOptions{users: []oidcprovider.User{carol}})
 	c, child := e.bound(t, carol, "attack-narrowed", claimSecrets, claimConfigs)
 	admin := dynamic.NewForConfigOrDie(e.cp.AdminConfig())
 	templates := admin.Resource(kbresources.APIServiceExportTemplates)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
 	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/sessions/kube"
 	"github.com/kbprovider/backend/pkg/protocol"
@@ -38,7 +39,8 @@ const strangerSessions = 20
 // code exchange and the ID-token check; a callback that signs nobody in
 // records no mark and no denial. A legitimate bind afterwards works.
 func TestAttackStrangersWriteNothing(t *testing.T) {
-	e, records := startRecordsEnv(t, "--session-create-rate", "0")
+	bob := binder("bob-strangers") // of its own: no other test's namespaces
+	e, records := startRecordsEnv(t, []oidcprovider.User{bob}, "--session-create-rate", "0")
 	namespacesBefore := e.providerNamespaces(t)
 
 	for i := range strangerSessions {
@@ -97,7 +99,8 @@ func TestAttackStrangersWriteNothing(t *testing.T) {
 // one record per 100 s: the first sign-in spends it on its login state, its
 // link's nonce is refused, and so is the next sign-in's state.
 func TestAttackSessionWriteBudget(t *testing.T) {
-	e, records := startRecordsEnv(t, "--session-write-rate", "0.01")
+	bob := binder("bob-write-budget") // of its own: no other test's namespaces
+	e, records := startRecordsEnv(t, []oidcprovider.User{bob}, "--session-write-rate", "0.01")
 	namespacesBefore := e.providerNamespaces(t)
 	raw := e.createRawSession(t, "")
 	link := raw.authURL(t, nil)
@@ -143,7 +146,7 @@ func (r sessionRecords) count(t *testing.T) int {
 // startRecordsEnv starts a backend whose session store writes Secrets in
 // the provider cluster (a hashring of one replica, in a namespace of its
 // own), with args added.
-func startRecordsEnv(t *testing.T, args ...string) (*env, sessionRecords) {
+func startRecordsEnv(t *testing.T, users []oidcprovider.User, args ...string) (*env, sessionRecords) {
 	t.Helper()
 	cp := controlplane.Get(t)
 	admin := kubernetes.NewForConfigOrDie(cp.AdminConfig())
@@ -160,7 +163,7 @@ func startRecordsEnv(t *testing.T, args ...string) (*env, sessionRecords) {
 		"--peer-listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)),
 		"--peer-key", procs.RandomKey(32),
 	}
-	e := startEnv(t, backendOptions{extraArgs: append(store, args...)})
+	e := startEnv(t, backendOptions{extraArgs: append(store, args...), users: users})
 	return e, sessionRecords{kube: admin, ns: ns}
 }
 
