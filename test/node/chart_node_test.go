@@ -243,7 +243,7 @@ func testUpgradeUnderLoad(t *testing.T, r *release) {
 	l := r.startLoad(t, 50)
 	time.Sleep(2 * pollGap)
 	upgradeStart := time.Now()
-	took := r.upgrade(t, "podAnnotations.rollout="+time.Now().Format("150405"))
+	took := r.upgrade(t, "podAnnotations.rollout=at-"+time.Now().Format("150405"))
 	t.Logf("FIGURE helm upgrade --wait rolling both pods under load: %v", took.Round(time.Millisecond))
 	// The load goes on until the old pods are gone: through their preStop
 	// sleep, SIGTERM and drain.
