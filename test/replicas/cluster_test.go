@@ -480,6 +480,9 @@ func (c *cluster) replicaArgs(r *replica, peers []string, keyFile, logLevel stri
 		"--cluster-secret-key", c.clusterKey,
 		"--kubeconfig", c.cp.AdminKubeconfigPath(),
 		"--namespace-prefix", namespacePrefix,
+		// The package's tests bind as alice, each a new cluster, on one
+		// control plane: the per-user cap is test/e2e's subject.
+		"--max-clusters-per-user", "10000",
 		"--log-format", "text",
 		"--log-level", logLevel,
 	}
