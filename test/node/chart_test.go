@@ -301,7 +301,10 @@ func (r *release) bind(ctx context.Context, s *session) error {
 // presses Bind.
 func bindAt(ctx context.Context, idp *oidcprovider.Provider, authURL, ext, api string) error {
 	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	// A browser of its own, with connections of its own: a connection
+	// kept alive from an earlier bind stays with the pod it reached
+	// (conntrack), also once that pod froze and left the Service.
+	browser := &http.Client{Jar: jar, Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	callback, err := idp.Login(ctx, browser, authURL, alice.Name, alice.Password)
 	if err != nil {
 		return fmt.Errorf("login: %w", err)
