@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -135,42 +132,9 @@ func (m *measurement) cpuTicks() []int64 {
 func (m *measurement) fallbacks() float64 {
 	var f float64
 	for _, r := range m.e.reps {
-		f += metricSum(r.diag, "peer_fallbacks_total")
+		f += metricSum(r, "peer_fallbacks_total")
 	}
 	return f
-}
-
-// metricSum fetches /metrics of a replica's diagnostics listener and sums
-// the series of every metric whose name ends in suffix; 0 when it does
-// not answer.
-func metricSum(diag, suffix string) float64 {
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + diag + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	var sum float64
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, _, _ := strings.Cut(line, " ")
-		name, _, _ = strings.Cut(name, "{")
-		if !strings.HasSuffix(name, suffix) {
-			continue
-		}
-		if i := strings.LastIndexByte(line, ' '); i > 0 {
-			v, err := strconv.ParseFloat(line[i+1:], 64)
-			if err == nil {
-				sum += v
-			}
-		}
-	}
-	return sum
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0fMiB", float64(b)/(1<<20)) }
@@ -240,7 +204,7 @@ func (m *measurement) print(ctx context.Context, final bool) {
 			fmt.Fprintf(&b, "; %s (%v)", r.name, err)
 			continue
 		}
-		fmt.Fprintf(&b, "; %s RSS %s (peak %s), heap in use %s", r.name, mib(rss), mib(peak), mib(int64(metricSum(r.diag, "go_memstats_heap_inuse_bytes"))))
+		fmt.Fprintf(&b, "; %s RSS %s (peak %s), heap in use %s", r.name, mib(rss), mib(peak), mib(int64(metricSum(r, "go_memstats_heap_inuse_bytes"))))
 		if completed > 0 && cpu[i] >= 0 && m.cpu0[i] >= 0 {
 			fmt.Fprintf(&b, ", CPU %.1fms/bind", float64(cpu[i]-m.cpu0[i])/benchutil.ClockTick*1000/float64(completed))
 		}
@@ -322,6 +286,12 @@ func restart(ctx context.Context, e *env) error {
 		return err
 	}
 	fmt.Printf("restart: %s ready (/readyz 200) %.2fs after its start; RSS %s, peak %s, heap in use %s\n",
-		r.name, took.Seconds(), mib(rss), mib(peak), mib(int64(metricSum(r.diag, "go_memstats_heap_inuse_bytes"))))
+		r.name, took.Seconds(), mib(rss), mib(peak), mib(int64(metricSum(r, "go_memstats_heap_inuse_bytes"))))
 	return nil
+}
+
+// metricSum sums the series of every metric of replica r whose name ends
+// in suffix (benchutil.MetricSum).
+func metricSum(r *replica, suffix string) float64 {
+	return benchutil.MetricSum("http://"+r.diag+"/metrics", suffix)
 }

@@ -544,19 +544,7 @@ func (r result) line(label string) string {
 
 // peerFallbacks reads hashring_peer_fallbacks_total of the backend at addr.
 func peerFallbacks(addr string) float64 {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "hashring_peer_fallbacks_total "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
+	return benchutil.MetricSum("http://"+addr+"/metrics", "hashring_peer_fallbacks_total")
 }
 
 // server is one running server process: a backend or the bare server.

@@ -4,6 +4,7 @@
 package benchutil
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -187,6 +188,38 @@ func Sub(after, before map[string]float64) map[string]float64 {
 		}
 	}
 	return d
+}
+
+// MetricSum fetches a Prometheus text page at metricsURL and sums the
+// series of every metric whose name ends in suffix; 0 when it does not
+// answer.
+func MetricSum(metricsURL, suffix string) float64 {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(metricsURL)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	var sum float64
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, _, _ := strings.Cut(line, " ")
+		name, _, _ = strings.Cut(name, "{")
+		if !strings.HasSuffix(name, suffix) {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
 }
 
 // Quantile is the q-quantile (0 < q <= 1) of sorted by nearest rank: the
