@@ -219,7 +219,7 @@ func (e *env) startReplicas() error {
 			"--peer-key-file", keyFile,
 			"--leader-election-namespace", namespace,
 			"--leader-election-lease-name", "bindbench",
-			"--max-clusters-per-user", "100000000",
+			"--max-clusters-per-user", "10000",
 			"--session-create-rate", "0",
 			"--max-connections-per-client", "0",
 			"--log-format", "text",

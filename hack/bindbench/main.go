@@ -46,7 +46,7 @@ func main() {
 	flag.Float64Var(&o.rate, "rate", 10, "binds started per second, whether earlier ones finished or not (open loop)")
 	flag.DurationVar(&o.duration, "duration", 2*time.Minute, "how long binds are started")
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 1000, "most binds under way at once; a bind due while this many are under way is not started and counted as dropped")
-	flag.IntVar(&o.users, "users", 5, "identity provider users the binds take turns as (each bind makes a new cluster)")
+	flag.IntVar(&o.users, "users", 5, "identity provider users the binds take turns as; each bind makes a new cluster, and the replicas allow a user 10,000 (--max-clusters-per-user at its bound), so users × 10,000 binds at most")
 	flag.DurationVar(&o.bindTimeout, "bind-timeout", time.Minute, "longest one bind may take, from creating its session until its poll gets the BindingResponse")
 	flag.DurationVar(&o.report, "report-every", 30*time.Second, "print the figures this often during the run")
 	flag.BoolVar(&o.longPoll, "long-poll", true, "poll as pollclient does when the provider offers long polling (Prefer: wait); false: plain polls every --poll-interval")
