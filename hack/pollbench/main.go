@@ -45,8 +45,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kbprovider/backend/internal/benchutil"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
-	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/pkg/protocol"
 )
 
@@ -161,7 +161,7 @@ type bench struct {
 }
 
 func run(o options) error {
-	if _, err := cpuList(o.backendCPU); err != nil {
+	if _, err := benchutil.CPUList(o.backendCPU); err != nil {
 		return fmt.Errorf("--backend-cpu: %w", err)
 	}
 	for _, m := range o.modes {
@@ -343,7 +343,7 @@ func (bn *bench) startControlPlane() error {
 	}
 	// The control plane's processes are this process's children.
 	names := map[string]bool{"etcd": true, "kube-apiserver": true, "kube-controller": true} // comm: 15 bytes at most
-	bn.cpPids = childrenNamed(names)
+	bn.cpPids = benchutil.ChildrenNamed(names)
 	if len(bn.cpPids) != 3 {
 		return fmt.Errorf("found %d control plane processes, want 3 (etcd, kube-apiserver, kube-controller-manager)", len(bn.cpPids))
 	}
@@ -363,76 +363,12 @@ func (bn *bench) startControlPlane() error {
 	return nil
 }
 
-// childrenNamed returns the process IDs of this process's children whose
-// command name (/proc/<pid>/comm, at most 15 bytes) is in names.
-func childrenNamed(names map[string]bool) []int {
-	entries, _ := os.ReadDir("/proc")
-	self := os.Getpid()
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open {
-			continue
-		}
-		comm := s[open+1 : end]
-		fields := strings.Fields(s[end+1:])
-		if len(fields) < 2 {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(fields[1]); ppid == self && names[comm] {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// apiRequests reads the API server's request counter
-// (apiserver_request_total) by "VERB resource" or "VERB /path".
+// apiRequests reads the API server's request counter by "VERB resource"
+// or "VERB /path".
 func (bn *bench) apiRequests() (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bn.cpClient.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(b), "\n") {
-		rest, ok := strings.CutPrefix(line, "apiserver_request_total{")
-		if !ok {
-			continue
-		}
-		labels, value, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			continue
-		}
-		l := map[string]string{}
-		for _, kv := range strings.Split(labels, ",") {
-			k, val, _ := strings.Cut(kv, "=")
-			l[k] = strings.Trim(val, `"`)
-		}
-		what := l["resource"]
-		if l["subresource"] != "" {
-			what = strings.TrimPrefix(what+"/"+l["subresource"], "/")
-			if what == "metrics" || strings.HasSuffix(what, "/metrics") {
-				continue // these reads
-			}
-		}
-		out[l["verb"]+" "+what] += v
-	}
-	return out, nil
+	return benchutil.APIRequests(ctx, bn.cpClient.Discovery().RESTClient())
 }
 
 // answer is a server's answer: what the bare server gives.
@@ -455,7 +391,7 @@ func (bn *bench) prepareBare(bin binary) error {
 	if err != nil {
 		return err
 	}
-	defer b.stop()
+	defer b.Stop()
 	sess, err := createSessions("http://"+b.addr, bn.o.sessions, bn.o.conns)
 	if err != nil {
 		return err
@@ -608,43 +544,14 @@ func (r result) line(label string) string {
 
 // peerFallbacks reads hashring_peer_fallbacks_total of the backend at addr.
 func peerFallbacks(addr string) float64 {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "hashring_peer_fallbacks_total "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
+	return benchutil.MetricSum("http://"+addr+"/metrics", "hashring_peer_fallbacks_total")
 }
 
 // server is one running server process: a backend or the bare server.
 type server struct {
-	cmd     *exec.Cmd
-	addr    string // host:port of its public listener
-	diag    string // host:port of its metrics (its diagnostics listener, or addr for a build before it had one)
-	logs    *bytes.Buffer
-	logsMu  *sync.Mutex
-	stopped chan struct{}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.b.Len() > 1<<20 {
-		return len(p), nil
-	}
-	return w.b.Write(p)
+	*benchutil.Process
+	addr string // host:port of its public listener
+	diag string // host:port of its metrics (its diagnostics listener, or addr for a build before it had one)
 }
 
 func freePort() (int, error) {
@@ -687,43 +594,23 @@ func (bn *bench) backendArgs(mode string, port, peerPort int, peers []string) []
 // GOMAXPROCS=1, tied to this process, and waits until a GET of path on
 // addr answers want.
 func startServer(o options, argv []string, addr, path string, want int) (*server, error) {
-	cmd := exec.Command("taskset", append([]string{"-c", o.backendCPU}, argv...)...)
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	b := &server{cmd: cmd, addr: addr, logs: &bytes.Buffer{}, logsMu: &sync.Mutex{}, stopped: make(chan struct{})}
-	var out io.Writer = lockedWriter{b.logsMu, b.logs}
+	po := benchutil.ProcessOptions{
+		Argv: append([]string{"taskset", "-c", o.backendCPU}, argv...), Env: []string{"GOMAXPROCS=1"},
+		ReadyURL: "http://" + addr + path, ReadyStatus: want,
+	}
 	if o.logDir != "" {
 		f, err := os.CreateTemp(o.logDir, filepath.Base(argv[0])+"-*.log")
 		if err != nil {
 			return nil, err
 		}
 		defer f.Close() // the child has its own descriptor
-		out = f
+		po.Out = f
 	}
-	cmd.Stdout, cmd.Stderr = out, out
-	// Killed by the kernel if this process dies.
-	if err := procs.StartTied(cmd); err != nil {
+	p, err := benchutil.StartProcess(po)
+	if err != nil {
 		return nil, err
 	}
-	go func() { cmd.Wait(); close(b.stopped) }()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + path)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == want {
-				return b, nil
-			}
-		}
-		select {
-		case <-b.stopped:
-			return nil, fmt.Errorf("%s exited: %s", argv[0], b.logString())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			b.stop()
-			return nil, fmt.Errorf("%s not ready after 60s: %s", argv[0], b.logString())
-		}
-	}
+	return &server{Process: p, addr: addr}, nil
 }
 
 // startBackend starts a backend and waits until it is ready (the
@@ -755,93 +642,6 @@ func hasDiagnostics(path string) bool {
 	return bytes.Contains(out, []byte("-diagnostics-address"))
 }
 
-func (b *server) logString() string {
-	b.logsMu.Lock()
-	defer b.logsMu.Unlock()
-	return b.logs.String()
-}
-
-func (b *server) stop() {
-	b.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-b.stopped:
-	case <-time.After(30 * time.Second):
-		b.cmd.Process.Kill()
-		<-b.stopped
-	}
-}
-
-// cpuTicks is the CPU time (user and system, all threads) of a process,
-// in clock ticks.
-func cpuTicks(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name may hold spaces; the fields after it are fixed.
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("parsing /proc/%d/stat", pid)
-	}
-	return utime + stime, nil
-}
-
-// cpuList parses a CPU list in taskset's syntax: "0", "0,2", "0-3".
-func cpuList(list string) ([]int, error) {
-	var cpus []int
-	for _, part := range strings.Split(list, ",") {
-		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
-		if !isRange {
-			hi = lo
-		}
-		a, err1 := strconv.Atoi(lo)
-		b, err2 := strconv.Atoi(hi)
-		if err1 != nil || err2 != nil || a < 0 || b < a {
-			return nil, fmt.Errorf("CPU list %q: want taskset's syntax, e.g. 0 or 0-1", list)
-		}
-		for c := a; c <= b; c++ {
-			cpus = append(cpus, c)
-		}
-	}
-	return cpus, nil
-}
-
-// cpuBusy is the busy time of cpus, from /proc/stat, in clock ticks:
-// everything but idle and iowait, steal included (the CPU was not ours).
-func cpuBusy(cpus []int) (int64, error) {
-	want := map[string]bool{}
-	for _, c := range cpus {
-		want["cpu"+strconv.Itoa(c)] = true
-	}
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, err
-	}
-	var busy int64
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 9 || !want[f[0]] {
-			continue
-		}
-		// user nice system idle iowait irq softirq steal
-		for i, v := range f[1:9] {
-			if i == 3 || i == 4 {
-				continue
-			}
-			n, _ := strconv.ParseInt(v, 10, 64)
-			busy += n
-		}
-	}
-	return busy, nil
-}
-
-// clockTick is USER_HZ, 100 on Linux for every architecture Go supports
-// but alpha and ia64.
-const clockTick = 100
-
 // measure starts the servers of mode, sends the load and stops them.
 func (bn *bench) measure(mode string, bin binary) (result, error) {
 	o := bn.o
@@ -867,7 +667,7 @@ func (bn *bench) measure(mode string, bin binary) (result, error) {
 	var servers []*server
 	defer func() {
 		for _, b := range servers {
-			b.stop()
+			b.Stop()
 		}
 	}()
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
@@ -923,7 +723,7 @@ func (bn *bench) measure(mode string, bin binary) (result, error) {
 	// The load phase runs in a process of its own, pinned to its CPU.
 	var pids, other []string
 	for _, b := range servers {
-		pids = append(pids, strconv.Itoa(b.cmd.Process.Pid))
+		pids = append(pids, strconv.Itoa(b.PID()))
 	}
 	for _, p := range bn.cpPids {
 		other = append(other, strconv.Itoa(p))
@@ -986,16 +786,16 @@ func (bn *bench) measure(mode string, bin binary) (result, error) {
 	}
 	var cpu float64
 	for _, t := range lr.Ticks {
-		sec := float64(t) / clockTick
+		sec := float64(t) / benchutil.ClockTick
 		cpu += sec
 		r.cpuShare = append(r.cpuShare, sec/r.window.Seconds())
 	}
 	for _, t := range lr.OtherTicks {
-		r.cpShare += float64(t) / clockTick / r.window.Seconds()
+		r.cpShare += float64(t) / benchutil.ClockTick / r.window.Seconds()
 	}
-	r.loadShare = float64(lr.Self) / clockTick / r.window.Seconds()
-	if cpus, err := cpuList(o.backendCPU); err == nil {
-		r.otherShare = max(0, float64(lr.Busy)/clockTick-cpu) / r.window.Seconds() / float64(len(cpus))
+	r.loadShare = float64(lr.Self) / benchutil.ClockTick / r.window.Seconds()
+	if cpus, err := benchutil.CPUList(o.backendCPU); err == nil {
+		r.otherShare = max(0, float64(lr.Busy)/benchutil.ClockTick-cpu) / r.window.Seconds() / float64(len(cpus))
 	}
 	r.rate = float64(r.polls) / r.window.Seconds()
 	r.cpuPerPoll = cpu / float64(r.polls) * 1e6
@@ -1041,7 +841,7 @@ func parsePids(list string) ([]int, error) {
 func ticksOf(pids []int) ([]int64, error) {
 	var ts []int64
 	for _, pid := range pids {
-		t, err := cpuTicks(pid)
+		t, err := benchutil.CPUTicks(pid)
 		if err != nil {
 			return nil, err
 		}
@@ -1101,15 +901,15 @@ func runLoad(o options, lo loadOptions) error {
 	if err != nil {
 		return err
 	}
-	cpus, err := cpuList(o.backendCPU)
+	cpus, err := benchutil.CPUList(o.backendCPU)
 	if err != nil {
 		return err
 	}
-	busy0, err := cpuBusy(cpus)
+	busy0, err := benchutil.CPUBusy(cpus)
 	if err != nil {
 		return err
 	}
-	self0, err := cpuTicks(os.Getpid())
+	self0, err := benchutil.CPUTicks(os.Getpid())
 	if err != nil {
 		return err
 	}
@@ -1137,12 +937,12 @@ wait:
 	if err != nil {
 		return err
 	}
-	busy1, err := cpuBusy(cpus)
+	busy1, err := benchutil.CPUBusy(cpus)
 	if err != nil {
 		return err
 	}
 	lr.Busy = busy1 - busy0
-	self1, err := cpuTicks(os.Getpid())
+	self1, err := benchutil.CPUTicks(os.Getpid())
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -118,4 +119,30 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// MemoryOf returns the resident memory of process pid now (VmRSS) and at
+// its peak (VmHWM), in bytes, from /proc/<pid>/status.
+func MemoryOf(pid int) (rss, peak int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		fields := strings.Fields(line)
+		if len(fields) != 3 || fields[2] != "kB" {
+			continue
+		}
+		n, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "VmRSS:":
+			rss = n << 10
+		case "VmHWM:":
+			peak = n << 10
+		}
+	}
+	if rss == 0 {
+		return 0, 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	}
+	return rss, peak, nil
 }

@@ -61,28 +61,13 @@ func HangingListener(t testing.TB) string {
 }
 
 // Memory returns the resident memory of process pid now (VmRSS) and at
-// its peak (VmHWM), in bytes, from /proc/<pid>/status.
+// its peak (VmHWM), in bytes (MemoryOf), failing the test if it cannot
+// be read.
 func Memory(t testing.TB, pid int) (rss, peak int64) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	rss, peak, err := MemoryOf(pid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(b)) {
-		fields := strings.Fields(line)
-		if len(fields) != 3 || fields[2] != "kB" {
-			continue
-		}
-		n, _ := strconv.ParseInt(fields[1], 10, 64)
-		switch fields[0] {
-		case "VmRSS:":
-			rss = n << 10
-		case "VmHWM:":
-			peak = n << 10
-		}
-	}
-	if rss == 0 {
-		t.Fatalf("no VmRSS in /proc/%d/status", pid)
 	}
 	return rss, peak
 }
