@@ -124,8 +124,8 @@ var (
 	// expired, or its state was evicted under load). Final: the client
 	// starts a new session.
 	ErrSessionOver = errors.New("session over: its polls are no longer admitted")
-	ErrNotPending    = errors.New("session is not pending")
-	ErrTooLarge      = errors.New("binding response too large")
+	ErrNotPending  = errors.New("session is not pending")
+	ErrTooLarge    = errors.New("binding response too large")
 	// ErrUnavailable: the store cannot answer now (its database is
 	// unreachable, or its write budget is spent). Transient: the caller
 	// should try again shortly (503 with Retry-After), not start over.
