@@ -28,8 +28,9 @@ const MaxNonces = 1 << 20
 
 // Table is the admission state of one process. Safe for concurrent use.
 type Table struct {
-	limits sessions.Limits
-	seeds  [2]maphash.Seed
+	limits    sessions.Limits
+	seeds     [2]maphash.Seed
+	maxNonces int // MaxNonces; smaller in tests
 
 	mu      sync.Mutex
 	entries map[sessionKey]*entry
@@ -58,7 +59,7 @@ type entry struct {
 // New returns an empty table with limits (zero fields: sessions.DefaultLimits).
 func New(limits sessions.Limits) *Table {
 	return &Table{limits: limits.WithDefaults(), seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
-		entries: map[sessionKey]*entry{}}
+		maxNonces: MaxNonces, entries: map[sessionKey]*entry{}}
 }
 
 // Admit decides a poll of session id with nonce at now, as
@@ -105,7 +106,7 @@ func (t *Table) Admit(id, nonce string, expires, now time.Time, minInterval time
 	}
 	// Room for one more nonce in all: evict the sessions expiring first,
 	// this one included if it comes first.
-	for t.nonces >= MaxNonces {
+	for t.nonces >= t.maxNonces {
 		if t.byExp[0] == e {
 			t.evict()
 			return sessions.ErrSessionOver

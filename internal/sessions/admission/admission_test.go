@@ -85,9 +85,10 @@ func TestSweep(t *testing.T) {
 // sessions already remembered keep polling; the sessions evicted for it
 // are refused from then on.
 func TestNonceBound(t *testing.T) {
-	perSession := 1024
-	tab := New(sessions.Limits{MaxPolledSessions: 10 * MaxNonces / perSession, MaxNoncesPerSession: perSession})
-	sessionsNeeded := MaxNonces/perSession + 8
+	const perSession, maxNonces = 64, 1 << 12
+	tab := New(sessions.Limits{MaxPolledSessions: 10 * maxNonces / perSession, MaxNoncesPerSession: perSession})
+	tab.maxNonces = maxNonces
+	sessionsNeeded := maxNonces/perSession + 8
 	exp := func(i int) time.Time { return t0.Add(time.Hour + time.Duration(i)*time.Second) }
 	for j := range perSession {
 		for i := range sessionsNeeded {
@@ -97,8 +98,8 @@ func TestNonceBound(t *testing.T) {
 			}
 		}
 	}
-	if _, n := tab.Len(); n > MaxNonces {
-		t.Fatalf("%d nonces remembered, more than MaxNonces %d", n, MaxNonces)
+	if _, n := tab.Len(); n > maxNonces {
+		t.Fatalf("%d nonces remembered, more than the bound %d", n, maxNonces)
 	}
 	if err := tab.Admit("s0", "0", exp(0), t0, 0); !errors.Is(err, sessions.ErrSessionOver) {
 		t.Fatalf("the session evicted first: %v, want ErrSessionOver", err)
