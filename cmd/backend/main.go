@@ -21,6 +21,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
@@ -39,6 +40,12 @@ const (
 	exitFailed = 1
 	exitUsage  = 2
 )
+
+// testClockOffsetEnv, for tests only, offsets the clock of sessions and
+// of the skew measurement (server.Config.Now) by a Go duration ("5s",
+// "-5s"): test/replicas runs replicas whose clocks disagree with it. Read
+// here only; never set it in a deployment.
+const testClockOffsetEnv = "KUBE_BIND_BACKEND_TEST_CLOCK_OFFSET"
 
 // run is the whole program; it returns the exit code.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -70,6 +77,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	warnDefaults(cfg, logger)
 	cfg.Logger = logger
+	if v := getenv(testClockOffsetEnv); v != "" {
+		off, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintf(stderr, "kube-bind-backend: %s: %v\n", testClockOffsetEnv, err)
+			return exitUsage
+		}
+		logger.Warn("test only: this process's clock is offset", "env", testClockOffsetEnv, "offset", off.String())
+		cfg.Now = func() time.Time { return time.Now().Add(off) }
+	}
 	srv, err := server.New(ctx, cfg.Config)
 	if err != nil {
 		logger.Error("cannot start", "error", err)

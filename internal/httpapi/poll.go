@@ -132,6 +132,11 @@ func (s *server) pollRefused(w http.ResponseWriter, sess lifecycle.Session, err 
 	case errors.Is(err, sessions.ErrNonceUsed):
 		s.pollError(w, http.StatusUnauthorized, v1alpha1.ErrorInvalidSignature,
 			"the nonce n was used before; sign every request with a fresh nonce")
+	case errors.Is(err, sessions.ErrSessionOver):
+		// Its owner no longer admits it (expired on the owner's clock,
+		// or evicted under load): never again, so start over.
+		s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken,
+			"this session is over; start a new one")
 	case errors.Is(err, sessions.ErrTooManyNonces):
 		// No later poll of this session can succeed: wait for it to
 		// expire and start over.

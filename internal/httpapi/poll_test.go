@@ -361,6 +361,23 @@ func TestPollTooManyNonces(t *testing.T) {
 	}
 }
 
+// A session whose poll state its owner had to evict under load is over:
+// 410, for a used nonce as for a fresh one, never admitted again.
+func TestPollSessionOver(t *testing.T) {
+	e := newEnv(t, envOpts{limits: sessions.Limits{MaxPolledSessions: 1}})
+	victim := e.createSession("")
+	e.clock.Advance(2 * time.Second)
+	later := e.createSession("")
+	used := e.pollURL(victim)
+	wantError(t, e.do("GET", used, nil), 403, "authorization_pending")
+	wantError(t, e.poll(later), 403, "authorization_pending") // evicts the victim, which expires first
+	e.clock.Advance(2 * time.Second)
+	wantError(t, e.do("GET", used, nil), 410, "expired_token")
+	wantError(t, e.poll(victim), 410, "expired_token")
+	e.clock.Advance(2 * time.Second)
+	wantError(t, e.poll(later), 403, "authorization_pending")
+}
+
 // A session of the callback flow is nothing to poll: 410, even signed with
 // the secret its key derives (which nobody outside knows).
 func TestPollCallbackSessionNotPollable(t *testing.T) {

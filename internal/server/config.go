@@ -30,6 +30,9 @@ type Config struct {
 	ExternalURL *url.URL
 	// Logger receives every log of the backend (default: discard).
 	Logger *slog.Logger
+	// Now is the clock of sessions (issue, expiry, pace, grace,
+	// collection) and of the skew measurement (default time.Now).
+	Now func() time.Time
 	// PrettyName is the provider's name shown to consumers.
 	PrettyName string
 

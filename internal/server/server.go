@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -37,6 +38,7 @@ import (
 	protov1alpha2 "github.com/kbprovider/backend/internal/httpapi/v1alpha2"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/oidc/clitoken/revocations"
+	"github.com/kbprovider/backend/internal/server/clockskew"
 	"github.com/kbprovider/backend/internal/server/connlimit"
 	"github.com/kbprovider/backend/internal/server/health"
 	"github.com/kbprovider/backend/internal/server/servingcert"
@@ -52,7 +54,10 @@ import (
 type Server struct {
 	cfg Config
 	log *slog.Logger
-	ext *url.URL
+	now func() time.Time
+	// skew measures this replica's clock against the provider cluster's.
+	skew *clockskew.Monitor
+	ext  *url.URL
 
 	ln  net.Listener
 	srv *http.Server
@@ -108,7 +113,11 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, now: cfg.Now}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.skew = clockskew.New(s.now, s.log.With("component", "clock-skew"))
 	defer func() {
 		if err != nil {
 			s.close()
@@ -154,9 +163,28 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	if r := s.ring; r != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "hashring_peer_fallbacks_total",
-			Help: "Requests to a session's owner that failed or timed out, answered by this replica instead.",
+			Help: "Requests to a session's owner that could not be asked, answered by this replica instead (by reason: hashring_peer_fallback_reasons_total).",
 		}, func() float64 { return float64(r.PeerFallbacks()) }))
+		for _, reason := range ring.FallbackReasons {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "hashring_peer_fallback_reasons_total",
+				Help: "Requests to a session's owner answered by this replica instead, by why the owner could not be asked: " +
+					"timeout, unreachable, tls (handshake refused: another peer key), version (a peer of another version), " +
+					"answer (an outcome read the owner answered with an error).",
+				ConstLabels: prometheus.Labels{"reason": reason},
+			}, func() float64 { return float64(r.PeerFallbacksByReason(reason)) }))
+		}
 	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "kube_bind_backend", Name: "clock_offset_seconds",
+		Help: "The provider cluster's API server's clock minus this replica's, from the Date header of its answers (within 1 s; " +
+			"NaN until one was measured). Past 5 s either way the replica warns (docs/sessions.md).",
+	}, func() float64 {
+		if off, ok := s.skew.Offset(); ok {
+			return off.Seconds()
+		}
+		return math.NaN()
+	}))
 	key, err := clusterkey.New(currentKey(cfg.ClusterKey.Keys), previousKeys(cfg.ClusterKey.Keys)...)
 	if err != nil {
 		return nil, err
@@ -207,6 +235,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		ExternalURL:       ext,
 		PrettyName:        cfg.PrettyName,
 		PollInterval:      cfg.PollInterval,
+		Now:               s.now,
 		Sessions:          s.sessions,
 		Logger:            s.log,
 		Metrics:           reg,
@@ -270,7 +299,7 @@ func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error 
 // newSessionService builds the one session service every handler shares;
 // it renders each protocol generation's BindingResponse.
 func (s *Server) newSessionService(catalog lifecycle.Catalog, provisioner lifecycle.Provisioner, offers lifecycle.Offers) (*lifecycle.Service, error) {
-	return lifecycle.New(lifecycle.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey,
+	return lifecycle.New(lifecycle.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey, Now: s.now,
 		SessionTTL: s.cfg.SessionTTL, Grace: s.cfg.GracePeriod, Catalog: catalog, Provisioner: provisioner,
 		Offers: offers, RenderV1alpha2: protov1alpha2.Render})
 }
@@ -348,6 +377,7 @@ func (s *Server) provider() (*rest.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("provider cluster: %w", err)
 		}
+		rc.Wrap(s.skew.Wrap)
 		s.restConfig = rc
 	}
 	return s.restConfig, nil

@@ -40,7 +40,7 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 	}
 	s.keys = keys
 	if s.cfg.Store.Kind != StoreHashring {
-		s.store = memory.New(limits, nil)
+		s.store = memory.New(limits, s.now)
 		return nil, nil, nil
 	}
 	sc := s.cfg.Store
@@ -52,7 +52,7 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 	if err != nil {
 		return nil, nil, fmt.Errorf("session records: %w", err)
 	}
-	records, err := kube.New(kube.Options{Client: client, Namespace: sc.Namespace, Limits: limits,
+	records, err := kube.New(kube.Options{Client: client, Namespace: sc.Namespace, Limits: limits, Now: s.now,
 		Logger: s.log.With("component", "session-records")})
 	if err != nil {
 		return nil, nil, err
@@ -66,7 +66,7 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 	})
 
 	log := s.log.With("component", "hashring")
-	r, err := ring.New(ring.Options{Self: sc.PeerSelfURL, Keys: sc.PeerKeys, Inner: records, Logger: log})
+	r, err := ring.New(ring.Options{Self: sc.PeerSelfURL, Keys: sc.PeerKeys, Inner: records, Logger: log, Now: s.now})
 	if err != nil {
 		return nil, nil, err
 	}

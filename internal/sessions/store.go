@@ -99,11 +99,15 @@ type Store interface {
 	// nonces, and with a *TooSoonError (errors.Is ErrTooSoon) when the
 	// session's previous admitted poll was less than minInterval ago; a
 	// poll refused as too soon changes nothing (its nonce stays unused
-	// and it does not count as the last poll). The pace and the nonces
-	// are kept in memory by the replica that owns the session, so that
-	// polls need no write to any database: a change of owners (a replica
-	// joining, leaving or unreachable) may let a nonce be used once more
-	// on the new owner (docs/sessions.md).
+	// and it does not count as the last poll). It fails with
+	// ErrSessionOver once expires has passed on the store's clock, and
+	// for a session whose state the store had to evict: a session is
+	// never forgotten and then admitted again, so no load makes a used
+	// nonce usable. The pace and the nonces are kept in memory by the
+	// replica that owns the session, so that polls need no write to any
+	// database: a change of owners (a replica joining, leaving, restarting
+	// or unreachable) may let a nonce be used once more on the new owner
+	// (docs/sessions.md).
 	AdmitPoll(ctx context.Context, id, nonce string, expires time.Time, minInterval time.Duration) error
 
 	// Wait blocks until the session has an outcome or ctx ends, and
@@ -116,8 +120,12 @@ var (
 	ErrNonceUsed     = errors.New("nonce already used")
 	ErrTooManyNonces = errors.New("session used too many nonces")
 	ErrTooSoon       = errors.New("polled too soon")
-	ErrNotPending    = errors.New("session is not pending")
-	ErrTooLarge      = errors.New("binding response too large")
+	// ErrSessionOver: AdmitPoll admits no more polls of the session (it
+	// expired, or its state was evicted under load). Final: the client
+	// starts a new session.
+	ErrSessionOver = errors.New("session over: its polls are no longer admitted")
+	ErrNotPending  = errors.New("session is not pending")
+	ErrTooLarge    = errors.New("binding response too large")
 	// ErrUnavailable: the store cannot answer now (its database is
 	// unreachable, or its write budget is spent). Transient: the caller
 	// should try again shortly (503 with Retry-After), not start over.
@@ -144,8 +152,8 @@ func (e *TooSoonError) Is(target error) bool { return target == ErrTooSoon }
 // Limits bound what a store keeps, so memory stays bounded.
 type Limits struct {
 	// MaxPolledSessions bounds the sessions whose poll pace and nonces a
-	// replica remembers; beyond it, the least recently polled is
-	// forgotten (its next poll is admitted as a first one).
+	// replica remembers; beyond it, the sessions expiring first are
+	// evicted and their polls refused with ErrSessionOver.
 	MaxPolledSessions int
 	// MaxNoncesPerSession bounds the nonces remembered per session.
 	MaxNoncesPerSession int

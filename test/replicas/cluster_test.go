@@ -72,6 +72,7 @@ type replica struct {
 	peerURL  string // https://peerAddr, as --peers lists it
 	diagAddr string // diagnostics listener (probes, metrics), host:port
 	args     []string
+	env      []string // added to the process's environment
 
 	logs   *procs.Buffer // of every process, one after another
 	runs   int
@@ -114,7 +115,7 @@ func (r *replica) start(t *testing.T) {
 	r.runs++
 	fmt.Fprintf(r.logs, "=== %s: process %d started at %s ===\n", r.name, r.runs, time.Now().Format("15:04:05.000"))
 	cmd := exec.Command(backendproc.Binary, r.args...)
-	cmd.Env = append(os.Environ(), backendproc.UnsafeSkipScopeCheckEnv)
+	cmd.Env = append(append(os.Environ(), backendproc.UnsafeSkipScopeCheckEnv), r.env...)
 	cmd.Stdout, cmd.Stderr = r.logs, r.logs
 	// In its own process group, killed if the test binary dies.
 	if err := procs.StartTied(cmd); err != nil {

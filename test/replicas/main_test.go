@@ -30,6 +30,9 @@
 //     (TestReplicaWithLaggingRecords);
 //   - a long poll held on one replica hears of a bind on another at once
 //     (TestLongPollLatency);
+//   - replicas whose clocks are 5 and 10 s apart admit each poll nonce
+//     once, without falling back, and report their offset from the API
+//     server (TestSkewedClocks);
 //   - the released kubectl-bind v0.8.2 logs in on one replica and binds
 //     on the other, in both its flows, and its token survives restarts
 //     and a key rotation but not another deployment

@@ -75,6 +75,7 @@ func Run(t *testing.T, newStore NewStoreFunc) {
 		{"TooSoonSpendsNothing", testTooSoonSpendsNothing, nil},
 		{"PollZeroInterval", testPollZeroInterval, nil},
 		{"PolledSessionsBounded", testPolledSessionsBounded, nil},
+		{"PollAfterExpiry", testPollAfterExpiry, nil},
 		{"ConcurrentOutcome", testConcurrentOutcome, nil},
 		{"ConcurrentUseOnce", testConcurrentUseOnce, nil},
 		{"ConcurrentNonce", testConcurrentNonce, nil},
@@ -319,12 +320,33 @@ func testPollZeroInterval(t *testing.T, e *env) {
 	}
 }
 
-// testPolledSessionsBounded: past MaxPolledSessions the store forgets the
-// least recently polled session rather than growing or refusing.
+// testPolledSessionsBounded: past MaxPolledSessions the store keeps
+// admitting sessions that expire later, rather than growing or refusing
+// them; the session expiring first is evicted, and neither its used nonce
+// nor a fresh one is admitted again. Enough sessions overfill every
+// replica's table of a ring.
 func testPolledSessionsBounded(t *testing.T, e *env) {
-	for i := range 4 * testLimits.MaxPolledSessions {
-		noErr(t, "poll of a new session", e.admit(fmt.Sprint(e.id(), i), "n", 0))
+	victim := e.id()
+	victimExp := e.expires()
+	noErr(t, "the victim's poll", e.store.AdmitPoll(e.ctx, victim, "used", victimExp, 0))
+	for i := range 8 * testLimits.MaxPolledSessions {
+		exp := victimExp.Add(time.Duration(i+1) * time.Second)
+		noErr(t, "poll of a new session", e.store.AdmitPoll(e.ctx, fmt.Sprint(e.id(), i), "n", exp, 0))
 	}
+	for _, nonce := range []string{"used", "fresh"} {
+		wantErr(t, "the evicted victim polled with nonce "+nonce,
+			e.store.AdmitPoll(e.ctx, victim, nonce, victimExp, 0), sessions.ErrSessionOver)
+	}
+}
+
+// testPollAfterExpiry: once the expiry AdmitPoll is given has passed on
+// the store's clock, the session's polls are over, its used nonce too.
+func testPollAfterExpiry(t *testing.T, e *env) {
+	id, exp := e.id(), e.expires()
+	noErr(t, "first poll", e.store.AdmitPoll(e.ctx, id, "used", exp, 0))
+	e.clock.Advance(exp.Sub(e.clock.Now()))
+	wantErr(t, "a used nonce at the expiry", e.store.AdmitPoll(e.ctx, id, "used", exp, 0), sessions.ErrSessionOver)
+	wantErr(t, "a fresh nonce at the expiry", e.store.AdmitPoll(e.ctx, id, "fresh", exp, 0), sessions.ErrSessionOver)
 }
 
 func testConcurrentOutcome(t *testing.T, e *env) {

@@ -29,7 +29,7 @@ import (
 
 const (
 	outcomePath = "/_groupcache/" + wireGroup + "/"
-	admitPath   = "/sessions-peer/v3/admit"
+	admitPath   = "/sessions-peer/v4/admit"
 	// peerName is the DNS name in every peer certificate: peers are
 	// reached by IP, and trust comes from the CA, not from the name.
 	peerName = "kube-bind-peer"
@@ -211,6 +211,7 @@ func (p *peer) Get(ctx context.Context, in *pb.GetRequest, out *pb.GetResponse) 
 	status, body, err := p.do(ctx, http.MethodGet, outcomePath+url.PathEscape(in.GetKey()), nil, maxOutcomeBody)
 	switch {
 	case err != nil:
+		err = &unreachableError{reason: transportReason(err), err: err}
 	case status == http.StatusNoContent:
 		st.ownerPending = true
 		return errPending
@@ -254,13 +255,13 @@ type admitRequest struct {
 	Nonce       string `json:"nonce"`
 	Expires     int64  `json:"expires"`     // Unix nanoseconds
 	MinInterval int64  `json:"minInterval"` // nanoseconds
-	// Deadline (Unix nanoseconds, the sender's clock) is when the sender
-	// stops waiting and admits the poll itself. A request that reaches
-	// the owner later (held up by a dropped or frozen path, then
-	// delivered) must not count: it would set the session's last poll to
-	// a moment the client never polled at, and its next poll, on time,
-	// would be refused as too soon.
-	Deadline int64 `json:"deadline"`
+	// No time of the sender's clock: the owner decides on its own clock
+	// alone (pace, expiry), so replicas whose clocks disagree agree on
+	// every decision. A request that reaches the owner after its sender
+	// stopped waiting (a frozen owner thawing, a path that held packets)
+	// still counts: its nonce was admitted by the sender anyway, and its
+	// poll time, later than the client's, can at worst make the next
+	// poll wait once (429 with Retry-After within the interval).
 }
 
 // admitAnswer is the owner's decision: Result names one of admitResults,
@@ -273,7 +274,7 @@ type admitAnswer struct {
 var admitResults = []struct {
 	name string
 	err  error
-}{{"ok", nil}, {"nonceUsed", sessions.ErrNonceUsed}, {"tooManyNonces", sessions.ErrTooManyNonces}}
+}{{"ok", nil}, {"nonceUsed", sessions.ErrNonceUsed}, {"tooManyNonces", sessions.ErrTooManyNonces}, {"sessionOver", sessions.ErrSessionOver}}
 
 // decodeStrict decodes exactly one JSON object with known fields only.
 func decodeStrict(b []byte, v any) error {
@@ -296,7 +297,7 @@ func decodeAdmitRequest(b []byte) (admitRequest, error) {
 	if err := decodeStrict(b, &r); err != nil {
 		return r, err
 	}
-	if r.ID == "" || len(r.ID) > maxKeyLen || len(r.Nonce) > maxKeyLen || r.Expires <= 0 || r.MinInterval < 0 || r.Deadline <= 0 {
+	if r.ID == "" || len(r.ID) > maxKeyLen || len(r.Nonce) > maxKeyLen || r.Expires <= 0 || r.MinInterval < 0 {
 		return admitRequest{}, errors.New("invalid admit request")
 	}
 	return r, nil
@@ -312,9 +313,8 @@ func (s *Store) serveAdmit(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad admit request", http.StatusBadRequest)
 		return
 	}
-	if r.Context().Err() != nil || time.Now().UnixNano() > req.Deadline {
-		// The sender has answered without us: nothing to decide.
-		http.Error(w, "too late", http.StatusGone)
+	if r.Context().Err() != nil {
+		// The sender reset the request: it answers without us.
 		return
 	}
 	err = s.inner.AdmitPoll(r.Context(), req.ID, req.Nonce, time.Unix(0, req.Expires), time.Duration(req.MinInterval))
@@ -339,7 +339,9 @@ func (s *Store) serveAdmit(w http.ResponseWriter, r *http.Request) {
 }
 
 // admit has the owner admit a poll. It returns the owner's answer, or an
-// error when there is none.
+// error when there is none: an *unreachableError when the owner could
+// not be asked (the caller may decide without it), else the owner's
+// failure to decide.
 func (p *peer) admit(ctx context.Context, req admitRequest) (answer, err error) {
 	body, err := json.Marshal(req)
 	if err != nil || len(body) > maxAdmitBody || len(req.ID) > maxKeyLen || len(req.Nonce) > maxKeyLen {
@@ -347,7 +349,11 @@ func (p *peer) admit(ctx context.Context, req admitRequest) (answer, err error) 
 	}
 	status, body, err := p.do(ctx, http.MethodPost, admitPath, body, maxAdmitBody)
 	if err != nil {
-		return nil, err
+		return nil, &unreachableError{reason: transportReason(err), err: err}
+	}
+	if status == http.StatusNotFound {
+		// A replica of another version, during a rolling update.
+		return nil, &unreachableError{reason: reasonVersion, err: fmt.Errorf("peer answered %d to %s", status, admitPath)}
 	}
 	if status != http.StatusOK {
 		return nil, fmt.Errorf("peer answered %d", status)
@@ -365,4 +371,41 @@ func (p *peer) admit(ctx context.Context, req admitRequest) (answer, err error) 
 		return &sessions.TooSoonError{RetryAfter: time.Duration(a.RetryAfter)}, nil
 	}
 	return nil, fmt.Errorf("peer answered %q", a.Result)
+}
+
+// Why a peer request was answered locally: the label of
+// hashring_peer_fallback_reasons_total and the warning's reason.
+const (
+	reasonTimeout     = "timeout"     // no answer within the peer timeout
+	reasonUnreachable = "unreachable" // no connection (refused, reset, no route)
+	reasonRefusedTLS  = "tls"         // the TLS handshake failed: another peer key, or no peer
+	reasonVersion     = "version"     // the peer does not serve this request (another version)
+	reasonAnswer      = "answer"      // the peer answered with an error (outcome reads only)
+)
+
+// FallbackReasons are the reasons PeerFallbacksByReason counts.
+var FallbackReasons = []string{reasonTimeout, reasonUnreachable, reasonRefusedTLS, reasonVersion, reasonAnswer}
+
+// unreachableError: the owner could not be asked, for reason.
+type unreachableError struct {
+	reason string
+	err    error
+}
+
+func (e *unreachableError) Error() string { return e.reason + ": " + e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
+// transportReason names why a request got no answer.
+func transportReason(err error) string {
+	var netErr net.Error
+	var alert tls.AlertError
+	var verify *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		return reasonTimeout
+	case errors.As(err, &alert), errors.As(err, &verify), errors.As(err, &unknownCA):
+		return reasonRefusedTLS
+	}
+	return reasonUnreachable
 }

@@ -52,6 +52,10 @@ type Options struct {
 	PeerTimeout time.Duration
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
+	// Now is this replica's clock (default time.Now). No decision
+	// compares it with another replica's: the owner's inner store judges
+	// pace and expiry on its own clock.
+	Now func() time.Time
 }
 
 const (
@@ -79,6 +83,7 @@ type Store struct {
 	self    string
 	timeout time.Duration
 	log     *slog.Logger
+	now     func() time.Time
 
 	group     *groupcache.Group
 	place     atomic.Pointer[placement]
@@ -86,8 +91,8 @@ type Store struct {
 	transport *http.Transport
 	server    *http.Server
 
-	fallbacks atomic.Int64
-	lastWarn  atomic.Int64 // UnixNano
+	fallbacks map[string]*atomic.Int64 // by reason, FallbackReasons
+	lastWarn  atomic.Int64             // UnixNano
 }
 
 type placement struct {
@@ -139,8 +144,15 @@ func New(opts Options) (*Store, error) {
 	if opts.Inner == nil || opts.PeerTimeout < 0 {
 		return nil, errors.New("ring: no inner store, or a negative peer timeout")
 	}
-	s := &Store{inner: opts.Inner, self: opts.Self, timeout: cmp.Or(opts.PeerTimeout, time.Second), log: cmp.Or(opts.Logger, slog.Default())}
-	if err := s.setupTLS(opts.Keys, time.Now()); err != nil {
+	s := &Store{inner: opts.Inner, self: opts.Self, timeout: cmp.Or(opts.PeerTimeout, time.Second), log: cmp.Or(opts.Logger, slog.Default()),
+		now: opts.Now, fallbacks: map[string]*atomic.Int64{}}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for _, r := range FallbackReasons {
+		s.fallbacks[r] = new(atomic.Int64)
+	}
+	if err := s.setupTLS(opts.Keys, s.now()); err != nil {
 		return nil, err
 	}
 	s.place.Store(&placement{hash: consistenthash.New(virtualNodes, nil)})
@@ -207,21 +219,49 @@ func (s *Store) owner(id string) *peer {
 
 // PeerFallbacks returns how many peer requests failed and were answered
 // from the inner store by this replica.
-func (s *Store) PeerFallbacks() int64 { return s.fallbacks.Load() }
+func (s *Store) PeerFallbacks() int64 {
+	var n int64
+	for _, c := range s.fallbacks {
+		n += c.Load()
+	}
+	return n
+}
 
-// fellBack counts a peer request answered locally, and warns at most
-// every warnEvery.
+// PeerFallbacksByReason returns PeerFallbacks for one of FallbackReasons.
+func (s *Store) PeerFallbacksByReason(reason string) int64 {
+	if c := s.fallbacks[reason]; c != nil {
+		return c.Load()
+	}
+	return 0
+}
+
+// fellBack counts a peer request answered locally, and warns, naming
+// what happened, at most every warnEvery.
 func (s *Store) fellBack(ctx context.Context, peer string, err error) {
 	if ctx.Err() != nil {
 		return // the caller gave up: no fault of the peer
 	}
-	n := s.fallbacks.Add(1)
-	now, last := time.Now().UnixNano(), s.lastWarn.Load()
+	reason := reasonAnswer
+	var u *unreachableError
+	if errors.As(err, &u) {
+		reason = u.reason
+	}
+	n := s.fallbacks[reason].Add(1)
+	msg := fallbackMessages[reason]
+	now, last := s.now().UnixNano(), s.lastWarn.Load()
 	if now-last >= int64(warnEvery) && s.lastWarn.CompareAndSwap(last, now) {
-		s.log.Warn("session owner unreachable; answering locally", "peer", peer, "error", err, "fallbacks", n)
+		s.log.Warn(msg, "peer", peer, "reason", reason, "error", err, "fallbacks", n)
 		return
 	}
-	s.log.Debug("session owner unreachable; answering locally", "peer", peer, "error", err)
+	s.log.Debug(msg, "peer", peer, "reason", reason, "error", err)
+}
+
+var fallbackMessages = map[string]string{
+	reasonTimeout:     "session owner did not answer within the peer timeout; answering locally",
+	reasonUnreachable: "session owner unreachable; answering locally",
+	reasonRefusedTLS:  "session owner's TLS handshake failed (another peer key?); answering locally",
+	reasonVersion:     "session owner runs another version; answering locally",
+	reasonAnswer:      "session owner answered with an error; reading locally",
 }
 
 // loadState travels with a load through groupcache, which hands the
@@ -291,13 +331,21 @@ func decodeOutcome(b []byte) (sessions.Outcome, error) {
 }
 
 // AdmitPoll implements sessions.Store: the owner admits, or this replica
-// when the owner cannot answer.
+// when the owner cannot be asked (unreachable, silent past the peer
+// timeout, refusing the handshake, of another version). An owner that
+// answers without a decision is not decided for: ErrUnavailable.
 func (s *Store) AdmitPoll(ctx context.Context, id, nonce string, expires time.Time, minInterval time.Duration) error {
 	if p := s.owner(id); p != nil {
-		answer, err := p.admit(ctx, admitRequest{ID: id, Nonce: nonce, Expires: expires.UnixNano(), MinInterval: int64(minInterval),
-			Deadline: time.Now().Add(s.timeout).UnixNano()})
-		if err == nil {
+		answer, err := p.admit(ctx, admitRequest{ID: id, Nonce: nonce, Expires: expires.UnixNano(), MinInterval: int64(minInterval)})
+		var u *unreachableError
+		switch {
+		case err == nil:
 			return answer
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !errors.As(err, &u):
+			s.log.Warn("session owner could not admit a poll", "peer", p.base, "error", err)
+			return fmt.Errorf("%w: the session's owner could not admit the poll: %v", sessions.ErrUnavailable, err)
 		}
 		s.fellBack(ctx, p.base, err)
 	}

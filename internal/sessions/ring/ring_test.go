@@ -95,7 +95,7 @@ func start(t *testing.T, sh sessions.Store, c config) *replica {
 	s, err := New(Options{
 		Self: "https://" + ln.Addr().String(), Keys: c.keys, PeerTimeout: testTimeout,
 		Inner:  &replicaInner{Store: sh, table: table, now: c.now},
-		Logger: slog.New(slog.DiscardHandler),
+		Logger: slog.New(slog.DiscardHandler), Now: c.now,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -496,10 +496,10 @@ func TestCADerivation(t *testing.T) {
 }
 
 func FuzzAdmitRequest(f *testing.F) {
-	valid, _ := json.Marshal(admitRequest{ID: "sess", Nonce: "n", Expires: 1, MinInterval: 2, Deadline: 3})
+	valid, _ := json.Marshal(admitRequest{ID: "sess", Nonce: "n", Expires: 1, MinInterval: 2})
 	for _, s := range []string{
 		string(valid), `{}`, `{"id":"a","expires":1}`, `{"id":"a","expires":1,"x":1}`,
-		`{"id":"a","expires":1} {}`, `{"id":"a","expires":-1}`, `[]`, `null`, `{"id":"a","expires":1,"minInterval":-5}`,
+		`{"id":"a","expires":1} {}`, `{"id":"a","expires":-1}`, `[]`, `null`, `{"id":"a","expires":1,"minInterval":-5}`, `{"id":"a","expires":1,"deadline":3}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -508,7 +508,7 @@ func FuzzAdmitRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(b) > maxAdmitBody || r.ID == "" || len(r.ID) > maxKeyLen || len(r.Nonce) > maxKeyLen || r.Expires <= 0 || r.MinInterval < 0 || r.Deadline <= 0 {
+		if len(b) > maxAdmitBody || r.ID == "" || len(r.ID) > maxKeyLen || len(r.Nonce) > maxKeyLen || r.Expires <= 0 || r.MinInterval < 0 {
 			t.Fatalf("accepted %q as %+v", b, r)
 		}
 		again, err := json.Marshal(r)
@@ -551,37 +551,178 @@ func TestPeerAPI(t *testing.T) {
 			t.Errorf("admit %.40q: %d, want 400", body, code)
 		}
 	}
-	deadline := time.Now().Add(time.Minute).UnixNano()
-	if code, got := send(http.MethodPost, admitPath, fmt.Sprintf(`{"id":"s","nonce":"n","expires":1,"minInterval":0,"deadline":%d}`, deadline)); code != http.StatusOK || strings.TrimSpace(got) != `{"result":"ok"}` {
+	exp := time.Now().Add(time.Hour).UnixNano()
+	if code, got := send(http.MethodPost, admitPath, fmt.Sprintf(`{"id":"s","nonce":"n","expires":%d,"minInterval":0}`, exp)); code != http.StatusOK || strings.TrimSpace(got) != `{"result":"ok"}` {
 		t.Errorf("admit: %d %s", code, got)
 	}
-	if code, _ := send(http.MethodPost, admitPath, `{"id":"s","nonce":"n2","expires":1,"minInterval":0,"deadline":1}`); code != http.StatusGone {
-		t.Errorf("admit past its deadline: %d, want 410", code)
+	if code, got := send(http.MethodPost, admitPath, `{"id":"s2","nonce":"n","expires":1,"minInterval":0}`); code != http.StatusOK || strings.TrimSpace(got) != `{"result":"sessionOver"}` {
+		t.Errorf("admit of an expired session: %d %s", code, got)
+	}
+	if code, _ := send(http.MethodPost, "/sessions-peer/v3/admit", `{"id":"s","nonce":"n","expires":1,"minInterval":0,"deadline":1}`); code != http.StatusNotFound {
+		t.Errorf("admit of the previous version: %d, want 404", code)
 	}
 }
 
-// TestLateAdmitRequestDoesNotCount: an admit request that reaches the
-// owner after its sender stopped waiting (a path that dropped packets,
-// then delivered them) changes nothing there: the nonce stays unused and
-// the session's pace is not moved to a moment the client never polled at.
-func TestLateAdmitRequestDoesNotCount(t *testing.T) {
-	ctx := context.Background()
-	rs := newRing(t, 2, memory.New(sessions.Limits{}, nil), config{})
-	a, b := rs[0], rs[1]
-	id := ownedBy(t, a, b.url, "late")
+// answering is a peer that completes TLS and answers every request with
+// status.
+func answering(t *testing.T, sh sessions.Store, keys [][]byte, status int) string {
+	r := start(t, sh, config{keys: keys})
+	srv := &http.Server{
+		TLSConfig: r.ServerTLSConfig(),
+		Handler:   http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(status) }),
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { srv.Close() })
+	return "https://" + ln.Addr().String()
+}
+
+// TestOwnerAnswers: an owner that answers without a decision is not
+// decided for (ErrUnavailable, no local admission, no fallback counted);
+// an owner of another version (404) is, counted under its reason, as is
+// an owner refusing the handshake and a dead one.
+func TestOwnerAnswers(t *testing.T) {
+	sh := memory.New(sessions.Limits{}, nil)
+	keys := [][]byte{newKey(t)}
 	exp := time.Now().Add(time.Hour)
-	owner := a.owner(id)
-	late := admitRequest{ID: id, Nonce: "late", Expires: exp.UnixNano(), MinInterval: int64(time.Hour),
-		Deadline: time.Now().Add(-time.Second).UnixNano()}
-	if answer, err := owner.admit(ctx, late); err == nil {
-		t.Fatalf("a late admit request was decided: %v", answer)
+
+	a := start(t, sh, config{keys: keys})
+	failing := answering(t, sh, keys, http.StatusServiceUnavailable)
+	join([]*replica{a}, failing)
+	id := ownedBy(t, a, failing, "failing")
+	if err := a.AdmitPoll(ctx, id, "n", exp, 0); !errors.Is(err, sessions.ErrUnavailable) {
+		t.Fatalf("poll of a failing owner's session: %v, want ErrUnavailable", err)
 	}
-	// The owner has not counted it: a poll now is the session's first,
-	// and the late nonce is still unused.
-	if err := b.AdmitPoll(ctx, id, "now", exp, time.Hour); err != nil {
-		t.Fatalf("the first poll after a late request: %v", err)
+	if n, _ := a.table.Len(); n != 0 || a.PeerFallbacks() != 0 {
+		t.Fatalf("a failing owner was decided for: %d sessions admitted here, %d fallbacks", n, a.PeerFallbacks())
 	}
-	if err := b.AdmitPoll(ctx, id, "late", exp, 0); err != nil {
-		t.Fatalf("the late request's nonce was spent: %v", err)
+
+	for reason, other := range map[string]func() string{
+		reasonVersion:     func() string { return answering(t, sh, keys, http.StatusNotFound) },
+		reasonRefusedTLS:  func() string { return start(t, sh, config{keys: [][]byte{newKey(t)}}).url },
+		reasonUnreachable: func() string { return fmt.Sprintf("https://127.0.0.1:%d", procs.FreePort(t)) },
+	} {
+		b := start(t, sh, config{keys: keys})
+		url := other()
+		join([]*replica{b}, url)
+		id := ownedBy(t, b, url, reason)
+		if err := b.AdmitPoll(ctx, id, "n", exp, 0); err != nil {
+			t.Fatalf("%s: poll: %v", reason, err)
+		}
+		if got := b.PeerFallbacksByReason(reason); got != 1 || b.PeerFallbacks() != 1 {
+			t.Errorf("%s: %d fallbacks for it of %d, want 1 of 1", reason, got, b.PeerFallbacks())
+		}
+	}
+}
+
+// TestSkewedClocks: replicas whose clocks disagree by up to 5 s either
+// way admit each poll nonce exactly once across the ring, keep the pace
+// on the owner's clock, and never fall back while the owner answers.
+func TestSkewedClocks(t *testing.T) {
+	for _, skew := range []time.Duration{0, 1500 * time.Millisecond, -1500 * time.Millisecond, 5 * time.Second, -5 * time.Second} {
+		t.Run(fmt.Sprint("skew=", skew), func(t *testing.T) {
+			sh := memory.New(sessions.Limits{}, nil)
+			keys := [][]byte{newKey(t)}
+			// Replica i is i skews ahead of replica 0: each owner has
+			// askers ahead of it and behind it.
+			rs := make([]*replica, 3)
+			for i := range rs {
+				clock := testutil.RealClock()
+				clock.Advance(time.Duration(i) * skew)
+				rs[i] = start(t, sh, config{keys: keys, now: clock.Now})
+			}
+			join(rs)
+			t.Cleanup(func() {
+				for _, r := range rs {
+					r.transport.CloseIdleConnections()
+				}
+			})
+			exp := time.Now().Add(time.Hour)
+			for _, owner := range rs {
+				for s := range 5 {
+					id := ownedBy(t, rs[0], owner.url, fmt.Sprint("skewed", s))
+					admitted := 0
+					for _, r := range rs {
+						switch err := r.AdmitPoll(ctx, id, "n", exp, 0); {
+						case err == nil:
+							admitted++
+						case !errors.Is(err, sessions.ErrNonceUsed):
+							t.Fatalf("poll via %s: %v", r.url, err)
+						}
+					}
+					if admitted != 1 {
+						t.Errorf("skew %s: nonce admitted %d times across 3 replicas, want 1", skew, admitted)
+					}
+					t.Logf("skew %s, owner %s: admissions of one nonce: %d", skew, owner.url, admitted)
+				}
+				paced := ownedBy(t, rs[0], owner.url, "paced")
+				if err := rs[0].AdmitPoll(ctx, paced, "p1", exp, time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range rs {
+					if err := r.AdmitPoll(ctx, paced, "p2", exp, time.Hour); !errors.Is(err, sessions.ErrTooSoon) {
+						t.Fatalf("second poll within the interval via %s: %v, want ErrTooSoon", r.url, err)
+					}
+				}
+			}
+			for _, r := range rs {
+				if f := r.PeerFallbacks(); f != 0 {
+					t.Errorf("replica %s fell back %d times with a reachable owner", r.url, f)
+				}
+			}
+		})
+	}
+}
+
+// TestFlushedOwner: polling many other sessions past the owner's table
+// does not make a victim's used poll nonce usable again, on any replica,
+// pending or completed within its grace period.
+func TestFlushedOwner(t *testing.T) {
+	for _, completed := range []bool{false, true} {
+		t.Run(fmt.Sprint("completed=", completed), func(t *testing.T) {
+			sh := memory.New(sessions.Limits{}, nil)
+			const capacity = 16
+			rs := newRing(t, 3, sh, config{limits: sessions.Limits{MaxPolledSessions: capacity}})
+			owner := rs[1]
+			victim := ownedBy(t, rs[0], owner.url, "victim")
+			exp := time.Now().Add(time.Hour)
+			if err := rs[0].AdmitPoll(ctx, victim, "used", exp, 0); err != nil {
+				t.Fatal(err)
+			}
+			if completed {
+				if err := sh.Complete(ctx, victim, exp, []byte(`{"token":"t"}`)); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := sh.Deliver(ctx, victim, exp); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Sessions created later (expiring later) fill the owner.
+			for i := range 4 * capacity {
+				id := ownedBy(t, rs[0], owner.url, fmt.Sprint("flood", i))
+				if err := rs[i%3].AdmitPoll(ctx, id, "n", exp.Add(time.Duration(i+1)*time.Second), 0); err != nil {
+					t.Fatalf("flood poll %d: %v", i, err)
+				}
+			}
+			if n, _ := owner.table.Len(); n > capacity {
+				t.Fatalf("the owner remembers %d sessions, more than %d", n, capacity)
+			}
+			admitted := 0
+			for _, r := range rs {
+				switch err := r.AdmitPoll(ctx, victim, "used", exp, 0); {
+				case err == nil:
+					admitted++
+				case !errors.Is(err, sessions.ErrSessionOver):
+					t.Errorf("replay via %s: %v, want ErrSessionOver", r.url, err)
+				}
+			}
+			t.Logf("replays of a used poll nonce admitted after a flush: %d", admitted)
+			if admitted != 0 {
+				t.Fatalf("a used poll nonce was admitted %d times after a flush", admitted)
+			}
+		})
 	}
 }
