@@ -30,7 +30,7 @@ const storeUser = "kube-bind-backend-sessions"
 var storeRules = []rbacv1.PolicyRule{{
 	APIGroups: []string{""},
 	Resources: []string{"secrets"},
-	Verbs:     []string{"get", "list", "watch", "create", "delete"},
+	Verbs:     []string{"get", "list", "watch", "create", "delete", "deletecollection"},
 }}
 
 type env struct {
@@ -66,7 +66,7 @@ func create[T any](ctx context.Context, c interface {
 	return err
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func (e env) startStore(t *testing.T, o storeOpts) *Store {
 	if cfg == nil {
 		cfg = rest.CopyConfig(e.user)
 	}
-	s, err := New(Options{Client: kubernetes.NewForConfigOrDie(cfg), Namespace: e.ns, Limits: o.limits, Logger: o.log, Now: o.now})
+	s, err := New(Options{Config: cfg, Namespace: e.ns, Limits: o.limits, Logger: o.log, Now: o.now})
 	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
