@@ -11,13 +11,8 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
-	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/sessions"
 )
 
@@ -43,21 +38,11 @@ func BenchmarkReplicaHeap(b *testing.B) {
 
 func benchReplicaHeap(b *testing.B, binds int) {
 	ctx := context.Background()
-	cp := controlplane.Get(b)
-	admin := kubernetes.NewForConfigOrDie(cp.AdminConfig())
-	ns := fmt.Sprintf("heap-%d", time.Now().UnixNano()%1e9)
-	must(b, create(ctx, admin.CoreV1().Namespaces(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
-	b.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
-	must(b, create(ctx, admin.RbacV1().Roles(ns), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "sessions"}, Rules: storeRules}))
-	must(b, create(ctx, admin.RbacV1().RoleBindings(ns), &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "sessions"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "sessions"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: storeUser}},
-	}))
-	cfg := controlplane.ConfigForUser(b, cp, storeUser)
+	e := newEnv(b)
+	admin, ns, cfg := e.admin, e.ns, e.user
 	limits := sessions.Limits{WriteRate: 1e6, WriteBurst: 1e6}
 
-	writer := runStore(b, benchStoreOptions(cfg, ns, limits))
+	writer := e.startStore(b, storeOpts{limits: limits})
 	raw := make([]byte, benchResponseBytes*3/4)
 	exp := time.Now().Add(time.Hour)
 	start := time.Now()
@@ -109,7 +94,7 @@ func benchReplicaHeap(b *testing.B, binds int) {
 		}
 	})
 	syncStart := time.Now()
-	replica := runStore(b, benchStoreOptions(cfg, ns, limits))
+	replica := e.startStore(b, storeOpts{limits: limits})
 	synced := time.Since(syncStart)
 	close(stop)
 	sampler.Wait()
@@ -137,22 +122,4 @@ func benchReplicaHeap(b *testing.B, binds int) {
 		b.Fatalf("%d records left after collection", len(left.Items))
 	}
 	b.ReportMetric(float64(4*binds)/took.Seconds(), "collected/s")
-}
-
-// runStore runs a synced store until the benchmark ends.
-func runStore(b *testing.B, opts Options) *Store {
-	s, err := New(opts)
-	must(b, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	b.Cleanup(func() { cancel(); <-done })
-	syncCtx, syncDone := context.WithTimeout(ctx, 5*time.Minute)
-	defer syncDone()
-	must(b, s.WaitForSync(syncCtx))
-	return s
-}
-
-func benchStoreOptions(cfg *rest.Config, ns string, limits sessions.Limits) Options {
-	return Options{Config: cfg, Namespace: ns, Limits: limits}
 }

@@ -262,8 +262,13 @@ func TestAPIServerAway(t *testing.T) {
 	go func() { o, _ := a.Wait(ctx, "during"); waiter <- o }()
 
 	p.cut()
-	if o, err := a.Outcome(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
-		t.Fatalf("Outcome while away: %v, %v", o.State, err)
+	if o, _, err := a.Peek(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
+		t.Fatalf("Peek while away: %v, %v", o.State, err)
+	}
+	readCtx, cancelRead := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelRead()
+	if _, err := a.Outcome(readCtx, "before"); !errors.Is(err, sessions.ErrUnavailable) {
+		t.Fatalf("reading a response while away: %v, want ErrUnavailable", err)
 	}
 	writeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -579,12 +584,12 @@ func TestAPIServerRestart(t *testing.T) {
 
 	restarted := make(chan error, 1)
 	go func() { restarted <- e.cp.RestartAPIServer(ctx, 2*time.Second) }()
-	// While it is down: the cached outcome is still answered, and a write
+	// While it is down: the cached state is still answered, and a write
 	// is refused as transient, never as a client mistake.
 	sawDown := false
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !sawDown; time.Sleep(50 * time.Millisecond) {
-		if o, err := s.Outcome(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
-			t.Fatalf("Outcome while the API server restarts: %+v, %v", o, err)
+		if o, _, err := s.Peek(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
+			t.Fatalf("Peek while the API server restarts: %+v, %v", o, err)
 		}
 		err := s.UseOnce(ctx, fmt.Sprint("probe-", time.Now().UnixNano()), exp)
 		if err != nil {

@@ -43,7 +43,7 @@ type env struct {
 var nsSeq atomic.Int32
 
 // newEnv makes a namespace where storeUser may do what storeRules allow.
-func newEnv(t *testing.T) env {
+func newEnv(t testing.TB) env {
 	t.Helper()
 	cp := controlplane.Get(t)
 	admin := kubernetes.NewForConfigOrDie(cp.AdminConfig())
@@ -82,7 +82,7 @@ type storeOpts struct {
 }
 
 // startStore runs a synced store in the env's namespace until the test ends.
-func (e env) startStore(t *testing.T, o storeOpts) *Store {
+func (e env) startStore(t testing.TB, o storeOpts) *Store {
 	t.Helper()
 	cfg := o.cfg
 	if cfg == nil {
@@ -101,7 +101,7 @@ func (e env) startStore(t *testing.T, o storeOpts) *Store {
 			t.Error("Run did not return after its context ended")
 		}
 	})
-	syncCtx, syncDone := context.WithTimeout(ctx, 30*time.Second)
+	syncCtx, syncDone := context.WithTimeout(ctx, 2*time.Minute)
 	defer syncDone()
 	must(t, s.WaitForSync(syncCtx))
 	return s
