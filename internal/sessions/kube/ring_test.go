@@ -33,14 +33,16 @@ func (c outcomeGets) RoundTrip(r *http.Request) (*http.Response, error) {
 	return c.next.RoundTrip(r)
 }
 
-// startRing runs a ring replica over inner on a loopback listener.
-func startRing(t *testing.T, inner sessions.Peeker, key []byte) *ring.Store {
+// startRing runs a ring replica over inner on a loopback listener, and
+// returns it and its peer URL.
+func startRing(t *testing.T, inner sessions.Peeker, key []byte) (*ring.Store, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	// A long peer timeout: the test counts reads, and a busy machine's
 	// fallback would read twice.
-	r, err := ring.New(ring.Options{Self: "https://" + ln.Addr().String(), Keys: [][]byte{key}, Inner: inner,
+	self := "https://" + ln.Addr().String()
+	r, err := ring.New(ring.Options{Self: self, Keys: [][]byte{key}, Inner: inner,
 		PeerTimeout: 10 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	must(t, err)
 	done := make(chan error, 1)
@@ -55,7 +57,7 @@ func startRing(t *testing.T, inner sessions.Peeker, key []byte) *ring.Store {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return r
+	return r, self
 }
 
 // TestRingReadsResponseOnce: two replicas, each a ring over a kube store.
@@ -73,8 +75,9 @@ func TestRingReadsResponseOnce(t *testing.T) {
 	kb := e.startStore(t, storeOpts{cfg: rest.CopyConfig(cfg), now: clock.Now})
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	a, b := startRing(t, ka, key), startRing(t, kb, key)
-	peers := append(a.Members(), b.Members()...)
+	a, urlA := startRing(t, ka, key)
+	b, urlB := startRing(t, kb, key)
+	peers := []string{urlA, urlB}
 	a.SetPeers(peers)
 	b.SetPeers(peers)
 
