@@ -72,6 +72,9 @@ const (
 	keyState, keyResponse, keyReason, keyAt = "state", "response", "reason", "at"
 
 	collectEvery = time.Minute
+	// maxCollectRequests bounds the DeleteCollection requests of one
+	// collection that each ran into the API server's request timeout.
+	maxCollectRequests = 10
 	// maxResponseBytes leaves room in a Secret (1 MiB) for the rest.
 	maxResponseBytes = 900 << 10
 	// maxKeptReason bounds a deny reason kept in an annotation (and so in
@@ -576,8 +579,17 @@ func (s *Store) collect(ctx context.Context) {
 	now := s.now()
 	s.admit.Sweep(now)
 	expired := fmt.Sprintf("%s,%s<%d", RecordLabel, CollectMinuteLabel, now.Unix()/60+1)
-	if err := s.secrets.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: expired}); err != nil && ctx.Err() == nil {
-		s.log.Warn("collecting session records failed; trying again in a minute", "error", err)
+	for range maxCollectRequests {
+		err := s.secrets.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: expired})
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		// A backlog larger than the API server deletes within its
+		// request timeout: what it deleted stays deleted, go on.
+		if !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) {
+			s.log.Warn("collecting session records failed; trying again in a minute", "error", err)
+			break
+		}
 	}
 	unlabelled, err := s.meta.List(ctx, metav1.ListOptions{LabelSelector: RecordLabel + ",!" + CollectMinuteLabel, ResourceVersion: "0"})
 	if err != nil {
