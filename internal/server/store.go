@@ -52,7 +52,7 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 	if err != nil {
 		return nil, nil, fmt.Errorf("session records: %w", err)
 	}
-	records, err := kube.New(kube.Options{Client: client, Namespace: sc.Namespace, Limits: limits, Now: s.now,
+	records, err := kube.New(kube.Options{Config: rc, Namespace: sc.Namespace, Limits: limits, Now: s.now,
 		Logger: s.log.With("component", "session-records")})
 	if err != nil {
 		return nil, nil, err

@@ -116,6 +116,27 @@ type Store interface {
 	Wait(ctx context.Context, id string) (Outcome, error)
 }
 
+// Peeker is a Store that keeps what a poll decides on in memory and the
+// responses in a database, read on demand: a replica then holds a few
+// hundred bytes per outcome, not its response. The ring reads responses
+// through its cache on the session's owner, so that the replicas' reads
+// of one response cost the database one read.
+type Peeker interface {
+	Store
+	// Peek returns the session's outcome as far as this replica's memory
+	// holds it, with no request: the zero Outcome while pending or after
+	// its record's collection time. When record is not empty, the
+	// Outcome lacks what only ReadOutcome returns (the response of a
+	// completed session, a deny reason too long to keep in memory).
+	Peek(ctx context.Context, id string) (o Outcome, record string, err error)
+	// WaitPeek is Wait returning what Peek does.
+	WaitPeek(ctx context.Context, id string) (o Outcome, record string, err error)
+	// ReadOutcome reads the whole outcome of session id from record (as
+	// Peek returned it): the zero Outcome when that record is gone or
+	// past its collection time.
+	ReadOutcome(ctx context.Context, id, record string) (Outcome, error)
+}
+
 var (
 	ErrNonceUsed     = errors.New("nonce already used")
 	ErrTooManyNonces = errors.New("session used too many nonces")

@@ -199,6 +199,7 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{releaseNS, "watch", "secrets", nil},
 		{releaseNS, "create", "secrets", nil},
 		{releaseNS, "delete", "secrets", nil},
+		{releaseNS, "deletecollection", "secrets", nil},
 		// The per-user CLI token revocations: one ConfigMap, read only.
 		{releaseNS, "get", "configmaps/" + fullname + "-cli-token-revocations", nil},
 		{releaseNS, "list", "configmaps/" + fullname + "-cli-token-revocations", nil},

@@ -1,11 +1,19 @@
 // Package kube is a sessions.Store kept in the provider cluster: outcomes,
 // deliveries and single-use marks are Secrets in the backend's namespace,
-// written create-if-absent (so exactly one replica wins each) and read from
-// one informer (so reads make no API call). Every create passes the
-// store's write budget (sessions.Limits.WriteRate), so a flood of writes
-// is refused at once instead of filling etcd. Poll admission stays in
-// memory on the replica that owns the session, as sessions.Store
-// documents.
+// written create-if-absent (so exactly one replica wins each). Every
+// create passes the store's write budget (sessions.Limits.WriteRate), so
+// a flood of writes is refused at once instead of filling etcd. Poll
+// admission stays in memory on the replica that owns the session, as
+// sessions.Store documents.
+//
+// A replica keeps of each outcome and delivery only what a poll decides on
+// (state, a short deny reason, the delivery time, the collection time), in
+// annotations read by a metadata-only informer: the API server never sends
+// it the records' data. A completed outcome's response is read with one
+// GET when a poll is about to hand it out (sessions.Peeker; the ring reads
+// it through the owner's cache). Marks are not watched at all: their
+// create answers. Records carry their collection minute in a label, and
+// expired ones are deleted with one DeleteCollection a minute.
 package kube
 
 import (
@@ -17,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,10 +36,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kbprovider/backend/internal/sessions"
@@ -39,25 +51,48 @@ import (
 
 // Labels and annotations of the record Secrets.
 const (
-	ManagedByLabel    = "app.kubernetes.io/managed-by"
-	ManagedByValue    = "kube-bind-backend"
-	RecordLabel       = "kube-bind.io/session-record" // value: the record's kind
-	CollectAnnotation = "kube-bind.io/collect-after"  // RFC 3339: expires + Limits.Grace
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "kube-bind-backend"
+	RecordLabel    = "kube-bind.io/session-record" // value: the record's kind
+	// CollectMinuteLabel is the Unix minute (a decimal integer) from which
+	// the record may be deleted: its collection time, rounded up to the
+	// next minute. Label selectors compare integers (<), so one request
+	// deletes every expired record.
+	CollectMinuteLabel  = "kube-bind.io/collect-minute"
+	CollectAnnotation   = "kube-bind.io/collect-after" // RFC 3339: expires + Limits.Grace
+	StateAnnotation     = "kube-bind.io/state"         // an outcome's: completed or denied
+	ReasonAnnotation    = "kube-bind.io/deny-reason"   // a denial's reason, when short
+	DeliveredAnnotation = "kube-bind.io/delivered-at"  // RFC 3339: the first delivery
 )
 
 const (
 	kindOutcome, kindDelivered, kindOnce = "outcome", "delivered", "once"
-	// Keys of the records' data.
+	// Keys of the records' data: the whole record, also for replicas
+	// that read it from there.
 	keyState, keyResponse, keyReason, keyAt = "state", "response", "reason", "at"
 
 	collectEvery = time.Minute
+	// maxCollectRequests bounds the DeleteCollection requests of one
+	// collection that each ran into the API server's request timeout.
+	maxCollectRequests = 10
 	// maxResponseBytes leaves room in a Secret (1 MiB) for the rest.
 	maxResponseBytes = 900 << 10
+	// maxKeptReason bounds a deny reason kept in an annotation (and so in
+	// every replica's memory); a longer one is read with the response.
+	maxKeptReason = 256
 )
+
+// watchedRecords selects the records a replica keeps in memory: marks are
+// never read (their create answers), so they are not watched.
+var watchedRecords = RecordLabel + " in (" + kindOutcome + "," + kindDelivered + ")"
+
+var secretsResource = schema.GroupVersionResource{Version: "v1", Resource: "secrets"}
 
 // Options configure New.
 type Options struct {
-	Client    kubernetes.Interface
+	// Config reaches the provider cluster. The store makes its clients
+	// from a copy with a request budget of its own (requestBudget).
+	Config    *rest.Config
 	Namespace string
 	Limits    sessions.Limits  // zero fields: sessions.DefaultLimits
 	Logger    *slog.Logger     // nil: slog.Default()
@@ -68,6 +103,7 @@ type Options struct {
 // answer; it is ready once WaitForSync returned.
 type Store struct {
 	secrets  corev1client.SecretInterface
+	meta     metadata.ResourceInterface
 	ns       string
 	limits   sessions.Limits
 	log      *slog.Logger
@@ -97,20 +133,41 @@ const (
 	brokenWatchWindow = time.Minute
 )
 
-var _ sessions.Store = (*Store)(nil)
+// requestBudget is the rate and burst of the store's own client, apart
+// from the controllers'. It is above all the store may send: the creates
+// the write budget admits, as many GETs again (a delivery's response, a
+// lost create), the reads standing in for a broken watch, and collection;
+// so it is the write budget, which refuses at once, that bounds writes,
+// never client-go's limiter, which would queue them behind each other.
+func requestBudget(l sessions.Limits) (float32, int) {
+	return float32(2*l.WriteRate + directReadRate + 1), 2*l.WriteBurst + directReadRate + 1
+}
+
+var _ sessions.Peeker = (*Store)(nil)
 
 // New returns a store; it reads nothing until Run.
 func New(opts Options) (*Store, error) {
-	if opts.Client == nil || opts.Namespace == "" {
-		return nil, errors.New("sessions/kube: Client and Namespace are required")
+	if opts.Config == nil || opts.Namespace == "" {
+		return nil, errors.New("sessions/kube: Config and Namespace are required")
 	}
 	limits := opts.Limits.WithDefaults()
 	if limits.MaxResponseBytes > maxResponseBytes {
 		return nil, fmt.Errorf("sessions/kube: MaxResponseBytes %d exceeds what a Secret holds (%d)", limits.MaxResponseBytes, maxResponseBytes)
 	}
+	cfg := rest.CopyConfig(opts.Config)
+	cfg.QPS, cfg.Burst = requestBudget(limits)
+	cfg.RateLimiter = nil
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("sessions/kube: %w", err)
+	}
+	metaClient, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("sessions/kube: %w", err)
+	}
 	s := &Store{
-		secrets: opts.Client.CoreV1().Secrets(opts.Namespace), ns: opts.Namespace,
-		limits: limits, log: opts.Logger, now: opts.Now, admit: admission.New(limits),
+		secrets: client.CoreV1().Secrets(opts.Namespace), meta: metaClient.Resource(secretsResource).Namespace(opts.Namespace),
+		ns: opts.Namespace, limits: limits, log: opts.Logger, now: opts.Now, admit: admission.New(limits),
 		waiters:     map[string][]chan struct{}{},
 		directReads: rate.NewLimiter(directReadRate, directReadRate),
 	}
@@ -126,20 +183,20 @@ func New(opts Options) (*Store, error) {
 	// watch error handler.
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = RecordLabel
-			l, err := s.secrets.List(ctx, o)
+			o.LabelSelector = watchedRecords
+			l, err := s.meta.List(ctx, o)
 			s.noteWatchError(err)
 			return l, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = RecordLabel
-			w, err := s.secrets.Watch(ctx, o)
+			o.LabelSelector = watchedRecords
+			w, err := s.meta.Watch(ctx, o)
 			s.noteWatchError(err)
 			return w, err
 		},
 	}
-	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &corev1.Secret{}, cache.SharedIndexInformerOptions{})
-	if err := s.informer.SetTransform(dropManagedFields); err != nil {
+	s.informer = cache.NewSharedIndexInformerWithOptions(lw, &metav1.PartialObjectMetadata{}, cache.SharedIndexInformerOptions{})
+	if err := s.informer.SetTransform(s.slim); err != nil {
 		return nil, err
 	}
 	if err := s.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
@@ -157,22 +214,35 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
-func dropManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
+// slim keeps of a record's metadata what a poll decides on and the
+// informer needs (name, UID, resource version); the namespace string is
+// shared by all.
+func (s *Store) slim(obj any) (any, error) {
+	m, ok := obj.(*metav1.PartialObjectMetadata)
+	if !ok {
+		return obj, nil
 	}
-	return obj, nil
+	var kept map[string]string
+	for _, k := range []string{StateAnnotation, ReasonAnnotation, DeliveredAnnotation, CollectAnnotation} {
+		if v, ok := m.Annotations[k]; ok {
+			if kept == nil {
+				kept = make(map[string]string, 2)
+			}
+			kept[k] = v
+		}
+	}
+	return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{
+		Name: m.Name, Namespace: s.ns, UID: m.UID, ResourceVersion: m.ResourceVersion, Annotations: kept,
+	}}, nil
 }
 
 // Run runs the informer and the collector until ctx ends, and returns once
-// both stopped. Call it once.
+// both stopped. Call it once. Collection starts at once: it needs no
+// list.
 func (s *Store) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.informer.RunWithContext(ctx) })
 	wg.Go(func() {
-		if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
-			return
-		}
 		t := time.NewTicker(collectEvery)
 		defer t.Stop()
 		for {
@@ -198,17 +268,60 @@ func (s *Store) WaitForSync(ctx context.Context) error {
 	return nil
 }
 
-// Outcome implements sessions.Store.
+// Outcome implements sessions.Store: a completed outcome's response costs
+// one GET.
 func (s *Store) Outcome(ctx context.Context, id string) (sessions.Outcome, error) {
+	o, rec, err := s.Peek(ctx, id)
+	if err != nil || rec == "" {
+		return o, err
+	}
+	return s.ReadOutcome(ctx, id, rec)
+}
+
+// Peek implements sessions.Peeker: from the informer's cache, with no
+// request (but while the watch is broken, see readDirect). The record is
+// the outcome's UID.
+func (s *Store) Peek(ctx context.Context, id string) (sessions.Outcome, string, error) {
 	if !s.HasSynced() {
-		return sessions.Outcome{}, fmt.Errorf("%w: sessions/kube: not synced", sessions.ErrUnavailable)
+		return sessions.Outcome{}, "", fmt.Errorf("%w: sessions/kube: not synced", sessions.ErrUnavailable)
 	}
 	name := recordName(kindOutcome, id)
-	sec := s.fromCache(name)
-	if sec == nil && s.watchBroken() {
-		sec = s.readDirect(ctx, name)
+	var m metav1.Object
+	if c := s.fromCache(name); c != nil {
+		m = c
+	} else if s.watchBroken() {
+		if sec := s.readDirect(ctx, name); sec != nil {
+			m = sec
+		}
 	}
-	if sec == nil {
+	if m == nil || !s.live(m.GetAnnotations()) {
+		return sessions.Outcome{}, "", nil
+	}
+	uid := string(m.GetUID())
+	switch m.GetAnnotations()[StateAnnotation] {
+	case sessions.StateCompleted.String():
+		return sessions.Outcome{State: sessions.StateCompleted}, uid, nil
+	case sessions.StateDenied.String():
+		if reason, ok := m.GetAnnotations()[ReasonAnnotation]; ok {
+			return sessions.Outcome{State: sessions.StateDenied, DenyReason: reason}, "", nil
+		}
+		return sessions.Outcome{State: sessions.StateDenied}, uid, nil
+	}
+	// A record without the annotation (edited by hand): its data says.
+	o, err := s.ReadOutcome(ctx, id, uid)
+	return o, "", err
+}
+
+// ReadOutcome implements sessions.Peeker with one GET.
+func (s *Store) ReadOutcome(ctx context.Context, id, rec string) (sessions.Outcome, error) {
+	sec, err := s.secrets.Get(ctx, recordName(kindOutcome, id), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return sessions.Outcome{}, nil
+	case err != nil:
+		return sessions.Outcome{}, apiError("get", err)
+	case string(sec.UID) != rec || !s.live(sec.Annotations):
+		// Collected, or another record under the name.
 		return sessions.Outcome{}, nil
 	}
 	switch string(sec.Data[keyState]) {
@@ -221,24 +334,37 @@ func (s *Store) Outcome(ctx context.Context, id string) (sessions.Outcome, error
 	return sessions.Outcome{}, nil
 }
 
+// live says whether a record with annotations is before its collection
+// time (or has none that can be read: such a record is never collected
+// by time either).
+func (s *Store) live(annotations map[string]string) bool {
+	at, err := time.Parse(time.RFC3339Nano, annotations[CollectAnnotation])
+	return err != nil || !s.now().After(at)
+}
+
 // Complete implements sessions.Store.
 func (s *Store) Complete(ctx context.Context, id string, expires time.Time, response []byte) error {
 	if len(response) > s.limits.MaxResponseBytes {
 		return sessions.ErrTooLarge
 	}
 	data := map[string][]byte{keyState: []byte(sessions.StateCompleted.String()), keyResponse: response}
-	return s.create(ctx, s.record(kindOutcome, id, expires, data), sessions.ErrNotPending)
+	kept := map[string]string{StateAnnotation: sessions.StateCompleted.String()}
+	return s.create(ctx, s.record(kindOutcome, id, expires, kept, data), sessions.ErrNotPending)
 }
 
 // Deny implements sessions.Store.
 func (s *Store) Deny(ctx context.Context, id string, expires time.Time, reason string) error {
 	data := map[string][]byte{keyState: []byte(sessions.StateDenied.String()), keyReason: []byte(reason)}
-	return s.create(ctx, s.record(kindOutcome, id, expires, data), sessions.ErrNotPending)
+	kept := map[string]string{StateAnnotation: sessions.StateDenied.String()}
+	if len(reason) <= maxKeptReason {
+		kept[ReasonAnnotation] = reason
+	}
+	return s.create(ctx, s.record(kindOutcome, id, expires, kept, data), sessions.ErrNotPending)
 }
 
-// Deliver implements sessions.Store.
+// Deliver implements sessions.Store: from the cache, or one create.
 func (s *Store) Deliver(ctx context.Context, id string, expires time.Time) (time.Time, error) {
-	o, err := s.Outcome(ctx, id)
+	o, _, err := s.Peek(ctx, id)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -246,22 +372,31 @@ func (s *Store) Deliver(ctx context.Context, id string, expires time.Time) (time
 		return time.Time{}, sessions.ErrNotPending
 	}
 	name := recordName(kindDelivered, id)
-	sec := s.fromCache(name)
-	if sec == nil {
+	if m := s.fromCache(name); m != nil {
+		if at, err := time.Parse(time.RFC3339Nano, m.GetAnnotations()[DeliveredAnnotation]); err == nil {
+			return at, nil
+		}
+	} else {
 		now := s.now()
-		data := map[string][]byte{keyAt: []byte(now.Format(time.RFC3339Nano))}
-		switch err := s.create(ctx, s.record(kindDelivered, id, expires, data), errTaken); {
+		stamp := now.Format(time.RFC3339Nano)
+		rec := s.record(kindDelivered, id, expires, map[string]string{DeliveredAnnotation: stamp}, map[string][]byte{keyAt: []byte(stamp)})
+		switch err := s.create(ctx, rec, errTaken); {
 		case err == nil:
 			return now, nil
 		case err != errTaken:
 			return time.Time{}, err
 		}
-		// Another replica delivered first (or our cache lags): its time counts.
-		if sec, err = s.secrets.Get(ctx, name, metav1.GetOptions{}); err != nil {
-			return time.Time{}, apiError("get", err)
-		}
 	}
-	at, err := time.Parse(time.RFC3339Nano, string(sec.Data[keyAt]))
+	// Another replica delivered first (or our cache lags), or the cached
+	// record lacks the annotation: the record in the API server counts.
+	sec, err := s.secrets.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return time.Time{}, apiError("get", err)
+	}
+	at, err := time.Parse(time.RFC3339Nano, sec.Annotations[DeliveredAnnotation])
+	if err != nil {
+		at, err = time.Parse(time.RFC3339Nano, string(sec.Data[keyAt]))
+	}
 	if err != nil {
 		s.log.Warn("session record has no valid delivery time", "secret", name)
 		return time.Time{}, fmt.Errorf("sessions/kube: delivery record %s is malformed", name)
@@ -271,7 +406,7 @@ func (s *Store) Deliver(ctx context.Context, id string, expires time.Time) (time
 
 // UseOnce implements sessions.Store.
 func (s *Store) UseOnce(ctx context.Context, key string, expires time.Time) error {
-	return s.create(ctx, s.record(kindOnce, key, expires, nil), sessions.ErrNonceUsed)
+	return s.create(ctx, s.record(kindOnce, key, expires, nil, nil), sessions.ErrNonceUsed)
 }
 
 // AdmitPoll implements sessions.Store.
@@ -281,20 +416,29 @@ func (s *Store) AdmitPoll(_ context.Context, id, nonce string, expires time.Time
 
 // Wait implements sessions.Store.
 func (s *Store) Wait(ctx context.Context, id string) (sessions.Outcome, error) {
+	o, rec, err := s.WaitPeek(ctx, id)
+	if err != nil || rec == "" {
+		return o, err
+	}
+	return s.ReadOutcome(ctx, id, rec)
+}
+
+// WaitPeek implements sessions.Peeker.
+func (s *Store) WaitPeek(ctx context.Context, id string) (sessions.Outcome, string, error) {
 	name := recordName(kindOutcome, id)
 	for {
 		// Subscribe before reading, so an outcome arriving in between wakes us.
 		ch := s.subscribe(name)
-		o, err := s.Outcome(ctx, id)
+		o, rec, err := s.Peek(ctx, id)
 		if err != nil || o.State != sessions.StatePending {
 			s.unsubscribe(name, ch)
-			return o, err
+			return o, rec, err
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			s.unsubscribe(name, ch)
-			return s.Outcome(ctx, id)
+			return s.Peek(context.WithoutCancel(ctx), id)
 		}
 	}
 }
@@ -338,27 +482,40 @@ func recordName(kind, id string) string {
 	return "kb-session-" + kind + "-" + hex.EncodeToString(sum[:])[:40]
 }
 
-func (s *Store) record(kind, id string, expires time.Time, data map[string][]byte) *corev1.Secret {
+// record returns the Secret of a record of kind for id, collected after
+// expires plus the grace period; kept are the annotations a replica keeps
+// in memory, data the whole record.
+func (s *Store) record(kind, id string, expires time.Time, kept map[string]string, data map[string][]byte) *corev1.Secret {
+	collect := expires.Add(s.limits.Grace)
+	annotations := map[string]string{CollectAnnotation: collect.UTC().Format(time.RFC3339Nano)}
+	for k, v := range kept {
+		annotations[k] = v
+	}
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        recordName(kind, id),
-			Namespace:   s.ns,
-			Labels:      map[string]string{ManagedByLabel: ManagedByValue, RecordLabel: kind},
-			Annotations: map[string]string{CollectAnnotation: expires.Add(s.limits.Grace).UTC().Format(time.RFC3339Nano)},
+			Name:      recordName(kind, id),
+			Namespace: s.ns,
+			Labels: map[string]string{ManagedByLabel: ManagedByValue, RecordLabel: kind,
+				CollectMinuteLabel: strconv.FormatInt(collectMinute(collect), 10)},
+			Annotations: annotations,
 		},
 		Type: corev1.SecretTypeOpaque,
 		Data: data,
 	}
 }
 
+// collectMinute is the Unix minute from which a record collected after at
+// may be deleted: the first one that begins after at.
+func collectMinute(at time.Time) int64 { return at.Unix()/60 + 1 }
+
 // fromCache returns the record name in the informer's cache, or nil.
-func (s *Store) fromCache(name string) *corev1.Secret {
+func (s *Store) fromCache(name string) metav1.Object {
 	obj, ok, err := s.informer.GetStore().GetByKey(s.ns + "/" + name)
 	if err != nil || !ok {
 		return nil
 	}
-	sec, _ := obj.(*corev1.Secret)
-	return sec
+	m, _ := obj.(metav1.Object)
+	return m
 }
 
 // noteWatchError records a failed list or watch of the informer.
@@ -413,19 +570,38 @@ func (s *Store) create(ctx context.Context, sec *corev1.Secret, taken error) err
 	return apiError("create", err)
 }
 
-// collect deletes the records past their collection time and forgets the
-// admission state of expired sessions. Every replica may run it.
+// collect deletes the records past their collection minute with one
+// request, whatever their number and whether the informer has listed,
+// then the records without that label (edited by hand) past their
+// collection time, and forgets the admission state of expired sessions.
+// Every replica may run it: deletes are idempotent.
 func (s *Store) collect(ctx context.Context) {
 	now := s.now()
 	s.admit.Sweep(now)
-	for _, obj := range s.informer.GetStore().List() {
-		sec, ok := obj.(*corev1.Secret)
-		if !ok {
-			continue
+	expired := fmt.Sprintf("%s,%s<%d", RecordLabel, CollectMinuteLabel, now.Unix()/60+1)
+	for range maxCollectRequests {
+		err := s.secrets.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: expired})
+		if err == nil || ctx.Err() != nil {
+			break
 		}
-		at, err := time.Parse(time.RFC3339Nano, sec.Annotations[CollectAnnotation])
+		// A backlog larger than the API server deletes within its
+		// request timeout: what it deleted stays deleted, go on.
+		if !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) {
+			s.log.Warn("collecting session records failed; trying again in a minute", "error", err)
+			break
+		}
+	}
+	unlabelled, err := s.meta.List(ctx, metav1.ListOptions{LabelSelector: RecordLabel + ",!" + CollectMinuteLabel, ResourceVersion: "0"})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("listing session records without a collection minute failed", "error", err)
+		}
+		return
+	}
+	for _, m := range unlabelled.Items {
+		at, err := time.Parse(time.RFC3339Nano, m.Annotations[CollectAnnotation])
 		if err != nil {
-			s.log.Warn("session record has no valid collection time; left alone", "secret", sec.Name)
+			s.log.Warn("session record has no valid collection time; left alone", "secret", m.Name)
 			continue
 		}
 		if !now.After(at) {
@@ -433,10 +609,10 @@ func (s *Store) collect(ctx context.Context) {
 		}
 		// The UID precondition spares a record created again under the name;
 		// NotFound means another replica collected it first.
-		uid := sec.UID
-		err = s.secrets.Delete(ctx, sec.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		uid := m.UID
+		err = s.secrets.Delete(ctx, m.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			s.log.Warn("collecting a session record failed", "secret", sec.Name, "error", err)
+			s.log.Warn("collecting a session record failed", "secret", m.Name, "error", err)
 		}
 	}
 }

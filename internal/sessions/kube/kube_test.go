@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,12 +18,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 
+	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/conformance"
@@ -37,11 +39,11 @@ func TestConformance(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	client := fake.NewClientset()
+	cfg := &rest.Config{Host: "https://127.0.0.1:1"}
 	for _, o := range []Options{
 		{Namespace: "ns"},
-		{Client: client},
-		{Client: client, Namespace: "ns", Limits: sessions.Limits{MaxResponseBytes: 1 << 20}},
+		{Config: cfg},
+		{Config: cfg, Namespace: "ns", Limits: sessions.Limits{MaxResponseBytes: 1 << 20}},
 	} {
 		if _, err := New(o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
@@ -149,8 +151,10 @@ func wantOneWinner(t *testing.T, what string, errs []error, loser error) {
 	}
 }
 
-// TestReadsMakeNoAPICalls: outcomes and repeated deliveries come from the
-// informer, and a too large response is refused before any request.
+// TestReadsMakeNoAPICalls: what a poll decides on (pending, denied, a
+// repeated delivery) comes from the informer; a completed outcome's
+// response costs one GET; a too large response is refused before any
+// request.
 func TestReadsMakeNoAPICalls(t *testing.T) {
 	e := newEnv(t)
 	var n atomic.Int64
@@ -160,15 +164,20 @@ func TestReadsMakeNoAPICalls(t *testing.T) {
 	ctx := context.Background()
 	exp := time.Now().Add(10 * time.Minute)
 	must(t, s.Complete(ctx, "s1", exp, []byte(`{}`)))
+	must(t, s.Deny(ctx, "s2", exp, "not on the list"))
 	shows(t, s, "s1", sessions.StateCompleted)
+	shows(t, s, "s2", sessions.StateDenied)
 	first, err := s.Deliver(ctx, "s1", exp)
 	must(t, err)
 	cached(t, s, kindDelivered, "s1")
 
 	before := n.Load()
 	for range 20 {
-		if o, err := s.Outcome(ctx, "s1"); err != nil || o.State != sessions.StateCompleted {
-			t.Fatalf("Outcome: %v, %v", o.State, err)
+		if o, rec, err := s.Peek(ctx, "s1"); err != nil || o.State != sessions.StateCompleted || rec == "" || o.Response != nil {
+			t.Fatalf("Peek: %+v, %q, %v", o, rec, err)
+		}
+		if o, err := s.Outcome(ctx, "s2"); err != nil || o.State != sessions.StateDenied || o.DenyReason != "not on the list" {
+			t.Fatalf("Outcome of a denied session: %+v, %v", o, err)
 		}
 		if o, err := s.Outcome(ctx, "unknown"); err != nil || o.State != sessions.StatePending {
 			t.Fatalf("Outcome of an unknown session: %v, %v", o.State, err)
@@ -179,16 +188,58 @@ func TestReadsMakeNoAPICalls(t *testing.T) {
 		if _, err := s.Deliver(ctx, "unknown", exp); !errors.Is(err, sessions.ErrNotPending) {
 			t.Fatalf("Deliver of a pending session: %v", err)
 		}
-		if o, err := s.Wait(ctx, "s1"); err != nil || o.State != sessions.StateCompleted {
-			t.Fatalf("Wait: %v, %v", o.State, err)
+		if o, _, err := s.WaitPeek(ctx, "s1"); err != nil || o.State != sessions.StateCompleted {
+			t.Fatalf("WaitPeek: %v, %v", o.State, err)
 		}
 	}
 	big := make([]byte, sessions.DefaultLimits.MaxResponseBytes+1)
-	if err := s.Complete(ctx, "s2", exp, big); !errors.Is(err, sessions.ErrTooLarge) {
+	if err := s.Complete(ctx, "s3", exp, big); !errors.Is(err, sessions.ErrTooLarge) {
 		t.Fatalf("Complete of a large response: %v", err)
 	}
 	if after := n.Load(); after != before {
 		t.Fatalf("reads made %d API requests, want none", after-before)
+	}
+	for range 3 {
+		if o, err := s.Outcome(ctx, "s1"); err != nil || string(o.Response) != `{}` {
+			t.Fatalf("Outcome: %+v, %v", o, err)
+		}
+	}
+	if got := n.Load() - before; got != 3 {
+		t.Fatalf("3 reads of a response made %d API requests, want 3", got)
+	}
+}
+
+// TestSlimCache: a replica's cache holds the metadata a poll decides on,
+// never a record's data, and no marks.
+func TestSlimCache(t *testing.T) {
+	e := newEnv(t)
+	s := e.startStore(t, storeOpts{})
+	ctx := context.Background()
+	exp := time.Now().Add(10 * time.Minute)
+	must(t, s.Complete(ctx, "s1", exp, []byte(`{"kubeconfig":"credential-s1"}`)))
+	must(t, s.Deny(ctx, "s2", exp, strings.Repeat("long reason ", 30)))
+	must(t, s.UseOnce(ctx, "mark", exp))
+	shows(t, s, "s1", sessions.StateCompleted)
+	_, err := s.Deliver(ctx, "s1", exp)
+	must(t, err)
+	cached(t, s, kindDelivered, "s1")
+	cached(t, s, kindOutcome, "s2")
+	if o := shows(t, s, "s2", sessions.StateDenied); o.DenyReason != strings.Repeat("long reason ", 30) {
+		t.Fatalf("a long deny reason read back as %q", o.DenyReason)
+	}
+	objs := s.informer.GetStore().List()
+	if len(objs) != 3 {
+		t.Fatalf("the cache holds %d records, want the 2 outcomes and the delivery (no marks)", len(objs))
+	}
+	for _, obj := range objs {
+		m, ok := obj.(*metav1.PartialObjectMetadata)
+		if !ok {
+			t.Fatalf("the cache holds a %T", obj)
+		}
+		if dump := fmt.Sprintf("%+v", m); strings.Contains(dump, "credential") || strings.Contains(dump, "long reason") ||
+			len(m.Labels) != 0 || len(m.ManagedFields) != 0 || len(m.Annotations) > 2 {
+			t.Fatalf("a cached record holds more than it needs: %s", dump)
+		}
 	}
 }
 
@@ -211,8 +262,13 @@ func TestAPIServerAway(t *testing.T) {
 	go func() { o, _ := a.Wait(ctx, "during"); waiter <- o }()
 
 	p.cut()
-	if o, err := a.Outcome(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
-		t.Fatalf("Outcome while away: %v, %v", o.State, err)
+	if o, _, err := a.Peek(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
+		t.Fatalf("Peek while away: %v, %v", o.State, err)
+	}
+	readCtx, cancelRead := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelRead()
+	if _, err := a.Outcome(readCtx, "before"); !errors.Is(err, sessions.ErrUnavailable) {
+		t.Fatalf("reading a response while away: %v, want ErrUnavailable", err)
 	}
 	writeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -244,55 +300,115 @@ func TestAPIServerAway(t *testing.T) {
 	}
 }
 
-// TestCollect drives the clock past expiry plus grace.
+// TestCollect drives the clock past expiry plus grace: collection
+// deletes exactly the records past their collection minute, with one
+// request, and nothing else.
 func TestCollect(t *testing.T) {
 	e := newEnv(t)
 	clock := testutil.ClockAt(conformance.Start)
 	var logs procs.Buffer
-	s := e.startStore(t, storeOpts{now: clock.Now, log: slog.New(slog.NewTextHandler(&logs, nil))})
+	var n atomic.Int64
+	cfg := rest.CopyConfig(e.user)
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return counting{rt, &n} }
+	s := e.startStore(t, storeOpts{cfg: cfg, now: clock.Now, log: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()
 	exp := conformance.Start.Add(10 * time.Minute)
 	must(t, s.Complete(ctx, "s1", exp, []byte(`{}`)))
 	must(t, s.UseOnce(ctx, "mark", exp))
 	must(t, s.UseOnce(ctx, "later", exp.Add(time.Hour)))
+	must(t, s.Deny(ctx, "live", exp.Add(2*time.Minute), "no"))
 	must(t, s.AdmitPoll(ctx, "s1", "n1", exp, 0))
 	shows(t, s, "s1", sessions.StateCompleted)
 	_, err := s.Deliver(ctx, "s1", exp)
 	must(t, err)
-	for _, r := range [][2]string{{kindOutcome, "s1"}, {kindDelivered, "s1"}, {kindOnce, "mark"}, {kindOnce, "later"}} {
-		cached(t, s, r[0], r[1])
+	cached(t, s, kindDelivered, "s1")
+	// Secrets that are not records, with and without a like label.
+	for name, labels := range map[string]map[string]string{
+		"unrelated":      nil,
+		"unrelated-past": {CollectMinuteLabel: "1"},
+	} {
+		must(t, create(ctx, e.admin.CoreV1().Secrets(e.ns), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}))
 	}
 	records := func() []string {
-		list, err := e.admin.CoreV1().Secrets(e.ns).List(ctx, metav1.ListOptions{LabelSelector: RecordLabel})
+		list, err := e.admin.CoreV1().Secrets(e.ns).List(ctx, metav1.ListOptions{})
 		must(t, err)
 		var names []string
 		for _, sec := range list.Items {
 			names = append(names, sec.Name)
 		}
+		slices.Sort(names)
 		return names
+	}
+	all := records()
+	if len(all) != 7 {
+		t.Fatalf("secrets before collection: %v", all)
 	}
 
 	clock.Advance(10*time.Minute + sessions.DefaultLimits.Grace) // expiry plus grace: kept
 	s.collect(ctx)
-	if got := records(); len(got) != 4 {
-		t.Fatalf("records at expiry plus grace: %v, want all 4", got)
+	if got := records(); !slices.Equal(got, all) {
+		t.Fatalf("secrets at expiry plus grace: %v, want all %v", got, all)
 	}
-	clock.Advance(time.Second)
+	if o, _ := s.Outcome(ctx, "s1"); o.State != sessions.StateCompleted {
+		t.Fatalf("Outcome at its collection time: %v", o.State)
+	}
+	clock.Advance(time.Second) // past it: not served, though not deleted yet
+	if o, rec, _ := s.Peek(ctx, "s1"); o.State != sessions.StatePending || rec != "" {
+		t.Fatalf("Peek past the collection time: %+v, %q", o, rec)
+	}
+	clock.Advance(time.Minute) // past its collection minute
+	before := n.Load()
 	s.collect(ctx)
-	s.collect(ctx) // again, with a cache that may still hold them: idempotent
-	if got := records(); len(got) != 1 || got[0] != recordName(kindOnce, "later") {
-		t.Fatalf("records after collection: %v, want only the later mark", got)
+	if got := n.Load() - before; got != 2 {
+		t.Fatalf("collection made %d requests, want 2 (the delete and the list of unlabelled records)", got)
+	}
+	s.collect(ctx) // again, with nothing to collect: idempotent
+	want := []string{recordName(kindOutcome, "live"), recordName(kindOnce, "later"), "unrelated", "unrelated-past"}
+	slices.Sort(want)
+	if got := records(); !slices.Equal(got, want) {
+		t.Fatalf("secrets after collection: %v, want %v", got, want)
 	}
 	if sessions, nonces := s.admit.Len(); sessions != 0 || nonces != 0 {
 		t.Fatalf("admission table holds %d sessions, %d nonces after their expiry", sessions, nonces)
 	}
-
-	// A new replica collects at start.
-	clock.Advance(time.Hour)
-	e.startStore(t, storeOpts{now: clock.Now})
-	testutil.Await(t, "the new replica collects the later mark", func() bool { return len(records()) == 0 })
 	if strings.Contains(logs.String(), "WARN") {
 		t.Fatalf("collection logged warnings:\n%s", logs.String())
+	}
+}
+
+// TestCollectOnStart: a replica collects before its informer has listed
+// (here: it cannot list at all).
+func TestCollectOnStart(t *testing.T) {
+	e := newEnv(t)
+	clock := testutil.ClockAt(conformance.Start)
+	s := e.startStore(t, storeOpts{now: clock.Now})
+	ctx := context.Background()
+	exp := conformance.Start.Add(10 * time.Minute)
+	must(t, s.UseOnce(ctx, "mark", exp))
+	must(t, s.Complete(ctx, "s1", exp, []byte(`{}`)))
+
+	// A user who may delete records but not list or watch them.
+	must(t, create(ctx, e.admin.RbacV1().Roles(e.ns), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "collect-only"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"deletecollection"}}}}))
+	must(t, create(ctx, e.admin.RbacV1().RoleBindings(e.ns), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "collect-only"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "collect-only"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "collect-only"}},
+	}))
+	clock.Advance(time.Hour)
+	late, err := New(Options{Config: controlplane.ConfigForUser(t, e.cp, "collect-only"), Namespace: e.ns, Now: clock.Now,
+		Logger: slog.New(slog.DiscardHandler)})
+	must(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { late.Run(runCtx); close(done) }()
+	defer func() { cancel(); <-done }()
+	testutil.Await(t, "the new replica collects at start", func() bool {
+		list, err := e.admin.CoreV1().Secrets(e.ns).List(ctx, metav1.ListOptions{LabelSelector: RecordLabel})
+		return err == nil && len(list.Items) == 0
+	})
+	if late.HasSynced() {
+		t.Fatal("a replica that may not list synced")
 	}
 }
 
@@ -316,7 +432,7 @@ func TestGarbageRecords(t *testing.T) {
 	junk(recordName(kindOutcome, "s3"), "", nil, map[string]string{CollectAnnotation: "yesterday"})
 	junk(recordName(kindDelivered, "s2"), kindDelivered, map[string][]byte{keyAt: []byte("soon")}, map[string]string{CollectAnnotation: "2000-01-01T00:00:00Z"})
 	junk("kb-session-whatever", "whatever", map[string][]byte{"x": nil}, nil)
-	testutil.Await(t, "the junk is in the cache", func() bool { return len(s.informer.GetStore().List()) == 5 })
+	testutil.Await(t, "the junk is in the cache", func() bool { return len(s.informer.GetStore().List()) == 3 })
 
 	for _, id := range []string{"s1", "s3"} {
 		if o, err := s.Outcome(ctx, id); err != nil || o.State != sessions.StatePending || o.Response != nil {
@@ -333,7 +449,9 @@ func TestGarbageRecords(t *testing.T) {
 		t.Fatal("Deliver accepted a garbage delivery record")
 	}
 	s.collect(ctx)
-	if n := len(s.informer.GetStore().List()); n < 4 {
+	list, err := e.admin.CoreV1().Secrets(e.ns).List(ctx, metav1.ListOptions{LabelSelector: RecordLabel})
+	must(t, err)
+	if n := len(list.Items); n < 4 {
 		t.Fatalf("collection removed garbage it cannot read (%d records left)", n)
 	}
 	out := logs.String()
@@ -466,12 +584,12 @@ func TestAPIServerRestart(t *testing.T) {
 
 	restarted := make(chan error, 1)
 	go func() { restarted <- e.cp.RestartAPIServer(ctx, 2*time.Second) }()
-	// While it is down: the cached outcome is still answered, and a write
+	// While it is down: the cached state is still answered, and a write
 	// is refused as transient, never as a client mistake.
 	sawDown := false
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !sawDown; time.Sleep(50 * time.Millisecond) {
-		if o, err := s.Outcome(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
-			t.Fatalf("Outcome while the API server restarts: %+v, %v", o, err)
+		if o, _, err := s.Peek(ctx, "before"); err != nil || o.State != sessions.StateCompleted {
+			t.Fatalf("Peek while the API server restarts: %+v, %v", o, err)
 		}
 		err := s.UseOnce(ctx, fmt.Sprint("probe-", time.Now().UnixNano()), exp)
 		if err != nil {

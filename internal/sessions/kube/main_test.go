@@ -30,7 +30,7 @@ const storeUser = "kube-bind-backend-sessions"
 var storeRules = []rbacv1.PolicyRule{{
 	APIGroups: []string{""},
 	Resources: []string{"secrets"},
-	Verbs:     []string{"get", "list", "watch", "create", "delete"},
+	Verbs:     []string{"get", "list", "watch", "create", "delete", "deletecollection"},
 }}
 
 type env struct {
@@ -43,7 +43,7 @@ type env struct {
 var nsSeq atomic.Int32
 
 // newEnv makes a namespace where storeUser may do what storeRules allow.
-func newEnv(t *testing.T) env {
+func newEnv(t testing.TB) env {
 	t.Helper()
 	cp := controlplane.Get(t)
 	admin := kubernetes.NewForConfigOrDie(cp.AdminConfig())
@@ -66,7 +66,7 @@ func create[T any](ctx context.Context, c interface {
 	return err
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -82,13 +82,13 @@ type storeOpts struct {
 }
 
 // startStore runs a synced store in the env's namespace until the test ends.
-func (e env) startStore(t *testing.T, o storeOpts) *Store {
+func (e env) startStore(t testing.TB, o storeOpts) *Store {
 	t.Helper()
 	cfg := o.cfg
 	if cfg == nil {
 		cfg = rest.CopyConfig(e.user)
 	}
-	s, err := New(Options{Client: kubernetes.NewForConfigOrDie(cfg), Namespace: e.ns, Limits: o.limits, Logger: o.log, Now: o.now})
+	s, err := New(Options{Config: cfg, Namespace: e.ns, Limits: o.limits, Logger: o.log, Now: o.now})
 	must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -101,7 +101,7 @@ func (e env) startStore(t *testing.T, o storeOpts) *Store {
 			t.Error("Run did not return after its context ended")
 		}
 	})
-	syncCtx, syncDone := context.WithTimeout(ctx, 30*time.Second)
+	syncCtx, syncDone := context.WithTimeout(ctx, 2*time.Minute)
 	defer syncDone()
 	must(t, s.WaitForSync(syncCtx))
 	return s

@@ -5,6 +5,7 @@ package memory
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -27,12 +28,14 @@ type Store struct {
 	marks       map[string]time.Time // key -> collect after
 	waiters     map[string][]chan struct{}
 	nextCollect time.Time
+	seq         uint64 // numbers the outcomes, for Peek's record
 }
 
 type record struct {
 	outcome sessions.Outcome
 	at      time.Time // deliveries: when
 	collect time.Time
+	seq     uint64
 }
 
 // New returns an empty store. now is its clock (nil: time.Now).
@@ -48,13 +51,51 @@ func New(limits sessions.Limits, now func() time.Time) *Store {
 	}
 }
 
-var _ sessions.Store = (*Store)(nil)
+var _ sessions.Peeker = (*Store)(nil)
 
 // Outcome implements sessions.Store.
 func (s *Store) Outcome(_ context.Context, id string) (sessions.Outcome, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.outcomes[id].outcome, nil
+}
+
+// Peek implements sessions.Peeker: a completed outcome's response is read
+// with ReadOutcome.
+func (s *Store) Peek(_ context.Context, id string) (sessions.Outcome, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peek(id)
+}
+
+func (s *Store) peek(id string) (sessions.Outcome, string, error) {
+	r, ok := s.outcomes[id]
+	if !ok || s.now().After(r.collect) {
+		return sessions.Outcome{}, "", nil
+	}
+	if r.outcome.State != sessions.StateCompleted {
+		return r.outcome, "", nil
+	}
+	return sessions.Outcome{State: sessions.StateCompleted}, strconv.FormatUint(r.seq, 10), nil
+}
+
+// WaitPeek implements sessions.Peeker.
+func (s *Store) WaitPeek(ctx context.Context, id string) (sessions.Outcome, string, error) {
+	if _, err := s.Wait(ctx, id); err != nil {
+		return sessions.Outcome{}, "", err
+	}
+	return s.Peek(ctx, id)
+}
+
+// ReadOutcome implements sessions.Peeker.
+func (s *Store) ReadOutcome(_ context.Context, id, rec string) (sessions.Outcome, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.outcomes[id]
+	if !ok || strconv.FormatUint(r.seq, 10) != rec || s.now().After(r.collect) {
+		return sessions.Outcome{}, nil
+	}
+	return r.outcome, nil
 }
 
 // Complete implements sessions.Store.
@@ -80,7 +121,8 @@ func (s *Store) record(id string, expires time.Time, o sessions.Outcome) error {
 	if err := s.admitWrite(); err != nil {
 		return err
 	}
-	s.outcomes[id] = record{outcome: o, collect: expires.Add(s.limits.Grace)}
+	s.seq++
+	s.outcomes[id] = record{outcome: o, collect: expires.Add(s.limits.Grace), seq: s.seq}
 	for _, w := range s.waiters[id] {
 		close(w)
 	}

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/golang/groupcache"
@@ -171,16 +172,16 @@ func (s *Store) Handler() http.Handler {
 }
 
 // serveOutcome answers a peer's groupcache Get: 200 with the outcome, 204
-// for a pending session.
+// when its record is gone.
 func (s *Store) serveOutcome(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("key")
-	if len(id) > maxKeyLen {
-		http.Error(w, "key too long", http.StatusBadRequest)
+	key := r.PathValue("key")
+	if rec, id, ok := strings.Cut(key, keySep); !ok || rec == "" || id == "" || len(key) > maxGroupKeyLen {
+		http.Error(w, "bad key", http.StatusBadRequest)
 		return
 	}
 	var b []byte
 	ctx := context.WithValue(r.Context(), loadStateKey{}, &loadState{fromPeer: true})
-	switch err := s.group.Get(ctx, id, groupcache.AllocatingByteSliceSink(&b)); {
+	switch err := s.group.Get(ctx, key, groupcache.AllocatingByteSliceSink(&b)); {
 	case errors.Is(err, errPending):
 		w.WriteHeader(http.StatusNoContent)
 	case err != nil:

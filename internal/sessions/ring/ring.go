@@ -2,16 +2,18 @@
 // one replica, its owner, by consistent hashing of the session ID over the
 // peer URLs (groupcache's consistenthash, as its HTTPPool places keys).
 //
-// Outcomes are read through a groupcache Group: the owner loads a session's
-// outcome from the inner store once and every replica caches it, since a
-// recorded outcome never changes; a pending one is never cached. Polls are
-// admitted by the owner, whose inner store keeps their pace and nonces in
-// its memory. Everything else goes to the inner store, which every replica
-// shares. An owner that cannot answer within the peer timeout is not
-// waited for: the asking replica answers from the inner store itself.
-//
-// A cached outcome may outlive its record in the inner store: callers
-// refuse an expired session before asking for its outcome.
+// A replica decides a poll from what its inner store holds in memory
+// (sessions.Peeker.Peek): pending, denied, completed, with no request to
+// anyone. Only a completed outcome's response is read from the database,
+// through a groupcache Group keyed by the session and its record: the
+// owner reads it once however many replicas ask at once, and keeps it,
+// since a record never changes; a replica asks only for a record its own
+// memory holds and that is before its collection time, so a response
+// left in a cache after its record was collected is never served. Polls
+// are admitted by the owner, whose inner store keeps their pace and
+// nonces in its memory. Everything else goes to the inner store, which
+// every replica shares. An owner that cannot answer within the peer
+// timeout is not waited for: the asking replica reads itself.
 package ring
 
 import (
@@ -25,6 +27,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,7 +50,7 @@ type Options struct {
 	// fallbacks rolls out [old, new] first, then [new, old].
 	Keys [][]byte
 	// Inner is the store every replica shares.
-	Inner sessions.Store
+	Inner sessions.Peeker
 	// PeerTimeout bounds each request to a peer (default 1s).
 	PeerTimeout time.Duration
 	// Logger (default slog.Default()).
@@ -61,23 +64,28 @@ type Options struct {
 const (
 	// wireGroup is the group name on the wire (groupcache's path).
 	wireGroup = "kb-outcomes"
-	// cacheBytes bounds the outcomes a replica caches.
+	// cacheBytes bounds the responses a replica caches (they hold live
+	// credentials until evicted, also after their records are collected).
 	cacheBytes = 16 << 20
 	// virtualNodes per member on the hash ring (HTTPPool's default).
 	virtualNodes = 50
 	// maxKeyLen bounds session IDs and nonces sent to peers.
 	maxKeyLen = 256
+	// maxGroupKeyLen bounds a group key: a record name (a UID), keySep
+	// and a session ID.
+	maxGroupKeyLen = 64 + 1 + maxKeyLen
+	keySep         = ":"
 	// warnEvery spaces the warnings about answering locally.
 	warnEvery = 10 * time.Second
 )
 
-// errPending is returned by the outcome getter for a pending session, so
-// that groupcache caches nothing for it.
+// errPending is returned by the outcome getter for a record that is gone
+// (or a pending session), so that groupcache caches nothing for it.
 var errPending = errors.New("ring: session pending")
 
 // Store is a sessions.Store placing sessions on replicas. Safe for
 // concurrent use. What it does not override (Complete, Deny, Deliver,
-// UseOnce, Wait) goes straight to the inner store.
+// UseOnce) goes straight to the inner store.
 type Store struct {
 	inner
 	self    string
@@ -102,7 +110,7 @@ type placement struct {
 }
 
 // inner names the embedded store without exporting it.
-type inner = sessions.Store
+type inner = sessions.Peeker
 
 var _ sessions.Store = (*Store)(nil)
 
@@ -196,10 +204,11 @@ func (s *Store) SetPeers(urls []string) {
 // Members returns the ring's members, sorted.
 func (s *Store) Members() []string { return slices.Clone(s.place.Load().members) }
 
-// PickPeer implements groupcache.PeerPicker: the owner of key unless it
-// is this replica (or the ring is empty).
+// PickPeer implements groupcache.PeerPicker: the owner of key's session
+// unless it is this replica (or the ring is empty).
 func (s *Store) PickPeer(key string) (groupcache.ProtoGetter, bool) {
-	if p := s.owner(key); p != nil {
+	_, id, _ := strings.Cut(key, keySep)
+	if p := s.owner(id); p != nil {
 		return p, true
 	}
 	return nil, false
@@ -280,32 +289,50 @@ func stateOf(ctx context.Context) *loadState {
 	return &loadState{}
 }
 
-// Outcome implements sessions.Store. A pending session is the absence of
-// a record, which this replica's inner store sees as soon as the owner's
-// does (both read the same records), so asking the owner about it would
-// only cost a request: only a recorded outcome is read through the group,
-// where it is cached, since it never changes.
+// Outcome implements sessions.Store: pending and denied from this
+// replica's memory, a completed outcome's response through the group.
 func (s *Store) Outcome(ctx context.Context, id string) (sessions.Outcome, error) {
-	local, err := s.inner.Outcome(ctx, id)
-	if err != nil || local.State == sessions.StatePending {
-		return local, err
+	o, rec, err := s.inner.Peek(ctx, id)
+	if err != nil || rec == "" {
+		return o, err
 	}
+	return s.read(ctx, id, rec)
+}
+
+// Wait implements sessions.Store as Outcome does.
+func (s *Store) Wait(ctx context.Context, id string) (sessions.Outcome, error) {
+	o, rec, err := s.inner.WaitPeek(ctx, id)
+	if err != nil || rec == "" {
+		return o, err
+	}
+	return s.read(ctx, id, rec)
+}
+
+// read reads the outcome in record rec of session id through the group:
+// its owner reads it from the inner store once (or this replica, when the
+// owner cannot answer) and caches it.
+func (s *Store) read(ctx context.Context, id, rec string) (sessions.Outcome, error) {
 	var b []byte
 	ctx = context.WithValue(ctx, loadStateKey{}, &loadState{})
-	if err := s.group.Get(ctx, id, groupcache.AllocatingByteSliceSink(&b)); err != nil {
-		// The owner has not seen the record yet, or failed: the one read
-		// here stands.
-		return local, nil
+	switch err := s.group.Get(ctx, rec+keySep+id, groupcache.AllocatingByteSliceSink(&b)); {
+	case errors.Is(err, errPending):
+		return sessions.Outcome{}, nil // collected meanwhile
+	case err != nil:
+		return sessions.Outcome{}, err
 	}
 	return decodeOutcome(b)
 }
 
 // load is the group's getter: it reads the inner store.
-func (s *Store) load(ctx context.Context, id string, dest groupcache.Sink) error {
+func (s *Store) load(ctx context.Context, key string, dest groupcache.Sink) error {
 	if stateOf(ctx).ownerPending {
 		return errPending
 	}
-	o, err := s.inner.Outcome(ctx, id)
+	rec, id, ok := strings.Cut(key, keySep)
+	if !ok || rec == "" {
+		return errors.New("ring: malformed outcome key")
+	}
+	o, err := s.inner.ReadOutcome(ctx, id, rec)
 	if err != nil {
 		return err
 	}

@@ -38,18 +38,18 @@ func newKey(t *testing.T) []byte {
 }
 
 // shared stands for the provider cluster's API server: one store all
-// replicas of a test share. It counts Outcome reads and can alter the
-// response of every recorded outcome it returns, so that a test can tell
-// an outcome served from the group's cache from one read again.
+// replicas of a test share. It counts reads of outcomes' records and can
+// alter the response of every recorded outcome it reads, so that a test
+// can tell an outcome served from the group's cache from one read again.
 type shared struct {
-	sessions.Store
+	sessions.Peeker
 	reads   atomic.Int64
 	altered atomic.Bool
 }
 
-func (s *shared) Outcome(ctx context.Context, id string) (sessions.Outcome, error) {
+func (s *shared) ReadOutcome(ctx context.Context, id, rec string) (sessions.Outcome, error) {
 	s.reads.Add(1)
-	o, err := s.Store.Outcome(ctx, id)
+	o, err := s.Peeker.ReadOutcome(ctx, id, rec)
 	if s.altered.Load() && o.State == sessions.StateCompleted {
 		o.Response = []byte(`{"altered":true}`)
 	}
@@ -59,7 +59,7 @@ func (s *shared) Outcome(ctx context.Context, id string) (sessions.Outcome, erro
 // replicaInner is one replica's view of the shared store: poll pace and
 // nonces live in the replica's own memory, as with the kube store.
 type replicaInner struct {
-	sessions.Store
+	sessions.Peeker
 	table *admission.Table
 	now   func() time.Time
 }
@@ -82,7 +82,7 @@ type config struct {
 
 // start starts a replica serving its peer API on a loopback listener; it
 // is alone in its ring until SetPeers.
-func start(t *testing.T, sh sessions.Store, c config) *replica {
+func start(t *testing.T, sh sessions.Peeker, c config) *replica {
 	t.Helper()
 	if c.now == nil {
 		c.now = time.Now
@@ -94,7 +94,7 @@ func start(t *testing.T, sh sessions.Store, c config) *replica {
 	table := admission.New(c.limits)
 	s, err := New(Options{
 		Self: "https://" + ln.Addr().String(), Keys: c.keys, PeerTimeout: testTimeout,
-		Inner:  &replicaInner{Store: sh, table: table, now: c.now},
+		Inner:  &replicaInner{Peeker: sh, table: table, now: c.now},
 		Logger: slog.New(slog.DiscardHandler), Now: c.now,
 	})
 	if err != nil {
@@ -126,7 +126,7 @@ func join(rs []*replica, extra ...string) {
 	}
 }
 
-func newRing(t *testing.T, n int, sh sessions.Store, c config) []*replica {
+func newRing(t *testing.T, n int, sh sessions.Peeker, c config) []*replica {
 	t.Helper()
 	if c.keys == nil {
 		c.keys = [][]byte{newKey(t)}
@@ -256,7 +256,7 @@ func TestNonceSingleUseAcrossReplicas(t *testing.T) {
 }
 
 // frozen is a peer that completes TLS and then never answers a request.
-func frozen(t *testing.T, sh sessions.Store, keys [][]byte) string {
+func frozen(t *testing.T, sh sessions.Peeker, keys [][]byte) string {
 	r := start(t, sh, config{keys: keys})
 	release := make(chan struct{})
 	srv := &http.Server{
@@ -275,7 +275,7 @@ func frozen(t *testing.T, sh sessions.Store, keys [][]byte) string {
 // checkAnswersWithout checks that a replica in a ring with a peer that
 // does not answer still answers correctly, within about the timeout,
 // for the sessions that peer owns.
-func checkAnswersWithout(t *testing.T, sh sessions.Store, a *replica, dead string) {
+func checkAnswersWithout(t *testing.T, sh sessions.Peeker, a *replica, dead string) {
 	t.Helper()
 	exp := time.Now().Add(time.Hour)
 	timed := func(what string, f func()) {
@@ -316,8 +316,8 @@ func checkAnswersWithout(t *testing.T, sh sessions.Store, a *replica, dead strin
 }
 
 func TestUnresponsiveOwner(t *testing.T) {
-	for name, dead := range map[string]func(*testing.T, sessions.Store, [][]byte) string{
-		"black hole": func(t *testing.T, _ sessions.Store, _ [][]byte) string { return "https://" + procs.HangingListener(t) },
+	for name, dead := range map[string]func(*testing.T, sessions.Peeker, [][]byte) string{
+		"black hole": func(t *testing.T, _ sessions.Peeker, _ [][]byte) string { return "https://" + procs.HangingListener(t) },
 		"frozen":     frozen,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -384,7 +384,7 @@ func TestKeyRotation(t *testing.T) {
 }
 
 func TestOutcomeCaching(t *testing.T) {
-	sh := &shared{Store: memory.New(sessions.Limits{}, nil)}
+	sh := &shared{Peeker: memory.New(sessions.Limits{}, nil)}
 	rs := newRing(t, 2, sh, config{})
 	exp := time.Now().Add(time.Hour)
 	var done, pending []string
@@ -422,9 +422,13 @@ func TestOutcomeCaching(t *testing.T) {
 		}
 	}
 
-	// Recorded outcomes come from the group's cache, loaded once: what the
-	// store says later does not reach them. A pending one is read from
-	// the replica's own store, once per read, never from the owner.
+	// Responses were read once per session, whichever replicas asked;
+	// denials and pending sessions come from each replica's memory.
+	if reads, want := sh.reads.Load(), int64(len(rs)); reads != want {
+		t.Fatalf("%d reads of records, want one per completed session (%d)", reads, want)
+	}
+	// Responses come from the group's cache: what the store says later
+	// does not reach them.
 	sh.altered.Store(true)
 	before := sh.reads.Load()
 	again := read()
@@ -433,8 +437,8 @@ func TestOutcomeCaching(t *testing.T) {
 			t.Fatalf("%s: %+v, want the cached %+v", id, again[id], first[id])
 		}
 	}
-	if reads, want := sh.reads.Load()-before, int64(len(rs)*(len(pending)+len(done))); reads != want {
-		t.Fatalf("%d reads of the store, want one local read per session and replica (%d)", reads, want)
+	if reads := sh.reads.Load() - before; reads != 0 {
+		t.Fatalf("%d reads of records, want none", reads)
 	}
 	sh.altered.Store(false)
 	for _, id := range pending {
@@ -543,8 +547,13 @@ func TestPeerAPI(t *testing.T) {
 		_, _ = io.Copy(&sb, res.Body)
 		return res.StatusCode, sb.String()
 	}
-	if code, _ := send(http.MethodGet, outcomePath+"unknown", ""); code != http.StatusNoContent {
-		t.Errorf("outcome of a pending session: %d, want 204", code)
+	if code, _ := send(http.MethodGet, outcomePath+"1"+keySep+"unknown", ""); code != http.StatusNoContent {
+		t.Errorf("outcome of a record that is not there: %d, want 204", code)
+	}
+	for _, key := range []string{"unknown", keySep + "unknown", "1" + keySep, "1" + keySep + strings.Repeat("x", maxGroupKeyLen)} {
+		if code, _ := send(http.MethodGet, outcomePath+key, ""); code != http.StatusBadRequest {
+			t.Errorf("outcome of key %.40q: %d, want 400", key, code)
+		}
 	}
 	for _, body := range []string{`{"id":"s","expires":1,"extra":1}`, `{"id":"s","expires":1}{}`, `{"id":"","expires":1}`, strings.Repeat(" ", maxAdmitBody) + `{"id":"s","expires":1}`} {
 		if code, _ := send(http.MethodPost, admitPath, body); code != http.StatusBadRequest {
@@ -565,7 +574,7 @@ func TestPeerAPI(t *testing.T) {
 
 // answering is a peer that completes TLS and answers every request with
 // status.
-func answering(t *testing.T, sh sessions.Store, keys [][]byte, status int) string {
+func answering(t *testing.T, sh sessions.Peeker, keys [][]byte, status int) string {
 	r := start(t, sh, config{keys: keys})
 	srv := &http.Server{
 		TLSConfig: r.ServerTLSConfig(),
