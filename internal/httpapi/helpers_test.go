@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/internal/testutil/fakes"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -317,7 +318,7 @@ func (e *env) open(id string) lifecycle.Session {
 // the browser does.
 func (e *env) complete(id string, response []byte) {
 	e.t.Helper()
-	if err := e.store.Complete(context.Background(), id, e.open(id).ExpiresAt, response); err != nil {
+	if err := e.svc.Complete(context.Background(), e.open(id), fakes.ProvisionedNamespace, response); err != nil {
 		e.t.Fatal(err)
 	}
 }

@@ -79,10 +79,6 @@ type Config struct {
 	// Now is the clock of Retry-After answers (default time.Now); use
 	// the one Sessions has.
 	Now func() time.Time
-	// OnDelivered, if set, is called with the BindingResponse each time a
-	// poll hands it out (binding.DeliveryMarker records it; it must not
-	// block).
-	OnDelivered func(response []byte)
 	// LongPoll holds polls that ask to wait (Prefer: wait=N) until their
 	// session ends; nil turns long polling off. Whoever runs the server
 	// calls its Release when shutdown begins.

@@ -95,10 +95,17 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 	}
 	switch outcome.State {
 	case sessions.StateCompleted:
-		switch err := s.bind.Deliver(ctx, sess); {
+		// Deliver marks the binding delivered on the provider cluster
+		// first: no response leaves unmarked.
+		switch err := s.bind.Deliver(ctx, sess, outcome); {
 		case errors.Is(err, lifecycle.ErrDelivered):
 			s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken,
 				"the binding response was delivered and its grace period is over; start over")
+			return
+		case errors.Is(err, lifecycle.ErrBindingGone):
+			s.log.Info("a completed session's binding is gone", "session", sess.ID, "error", err)
+			s.pollError(w, http.StatusGone, v1alpha1.ErrorExpiredToken,
+				"the binding was removed from the provider cluster; start over")
 			return
 		case err != nil:
 			s.storeError(w, err)
@@ -106,9 +113,6 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 		}
 		s.metrics.poll("completed")
 		writeJSONBytes(w, http.StatusOK, outcome.Response)
-		if s.cfg.OnDelivered != nil {
-			s.cfg.OnDelivered(outcome.Response)
-		}
 	case sessions.StateDenied:
 		reason := outcome.DenyReason
 		if reason == "" {

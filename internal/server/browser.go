@@ -19,7 +19,6 @@ type browserPart struct {
 	// readiness: this replica's own caches; dependencies: what every
 	// replica shares (the identity provider, the provider cluster).
 	readiness, dependencies []health.Check
-	onDelivered             func(response []byte)
 	// offers and tokens serve the v1alpha2 routes (server.newV1alpha2).
 	offers *offers.Source
 	tokens *clitoken.Tokens
@@ -30,8 +29,8 @@ type browserPart struct {
 }
 
 // newBrowser builds the browser part: the login at the identity provider,
-// the catalog and provisioner on the provider cluster, the browser
-// handler and the delivery marker. Without an identity provider
+// the catalog and provisioner on the provider cluster (which also marks
+// deliveries, for the session service) and the browser handler. Without an identity provider
 // configured it builds none of them: discovery, sessions and polls still
 // work, and /authorize answers 503.
 func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
@@ -97,9 +96,6 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 	if err != nil {
 		return browserPart{}, err
 	}
-	// Records on the ClusterBinding that a response was handed out, for
-	// the garbage collection of never-delivered bindings.
-	marker := binding.NewDeliveryMarker(provisioner, s.log.With("component", "delivery"))
 	handler, err := browser.New(browser.Config{
 		ExternalURL:       s.ext,
 		ProviderName:      cfg.PrettyName,
@@ -112,7 +108,6 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 		CallbackAllowList: cfg.Browser.CallbackAllowList,
 		NoCallbackFlow:    cfg.Browser.NoCallbackFlow,
 		Logger:            s.log.With("component", "browser"),
-		OnDelivered:       marker.Delivered,
 		Offers:            src,
 		Tokens:            tokens,
 	})
@@ -122,8 +117,7 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 	s.loops = append(s.loops,
 		loop{"catalog", catalog.Run},
 		loop{"offers", src.Run},
-		loop{"oidc discovery", login.Run},
-		loop{"delivery marker", marker.Run})
+		loop{"oidc discovery", login.Run})
 	// Ready once the exported APIs are cached: what this replica needs to
 	// serve the browser part. Neither the identity provider nor the
 	// provider cluster decides it: every replica shares them, and taking
@@ -146,7 +140,7 @@ func (s *Server) newBrowser(ctx context.Context) (browserPart, error) {
 		}))
 	}
 	return browserPart{handler: handler, readiness: readiness, dependencies: []health.Check{login, catalog},
-		onDelivered: marker.Delivered, offers: src, tokens: tokens, catalog: catalog, provisioner: provisioner}, nil
+		offers: src, tokens: tokens, catalog: catalog, provisioner: provisioner}, nil
 }
 
 // currentKey and previousKeys split a key list, the current key first,

@@ -2,8 +2,7 @@
 // builds every part once (one provider cluster client configuration, the
 // session store with, for the hashring, its peer API server and peer
 // discovery, the OIDC login, the catalog and provisioner, the browser
-// handler, the provider-side controllers under leader election, the
-// delivery marker, TLS reload, connection limits, the diagnostics
+// handler, the provider-side controllers under leader election, TLS reload, connection limits, the diagnostics
 // listener and its dependency monitor), and Run runs every
 // loop until its context ends, then shuts down in a fixed order and waits
 // for all of them (see Run).
@@ -81,8 +80,7 @@ type Server struct {
 	peerLn net.Listener
 
 	// loops run until the servers stopped (Run's step 5): TLS reload,
-	// peer discovery, the login's discovery, the catalog, the delivery
-	// marker.
+	// peer discovery, the login's discovery, the catalog, the offers.
 	loops []loop
 	// controllers run the provider-side controllers
 	// (internal/binding/controllers, under leader election) until Run's
@@ -241,7 +239,6 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		Metrics:           reg,
 		Readiness:         readiness,
 		Browser:           b.handler,
-		OnDelivered:       b.onDelivered,
 		LongPoll:          s.longPoll,
 		NoCallbackFlow:    cfg.Browser.NoCallbackFlow,
 		SessionCreateRate: cfg.SessionCreateRate,
@@ -345,7 +342,6 @@ func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
 		LongPollMaxWait: s.longPoll.MaxWait(),
 		PollSessions:    true,
 		NoCallbackFlow:  s.cfg.Browser.NoCallbackFlow,
-		OnDelivered:     b.onDelivered,
 		RequestRate:     s.cfg.CLITokens.RequestRate,
 		BindRate:        s.cfg.CLITokens.BindRate,
 		Logger:          s.log.With("component", "v1alpha2"),
@@ -414,8 +410,7 @@ func (s *Server) servingTLS() (*tls.Config, error) {
 //  4. stop the provider-side controllers and release the leader Lease, so
 //     another replica takes over at once;
 //  5. stop the background loops (TLS reload, discovery, the session
-//     records' informer, the delivery marker, which records what the
-//     drained requests handed out).
+//     records' informer).
 //
 // Every goroutine Run starts has ended when it returns. The error says
 // why a server failed or the drain did not finish in time.

@@ -618,7 +618,7 @@ func TestAttackClusterBindingMetadataThroughStatus(t *testing.T) {
 	e := startEnv(t, backendOptions{users: []oidcprovider.User{dave}})
 	c := e.bindConsumer(t, dave)
 	// The backend's own last write (the delivery mark) lands first.
-	e.waitDelivered(t, c.ns)
+	e.requireDelivered(t, c.ns)
 	cbs := kbresources.ClusterBindingsV1alpha2
 	before, err := e.kube.CoreV1().Namespaces().Get(context.Background(), c.ns, metav1.GetOptions{})
 	if err != nil {

@@ -103,9 +103,9 @@ func TestPollFlowInBrowser(t *testing.T) {
 	if len(namespaces) != 1 || r.res.Namespace != namespaces[0] {
 		t.Fatalf("consumer namespaces %v, kubeconfig namespace %q", namespaces, r.res.Namespace)
 	}
+	e.requireDelivered(t, r.res.Namespace)
 	useKubeconfig(t, resp.Kubeconfig, r.res.Namespace)
 	waitRequestSucceeded(t, resp.Kubeconfig, r.res.Namespace, "mangodbs.mangodb.com")
-	e.waitDelivered(t, r.res.Namespace)
 }
 
 // useKubeconfig shows the issued kubeconfig working as the consumer: it
@@ -263,9 +263,9 @@ func TestCallbackFlowInBrowser(t *testing.T) {
 		if got := e.consumerNamespaces(t, bob); len(got) != 1 || got[0] != ns {
 			t.Errorf("bob's namespaces %v, kubeconfig namespace %q", got, ns)
 		}
+		e.requireDelivered(t, ns)
 		useKubeconfig(t, resp.Kubeconfig, ns)
 		waitRequestSucceeded(t, resp.Kubeconfig, ns, "mangodbs.mangodb.com")
-		e.waitDelivered(t, ns)
 	case msg := <-cb.problems:
 		t.Fatalf("the CLI callback refused the redirect: %s", msg)
 	case <-time.After(30 * time.Second):

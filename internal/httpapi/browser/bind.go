@@ -472,9 +472,6 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		} else {
 			h.redirectToCLI(w, r, sess.CallbackURL, body)
 		}
-		if h.cfg.OnDelivered != nil {
-			h.cfg.OnDelivered(body)
-		}
 		return
 	}
 	web.RenderDone(w, web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names})

@@ -80,10 +80,6 @@ type Config struct {
 	NoCallbackFlow bool
 	Logger         *slog.Logger
 	Now            func() time.Time
-	// OnDelivered, if set, is called with the BindingResponse when the
-	// callback flow redirects the browser to the CLI with it (the poll
-	// flow hands it out in internal/httpapi). It must not block.
-	OnDelivered func(response []byte)
 	// Offers list what the v1alpha2 flows' selection page offers; nil:
 	// those flows (internal/httpapi/v1alpha2) are not served.
 	Offers OfferLister

@@ -494,7 +494,7 @@ func FuzzBindForm(f *testing.F) {
 		if w.Code >= 500 {
 			t.Fatalf("body %q: status %d", body, w.Code)
 		}
-		after, err := e.store.Outcome(ctx, sess.ID)
+		after, err := e.svc.Outcome(ctx, sess)
 		if err != nil {
 			t.Fatalf("outcome: %v", err)
 		}

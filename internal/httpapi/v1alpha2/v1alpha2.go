@@ -29,6 +29,7 @@ import (
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/pace"
+	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
@@ -115,11 +116,8 @@ type Config struct {
 	RequestRate float64
 	BindRate    float64
 	// Now is the clock of the pacing (default time.Now).
-	Now func() time.Time
-	// OnDelivered is called with each response POST /api/bind hands out
-	// (binding.DeliveryMarker); it must not block.
-	OnDelivered func(response []byte)
-	Logger      *slog.Logger
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Handler serves the routes.
@@ -476,6 +474,13 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "10")
 		writeError(w, http.StatusServiceUnavailable, v1alpha2.ErrorUnavailable, "the provider cluster could not set the binding up; try again in a moment")
 		return
+	case errors.Is(err, sessions.ErrUnavailable):
+		// Bound, but its delivery could not be recorded: nothing is
+		// handed out; the same bind again completes it.
+		h.log.Warn("bind not delivered", "consumer", consumer.ID(), "token", claims.ID, "error", err)
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, v1alpha2.ErrorUnavailable, "the provider cluster could not record the binding's delivery; try again in a moment")
+		return
 	default:
 		h.log.Error("bind failed", "consumer", consumer.ID(), "token", claims.ID, "error", err)
 		writeError(w, http.StatusInternalServerError, v1alpha2.ErrorInternal, "the binding failed")
@@ -483,9 +488,6 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.Info("bound", "flow", "template", "consumer", consumer.ID(), "token", claims.ID, "cluster", req.ClusterIdentity,
 		"template", req.Template, "request", req.Name)
-	if h.cfg.OnDelivered != nil {
-		h.cfg.OnDelivered(resp)
-	}
 	writeJSONBytes(w, http.StatusOK, append(resp, '\n'))
 }
 

@@ -55,13 +55,12 @@ var testOffers = fakes.Offers{Items: []offers.Offer{
 }, Shown: []offers.Collection{{Name: "databases", Description: "Databases", Offers: []string{"mangodb-with-secrets"}}}}
 
 type env struct {
-	t         *testing.T
-	srv       *httptest.Server
-	clock     *testutil.Clock
-	tokens    *clitoken.Tokens
-	prov      *fakes.Provisioner
-	login     *fakes.Login
-	delivered chan []byte
+	t      *testing.T
+	srv    *httptest.Server
+	clock  *testutil.Clock
+	tokens *clitoken.Tokens
+	prov   *fakes.Provisioner
+	login  *fakes.Login
 }
 
 func newEnv(t *testing.T) *env { t.Helper(); return newEnvWith(t, envOptions{}) }
@@ -77,7 +76,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	noCallbackFlow := o.noCallbackFlow
 	t.Helper()
 	e := &env{t: t, clock: testutil.ClockAt(time.Now().Truncate(time.Second)), prov: &fakes.Provisioner{},
-		login: &fakes.Login{User: "alice"}, delivered: make(chan []byte, 10)}
+		login: &fakes.Login{User: "alice"}}
 	e.srv = httptest.NewUnstartedServer(nil)
 	ext, _ := url.Parse("http://" + e.srv.Listener.Addr().String())
 	keys, _ := sessionkey.New(bytes.Repeat([]byte("s"), 32))
@@ -91,16 +90,15 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	onDelivered := func(b []byte) { e.delivered <- b }
 	bh, err := browser.New(browser.Config{ExternalURL: ext, ProviderName: "Test", Sessions: svc, Login: e.login,
 		Catalog: fakes.Catalog{}, Provisioner: e.prov, CookieHashKeys: [][]byte{bytes.Repeat([]byte("h"), 32)},
-		CookieBlockKeys: [][]byte{bytes.Repeat([]byte("b"), 32)}, Now: e.clock.Now, OnDelivered: onDelivered,
+		CookieBlockKeys: [][]byte{bytes.Repeat([]byte("b"), 32)}, Now: e.clock.Now,
 		Offers: testOffers, Tokens: e.tokens, NoCallbackFlow: noCallbackFlow})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h, err := New(Config{ExternalURL: ext, PrettyName: "Test", Sessions: svc, Offers: testOffers, Tokens: e.tokens,
-		Issuer: issuer, Browser: bh, PollInterval: 2 * time.Second, PollSessions: true, OnDelivered: onDelivered,
+		Issuer: issuer, Browser: bh, PollInterval: 2 * time.Second, PollSessions: true,
 		NoCallbackFlow: noCallbackFlow, Allows: o.allows, RequestRate: o.requestRate, BindRate: o.bindRate, Now: e.clock.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -401,14 +399,17 @@ func TestBind(t *testing.T) {
 		!slices.Equal(calls[0].Resources, []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}) {
 		t.Errorf("provisioned %+v", calls)
 	}
-	select {
-	case d := <-e.delivered:
-		if string(d) != strings.TrimSuffix(body, "\n") {
-			t.Errorf("delivered %s", d)
-		}
-	default:
-		t.Error("the response was not marked delivered")
+	if m := e.prov.Marked(); !slices.Equal(m, []string{fakes.ProvisionedNamespace}) {
+		t.Errorf("marked delivered %v, want [%s]", m, fakes.ProvisionedNamespace)
 	}
+	// The delivery cannot be recorded: no response leaves, 503.
+	e.prov.MarkErr = errors.New("the API server is away")
+	resp, body = e.do(e.client(), "POST", "/api/bind", strings.NewReader(bindBody("my-db", "mangodb-with-secrets", "2f1c-uid")), auth...)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || strings.Contains(body, "kubeconfig") {
+		t.Errorf("bind with the mark failing: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	e.prov.MarkErr = nil
+	e.prov.Take()
 
 	for name, c := range map[string]struct {
 		body   string
@@ -580,8 +581,8 @@ func TestBrowserFlow(t *testing.T) {
 	if len(calls) != 1 || calls[0].ClusterID != "9a7d-uid" || len(calls[0].Resources) != 2 {
 		t.Errorf("provisioned %+v", calls)
 	}
-	if len(e.delivered) != 1 {
-		t.Errorf("%d deliveries marked", len(e.delivered))
+	if m := e.prov.Marked(); len(m) != 1 {
+		t.Errorf("deliveries marked: %v", m)
 	}
 
 	// A denied login ends at the CLI with an error and a decodable

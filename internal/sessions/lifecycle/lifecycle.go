@@ -12,12 +12,15 @@
 package lifecycle
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/offers"
@@ -27,10 +30,15 @@ import (
 	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
-// Provisioner sets a consumer up on the provider cluster (implemented by
+// Provisioner sets a consumer up on the provider cluster and records
+// there that its response was handed out (implemented by
 // *binding.Provisioner).
 type Provisioner interface {
 	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error)
+	// MarkDelivered records that the response of provider namespace ns
+	// is handed out, unless that is recorded already
+	// (binding.AnnotationDeliveredAt, which the garbage collection reads).
+	MarkDelivered(ctx context.Context, ns string) error
 }
 
 // Offers are what a v1alpha2 consumer may pick (implemented by the offers
@@ -61,6 +69,7 @@ type Config struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Catalog and Provisioner are needed for Select and Bind only.
+	// Without a Provisioner nothing is bound, so no delivery is marked.
 	Catalog     Catalog
 	Provisioner Provisioner
 	// Offers are needed for SelectOffers only.
@@ -252,10 +261,40 @@ func (s *Service) UseLoginState(ctx context.Context, key string) error {
 	return s.cfg.Store.UseOnce(ctx, "login-state\n"+key, s.cfg.Now().Add(s.cfg.SessionTTL))
 }
 
+// Outcome is what a session ended with so far (State pending while it
+// has none), as the service reads it back from the store.
+type Outcome struct {
+	sessions.Outcome
+	// namespace is the provider namespace the response was issued for
+	// (the bind's result, recorded with the response): Deliver marks it.
+	namespace string
+}
+
+// The store keeps a completed session's outcome as the provider namespace,
+// a newline and the BindingResponse: what Deliver needs to mark the
+// binding travels with the response to whichever replica serves the poll.
+// A record without the line (written by a service without a provisioner)
+// starts with the response's "{".
+func storedResponse(namespace string, response []byte) []byte {
+	return append(append([]byte(namespace), '\n'), response...)
+}
+
+func readOutcome(o sessions.Outcome) Outcome {
+	out := Outcome{Outcome: o}
+	if o.State != sessions.StateCompleted || len(o.Response) == 0 || o.Response[0] == '{' {
+		return out
+	}
+	if ns, response, ok := bytes.Cut(o.Response, []byte{'\n'}); ok {
+		out.namespace, out.Response = string(ns), response
+	}
+	return out
+}
+
 // Outcome is what the session ended with so far (the zero Outcome while
 // pending).
-func (s *Service) Outcome(ctx context.Context, sess Session) (sessions.Outcome, error) {
-	return s.cfg.Store.Outcome(ctx, sess.ID)
+func (s *Service) Outcome(ctx context.Context, sess Session) (Outcome, error) {
+	o, err := s.cfg.Store.Outcome(ctx, sess.ID)
+	return readOutcome(o), err
 }
 
 // AdmitPoll admits a poll of sess with nonce (sessions.Store.AdmitPoll).
@@ -264,19 +303,44 @@ func (s *Service) AdmitPoll(ctx context.Context, sess Session, nonce string, min
 }
 
 // Wait holds until sess has an outcome or ctx ends (long polls).
-func (s *Service) Wait(ctx context.Context, sess Session) (sessions.Outcome, error) {
-	return s.cfg.Store.Wait(ctx, sess.ID)
+func (s *Service) Wait(ctx context.Context, sess Session) (Outcome, error) {
+	o, err := s.cfg.Store.Wait(ctx, sess.ID)
+	return readOutcome(o), err
 }
 
-// ErrDelivered: the response was delivered longer than the grace period
-// ago; it is never served again.
-var ErrDelivered = errors.New("the response was delivered and its grace period is over")
+var (
+	// ErrDelivered: the response was delivered longer than the grace
+	// period ago; it is never served again.
+	ErrDelivered = errors.New("the response was delivered and its grace period is over")
+	// ErrBindingGone: the binding the response was issued for is not on
+	// the provider cluster any more (unbound or revoked meanwhile), or
+	// the outcome does not say which it is; its credential is worth
+	// nothing, so it is not handed out.
+	ErrBindingGone = errors.New("the binding of the response is gone from the provider cluster")
+)
 
-// Deliver returns nil when a completed session's response may be handed
-// to a poll now: within the grace period after its first delivery (which
-// this call records if it is the first), and only if that was before the
-// session expired. Else ErrDelivered.
-func (s *Service) Deliver(ctx context.Context, sess Session) error {
+// Deliver returns nil when completed outcome o of sess may be handed to a
+// poll now: its binding is marked delivered on the provider cluster (see
+// delivered), and the poll is within the grace period after the first
+// delivery (which this call records if it is the first), and that was
+// before the session expired. Else ErrDelivered, ErrBindingGone, or an
+// error of the store or the provider cluster (errors.Is
+// sessions.ErrUnavailable when it is worth trying again).
+//
+// The mark comes before the first delivery's record: the grace period
+// starts only once the binding is safe from the garbage collection, so a
+// failed mark costs the poll nothing but a retry, and a crash between the
+// two leaves a binding marked but not yet handed out, which the garbage
+// collection spares (the safe way to be wrong). A session that ended is
+// served only if its first delivery came before the end, so its mark is
+// checked after the record: a late poll of a response never handed out
+// must not mark it.
+func (s *Service) Deliver(ctx context.Context, sess Session, o Outcome) error {
+	if !sess.Ended {
+		if err := s.delivered(ctx, o.namespace); err != nil {
+			return err
+		}
+	}
 	first, err := s.cfg.Store.Deliver(ctx, sess.ID, sess.ExpiresAt)
 	if err != nil {
 		return err
@@ -284,7 +348,34 @@ func (s *Service) Deliver(ctx context.Context, sess Session) error {
 	if !first.Before(sess.ExpiresAt) || s.cfg.Now().After(first.Add(s.cfg.Grace)) {
 		return ErrDelivered
 	}
+	if sess.Ended {
+		return s.delivered(ctx, o.namespace)
+	}
 	return nil
+}
+
+// delivered is the event "the response of provider namespace ns is about
+// to be handed out": it returns once the binding is marked delivered on
+// the provider cluster (binding.AnnotationDeliveredAt), which the garbage
+// collection of unused bindings reads. Every path that hands a response
+// out calls it first, and hands nothing out when it fails.
+func (s *Service) delivered(ctx context.Context, ns string) error {
+	if s.cfg.Provisioner == nil {
+		return nil
+	}
+	if ns == "" {
+		return fmt.Errorf("%w: the outcome names no provider namespace", ErrBindingGone)
+	}
+	switch err := s.cfg.Provisioner.MarkDelivered(ctx, ns); {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%w: %w", ErrBindingGone, err)
+	default:
+		// The API server down, slow, or refusing: transient for the
+		// client, who tries again.
+		return fmt.Errorf("%w: recording the delivery: %w", sessions.ErrUnavailable, err)
+	}
 }
 
 // SelectionError says what is wrong with the APIs a user picked, in words
@@ -384,8 +475,10 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 
 // Bind provisions consumer with resources under clusterID, renders the
 // v1alpha1 response for sess's flow (the CLI's session ID in the callback
-// flow) and records it as the session's outcome. It returns the
-// BindingResponse. Provisioning is idempotent, so a bind that two
+// flow) and records it as the session's outcome, with the provider
+// namespace Deliver marks. A response that goes to a CLI's callback
+// instead is handed out by the caller at once, so Bind marks its delivery
+// first (see delivered). It returns the BindingResponse. Provisioning is idempotent, so a bind that two
 // replicas run at once (the form sent twice) provisions the same objects
 // and records one outcome.
 func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource) ([]byte, error) {
@@ -403,12 +496,19 @@ func (s *Service) BindOffers(ctx context.Context, sess Session, consumer binding
 }
 
 // BindDirect binds one pick with no session (POST /api/bind with a CLI
-// token): it provisions and renders the v1alpha2 response, with sid as
-// its session ID, and records nothing.
+// token): it provisions, renders the v1alpha2 response, with sid as its
+// session ID, and marks its delivery (see delivered), which the caller
+// makes at once; the session store records nothing.
 func (s *Service) BindDirect(ctx context.Context, consumer binding.Consumer, clusterID, sid string, pick Pick) ([]byte, error) {
 	consumer.Proof = binding.ProofToken
-	body, _, err := s.provision(ctx, consumer, clusterID, sid, pickedResources([]Pick{pick}), []Pick{pick})
-	return body, err
+	body, res, err := s.provision(ctx, consumer, clusterID, sid, pickedResources([]Pick{pick}), []Pick{pick})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.delivered(ctx, res.Namespace); err != nil {
+		return nil, err
+	}
+	return body, nil
 }
 
 func pickedResources(picks []Pick) []binding.Resource {
@@ -436,7 +536,7 @@ func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consu
 	if sess.Flow.Polled() {
 		consumer.Proof = binding.ProofIssued
 	}
-	body, _, err := s.provision(ctx, consumer, clusterID, sid, resources, picks)
+	body, res, err := s.provision(ctx, consumer, clusterID, sid, resources, picks)
 	var refused *RefusedError
 	if errors.As(err, &refused) {
 		// The client polls until it hears why.
@@ -449,16 +549,28 @@ func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consu
 	}
 	if !sess.Flow.Polled() {
 		// Its response goes to the CLI's callback at once, never to a
-		// poll: nothing to record.
+		// poll: nothing to record in the store, but the delivery.
+		if err := s.delivered(ctx, res.Namespace); err != nil {
+			return nil, err
+		}
 		return body, nil
 	}
-	switch err := s.cfg.Store.Complete(ctx, sess.ID, sess.ExpiresAt, body); {
-	case errors.Is(err, sessions.ErrNotPending):
-		return nil, ErrAlreadyDone
-	case err != nil:
+	if err := s.Complete(ctx, sess, res.Namespace, body); err != nil {
 		return nil, err
 	}
 	return body, nil
+}
+
+// Complete records response, issued for provider namespace ns, as the
+// outcome of poll session sess (Bind does, once it provisioned):
+// ErrAlreadyDone if it has one.
+func (s *Service) Complete(ctx context.Context, sess Session, ns string, response []byte) error {
+	switch err := s.cfg.Store.Complete(ctx, sess.ID, sess.ExpiresAt, storedResponse(ns, response)); {
+	case errors.Is(err, sessions.ErrNotPending):
+		return ErrAlreadyDone
+	default:
+		return err
+	}
 }
 
 func generation(f sessionkey.Flow) string {

@@ -117,23 +117,140 @@ func TestDeliverGrace(t *testing.T) {
 	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
 	sess, _, _ := s.CreatePollSession("")
-	if err := s.Deliver(ctx, sess); !errors.Is(err, sessions.ErrNotPending) {
+	if err := s.Deliver(ctx, sess, Outcome{}); !errors.Is(err, sessions.ErrNotPending) {
 		t.Fatalf("Deliver of a pending session: %v", err)
 	}
 	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
+	o := outcome(t, s, sess)
 	clock.Advance(10 * time.Second)
-	if err := s.Deliver(ctx, sess); err != nil {
+	if err := s.Deliver(ctx, sess, o); err != nil {
 		t.Fatalf("first delivery: %v", err)
 	}
 	clock.Advance(29 * time.Second)
-	if err := s.Deliver(ctx, sess); err != nil {
+	if err := s.Deliver(ctx, sess, o); err != nil {
 		t.Fatalf("within the grace period: %v", err)
 	}
 	clock.Advance(2 * time.Second)
-	if err := s.Deliver(ctx, sess); !errors.Is(err, ErrDelivered) {
+	if err := s.Deliver(ctx, sess, o); !errors.Is(err, ErrDelivered) {
 		t.Fatalf("after the grace period: %v, want ErrDelivered", err)
+	}
+}
+
+// outcome reads sess's outcome as a poll does.
+func outcome(t *testing.T, s *Service, sess Session) Outcome {
+	t.Helper()
+	o, err := s.Outcome(context.Background(), sess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// Every path that hands a response out marks its binding delivered first,
+// with the namespace the bind provisioned; a failed mark hands nothing
+// out, and the poll's grace period starts only once the mark is made.
+func TestDeliveredMarkedFirst(t *testing.T) {
+	ctx := context.Background()
+	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
+	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
+	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
+	p := &fakes.Provisioner{}
+	s, _, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, p, clock)
+	down := fmt.Errorf("connection refused")
+
+	// The poll flow: Bind records the namespace with the response,
+	// marks nothing yet (nothing is handed out).
+	poll, cluster, _ := s.CreatePollSession("")
+	body, err := s.Bind(ctx, poll, consumer, cluster, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := p.Marked(); len(m) != 0 {
+		t.Fatalf("a poll-flow bind marked %v before any poll", m)
+	}
+	o := outcome(t, s, poll)
+	if !bytes.Equal(o.Response, body) {
+		t.Fatalf("the poll reads back %q, want the response %q", o.Response, body)
+	}
+	p.MarkErr = down
+	if err := s.Deliver(ctx, poll, o); !errors.Is(err, sessions.ErrUnavailable) || !errors.Is(err, down) {
+		t.Fatalf("Deliver with the mark failing: %v, want ErrUnavailable wrapping the cause", err)
+	}
+	// The failed attempt started no grace period: a poll later than the
+	// grace after it is still a first delivery.
+	clock.Advance(31 * time.Second)
+	p.MarkErr = nil
+	if err := s.Deliver(ctx, poll, o); err != nil {
+		t.Fatalf("Deliver once the mark works: %v", err)
+	}
+	if m := p.Marked(); len(m) != 1 || m[0] != fakes.ProvisionedNamespace {
+		t.Fatalf("marked %v, want [%s]", m, fakes.ProvisionedNamespace)
+	}
+
+	// A late poll of a response never handed out before the session
+	// ended is refused and marks nothing.
+	late, lateCluster, _ := s.CreatePollSession("")
+	if _, err := s.Bind(ctx, late, consumer, lateCluster, res); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute + time.Second)
+	ended, err := s.OpenPoll(late.ID)
+	if err != nil || !ended.Ended {
+		t.Fatalf("OpenPoll after the expiry: %+v %v", ended, err)
+	}
+	if err := s.Deliver(ctx, ended, outcome(t, s, ended)); !errors.Is(err, ErrDelivered) {
+		t.Fatalf("first delivery after the expiry: %v, want ErrDelivered", err)
+	}
+	if m := p.Marked(); len(m) != 1 {
+		t.Errorf("a response never handed out was marked: %v", m)
+	}
+
+	// The callback flow and POST /api/bind hand the response out at
+	// once: marked before Bind returns it, or no response at all.
+	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
+	p.MarkErr = down
+	if body, err := s.Bind(ctx, cb, consumer, "abcdef", res); !errors.Is(err, sessions.ErrUnavailable) || body != nil {
+		t.Fatalf("callback-flow bind with the mark failing: %q %v, want no response and ErrUnavailable", body, err)
+	}
+	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{{Name: "db", Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}}}}
+	s.cfg.RenderV1alpha2 = renderPicks
+	pick := Pick{Offer: s.cfg.Offers.(fakes.Offers).Items[0]}
+	if body, err := s.BindDirect(ctx, consumer, "uid", "token-id", pick); !errors.Is(err, sessions.ErrUnavailable) || body != nil {
+		t.Fatalf("BindDirect with the mark failing: %q %v, want no response and ErrUnavailable", body, err)
+	}
+	p.MarkErr = nil
+	if _, err := s.Bind(ctx, cb, consumer, "abcdef", res); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.BindDirect(ctx, consumer, "uid", "token-id", pick); err != nil {
+		t.Fatal(err)
+	}
+	if m := p.Marked(); len(m) != 3 {
+		t.Errorf("marked %v, want the callback-flow bind and the direct bind too", m)
+	}
+}
+
+// An outcome that names no namespace (not written by a bind of this
+// service) is not handed out: its binding cannot be marked.
+func TestDeliverUnmarkable(t *testing.T) {
+	ctx := context.Background()
+	p := &fakes.Provisioner{}
+	s, store, _ := newService(t, sessions.Limits{}, p)
+	sess, _, _ := s.CreatePollSession("")
+	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{"kind":"BindingResponse"}`)); err != nil {
+		t.Fatal(err)
+	}
+	o := outcome(t, s, sess)
+	if string(o.Response) != `{"kind":"BindingResponse"}` {
+		t.Errorf("response %q", o.Response)
+	}
+	if err := s.Deliver(ctx, sess, o); !errors.Is(err, ErrBindingGone) {
+		t.Errorf("Deliver: %v, want ErrBindingGone", err)
+	}
+	if m := p.Marked(); len(m) != 0 {
+		t.Errorf("marked %v", m)
 	}
 }
 
@@ -196,7 +313,7 @@ func TestBind(t *testing.T) {
 		if g := resp.Authentication.OAuth2CodeGrant; g == nil || g.SessionID != c.wantSID || g.ID != consumer.ID() {
 			t.Errorf("code grant %+v, want session %s and consumer %s", g, c.wantSID, consumer.ID())
 		}
-		stored, _ := store.Outcome(ctx, c.sess.ID)
+		stored, _ := s.Outcome(ctx, c.sess)
 		if c.sess.Flow == sessionkey.FlowCallback {
 			// Handed to the CLI's callback at once: nothing recorded.
 			if stored.State != sessions.StatePending {
@@ -250,7 +367,7 @@ func TestDeliverAroundExpiry(t *testing.T) {
 		}
 	}
 	clock.Advance(time.Minute - time.Second)
-	if err := s.Deliver(ctx, early); err != nil {
+	if err := s.Deliver(ctx, early, outcome(t, s, early)); err != nil {
 		t.Fatalf("delivery a second before the expiry: %v", err)
 	}
 	clock.Advance(20 * time.Second)
@@ -258,7 +375,7 @@ func TestDeliverAroundExpiry(t *testing.T) {
 	if err != nil || !polled.Ended {
 		t.Fatalf("OpenPoll within the grace after the expiry: %+v, %v", polled, err)
 	}
-	if err := s.Deliver(ctx, polled); err != nil {
+	if err := s.Deliver(ctx, polled, outcome(t, s, polled)); err != nil {
 		t.Fatalf("within the grace of a delivery made before the expiry: %v", err)
 	}
 	if _, err := s.Open(early.ID); !errors.Is(err, ErrExpired) {
@@ -268,7 +385,7 @@ func TestDeliverAroundExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Deliver(ctx, lateSess); !errors.Is(err, ErrDelivered) {
+	if err := s.Deliver(ctx, lateSess, outcome(t, s, lateSess)); !errors.Is(err, ErrDelivered) {
 		t.Fatalf("first delivery after the expiry: %v, want ErrDelivered", err)
 	}
 	clock.Advance(15 * time.Second)

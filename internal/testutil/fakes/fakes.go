@@ -177,10 +177,31 @@ const ProvisionedNamespace = "kb-ns"
 type Provisioner struct {
 	// Err, when set, fails every Provision (which is still recorded).
 	Err error
+	// MarkErr, when set, fails every MarkDelivered (not recorded).
+	MarkErr error
 
-	mu    sync.Mutex
-	calls []ProvisionCall
-	next  error
+	mu     sync.Mutex
+	calls  []ProvisionCall
+	next   error
+	marked []string
+}
+
+// MarkDelivered records ns as marked delivered, or fails with MarkErr.
+func (p *Provisioner) MarkDelivered(_ context.Context, ns string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.MarkErr != nil {
+		return p.MarkErr
+	}
+	p.marked = append(p.marked, ns)
+	return nil
+}
+
+// Marked returns the namespaces MarkDelivered recorded, in order.
+func (p *Provisioner) Marked() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.marked)
 }
 
 // FailNext makes the next Provision fail with err.

@@ -79,7 +79,6 @@ func start(t *testing.T, run func(context.Context) error) (stop func()) {
 // consumer is one bound consumer, seen through its issued kubeconfig.
 type consumer struct {
 	namespace string
-	response  []byte // the JSON BindingResponse
 	kube      kubernetes.Interface
 	dyn       dynamic.Interface
 }
@@ -91,9 +90,8 @@ func (e *env) bind(t *testing.T, name string) *consumer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(resp)
 	rc, ns := testutil.IssuedConfig(t, resp.Kubeconfig)
-	return &consumer{namespace: ns, response: body, kube: kubernetes.NewForConfigOrDie(rc), dyn: dynamic.NewForConfigOrDie(rc)}
+	return &consumer{namespace: ns, kube: kubernetes.NewForConfigOrDie(rc), dyn: dynamic.NewForConfigOrDie(rc)}
 }
 
 // halfBind is a bind cut short by an API server outage right after the
@@ -253,19 +251,15 @@ func TestGarbageCollection(t *testing.T) {
 	ctx := context.Background()
 	const after = 4 * time.Second
 
-	// Delivery is recorded the way cmd/backend does it: handlers hand the
-	// response to a DeliveryMarker.
-	markerCtx, stopMarker := context.WithCancel(ctx)
-	marker := binding.NewDeliveryMarker(e.provisioner, nil)
-	markerDone := make(chan struct{})
-	go func() { marker.Run(markerCtx); close(markerDone) }()
-	defer func() { stopMarker(); <-markerDone }()
-
 	firstBind := time.Now()
 	undelivered := e.bind(t, "undelivered")
 	half := e.halfBind(t, "half")
 	delivered := e.bind(t, "delivered")
-	marker.Delivered(delivered.response)
+	// Recorded the way the session service does before it hands the
+	// response out.
+	if err := e.provisioner.MarkDelivered(ctx, delivered.namespace); err != nil {
+		t.Fatal(err)
+	}
 	heartbeating := e.bind(t, "heartbeating")
 	heartbeating.heartbeat(t)
 	used := e.bind(t, "used")
@@ -277,15 +271,6 @@ func TestGarbageCollection(t *testing.T) {
 	if _, err := used.dyn.Resource(kbresources.APIServiceExportRequests).Namespace(used.namespace).Create(ctx, req, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Await(t, "the delivery is recorded on the ClusterBinding", func() bool {
-		cb, err := e.provisioner.ResponseNamespace(delivered.response)
-		if err != nil || cb != delivered.namespace {
-			t.Fatalf("ResponseNamespace: %q %v, want %s", cb, err, delivered.namespace)
-		}
-		got, err := dynamic.NewForConfigOrDie(e.backend).Resource(kbresources.ClusterBindings).Namespace(delivered.namespace).
-			Get(ctx, binding.ClusterBindingName, metav1.GetOptions{})
-		return err == nil && got.GetAnnotations()[binding.AnnotationDeliveredAt] != ""
-	})
 	keep := []string{delivered.namespace, heartbeating.namespace, used.namespace}
 	collect := []string{undelivered.namespace, half}
 
