@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/kubeerr"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -449,8 +450,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		h.page(w, http.StatusForbidden, pageDenied, refused.Reason)
 		return
 	case errors.Is(err, lifecycle.ErrProvisioning):
-		h.log.Error("provisioning failed", "session", sess.ID, "consumer", consumer.ID(), "error", err)
-		h.page(w, http.StatusBadGateway, pageProvisionFailed, "")
+		h.provisionFailed(w, err, "session", sess.ID, "consumer", consumer.ID())
 		return
 	case errors.Is(err, lifecycle.ErrAlreadyDone):
 		// A second submit of the same form: the first one delivered.
@@ -533,4 +533,21 @@ func (h *Handler) stillPending(ctx context.Context, w http.ResponseWriter, sess 
 		h.page(w, http.StatusForbidden, pageDenied, o.DenyReason)
 	}
 	return false
+}
+
+// provisionFailed answers a Bind whose provisioning failed. The provider
+// cluster overloaded or briefly away is 503 with Retry-After and a
+// warning: the same Bind succeeds in a moment, and nothing was half-made.
+// Any other failure (a refusal the backend did not expect, such as its
+// own RBAC) is 502 and an error the operator must see.
+func (h *Handler) provisionFailed(w http.ResponseWriter, err error, logArgs ...any) {
+	logArgs = append(logArgs, "error", err)
+	if kubeerr.Transient(err) {
+		h.log.Warn("provisioning briefly failed", logArgs...)
+		w.Header().Set("Retry-After", "10")
+		h.page(w, http.StatusServiceUnavailable, pageProvisionFailed, "")
+		return
+	}
+	h.log.Error("provisioning failed", logArgs...)
+	h.page(w, http.StatusBadGateway, pageProvisionFailed, "")
 }

@@ -10,6 +10,10 @@ import (
 
 	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/sessions"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 // A session store that is briefly unavailable (the provider cluster
@@ -41,5 +45,34 @@ func TestStoreUnavailablePage(t *testing.T) {
 	h.storeFailed(w, errors.New("the store broke"))
 	if w.Code < 500 || strings.Contains(w.Body.String(), "Reload this page") || !strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Fatalf("failing store: %d, logged as %s:\n%s", w.Code, logs, w.Body)
+	}
+}
+
+// A provisioning failure the provider cluster will not repeat in a
+// moment (overloaded, a timeout) is 503 with Retry-After and a warning;
+// any other (the backend's own RBAC refused) is 502 and an error.
+func TestProvisionFailedPage(t *testing.T) {
+	gr := schema.GroupResource{Resource: "namespaces"}
+	for _, c := range []struct {
+		name      string
+		err       error
+		code      int
+		level     string
+		retryHint bool
+	}{
+		{"overloaded", apierrors.NewTooManyRequests("slow down", 1), 503, "WARN", true},
+		{"timeout", apierrors.NewServerTimeout(gr, "create", 1), 503, "WARN", true},
+		{"forbidden", apierrors.NewForbidden(gr, "kb-x", errors.New("no RBAC")), 502, "ERROR", false},
+	} {
+		logs := &procs.Buffer{}
+		h := &Handler{log: slog.New(slog.NewJSONHandler(logs, nil))}
+		w := httptest.NewRecorder()
+		h.provisionFailed(w, fmt.Errorf("%w: %w", lifecycle.ErrProvisioning, c.err), "session", "s")
+		if w.Code != c.code || (w.Header().Get("Retry-After") != "") != c.retryHint {
+			t.Errorf("%s: %d, Retry-After %q; want %d", c.name, w.Code, w.Header().Get("Retry-After"), c.code)
+		}
+		if !strings.Contains(logs.String(), `"level":"`+c.level+`"`) || !strings.Contains(w.Body.String(), "could not be set up") {
+			t.Errorf("%s: logged as %s, page:\n%s", c.name, logs, w.Body)
+		}
 	}
 }
