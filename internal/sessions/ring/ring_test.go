@@ -173,8 +173,8 @@ func (r *roundRobin) Outcome(ctx context.Context, id string) (sessions.Outcome, 
 	return r.next().Outcome(ctx, id)
 }
 
-func (r *roundRobin) Complete(ctx context.Context, id string, expires time.Time, response []byte) error {
-	return r.next().Complete(ctx, id, expires, response)
+func (r *roundRobin) Complete(ctx context.Context, id string, expires time.Time, ns string, response []byte) error {
+	return r.next().Complete(ctx, id, expires, ns, response)
 }
 
 func (r *roundRobin) Deny(ctx context.Context, id string, expires time.Time, reason string) error {
@@ -302,7 +302,7 @@ func checkAnswersWithout(t *testing.T, sh sessions.Peeker, a *replica, dead stri
 			t.Fatalf("Outcome = %+v, %v; want pending", o, err)
 		}
 	})
-	if err := sh.Complete(ctx, id, exp, []byte(`{"ok":true}`)); err != nil {
+	if err := sh.Complete(ctx, id, exp, "kb-ns", []byte(`{"ok":true}`)); err != nil {
 		t.Fatal(err)
 	}
 	timed("Outcome of a completed session", func() {
@@ -392,7 +392,7 @@ func TestOutcomeCaching(t *testing.T) {
 		id, denied := ownedBy(t, rs[0], owner.url, "done"), ownedBy(t, rs[0], owner.url, "denied")
 		done = append(done, id, denied)
 		pending = append(pending, ownedBy(t, rs[0], owner.url, "pending"))
-		if err := sh.Complete(ctx, id, exp, []byte(`{"id":"`+id+`"}`)); err != nil {
+		if err := sh.Complete(ctx, id, exp, "kb-ns", []byte(`{"id":"`+id+`"}`)); err != nil {
 			t.Fatal(err)
 		}
 		if err := sh.Deny(ctx, denied, exp, "no"); err != nil {
@@ -442,7 +442,7 @@ func TestOutcomeCaching(t *testing.T) {
 	}
 	sh.altered.Store(false)
 	for _, id := range pending {
-		if err := sh.Complete(ctx, id, exp, []byte(`{}`)); err != nil {
+		if err := sh.Complete(ctx, id, exp, "kb-ns", []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -702,7 +702,7 @@ func TestFlushedOwner(t *testing.T) {
 				t.Fatal(err)
 			}
 			if completed {
-				if err := sh.Complete(ctx, victim, exp, []byte(`{"token":"t"}`)); err != nil {
+				if err := sh.Complete(ctx, victim, exp, "kb-ns", []byte(`{"token":"t"}`)); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := sh.Deliver(ctx, victim, exp); err != nil {
