@@ -59,14 +59,14 @@ const (
 	// the record may be deleted: its collection time, rounded up to the
 	// next minute. Label selectors compare integers (<), so one request
 	// deletes every expired record.
-	CollectMinuteLabel = "kube-bind.io/collect-minute"
-	CollectAnnotation  = "kube-bind.io/collect-after" // RFC 3339: expires + Limits.Grace
-	StateAnnotation    = "kube-bind.io/state"         // an outcome's: completed or denied
-	ReasonAnnotation   = "kube-bind.io/deny-reason"   // a denial's reason, when short
+	CollectMinuteLabel  = "kube-bind.io/collect-minute"
+	CollectAnnotation   = "kube-bind.io/collect-after" // RFC 3339: expires + Limits.Grace
+	StateAnnotation     = "kube-bind.io/state"         // an outcome's: completed or denied
+	ReasonAnnotation    = "kube-bind.io/deny-reason"   // a denial's reason, when short
+	DeliveredAnnotation = "kube-bind.io/delivered-at"  // RFC 3339: the first delivery
 	// NamespaceAnnotation is a completed outcome's provider namespace
 	// (sessions.Outcome.Namespace), also in the data under "namespace".
 	NamespaceAnnotation = "kube-bind.io/provider-namespace"
-	DeliveredAnnotation = "kube-bind.io/delivered-at" // RFC 3339: the first delivery
 )
 
 const (
