@@ -288,8 +288,9 @@ var (
 )
 
 // Deliver returns nil when completed outcome o of sess may be handed to a
-// poll now: its binding, in the provider namespace the outcome records,
-// is marked delivered on the provider cluster (see delivered), and the poll is within the grace period after the first
+// poll now: its binding, in the provider namespace the outcome records
+// (o.Namespace), is marked delivered on the provider cluster (see
+// delivered), and the poll is within the grace period after the first
 // delivery (which this call records if it is the first), and that was
 // before the session expired. Else ErrDelivered, ErrBindingGone, or an
 // error of the store or the provider cluster (errors.Is
