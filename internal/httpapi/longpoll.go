@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 )
 
@@ -12,7 +13,7 @@ import (
 // and returns the session to answer with. A poll that does not ask, or
 // that finds every slot taken, is answered at once with pending, as are
 // polls whose wait fails: the client's next poll finds out more.
-func (s *server) longPoll(w http.ResponseWriter, r *http.Request, sess lifecycle.Session, pending lifecycle.Outcome) lifecycle.Outcome {
+func (s *server) longPoll(w http.ResponseWriter, r *http.Request, sess lifecycle.Session, pending sessions.Outcome) sessions.Outcome {
 	d, ok := s.cfg.LongPoll.Wanted(r.Header)
 	if !ok {
 		return pending

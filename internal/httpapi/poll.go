@@ -108,7 +108,7 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 				"the binding was removed from the provider cluster; start over")
 			return
 		case err != nil:
-			s.storeError(w, err)
+			s.deliveryError(w, sess, err)
 			return
 		}
 		s.metrics.poll("completed")
@@ -183,6 +183,21 @@ func (s *server) storeError(w http.ResponseWriter, err error) {
 	w.Header()[retryAfterKy] = hdrRetry5
 	writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
 		"the session store is unavailable; try again shortly")
+}
+
+// deliveryError answers a poll whose delivery could not be recorded (the
+// mark on the provider cluster, or the first delivery's record): nothing
+// was handed out, so 503 and the client polls again.
+func (s *server) deliveryError(w http.ResponseWriter, sess lifecycle.Session, err error) {
+	if errors.Is(err, sessions.ErrUnavailable) {
+		s.log.Warn("the delivery of a response could not be recorded; not handed out", "session", sess.ID, "error", err)
+	} else {
+		s.log.Error("recording the delivery of a response failed; not handed out", "session", sess.ID, "error", err)
+	}
+	s.metrics.poll("unavailable")
+	w.Header()[retryAfterKy] = hdrRetry5
+	writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
+		"the delivery of the binding response could not be recorded; try again shortly")
 }
 
 // ceilSeconds rounds d up to whole seconds, at least 1.

@@ -340,7 +340,7 @@ func TestPollDenied(t *testing.T) {
 		t.Errorf("message %q lacks the reason", msg)
 	}
 	// A denial is final: a later bind cannot complete it.
-	if err := e.store.Complete(context.Background(), ps.SessionID, e.open(ps.SessionID).ExpiresAt, []byte(`{}`)); !errors.Is(err, sessions.ErrNotPending) {
+	if err := e.store.Complete(context.Background(), ps.SessionID, e.open(ps.SessionID).ExpiresAt, "kb-other", []byte(`{}`)); !errors.Is(err, sessions.ErrNotPending) {
 		t.Errorf("Complete after Deny: %v, want ErrNotPending", err)
 	}
 	e.clock.Advance(2 * time.Second)

@@ -52,6 +52,10 @@ type Outcome struct {
 	// Response is the JSON BindingResponse when State is StateCompleted.
 	// It holds a credential: never log it.
 	Response []byte
+	// Namespace is the provider namespace the response was issued for
+	// (StateCompleted): the binding a delivery marks. Empty when the
+	// record does not say (written by a version that did not keep it).
+	Namespace string
 	// DenyReason says in words why the session was denied.
 	DenyReason string
 }
@@ -69,12 +73,13 @@ type Store interface {
 	// is recorded.
 	Outcome(ctx context.Context, id string) (Outcome, error)
 
-	// Complete records response (a JSON BindingResponse) as the session's
-	// outcome, kept until expires plus the grace period. Exactly one
-	// outcome is recorded per session, whichever replica writes first: a
-	// session with one fails with ErrNotPending. A response over the
-	// store's limit fails with ErrTooLarge.
-	Complete(ctx context.Context, id string, expires time.Time, response []byte) error
+	// Complete records response (a JSON BindingResponse), issued for
+	// provider namespace ns, as the session's outcome, kept until expires
+	// plus the grace period; Outcome returns both. Exactly one outcome is
+	// recorded per session, whichever replica writes first: a session
+	// with one fails with ErrNotPending. A response over the store's
+	// limit fails with ErrTooLarge.
+	Complete(ctx context.Context, id string, expires time.Time, ns string, response []byte) error
 
 	// Deny records a denial with a reason in words, as Complete does.
 	Deny(ctx context.Context, id string, expires time.Time, reason string) error
@@ -127,7 +132,8 @@ type Peeker interface {
 	// holds it, with no request: the zero Outcome while pending or after
 	// its record's collection time. When record is not empty, the
 	// Outcome lacks what only ReadOutcome returns (the response of a
-	// completed session, a deny reason too long to keep in memory).
+	// completed session, a deny reason too long to keep in memory); a
+	// completed one has its Namespace where the record has one.
 	Peek(ctx context.Context, id string) (o Outcome, record string, err error)
 	// WaitPeek is Wait returning what Peek does.
 	WaitPeek(ctx context.Context, id string) (o Outcome, record string, err error)

@@ -142,7 +142,7 @@ current-context: provider
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := e.store.Complete(context.Background(), sid, sess.ExpiresAt, resp); err != nil {
+	if err := e.store.Complete(context.Background(), sid, sess.ExpiresAt, "", resp); err != nil {
 		log.Fatal(err)
 	}
 }

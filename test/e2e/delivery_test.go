@@ -142,7 +142,8 @@ func TestDeliveryMarkedBeforeResponse(t *testing.T) {
 	lift := e.refuseDeliveryMarks(t, ns)
 	resp, body := send(t, http.DefaultClient, s.signedPollURL(t))
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
-		!strings.Contains(body, "temporarily_unavailable") || strings.Contains(body, "kubeconfig") {
+		!strings.Contains(body, "temporarily_unavailable") || !strings.Contains(body, "delivery of the binding response could not be recorded") ||
+		strings.Contains(body, "kubeconfig") {
 		t.Fatalf("poll while the mark is refused: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 	if at := e.deliveredAt(t, ns); at != "" {

@@ -37,6 +37,9 @@ const TTL = 10 * time.Minute
 // ShowWithin is how long a store may take to show its own write.
 const ShowWithin = 10 * time.Second
 
+// testNS is the provider namespace the tests' responses are issued for.
+const testNS = "kb-consumer-1"
+
 // testLimits are small limits, so that limits are reached quickly.
 var testLimits = sessions.Limits{
 	MaxPolledSessions:   8,
@@ -178,10 +181,19 @@ func testUnknownIsPending(t *testing.T, e *env) {
 func testComplete(t *testing.T, e *env) {
 	id := e.id()
 	resp := []byte(`{"kind":"BindingResponse"}`)
-	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), resp))
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), testNS, resp))
 	o := e.shows(id, sessions.StateCompleted)
-	if !bytes.Equal(o.Response, resp) || o.DenyReason != "" {
-		t.Fatalf("Outcome = %+v, want the response %s", o, resp)
+	if !bytes.Equal(o.Response, resp) || o.DenyReason != "" || o.Namespace != testNS {
+		t.Fatalf("Outcome = %+v, want the response %s for namespace %s", o, resp, testNS)
+	}
+	if p, ok := e.store.(sessions.Peeker); ok {
+		// The namespace is kept with what a poll decides on: it needs no
+		// read of the response.
+		peeked, rec, err := p.Peek(e.ctx, id)
+		noErr(t, "Peek", err)
+		if peeked.State != sessions.StateCompleted || peeked.Namespace != testNS || rec == "" {
+			t.Fatalf("Peek = %+v, %q, want completed for namespace %s with a record", peeked, rec, testNS)
+		}
 	}
 	other, err := e.store.Outcome(e.ctx, e.id())
 	noErr(t, "Outcome", err)
@@ -193,7 +205,7 @@ func testComplete(t *testing.T, e *env) {
 func testCompleteCopiesResponse(t *testing.T, e *env) {
 	id := e.id()
 	resp := []byte(`{"a":1}`)
-	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), resp))
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), testNS, resp))
 	resp[2] = 'X'
 	if o := e.shows(id, sessions.StateCompleted); string(o.Response) != `{"a":1}` {
 		t.Fatalf("the stored response changed with the caller's slice: %s", o.Response)
@@ -204,7 +216,7 @@ func testDeny(t *testing.T, e *env) {
 	id := e.id()
 	noErr(t, "Deny", e.store.Deny(e.ctx, id, e.expires(), "the user cancelled"))
 	o := e.shows(id, sessions.StateDenied)
-	if o.DenyReason != "the user cancelled" || o.Response != nil {
+	if o.DenyReason != "the user cancelled" || o.Response != nil || o.Namespace != "" {
 		t.Fatalf("Outcome = %+v", o)
 	}
 	_, err := e.store.Deliver(e.ctx, id, e.expires())
@@ -213,32 +225,32 @@ func testDeny(t *testing.T, e *env) {
 
 func testOneOutcome(t *testing.T, e *env) {
 	id := e.id()
-	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)))
-	wantErr(t, "second Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{"x":1}`)), sessions.ErrNotPending)
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), testNS, []byte(`{}`)))
+	wantErr(t, "second Complete", e.store.Complete(e.ctx, id, e.expires(), "kb-consumer-2", []byte(`{"x":1}`)), sessions.ErrNotPending)
 	wantErr(t, "Deny after Complete", e.store.Deny(e.ctx, id, e.expires(), "no"), sessions.ErrNotPending)
-	if o := e.shows(id, sessions.StateCompleted); string(o.Response) != `{}` {
-		t.Fatalf("the first outcome was replaced: %s", o.Response)
+	if o := e.shows(id, sessions.StateCompleted); string(o.Response) != `{}` || o.Namespace != testNS {
+		t.Fatalf("the first outcome was replaced: %s for namespace %q", o.Response, o.Namespace)
 	}
 	id2 := e.id()
 	noErr(t, "Deny", e.store.Deny(e.ctx, id2, e.expires(), "no"))
-	wantErr(t, "Complete after Deny", e.store.Complete(e.ctx, id2, e.expires(), []byte(`{}`)), sessions.ErrNotPending)
+	wantErr(t, "Complete after Deny", e.store.Complete(e.ctx, id2, e.expires(), testNS, []byte(`{}`)), sessions.ErrNotPending)
 }
 
 func testResponseTooLarge(t *testing.T, e *env) {
 	id := e.id()
 	big := bytes.Repeat([]byte("x"), testLimits.MaxResponseBytes+1)
-	wantErr(t, "Complete with a large response", e.store.Complete(e.ctx, id, e.expires(), big), sessions.ErrTooLarge)
+	wantErr(t, "Complete with a large response", e.store.Complete(e.ctx, id, e.expires(), testNS, big), sessions.ErrTooLarge)
 	o, err := e.store.Outcome(e.ctx, id)
 	noErr(t, "Outcome", err)
 	if o.State != sessions.StatePending {
 		t.Fatalf("a refused Complete left %v", o.State)
 	}
-	noErr(t, "Complete at the limit", e.store.Complete(e.ctx, id, e.expires(), big[1:]))
+	noErr(t, "Complete at the limit", e.store.Complete(e.ctx, id, e.expires(), testNS, big[1:]))
 }
 
 func testDeliverRecordsFirst(t *testing.T, e *env) {
 	id := e.id()
-	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)))
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), testNS, []byte(`{}`)))
 	e.shows(id, sessions.StateCompleted)
 	e.clock.Advance(3 * time.Second)
 	first := e.deliver(id)
@@ -357,7 +369,7 @@ func testConcurrentOutcome(t *testing.T, e *env) {
 		wg.Go(func() {
 			var err error
 			if i%2 == 0 {
-				err = e.store.Complete(e.ctx, id, e.expires(), fmt.Appendf(nil, `{"i":%d}`, i))
+				err = e.store.Complete(e.ctx, id, e.expires(), fmt.Sprint("kb-consumer-", i), fmt.Appendf(nil, `{"i":%d}`, i))
 			} else {
 				err = e.store.Deny(e.ctx, id, e.expires(), fmt.Sprint("reason ", i))
 			}
@@ -372,6 +384,15 @@ func testConcurrentOutcome(t *testing.T, e *env) {
 	wg.Wait()
 	if wins.Load() != 1 {
 		t.Fatalf("%d concurrent outcomes were recorded, want exactly 1", wins.Load())
+	}
+	o, err := e.store.Outcome(e.ctx, id)
+	noErr(t, "Outcome", err)
+	var i int
+	if o.State == sessions.StateCompleted {
+		// The response and its namespace are of the same write.
+		if _, err := fmt.Sscanf(string(o.Response), `{"i":%d}`, &i); err != nil || o.Namespace != fmt.Sprint("kb-consumer-", i) {
+			t.Fatalf("the outcome recorded %s for namespace %q", o.Response, o.Namespace)
+		}
 	}
 }
 
@@ -443,8 +464,8 @@ func testWaitComplete(t *testing.T, e *env) {
 	id := e.id()
 	ch := e.waitFor(e.ctx, id)
 	time.Sleep(50 * time.Millisecond)
-	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{"done":true}`)))
-	if o := e.received(ch); o.State != sessions.StateCompleted || string(o.Response) != `{"done":true}` {
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), testNS, []byte(`{"done":true}`)))
+	if o := e.received(ch); o.State != sessions.StateCompleted || string(o.Response) != `{"done":true}` || o.Namespace != testNS {
 		t.Fatalf("Wait returned %+v", o)
 	}
 }
@@ -489,7 +510,7 @@ func testWaitMany(t *testing.T, e *env) {
 		chs = append(chs, e.waitFor(e.ctx, id))
 	}
 	time.Sleep(50 * time.Millisecond)
-	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)))
+	noErr(t, "Complete", e.store.Complete(e.ctx, id, e.expires(), testNS, []byte(`{}`)))
 	for _, ch := range chs {
 		if o := e.received(ch); o.State != sessions.StateCompleted {
 			t.Fatalf("a waiter got %v", o.State)
@@ -503,13 +524,13 @@ func testWaitMany(t *testing.T, e *env) {
 func testWriteBudget(t *testing.T, e *env) {
 	noErr(t, "UseOnce within the budget", e.store.UseOnce(e.ctx, e.id(), e.expires()))
 	noErr(t, "Deny within the budget", e.store.Deny(e.ctx, e.id(), e.expires(), "no"))
-	noErr(t, "Complete within the budget", e.store.Complete(e.ctx, e.id(), e.expires(), []byte(`{}`)))
+	noErr(t, "Complete within the budget", e.store.Complete(e.ctx, e.id(), e.expires(), testNS, []byte(`{}`)))
 	key, id := e.id(), e.id()
 	err := e.store.UseOnce(e.ctx, key, e.expires())
 	wantErr(t, "UseOnce past the budget", err, sessions.ErrOverBudget)
 	wantErr(t, "UseOnce past the budget", err, sessions.ErrUnavailable)
 	wantErr(t, "Deny past the budget", e.store.Deny(e.ctx, id, e.expires(), "no"), sessions.ErrOverBudget)
-	wantErr(t, "Complete past the budget", e.store.Complete(e.ctx, id, e.expires(), []byte(`{}`)), sessions.ErrOverBudget)
+	wantErr(t, "Complete past the budget", e.store.Complete(e.ctx, id, e.expires(), testNS, []byte(`{}`)), sessions.ErrOverBudget)
 	if o, err := e.store.Outcome(e.ctx, id); err != nil || o.State != sessions.StatePending {
 		t.Fatalf("a refused write left %v (%v), want pending", o.State, err)
 	}

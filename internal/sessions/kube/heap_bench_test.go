@@ -56,7 +56,7 @@ func benchReplicaHeap(b *testing.B, binds int) {
 				resp := fmt.Appendf(nil, `{"kubeconfig":%q}`, base64.StdEncoding.EncodeToString(raw))
 				for _, err := range []error{
 					writer.UseOnce(ctx, "link\n"+id, exp), writer.UseOnce(ctx, "state\n"+id, exp),
-					writer.Complete(ctx, id, exp, resp),
+					writer.Complete(ctx, id, exp, "kb-ns", resp),
 				} {
 					must(b, err)
 				}

@@ -7,7 +7,8 @@
 // sessions.Store documents.
 //
 // A replica keeps of each outcome and delivery only what a poll decides on
-// (state, a short deny reason, the delivery time, the collection time), in
+// (state, a short deny reason, the provider namespace a response was
+// issued for, the delivery time, the collection time), in
 // annotations read by a metadata-only informer: the API server never sends
 // it the records' data. A completed outcome's response is read with one
 // GET when a poll is about to hand it out (sessions.Peeker; the ring reads
@@ -63,13 +64,17 @@ const (
 	StateAnnotation     = "kube-bind.io/state"         // an outcome's: completed or denied
 	ReasonAnnotation    = "kube-bind.io/deny-reason"   // a denial's reason, when short
 	DeliveredAnnotation = "kube-bind.io/delivered-at"  // RFC 3339: the first delivery
+	// NamespaceAnnotation is a completed outcome's provider namespace
+	// (sessions.Outcome.Namespace), also in the data under "namespace".
+	NamespaceAnnotation = "kube-bind.io/provider-namespace"
 )
 
 const (
 	kindOutcome, kindDelivered, kindOnce = "outcome", "delivered", "once"
 	// Keys of the records' data: the whole record, also for replicas
-	// that read it from there.
-	keyState, keyResponse, keyReason, keyAt = "state", "response", "reason", "at"
+	// that read it from there. The response is the BindingResponse
+	// alone, as versions that keep no namespace write and read it.
+	keyState, keyResponse, keyNamespace, keyReason, keyAt = "state", "response", "namespace", "reason", "at"
 
 	collectEvery = time.Minute
 	// maxCollectRequests bounds the DeleteCollection requests of one
@@ -223,7 +228,7 @@ func (s *Store) slim(obj any) (any, error) {
 		return obj, nil
 	}
 	var kept map[string]string
-	for _, k := range []string{StateAnnotation, ReasonAnnotation, DeliveredAnnotation, CollectAnnotation} {
+	for _, k := range []string{StateAnnotation, ReasonAnnotation, NamespaceAnnotation, DeliveredAnnotation, CollectAnnotation} {
 		if v, ok := m.Annotations[k]; ok {
 			if kept == nil {
 				kept = make(map[string]string, 2)
@@ -300,7 +305,7 @@ func (s *Store) Peek(ctx context.Context, id string) (sessions.Outcome, string, 
 	uid := string(m.GetUID())
 	switch m.GetAnnotations()[StateAnnotation] {
 	case sessions.StateCompleted.String():
-		return sessions.Outcome{State: sessions.StateCompleted}, uid, nil
+		return sessions.Outcome{State: sessions.StateCompleted, Namespace: m.GetAnnotations()[NamespaceAnnotation]}, uid, nil
 	case sessions.StateDenied.String():
 		if reason, ok := m.GetAnnotations()[ReasonAnnotation]; ok {
 			return sessions.Outcome{State: sessions.StateDenied, DenyReason: reason}, "", nil
@@ -326,7 +331,14 @@ func (s *Store) ReadOutcome(ctx context.Context, id, rec string) (sessions.Outco
 	}
 	switch string(sec.Data[keyState]) {
 	case sessions.StateCompleted.String():
-		return sessions.Outcome{State: sessions.StateCompleted, Response: sec.Data[keyResponse]}, nil
+		// A record of a version that kept no namespace names none: the
+		// caller then hands its response out to nobody (it cannot mark
+		// the binding delivered), rather than guess the namespace.
+		ns := string(sec.Data[keyNamespace])
+		if ns == "" {
+			ns = sec.Annotations[NamespaceAnnotation]
+		}
+		return sessions.Outcome{State: sessions.StateCompleted, Response: sec.Data[keyResponse], Namespace: ns}, nil
 	case sessions.StateDenied.String():
 		return sessions.Outcome{State: sessions.StateDenied, DenyReason: string(sec.Data[keyReason])}, nil
 	}
@@ -343,12 +355,16 @@ func (s *Store) live(annotations map[string]string) bool {
 }
 
 // Complete implements sessions.Store.
-func (s *Store) Complete(ctx context.Context, id string, expires time.Time, response []byte) error {
+func (s *Store) Complete(ctx context.Context, id string, expires time.Time, ns string, response []byte) error {
 	if len(response) > s.limits.MaxResponseBytes {
 		return sessions.ErrTooLarge
 	}
 	data := map[string][]byte{keyState: []byte(sessions.StateCompleted.String()), keyResponse: response}
 	kept := map[string]string{StateAnnotation: sessions.StateCompleted.String()}
+	if ns != "" {
+		data[keyNamespace] = []byte(ns)
+		kept[NamespaceAnnotation] = ns
+	}
 	return s.create(ctx, s.record(kindOutcome, id, expires, kept, data), sessions.ErrNotPending)
 }
 

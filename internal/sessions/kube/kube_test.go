@@ -86,7 +86,7 @@ func TestReplicas(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	resp := []byte(`{"kind":"BindingResponse","kubeconfig":"credential-s1"}`)
-	must(t, a.Complete(ctx, "s1", exp, resp))
+	must(t, a.Complete(ctx, "s1", exp, "kb-ns", resp))
 	if o := <-got; o.State != sessions.StateCompleted || string(o.Response) != string(resp) {
 		t.Fatalf("Wait on the other replica returned %+v", o)
 	}
@@ -111,11 +111,17 @@ func TestReplicas(t *testing.T) {
 	if meta := fmt.Sprint(sec.Labels, sec.Annotations); strings.Contains(meta, "credential") || sec.Type != corev1.SecretTypeOpaque {
 		t.Fatalf("record metadata %s, type %s", meta, sec.Type)
 	}
+	// The response key holds the BindingResponse alone, as versions that
+	// keep no namespace read it; the namespace has a key of its own and
+	// an annotation, for the metadata-only cache.
+	if string(sec.Data[keyResponse]) != string(resp) || string(sec.Data[keyNamespace]) != "kb-ns" || sec.Annotations[NamespaceAnnotation] != "kb-ns" {
+		t.Fatalf("record response %q, namespace %q, annotation %q", sec.Data[keyResponse], sec.Data[keyNamespace], sec.Annotations[NamespaceAnnotation])
+	}
 
 	// Racing writers on both replicas: exactly one wins each time.
 	for i := range 5 {
 		id := fmt.Sprint("race-", i)
-		errs := race(func() error { return a.Complete(ctx, id, exp, []byte(`{"a":1}`)) },
+		errs := race(func() error { return a.Complete(ctx, id, exp, "kb-ns", []byte(`{"a":1}`)) },
 			func() error { return b.Deny(ctx, id, exp, "no") })
 		wantOneWinner(t, "Complete/Deny", errs, sessions.ErrNotPending)
 		errs = race(func() error { return a.UseOnce(ctx, id, exp) }, func() error { return b.UseOnce(ctx, id, exp) })
@@ -163,7 +169,7 @@ func TestReadsMakeNoAPICalls(t *testing.T) {
 	s := e.startStore(t, storeOpts{cfg: cfg})
 	ctx := context.Background()
 	exp := time.Now().Add(10 * time.Minute)
-	must(t, s.Complete(ctx, "s1", exp, []byte(`{}`)))
+	must(t, s.Complete(ctx, "s1", exp, "kb-ns", []byte(`{}`)))
 	must(t, s.Deny(ctx, "s2", exp, "not on the list"))
 	shows(t, s, "s1", sessions.StateCompleted)
 	shows(t, s, "s2", sessions.StateDenied)
@@ -193,7 +199,7 @@ func TestReadsMakeNoAPICalls(t *testing.T) {
 		}
 	}
 	big := make([]byte, sessions.DefaultLimits.MaxResponseBytes+1)
-	if err := s.Complete(ctx, "s3", exp, big); !errors.Is(err, sessions.ErrTooLarge) {
+	if err := s.Complete(ctx, "s3", exp, "kb-ns", big); !errors.Is(err, sessions.ErrTooLarge) {
 		t.Fatalf("Complete of a large response: %v", err)
 	}
 	if after := n.Load(); after != before {
@@ -216,7 +222,7 @@ func TestSlimCache(t *testing.T) {
 	s := e.startStore(t, storeOpts{})
 	ctx := context.Background()
 	exp := time.Now().Add(10 * time.Minute)
-	must(t, s.Complete(ctx, "s1", exp, []byte(`{"kubeconfig":"credential-s1"}`)))
+	must(t, s.Complete(ctx, "s1", exp, "kb-ns", []byte(`{"kubeconfig":"credential-s1"}`)))
 	must(t, s.Deny(ctx, "s2", exp, strings.Repeat("long reason ", 30)))
 	must(t, s.UseOnce(ctx, "mark", exp))
 	shows(t, s, "s1", sessions.StateCompleted)
@@ -237,9 +243,38 @@ func TestSlimCache(t *testing.T) {
 			t.Fatalf("the cache holds a %T", obj)
 		}
 		if dump := fmt.Sprintf("%+v", m); strings.Contains(dump, "credential") || strings.Contains(dump, "long reason") ||
-			len(m.Labels) != 0 || len(m.ManagedFields) != 0 || len(m.Annotations) > 2 {
+			len(m.Labels) != 0 || len(m.ManagedFields) != 0 || len(m.Annotations) > 3 {
 			t.Fatalf("a cached record holds more than it needs: %s", dump)
 		}
+	}
+	if m := s.fromCache(recordName(kindOutcome, "s1")); m == nil || m.GetAnnotations()[NamespaceAnnotation] != "kb-ns" {
+		t.Fatalf("the cached outcome lacks its namespace: %+v", m)
+	}
+}
+
+// TestRecordWithoutNamespace: a completed record as a version that kept
+// no namespace writes it (its response alone) reads back as that
+// response naming no namespace, from the cache and from the data, so
+// that its delivery is refused (lifecycle) rather than guessed.
+func TestRecordWithoutNamespace(t *testing.T) {
+	e := newEnv(t)
+	s := e.startStore(t, storeOpts{})
+	ctx := context.Background()
+	exp := time.Now().Add(10 * time.Minute)
+	resp := []byte(`{"kind":"BindingResponse","kubeconfig":"credential-old"}`)
+	must(t, create(ctx, e.admin.CoreV1().Secrets(e.ns), s.record(kindOutcome, "old", exp,
+		map[string]string{StateAnnotation: sessions.StateCompleted.String()},
+		map[string][]byte{keyState: []byte(sessions.StateCompleted.String()), keyResponse: resp})))
+	cached(t, s, kindOutcome, "old")
+	peeked, rec, err := s.Peek(ctx, "old")
+	must(t, err)
+	if peeked.State != sessions.StateCompleted || peeked.Namespace != "" || rec == "" {
+		t.Fatalf("Peek of a record without a namespace: %+v, %q", peeked, rec)
+	}
+	o, err := s.ReadOutcome(ctx, "old", rec)
+	must(t, err)
+	if string(o.Response) != string(resp) || o.Namespace != "" {
+		t.Fatalf("ReadOutcome of a record without a namespace: response %q, namespace %q", o.Response, o.Namespace)
 	}
 }
 
@@ -255,7 +290,7 @@ func TestAPIServerAway(t *testing.T) {
 	b := e.startStore(t, storeOpts{})
 	ctx := context.Background()
 	exp := time.Now().Add(10 * time.Minute)
-	must(t, a.Complete(ctx, "before", exp, []byte(`{"n":1}`)))
+	must(t, a.Complete(ctx, "before", exp, "kb-ns", []byte(`{"n":1}`)))
 	must(t, a.UseOnce(ctx, "mark-before", exp))
 	shows(t, a, "before", sessions.StateCompleted)
 	waiter := make(chan sessions.Outcome, 1)
@@ -275,10 +310,10 @@ func TestAPIServerAway(t *testing.T) {
 	if err := a.UseOnce(writeCtx, "mark-during", exp); !errors.Is(err, sessions.ErrUnavailable) {
 		t.Fatalf("UseOnce while away: %v, want ErrUnavailable", err)
 	}
-	if err := a.Complete(writeCtx, "refused", exp, []byte(`{}`)); !errors.Is(err, sessions.ErrUnavailable) {
+	if err := a.Complete(writeCtx, "refused", exp, "kb-ns", []byte(`{}`)); !errors.Is(err, sessions.ErrUnavailable) {
 		t.Fatalf("Complete while away: %v, want ErrUnavailable", err)
 	}
-	must(t, b.Complete(ctx, "during", exp, []byte(`{"n":2}`)))
+	must(t, b.Complete(ctx, "during", exp, "kb-ns", []byte(`{"n":2}`)))
 	time.Sleep(time.Second)
 	p.restore()
 
@@ -294,7 +329,7 @@ func TestAPIServerAway(t *testing.T) {
 	t.Logf("the informer caught up %v after the API server came back", time.Since(start))
 	shows(t, a, "before", sessions.StateCompleted)
 	must(t, a.UseOnce(ctx, "mark-during", exp))
-	must(t, a.Complete(ctx, "refused", exp, []byte(`{}`)))
+	must(t, a.Complete(ctx, "refused", exp, "kb-ns", []byte(`{}`)))
 	if err := a.UseOnce(ctx, "mark-before", exp); !errors.Is(err, sessions.ErrNonceUsed) {
 		t.Fatalf("UseOnce of a mark spent before the outage: %v", err)
 	}
@@ -313,7 +348,7 @@ func TestCollect(t *testing.T) {
 	s := e.startStore(t, storeOpts{cfg: cfg, now: clock.Now, log: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()
 	exp := conformance.Start.Add(10 * time.Minute)
-	must(t, s.Complete(ctx, "s1", exp, []byte(`{}`)))
+	must(t, s.Complete(ctx, "s1", exp, "kb-ns", []byte(`{}`)))
 	must(t, s.UseOnce(ctx, "mark", exp))
 	must(t, s.UseOnce(ctx, "later", exp.Add(time.Hour)))
 	must(t, s.Deny(ctx, "live", exp.Add(2*time.Minute), "no"))
@@ -385,7 +420,7 @@ func TestCollectOnStart(t *testing.T) {
 	ctx := context.Background()
 	exp := conformance.Start.Add(10 * time.Minute)
 	must(t, s.UseOnce(ctx, "mark", exp))
-	must(t, s.Complete(ctx, "s1", exp, []byte(`{}`)))
+	must(t, s.Complete(ctx, "s1", exp, "kb-ns", []byte(`{}`)))
 
 	// A user who may delete records but not list or watch them.
 	must(t, create(ctx, e.admin.RbacV1().Roles(e.ns), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "collect-only"},
@@ -420,7 +455,7 @@ func TestGarbageRecords(t *testing.T) {
 	s := e.startStore(t, storeOpts{log: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx := context.Background()
 	exp := time.Now().Add(10 * time.Minute)
-	must(t, s.Complete(ctx, "s2", exp, []byte(`{}`)))
+	must(t, s.Complete(ctx, "s2", exp, "kb-ns", []byte(`{}`)))
 	shows(t, s, "s2", sessions.StateCompleted)
 	junk := func(name, kind string, data map[string][]byte, annotations map[string]string) {
 		must(t, create(ctx, e.admin.CoreV1().Secrets(e.ns), &corev1.Secret{
@@ -574,7 +609,7 @@ func TestAPIServerRestart(t *testing.T) {
 	other := e.startStore(t, storeOpts{})
 	ctx := context.Background()
 	exp := time.Now().Add(10 * time.Minute)
-	must(t, s.Complete(ctx, "before", exp, []byte(`{"before":true}`)))
+	must(t, s.Complete(ctx, "before", exp, "kb-ns", []byte(`{"before":true}`)))
 	shows(t, s, "before", sessions.StateCompleted)
 
 	waitCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -607,7 +642,7 @@ func TestAPIServerRestart(t *testing.T) {
 	}
 	// Writes work again (the client's connections come back by themselves).
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		err := s.Complete(ctx, "after", exp, []byte(`{"after":true}`))
+		err := s.Complete(ctx, "after", exp, "kb-ns", []byte(`{"after":true}`))
 		if err == nil {
 			break
 		}

@@ -88,7 +88,7 @@ func TestRingReadsResponseOnce(t *testing.T) {
 	for i := range 4 {
 		id := "done-" + string(rune('a'+i))
 		ids = append(ids, id)
-		must(t, ka.Complete(ctx, id, exp, []byte(resp)))
+		must(t, ka.Complete(ctx, id, exp, "kb-ns", []byte(resp)))
 	}
 	must(t, kb.Deny(ctx, "denied", exp, "no"))
 	for _, id := range ids {

@@ -12,7 +12,6 @@
 package lifecycle
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -261,40 +260,10 @@ func (s *Service) UseLoginState(ctx context.Context, key string) error {
 	return s.cfg.Store.UseOnce(ctx, "login-state\n"+key, s.cfg.Now().Add(s.cfg.SessionTTL))
 }
 
-// Outcome is what a session ended with so far (State pending while it
-// has none), as the service reads it back from the store.
-type Outcome struct {
-	sessions.Outcome
-	// namespace is the provider namespace the response was issued for
-	// (the bind's result, recorded with the response): Deliver marks it.
-	namespace string
-}
-
-// The store keeps a completed session's outcome as the provider namespace,
-// a newline and the BindingResponse: what Deliver needs to mark the
-// binding travels with the response to whichever replica serves the poll.
-// A record without the line (written by a service without a provisioner)
-// starts with the response's "{".
-func storedResponse(namespace string, response []byte) []byte {
-	return append(append([]byte(namespace), '\n'), response...)
-}
-
-func readOutcome(o sessions.Outcome) Outcome {
-	out := Outcome{Outcome: o}
-	if o.State != sessions.StateCompleted || len(o.Response) == 0 || o.Response[0] == '{' {
-		return out
-	}
-	if ns, response, ok := bytes.Cut(o.Response, []byte{'\n'}); ok {
-		out.namespace, out.Response = string(ns), response
-	}
-	return out
-}
-
 // Outcome is what the session ended with so far (the zero Outcome while
 // pending).
-func (s *Service) Outcome(ctx context.Context, sess Session) (Outcome, error) {
-	o, err := s.cfg.Store.Outcome(ctx, sess.ID)
-	return readOutcome(o), err
+func (s *Service) Outcome(ctx context.Context, sess Session) (sessions.Outcome, error) {
+	return s.cfg.Store.Outcome(ctx, sess.ID)
 }
 
 // AdmitPoll admits a poll of sess with nonce (sessions.Store.AdmitPoll).
@@ -303,9 +272,8 @@ func (s *Service) AdmitPoll(ctx context.Context, sess Session, nonce string, min
 }
 
 // Wait holds until sess has an outcome or ctx ends (long polls).
-func (s *Service) Wait(ctx context.Context, sess Session) (Outcome, error) {
-	o, err := s.cfg.Store.Wait(ctx, sess.ID)
-	return readOutcome(o), err
+func (s *Service) Wait(ctx context.Context, sess Session) (sessions.Outcome, error) {
+	return s.cfg.Store.Wait(ctx, sess.ID)
 }
 
 var (
@@ -320,7 +288,8 @@ var (
 )
 
 // Deliver returns nil when completed outcome o of sess may be handed to a
-// poll now: its binding is marked delivered on the provider cluster (see
+// poll now: its binding, in the provider namespace the outcome records
+// (o.Namespace), is marked delivered on the provider cluster (see
 // delivered), and the poll is within the grace period after the first
 // delivery (which this call records if it is the first), and that was
 // before the session expired. Else ErrDelivered, ErrBindingGone, or an
@@ -335,9 +304,9 @@ var (
 // served only if its first delivery came before the end, so its mark is
 // checked after the record: a late poll of a response never handed out
 // must not mark it.
-func (s *Service) Deliver(ctx context.Context, sess Session, o Outcome) error {
+func (s *Service) Deliver(ctx context.Context, sess Session, o sessions.Outcome) error {
 	if !sess.Ended {
-		if err := s.delivered(ctx, o.namespace); err != nil {
+		if err := s.delivered(ctx, o.Namespace); err != nil {
 			return err
 		}
 	}
@@ -349,7 +318,7 @@ func (s *Service) Deliver(ctx context.Context, sess Session, o Outcome) error {
 		return ErrDelivered
 	}
 	if sess.Ended {
-		return s.delivered(ctx, o.namespace)
+		return s.delivered(ctx, o.Namespace)
 	}
 	return nil
 }
@@ -565,7 +534,7 @@ func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consu
 // outcome of poll session sess (Bind does, once it provisioned):
 // ErrAlreadyDone if it has one.
 func (s *Service) Complete(ctx context.Context, sess Session, ns string, response []byte) error {
-	switch err := s.cfg.Store.Complete(ctx, sess.ID, sess.ExpiresAt, storedResponse(ns, response)); {
+	switch err := s.cfg.Store.Complete(ctx, sess.ID, sess.ExpiresAt, ns, response); {
 	case errors.Is(err, sessions.ErrNotPending):
 		return ErrAlreadyDone
 	default:

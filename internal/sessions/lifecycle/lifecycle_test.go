@@ -117,10 +117,10 @@ func TestDeliverGrace(t *testing.T) {
 	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
 	sess, _, _ := s.CreatePollSession("")
-	if err := s.Deliver(ctx, sess, Outcome{}); !errors.Is(err, sessions.ErrNotPending) {
+	if err := s.Deliver(ctx, sess, sessions.Outcome{}); !errors.Is(err, sessions.ErrNotPending) {
 		t.Fatalf("Deliver of a pending session: %v", err)
 	}
-	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{}`)); err != nil {
+	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, "", []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	o := outcome(t, s, sess)
@@ -139,7 +139,7 @@ func TestDeliverGrace(t *testing.T) {
 }
 
 // outcome reads sess's outcome as a poll does.
-func outcome(t *testing.T, s *Service, sess Session) Outcome {
+func outcome(t *testing.T, s *Service, sess Session) sessions.Outcome {
 	t.Helper()
 	o, err := s.Outcome(context.Background(), sess)
 	if err != nil {
@@ -171,8 +171,8 @@ func TestDeliveredMarkedFirst(t *testing.T) {
 		t.Fatalf("a poll-flow bind marked %v before any poll", m)
 	}
 	o := outcome(t, s, poll)
-	if !bytes.Equal(o.Response, body) {
-		t.Fatalf("the poll reads back %q, want the response %q", o.Response, body)
+	if !bytes.Equal(o.Response, body) || o.Namespace != fakes.ProvisionedNamespace {
+		t.Fatalf("the poll reads back %q for namespace %q, want the response %q for %q", o.Response, o.Namespace, body, fakes.ProvisionedNamespace)
 	}
 	p.MarkErr = down
 	if err := s.Deliver(ctx, poll, o); !errors.Is(err, sessions.ErrUnavailable) || !errors.Is(err, down) {
@@ -232,14 +232,14 @@ func TestDeliveredMarkedFirst(t *testing.T) {
 	}
 }
 
-// An outcome that names no namespace (not written by a bind of this
-// service) is not handed out: its binding cannot be marked.
+// An outcome that names no namespace (a record of a version that kept
+// none) is not handed out: its binding cannot be marked.
 func TestDeliverUnmarkable(t *testing.T) {
 	ctx := context.Background()
 	p := &fakes.Provisioner{}
 	s, store, _ := newService(t, sessions.Limits{}, p)
 	sess, _, _ := s.CreatePollSession("")
-	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{"kind":"BindingResponse"}`)); err != nil {
+	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, "", []byte(`{"kind":"BindingResponse"}`)); err != nil {
 		t.Fatal(err)
 	}
 	o := outcome(t, s, sess)
@@ -362,7 +362,7 @@ func TestDeliverAroundExpiry(t *testing.T) {
 	early, _, _ := s.CreatePollSession("")
 	late, _, _ := s.CreatePollSession("")
 	for _, sess := range []Session{early, late} {
-		if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, []byte(`{}`)); err != nil {
+		if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, "", []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -76,7 +76,7 @@ func (s *Store) peek(id string) (sessions.Outcome, string, error) {
 	if r.outcome.State != sessions.StateCompleted {
 		return r.outcome, "", nil
 	}
-	return sessions.Outcome{State: sessions.StateCompleted}, strconv.FormatUint(r.seq, 10), nil
+	return sessions.Outcome{State: sessions.StateCompleted, Namespace: r.outcome.Namespace}, strconv.FormatUint(r.seq, 10), nil
 }
 
 // WaitPeek implements sessions.Peeker.
@@ -99,11 +99,11 @@ func (s *Store) ReadOutcome(_ context.Context, id, rec string) (sessions.Outcome
 }
 
 // Complete implements sessions.Store.
-func (s *Store) Complete(_ context.Context, id string, expires time.Time, response []byte) error {
+func (s *Store) Complete(_ context.Context, id string, expires time.Time, ns string, response []byte) error {
 	if len(response) > s.limits.MaxResponseBytes {
 		return sessions.ErrTooLarge
 	}
-	return s.record(id, expires, sessions.Outcome{State: sessions.StateCompleted, Response: append([]byte(nil), response...)})
+	return s.record(id, expires, sessions.Outcome{State: sessions.StateCompleted, Response: append([]byte(nil), response...), Namespace: ns})
 }
 
 // Deny implements sessions.Store.

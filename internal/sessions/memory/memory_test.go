@@ -31,13 +31,13 @@ func TestMaxRecords(t *testing.T) {
 	if err := s.Deny(ctx, "s1", exp, "no"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, "s2", exp.Add(time.Hour), []byte(`{}`)); err != nil {
+	if err := s.Complete(ctx, "s2", exp.Add(time.Hour), "kb-ns", []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	for what, err := range map[string]error{
 		"UseOnce":  s.UseOnce(ctx, "b", exp),
 		"Deny":     s.Deny(ctx, "s3", exp, "no"),
-		"Complete": s.Complete(ctx, "s3", exp, []byte(`{}`)),
+		"Complete": s.Complete(ctx, "s3", exp, "kb-ns", []byte(`{}`)),
 	} {
 		if !errors.Is(err, sessions.ErrOverBudget) || !errors.Is(err, sessions.ErrUnavailable) {
 			t.Errorf("%s with the store full: %v, want ErrOverBudget", what, err)

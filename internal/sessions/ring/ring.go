@@ -296,7 +296,7 @@ func (s *Store) Outcome(ctx context.Context, id string) (sessions.Outcome, error
 	if err != nil || rec == "" {
 		return o, err
 	}
-	return s.read(ctx, id, rec)
+	return s.read(ctx, id, rec, o)
 }
 
 // Wait implements sessions.Store as Outcome does.
@@ -305,13 +305,15 @@ func (s *Store) Wait(ctx context.Context, id string) (sessions.Outcome, error) {
 	if err != nil || rec == "" {
 		return o, err
 	}
-	return s.read(ctx, id, rec)
+	return s.read(ctx, id, rec, o)
 }
 
 // read reads the outcome in record rec of session id through the group:
 // its owner reads it from the inner store once (or this replica, when the
-// owner cannot answer) and caches it.
-func (s *Store) read(ctx context.Context, id, rec string) (sessions.Outcome, error) {
+// owner cannot answer) and caches it. peeked is what Peek returned with
+// rec: its namespace stands in for one the owner did not send (an owner
+// of a version that sends none, during a rolling update).
+func (s *Store) read(ctx context.Context, id, rec string, peeked sessions.Outcome) (sessions.Outcome, error) {
 	var b []byte
 	ctx = context.WithValue(ctx, loadStateKey{}, &loadState{})
 	switch err := s.group.Get(ctx, rec+keySep+id, groupcache.AllocatingByteSliceSink(&b)); {
@@ -320,7 +322,11 @@ func (s *Store) read(ctx context.Context, id, rec string) (sessions.Outcome, err
 	case err != nil:
 		return sessions.Outcome{}, err
 	}
-	return decodeOutcome(b)
+	o, err := decodeOutcome(b)
+	if err == nil && o.State == sessions.StateCompleted && o.Namespace == "" {
+		o.Namespace = peeked.Namespace
+	}
+	return o, err
 }
 
 // load is the group's getter: it reads the inner store.
@@ -346,9 +352,11 @@ func (s *Store) load(ctx context.Context, key string, dest groupcache.Sink) erro
 	return dest.SetBytes(b)
 }
 
+// decodeOutcome decodes an outcome as load encodes it (json.Marshal of a
+// sessions.Outcome), strictly: also what a peer sends.
 func decodeOutcome(b []byte) (sessions.Outcome, error) {
 	var o sessions.Outcome
-	if err := json.Unmarshal(b, &o); err != nil {
+	if err := decodeStrict(b, &o); err != nil {
 		return o, fmt.Errorf("ring: decoding an outcome: %w", err)
 	}
 	if o.State != sessions.StateCompleted && o.State != sessions.StateDenied {

@@ -173,8 +173,8 @@ func (r *roundRobin) Outcome(ctx context.Context, id string) (sessions.Outcome, 
 	return r.next().Outcome(ctx, id)
 }
 
-func (r *roundRobin) Complete(ctx context.Context, id string, expires time.Time, response []byte) error {
-	return r.next().Complete(ctx, id, expires, response)
+func (r *roundRobin) Complete(ctx context.Context, id string, expires time.Time, ns string, response []byte) error {
+	return r.next().Complete(ctx, id, expires, ns, response)
 }
 
 func (r *roundRobin) Deny(ctx context.Context, id string, expires time.Time, reason string) error {
@@ -302,7 +302,7 @@ func checkAnswersWithout(t *testing.T, sh sessions.Peeker, a *replica, dead stri
 			t.Fatalf("Outcome = %+v, %v; want pending", o, err)
 		}
 	})
-	if err := sh.Complete(ctx, id, exp, []byte(`{"ok":true}`)); err != nil {
+	if err := sh.Complete(ctx, id, exp, "kb-ns", []byte(`{"ok":true}`)); err != nil {
 		t.Fatal(err)
 	}
 	timed("Outcome of a completed session", func() {
@@ -392,7 +392,7 @@ func TestOutcomeCaching(t *testing.T) {
 		id, denied := ownedBy(t, rs[0], owner.url, "done"), ownedBy(t, rs[0], owner.url, "denied")
 		done = append(done, id, denied)
 		pending = append(pending, ownedBy(t, rs[0], owner.url, "pending"))
-		if err := sh.Complete(ctx, id, exp, []byte(`{"id":"`+id+`"}`)); err != nil {
+		if err := sh.Complete(ctx, id, exp, "kb-ns", []byte(`{"id":"`+id+`"}`)); err != nil {
 			t.Fatal(err)
 		}
 		if err := sh.Deny(ctx, denied, exp, "no"); err != nil {
@@ -442,7 +442,7 @@ func TestOutcomeCaching(t *testing.T) {
 	}
 	sh.altered.Store(false)
 	for _, id := range pending {
-		if err := sh.Complete(ctx, id, exp, []byte(`{}`)); err != nil {
+		if err := sh.Complete(ctx, id, exp, "kb-ns", []byte(`{}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -575,11 +575,14 @@ func TestPeerAPI(t *testing.T) {
 // answering is a peer that completes TLS and answers every request with
 // status.
 func answering(t *testing.T, sh sessions.Peeker, keys [][]byte, status int) string {
+	return answeringWith(t, sh, keys, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(status) })
+}
+
+// answeringWith is a peer that completes TLS and answers every request
+// with h.
+func answeringWith(t *testing.T, sh sessions.Peeker, keys [][]byte, h http.HandlerFunc) string {
 	r := start(t, sh, config{keys: keys})
-	srv := &http.Server{
-		TLSConfig: r.ServerTLSConfig(),
-		Handler:   http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(status) }),
-	}
+	srv := &http.Server{TLSConfig: r.ServerTLSConfig(), Handler: h}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -623,6 +626,41 @@ func TestOwnerAnswers(t *testing.T) {
 		}
 		if got := b.PeerFallbacksByReason(reason); got != 1 || b.PeerFallbacks() != 1 {
 			t.Errorf("%s: %d fallbacks for it of %d, want 1 of 1", reason, got, b.PeerFallbacks())
+		}
+	}
+}
+
+// TestOwnerOutcomeEncodings: an outcome from an owner of a version that
+// sends no namespace gets the namespace this replica's memory holds; one
+// with a field this version does not know is refused, and read here.
+func TestOwnerOutcomeEncodings(t *testing.T) {
+	sh := memory.New(sessions.Limits{}, nil)
+	keys := [][]byte{newKey(t)}
+	exp := time.Now().Add(time.Hour)
+	for _, tc := range []struct {
+		name, answer, want string
+		fallbacks          int64
+	}{
+		// {"old":true}, base64 as encoding/json sends bytes.
+		{"without a namespace", `{"State":1,"Response":"eyJvbGQiOnRydWV9","DenyReason":""}`, `{"old":true}`, 0},
+		{"with an unknown field", `{"State":1,"Response":"eyJvbGQiOnRydWV9","DenyReason":"","Namespace":"kb-ns","Extra":1}`, `{"new":true}`, 1},
+	} {
+		a := start(t, sh, config{keys: keys})
+		owner := answeringWith(t, sh, keys, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, tc.answer)
+		})
+		join([]*replica{a}, owner)
+		id := ownedBy(t, a, owner, tc.name)
+		if err := sh.Complete(ctx, id, exp, "kb-ns", []byte(`{"new":true}`)); err != nil {
+			t.Fatal(err)
+		}
+		o, err := a.Outcome(ctx, id)
+		if err != nil || o.State != sessions.StateCompleted || string(o.Response) != tc.want || o.Namespace != "kb-ns" {
+			t.Errorf("%s: Outcome %+v, %v; want %s for namespace kb-ns", tc.name, o, err, tc.want)
+		}
+		if got := a.PeerFallbacksByReason(reasonAnswer); got != tc.fallbacks {
+			t.Errorf("%s: %d fallbacks, want %d", tc.name, got, tc.fallbacks)
 		}
 	}
 }
@@ -702,7 +740,7 @@ func TestFlushedOwner(t *testing.T) {
 				t.Fatal(err)
 			}
 			if completed {
-				if err := sh.Complete(ctx, victim, exp, []byte(`{"token":"t"}`)); err != nil {
+				if err := sh.Complete(ctx, victim, exp, "kb-ns", []byte(`{"token":"t"}`)); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := sh.Deliver(ctx, victim, exp); err != nil {

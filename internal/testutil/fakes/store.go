@@ -40,11 +40,11 @@ func (f *FlakyStore) Outcome(ctx context.Context, id string) (sessions.Outcome, 
 	return f.Store.Outcome(ctx, id)
 }
 
-func (f *FlakyStore) Complete(ctx context.Context, id string, expires time.Time, response []byte) error {
+func (f *FlakyStore) Complete(ctx context.Context, id string, expires time.Time, ns string, response []byte) error {
 	if err := f.err("Complete"); err != nil {
 		return err
 	}
-	return f.Store.Complete(ctx, id, expires, response)
+	return f.Store.Complete(ctx, id, expires, ns, response)
 }
 
 func (f *FlakyStore) Deny(ctx context.Context, id string, expires time.Time, reason string) error {

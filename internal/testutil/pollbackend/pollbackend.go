@@ -63,13 +63,13 @@ type Backend struct {
 }
 
 // Complete records resp as the outcome of session sid, as a bind in the
-// browser does.
+// browser does; with no provider cluster, it names no namespace.
 func (b *Backend) Complete(sid string, resp []byte) error {
 	sess, err := b.Sessions.Open(sid)
 	if err != nil {
 		return err
 	}
-	return b.Store.Complete(context.Background(), sid, sess.ExpiresAt, resp)
+	return b.Store.Complete(context.Background(), sid, sess.ExpiresAt, "", resp)
 }
 
 // Deny denies session sid with reason, as a cancel in the browser does.
