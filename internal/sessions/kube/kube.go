@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -38,7 +37,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -46,6 +44,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kbprovider/backend/internal/kubeerr"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/admission"
 )
@@ -635,19 +634,8 @@ func (s *Store) collect(ctx context.Context) {
 
 // apiError wraps err; transient failures also wrap sessions.ErrUnavailable.
 func apiError(op string, err error) error {
-	if transient(err) {
+	if kubeerr.Transient(err) {
 		return fmt.Errorf("%w: sessions/kube: %s: %w", sessions.ErrUnavailable, op, err)
 	}
 	return fmt.Errorf("sessions/kube: %s: %w", op, err)
-}
-
-func transient(err error) bool {
-	var status apierrors.APIStatus
-	if errors.As(err, &status) {
-		code := status.Status().Code
-		return code >= 500 || code == 429
-	}
-	var netErr net.Error // *url.Error from the transport is one too
-	return errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
-		utilnet.IsProbableEOF(err) || utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err)
 }
