@@ -1,6 +1,6 @@
 // Package httpapi is the backend's HTTP surface: discovery (GET /export),
-// poll sessions (POST /sessions, GET /poll) per docs/protocol.md §0, §1 and
-// §4, and the terse probes /healthz and /readyz (ok or not, no detail;
+// poll sessions (POST /sessions, GET /poll) per docs/protocol.md §2, §3 and
+// §6, and the terse probes /healthz and /readyz (ok or not, no detail;
 // /metrics and the detailed probes are internal/server/diagnostics', on a
 // listener of their own).
 // The browser routes (/authorize, /callback, /bind) are Config.Browser's,

@@ -1,5 +1,5 @@
 // Package protocol makes and checks the random identifiers of the poll protocol:
-// session IDs, session secrets and cluster IDs (docs/protocol.md §1).
+// session IDs, session secrets and cluster IDs (docs/protocol.md §3).
 //
 // Formats:
 //   - session ID: 128 random bits, base64url without padding (22 characters);

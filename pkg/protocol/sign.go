@@ -1,5 +1,5 @@
 // Package protocol signs and verifies requests of the poll protocol
-// (docs/protocol.md §2): HMAC-SHA256 over a canonical form of scheme, host,
+// (docs/protocol.md §4): HMAC-SHA256 over a canonical form of scheme, host,
 // method, path, query and body, keyed with the session secret.
 package protocol
 

@@ -8,7 +8,7 @@ import (
 
 const vectorSecret = "c2VjcmV0LWZvci10ZXN0LXZlY3Rvci0wMDAwMDAwMDAwMDA"
 
-// The test vectors of docs/protocol.md §2.
+// The test vectors of docs/protocol.md §4.
 var vectors = []struct {
 	name      string
 	method    string

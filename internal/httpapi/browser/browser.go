@@ -1,5 +1,5 @@
 // Package browser serves the browser part of both binding flows
-// (docs/protocol.md §3 and §6): GET /authorize checks the link the CLI
+// (docs/protocol.md §5 and §8): GET /authorize checks the link the CLI
 // printed and sends the browser to the identity provider, GET /callback
 // finishes the login, GET /bind shows the API selection page and POST /bind
 // provisions the consumer and hands the BindingResponse over: into the

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/offers"
@@ -395,6 +396,11 @@ func (s *Service) SelectOffers(picked []string) ([]Pick, error) {
 		return nil, &SelectionError{"Pick at least one API."}
 	}
 	seen := map[string]bool{}
+	// Each pick becomes an export request, and a consumer namespace binds
+	// a resource through one request only: two picks of one resource
+	// (a template and the CRD's implicit offer, say) would end with one
+	// of them refused and the bind half made.
+	boundBy := map[schema.GroupResource]string{}
 	var picks []Pick
 	for _, name := range picked {
 		if seen[name] {
@@ -404,6 +410,13 @@ func (s *Service) SelectOffers(picked []string) ([]Pick, error) {
 		o, ok := s.cfg.Offers.Get(name)
 		if !ok {
 			return nil, notOffered(name)
+		}
+		for _, r := range o.Resources {
+			gr := schema.GroupResource{Group: r.Group, Resource: r.Resource}
+			if other, taken := boundBy[gr]; taken && other != name {
+				return nil, &SelectionError{fmt.Sprintf("%s and %s both bind %s: pick only one of them.", other, name, gr)}
+			}
+			boundBy[gr] = name
 		}
 		picks = append(picks, Pick{Offer: o})
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -487,5 +488,33 @@ func TestBindRefused(t *testing.T) {
 	}
 	if calls := p.Take(); len(calls) != 1 || calls[0].Consumer.Proof != binding.ProofLogin {
 		t.Errorf("a callback-flow bind did not vouch by its login: %+v", calls)
+	}
+}
+
+// TestSelectOffersOneRequestPerResource: two offers that bind one resource
+// (a template and the CRD's own implicit offer) cannot both be picked:
+// each would become an export request for it in the consumer's namespace,
+// the second refused, the bind half made. The refusal names both and the
+// resource; offers of different resources, and one offer picked twice,
+// are fine.
+func TestSelectOffersOneRequestPerResource(t *testing.T) {
+	s, _, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
+	widgets := v1alpha2.Resource{Group: "interop.example.com", Resource: "widgets"}
+	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{
+		{Name: "widgets", Resources: []v1alpha2.Resource{widgets, {Group: "interop.example.com", Resource: "gadgets"}}},
+		{Name: "widgets.interop.example.com", Implicit: true, Resources: []v1alpha2.Resource{widgets}},
+		{Name: "db", Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}},
+	}}
+	s.cfg.RenderV1alpha2 = renderPicks
+
+	_, err := s.SelectOffers([]string{"widgets", "db", "widgets.interop.example.com"})
+	var problem *SelectionError
+	if !errors.As(err, &problem) || !strings.Contains(problem.Problem, "widgets and widgets.interop.example.com both bind widgets.interop.example.com") {
+		t.Fatalf("both offers of widgets picked: %v", err)
+	}
+	for _, ok := range [][]string{{"widgets", "db"}, {"widgets.interop.example.com", "db"}, {"widgets", "widgets"}} {
+		if picks, err := s.SelectOffers(ok); err != nil || len(picks) != len(slices.Compact(slices.Clone(ok))) {
+			t.Errorf("SelectOffers(%q): %d picks, %v", ok, len(picks), err)
+		}
 	}
 }

@@ -137,7 +137,7 @@ type Error struct {
 	Message string `json:"message"`
 }
 
-// Error codes of the poll protocol (docs/protocol.md §4).
+// Error codes of the poll protocol (docs/protocol.md §3 and §6).
 const (
 	ErrorAuthorizationPending = "authorization_pending"
 	ErrorSlowDown             = "slow_down"
