@@ -163,7 +163,7 @@ func TestDemo(t *testing.T) {
 	if ready.issuer != "http://"+oidcAddr {
 		t.Errorf("identity provider %q, want http://%s", ready.issuer, oidcAddr)
 	}
-	if m := regexp.MustCompile(`came up in ([0-9.]+)(m?s)`).FindStringSubmatch(ready.text); m == nil {
+	if m := regexp.MustCompile(`came up in ([0-9]+h)?([0-9]+m)?[0-9.]+(ms|s)\b`).FindStringSubmatch(ready.text); m == nil {
 		t.Error("the ready text does not say how long the start took")
 	}
 
