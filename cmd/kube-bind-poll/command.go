@@ -82,11 +82,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Errorf(for
 
 // newCommand is the command; *code receives its exit code.
 func newCommand(name string, streams ioStreams, code *int) *cobra.Command {
-	o := &options{
-		streams: streams,
-		// As kubectl: a cluster with no server named falls back to its defaults.
-		overrides: clientcmd.ConfigOverrides{ClusterDefaults: clientcmd.ClusterDefaults},
-	}
+	o := &options{streams: streams}
 	cmd := &cobra.Command{
 		Use:   "kube-bind-poll [flags] <export-url>",
 		Short: "Bind APIs of a kube-bind provider into this cluster",
@@ -155,6 +151,8 @@ Exit codes: 0 bound, 1 binding failed, 2 usage error.`,
 
 // addClusterFlags adds kubectl's flags for the cluster to talk to.
 func (o *options) addClusterFlags(fs *pflag.FlagSet) {
+	// As kubectl: a cluster with no server named falls back to its defaults.
+	o.overrides = clientcmd.ConfigOverrides{ClusterDefaults: clientcmd.ClusterDefaults}
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to the kubeconfig file to use for CLI requests.")
 	names := clientcmd.RecommendedConfigOverrideFlags("")
 	// kubectl has none of these.
