@@ -4,14 +4,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
-	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"k8s.io/cli-runtime/pkg/printers"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/kbprovider/backend/internal/client/apply"
@@ -31,14 +30,27 @@ const (
 	kubeconfigFile = "kubeconfig"
 )
 
+// ioStreams are the command's standard input and outputs.
+type ioStreams struct {
+	In     io.Reader
+	Out    io.Writer
+	ErrOut io.Writer
+}
+
 type options struct {
-	streams     genericiooptions.IOStreams
-	configFlags *genericclioptions.ConfigFlags
-	printFlags  *genericclioptions.PrintFlags
+	streams ioStreams
+
+	// The consumer cluster, from kubectl's flags.
+	kubeconfig string
+	overrides  clientcmd.ConfigOverrides
+	userExtra  []string
+
+	output            string
+	showManagedFields bool
 
 	exportURL string
 	// printer is set when -o asks for one.
-	printer printers.ResourcePrinter
+	printer *printer
 
 	// No cluster: the BindingResponse to files or to stdout.
 	outputDir     string
@@ -69,18 +81,8 @@ type usageError struct{ error }
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // newCommand is the command; *code receives its exit code.
-func newCommand(name string, streams genericiooptions.IOStreams, code *int) *cobra.Command {
-	o := &options{
-		streams: streams,
-		// Not persistent: the consumer cluster is resolved once.
-		configFlags: genericclioptions.NewConfigFlags(false).WithWarningPrinter(streams),
-		printFlags: &genericclioptions.PrintFlags{
-			JSONYamlPrintFlags: genericclioptions.NewJSONYamlPrintFlags(),
-			OutputFormat:       new(string),
-		},
-	}
-	// Discovery is not used: no cache.
-	o.configFlags.CacheDir = nil
+func newCommand(name string, streams ioStreams, code *int) *cobra.Command {
+	o := &options{streams: streams}
 	cmd := &cobra.Command{
 		Use:   "kube-bind-poll [flags] <export-url>",
 		Short: "Bind APIs of a kube-bind provider into this cluster",
@@ -137,16 +139,50 @@ Exit codes: 0 bound, 1 binding failed, 2 usage error.`,
 	fs.StringVar(&o.providerCA, "provider-certificate-authority", "", "PEM file of CA certificates to trust for the provider's URLs besides the system's (--certificate-authority is the cluster's, as in kubectl).")
 	fs.BoolVar(&o.openBrowser, "open-browser", false, "Also open the URL in a browser of this machine.")
 	fs.StringVar(&o.qr, "qr", "auto", `Show the URL as a QR code: "auto" (when stderr is a terminal), "always" or "never".`)
-	o.printFlags.AddFlags(cmd)
-	if f := fs.Lookup("output"); f != nil {
-		f.Usage = "Output format: json or yaml (also kyaml). Prints the APIServiceBindings bound; with --dry-run the planned objects; with --print-response the BindingResponse. Default: messages on stderr only."
-	}
-	o.configFlags.AddFlags(fs)
+	fs.BoolVar(&o.showManagedFields, "show-managed-fields", false, "If true, keep the managedFields when printing objects in JSON or YAML format.")
+	fs.StringVarP(&o.output, "output", "o", "", "Output format: json or yaml (also kyaml). Prints the APIServiceBindings bound; with --dry-run the planned objects; with --print-response the BindingResponse. Default: messages on stderr only.")
+	o.addClusterFlags(fs)
 	fs.Lookup("certificate-authority").Usage = "Path to a cert file for the certificate authority of the cluster (the provider's: --provider-certificate-authority)"
 	fs.Lookup("namespace").Usage = "Only " + apply.Namespace + ": a bind writes there (the konnector's namespace) and cluster-wide; another value is refused"
 	addKlogFlags(fs)
 	fs.Lookup("v").Usage = "Log level: 2 logs every poll of the provider, 6 and more the cluster's requests (as kubectl)"
 	return cmd
+}
+
+// addClusterFlags adds kubectl's flags for the cluster to talk to.
+func (o *options) addClusterFlags(fs *pflag.FlagSet) {
+	// As kubectl: a cluster with no server named falls back to its defaults.
+	o.overrides = clientcmd.ConfigOverrides{ClusterDefaults: clientcmd.ClusterDefaults}
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to the kubeconfig file to use for CLI requests.")
+	names := clientcmd.RecommendedConfigOverrideFlags("")
+	// kubectl has none of these.
+	names.AuthOverrideFlags.Username.LongName = ""
+	names.AuthOverrideFlags.Password.LongName = ""
+	names.ClusterOverrideFlags.ProxyURL.LongName = ""
+	names.ClusterOverrideFlags.APIVersion.LongName = ""
+	names.ClusterOverrideFlags.APIServer.ShortName = "s"
+	clientcmd.BindOverrideFlags(&o.overrides, fs, names)
+	fs.StringArrayVar(&o.userExtra, "as-user-extra", nil, "User extras to impersonate for the operation, this flag can be repeated to specify multiple values for the same key.")
+}
+
+// clientConfig is the consumer cluster's configuration as kubectl loads it.
+func (o *options) clientConfig() clientcmd.ClientConfig {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.DefaultClientConfig = &clientcmd.DefaultClientConfig
+	rules.ExplicitPath = o.kubeconfig
+	rules.Warner = func(err error) { fmt.Fprintf(o.streams.ErrOut, "Warning: %v\n", err) }
+	overrides := o.overrides
+	for _, extra := range o.userExtra {
+		key, value, ok := strings.Cut(extra, "=")
+		if !ok {
+			continue
+		}
+		if overrides.AuthInfo.ImpersonateUserExtra == nil {
+			overrides.AuthInfo.ImpersonateUserExtra = map[string][]string{}
+		}
+		overrides.AuthInfo.ImpersonateUserExtra[key] = append(overrides.AuthInfo.ImpersonateUserExtra[key], value)
+	}
+	return clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &overrides)
 }
 
 // addKlogFlags adds klog's -v and --vmodule, as kubectl has them.
@@ -169,7 +205,7 @@ func (o *options) complete(cmd *cobra.Command, args []string) error {
 		return usagef("choose one of --output-dir and --print-response")
 	case o.dryRun && o.noCluster():
 		return usagef("--dry-run plans a bind into a cluster; it does not go with --output-dir or --print-response")
-	case o.outputDir != "" && *o.printFlags.OutputFormat != "":
+	case o.outputDir != "" && o.output != "":
 		return usagef("-o does not go with --output-dir: the files are the output (--print-response prints the BindingResponse)")
 	case o.timeout < 0 || o.waitTimeout <= 0:
 		return usagef("--timeout must not be negative, --wait-timeout must be positive")
@@ -181,11 +217,11 @@ func (o *options) complete(cmd *cobra.Command, args []string) error {
 		return usagef("--protocol v1alpha2 binds through the poll flow only; it does not go with --flow callback")
 	case o.qr != "auto" && o.qr != "always" && o.qr != "never":
 		return usagef(`--qr takes "auto", "always" or "never", not %q`, o.qr)
-	case *o.configFlags.Namespace != "" && *o.configFlags.Namespace != apply.Namespace:
+	case o.overrides.Context.Namespace != "" && o.overrides.Context.Namespace != apply.Namespace:
 		return usagef("--namespace: a bind writes to namespace %s (the konnector's) and cluster-scoped objects; it cannot be changed", apply.Namespace)
 	}
 	o.exportURL = args[0]
-	format := *o.printFlags.OutputFormat
+	format := o.output
 	switch {
 	case format == "" && o.dryRun:
 		format = "yaml"
@@ -193,8 +229,7 @@ func (o *options) complete(cmd *cobra.Command, args []string) error {
 		format = "json"
 	}
 	if format != "" {
-		*o.printFlags.OutputFormat = format
-		p, err := o.printFlags.ToPrinter()
+		p, err := newPrinter(format, o.showManagedFields)
 		if err != nil {
 			return usageError{err}
 		}
@@ -204,7 +239,7 @@ func (o *options) complete(cmd *cobra.Command, args []string) error {
 }
 
 // run runs the command line args and returns the exit code.
-func run(ctx context.Context, name string, args []string, streams genericiooptions.IOStreams) int {
+func run(ctx context.Context, name string, args []string, streams ioStreams) int {
 	defer klog.Flush()
 	code := exitOK
 	cmd := newCommand(name, streams, &code)

@@ -30,8 +30,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-
-	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 func main() {
@@ -41,7 +39,7 @@ func main() {
 	if strings.HasPrefix(filepath.Base(os.Args[0]), "kubectl-") {
 		name = "kubectl bind-poll"
 	}
-	code := run(ctx, name, os.Args[1:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
+	code := run(ctx, name, os.Args[1:], ioStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
 	stop()
 	os.Exit(code)
 }

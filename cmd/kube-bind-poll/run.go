@@ -101,14 +101,15 @@ func (o *options) flowOptions(hc *http.Client) flow.Options {
 // kubectl does, except that where kubectl would fall back to its default
 // server for lack of any kubeconfig, there is no cluster to bind into.
 func (o *options) restConfig() (*rest.Config, error) {
-	cfg, err := o.configFlags.ToRESTConfig()
+	cc := o.clientConfig()
+	cfg, err := cc.ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("the consumer cluster's kubeconfig: %w", err)
 	}
-	if *o.configFlags.APIServer != "" {
+	if o.overrides.ClusterInfo.Server != "" {
 		return cfg, nil
 	}
-	raw, err := o.configFlags.ToRawKubeConfigLoader().RawConfig()
+	raw, err := cc.RawConfig()
 	if err != nil {
 		return nil, fmt.Errorf("the consumer cluster's kubeconfig: %w", err)
 	}
@@ -178,7 +179,7 @@ func (o *options) runCluster(ctx context.Context, hc *http.Client, start time.Ti
 		for i, b := range out.BindingObjects {
 			items[i] = *b
 		}
-		if err := o.printer.PrintObj(list(items), o.streams.Out); err != nil {
+		if err := o.printer.printList(o.streams.Out, items); err != nil {
 			return o.failed(err)
 		}
 	}
@@ -209,7 +210,7 @@ func (o *options) runDryRun(ctx context.Context, binder *apply.Binder, hc *http.
 		}
 		items[i] = unstructured.Unstructured{Object: m}
 	}
-	if err := o.printer.PrintObj(list(items), o.streams.Out); err != nil {
+	if err := o.printer.printList(o.streams.Out, items); err != nil {
 		return o.failed(err)
 	}
 	fmt.Fprintf(stderr, "Dry run: no session was opened at the provider and nothing changed there or in this cluster; %d object(s) printed.\n"+
@@ -217,11 +218,6 @@ func (o *options) runDryRun(ctx context.Context, binder *apply.Binder, hc *http.
 		"with credentials to it, and this command writes the kubeconfig Secret, creates one APIServiceExportRequest per API "+
 		"in that namespace, adds the APIs to the konnector's ClusterRole and creates their APIServiceBindings.\n", len(items))
 	return exitOK
-}
-
-// list is items as a v1 List, the shape kubectl prints several objects in.
-func list(items []unstructured.Unstructured) *unstructured.UnstructuredList {
-	return &unstructured.UnstructuredList{Object: map[string]any{"apiVersion": "v1", "kind": "List"}, Items: items}
 }
 
 func describeIdentity(id apply.Identity, override string) string {
@@ -262,7 +258,7 @@ func (o *options) runFiles(ctx context.Context, hc *http.Client) int {
 	}
 	if o.printResponse {
 		// As received: the printer indents the JSON or turns it into YAML.
-		if err := o.printer.PrintObj(&runtime.Unknown{Raw: res.Raw, ContentType: runtime.ContentTypeJSON}, o.streams.Out); err != nil {
+		if err := o.printer.printJSON(o.streams.Out, res.Raw); err != nil {
 			return o.failed(err)
 		}
 	} else {
