@@ -115,7 +115,9 @@ func TestReleasedCLI(t *testing.T) {
 		c := runCLI(t, home, "login", e.baseURL, "--skip-browser")
 		b := chromium.New(t)
 		b.Open(c.URL(t))
-		chromium.SignIn(t, b, mallory)
+		// The refusal reaches the CLI's callback server, which exits at once:
+		// the browser's last page may never load.
+		chromium.SignInToCLI(t, b, mallory)
 		if code := c.Wait(t, time.Minute); code == 0 {
 			t.Fatal("kubectl-bind login of a user outside the allow-list exited 0")
 		}

@@ -19,11 +19,25 @@ import (
 // login of a user at a client).
 func SignIn(t testing.TB, b *Browser, user oidcprovider.User) {
 	t.Helper()
+	signIn(b, user, b.ClickAndWait)
+}
+
+// SignInToCLI signs user in like SignIn where the login ends at a CLI's
+// localhost callback server, which may close as soon as it has its answer
+// (kubectl-bind does when it is refused): the consent is clicked without
+// waiting for that last page to load. The CLI's exit tells the outcome.
+func SignInToCLI(t testing.TB, b *Browser, user oidcprovider.User) {
+	t.Helper()
+	signIn(b, user, func(selector string) int { b.Click(selector); return 0 })
+}
+
+func signIn(b *Browser, user oidcprovider.User, confirm func(selector string) int) {
+	b.t.Helper()
 	b.Fill("#login", user.Name)
 	b.Fill("#password", user.Password)
 	b.Submit("button[type=submit]")
 	if b.Exists("form[action$='/confirm'] button") {
-		b.ClickAndWait("form[action$='/confirm'] button")
+		confirm("form[action$='/confirm'] button")
 	}
 }
 
