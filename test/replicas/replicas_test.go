@@ -318,8 +318,8 @@ func TestReplicasRefuseEachOther(t *testing.T) {
 		if n := r.metric(t, "hashring_peer_fallbacks_total"); n < 1 {
 			t.Errorf("%s: hashring_peer_fallbacks_total %v, want > 0: it reached the other replica", r.name, n)
 		}
-		if !strings.Contains(r.logs.String(), "session owner unreachable") || !strings.Contains(r.logs.String(), "certificate") {
-			t.Errorf("%s logged no owner unreachable over a certificate error", r.name)
+		if !strings.Contains(r.logs.String(), "session owner's TLS handshake failed") || !strings.Contains(r.logs.String(), "certificate") {
+			t.Errorf("%s logged no failed TLS handshake with the owner over a certificate error", r.name)
 		}
 	}
 

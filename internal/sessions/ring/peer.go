@@ -402,10 +402,14 @@ func transportReason(err error) string {
 	var alert tls.AlertError
 	var verify *tls.CertificateVerificationError
 	var unknownCA x509.UnknownAuthorityError
+	// An alert the peer sent (it refused our certificate) comes from
+	// crypto/tls as a *net.OpError "remote error" around an unexported type.
+	var opErr *net.OpError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return reasonTimeout
-	case errors.As(err, &alert), errors.As(err, &verify), errors.As(err, &unknownCA):
+	case errors.As(err, &alert), errors.As(err, &verify), errors.As(err, &unknownCA),
+		errors.As(err, &opErr) && opErr.Op == "remote error":
 		return reasonRefusedTLS
 	}
 	return reasonUnreachable

@@ -12,8 +12,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -771,5 +773,24 @@ func TestFlushedOwner(t *testing.T) {
 				t.Fatalf("a used poll nonce was admitted %d times after a flush", admitted)
 			}
 		})
+	}
+}
+
+// TestTransportReason: a peer that refused this replica's certificate (a
+// TLS alert from the other side, as crypto/tls reports it) is a TLS
+// failure, not an unreachable peer; a timeout is a timeout; a refused
+// connection is unreachable.
+func TestTransportReason(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&url.Error{Op: "Post", URL: "https://peer", Err: &net.OpError{Op: "remote error", Err: errors.New("tls: unknown certificate authority")}}, reasonRefusedTLS},
+		{&url.Error{Op: "Post", URL: "https://peer", Err: context.DeadlineExceeded}, reasonTimeout},
+		{&url.Error{Op: "Post", URL: "https://peer", Err: &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}}, reasonUnreachable},
+	} {
+		if got := transportReason(c.err); got != c.want {
+			t.Errorf("transportReason(%v) = %q, want %q", c.err, got, c.want)
+		}
 	}
 }
