@@ -235,7 +235,7 @@ func (o *options) runDryRun(ctx context.Context, binder *apply.Binder, fit *appl
 // sayChoice says which generation and flow the bind takes and, where the
 // cluster's konnector decided or is changed by it, why.
 func (o *options) sayChoice(ch *flow.Choice, fit *apply.Fit) {
-	line := fmt.Sprintf("%s binds through %s with the %s flow", ch.ProviderName, ch.Protocol, ch.Flow)
+	line := fmt.Sprintf("%s binds through %s/%s with the %s flow", ch.ProviderName, apply.BindingGVR.Group, ch.Protocol, ch.Flow)
 	if ch.Protocol == flow.ProtocolV1alpha1 && o.protocol == "auto" && o.flow != flow.FlowCallback {
 		if unfit := fit.Allows(flow.ProtocolV1alpha2); unfit != nil {
 			line += fmt.Sprintf(", not %s: %v", v1alpha2.GroupVersion, unfit)
@@ -317,7 +317,7 @@ func hintFor(err error) string {
 	case errors.Is(err, pollclient.ErrAccessDenied):
 		return "The binding was cancelled in the browser or refused by the provider."
 	case errors.Is(err, pollclient.ErrExpired):
-		return "Nobody pressed Bind on the page before the link expired (or the provider lost the session); run the command again for a new link."
+		return "Nobody pressed Bind on the page before the link expired (or the provider lost the session). Run the command again for a new link."
 	case errors.Is(err, pollclient.ErrInvalidSignature):
 		return "Run the command again to start a new session."
 	case errors.Is(err, pollclient.ErrNoPollMethod):

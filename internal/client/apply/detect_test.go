@@ -1,9 +1,11 @@
 package apply
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestFitFollowsTheKonnectorThatWillServe(t *testing.T) {
@@ -108,5 +110,34 @@ func TestKbindV2KonnectorByTag(t *testing.T) {
 		if got := isKbindV2(image); got != want {
 			t.Errorf("isKbindV2(%q) = %v, want %v", image, got, want)
 		}
+	}
+}
+
+// A wait says what it waits for once it has to, and at its bound ends
+// with what to do; the caller's own end is passed on as it is.
+func TestAwaitSaysWhatItWaitsFor(t *testing.T) {
+	var progress strings.Builder
+	bd := &Binder{o: Options{WaitTimeout: 20 * time.Millisecond, Progress: &progress}}
+	w := wait{what: "the thing", ifNot: "do this", seen: func() string { return "nothing" }}
+	err := bd.await(context.Background(), w, func(context.Context) (bool, error) { return false, nil })
+	var wt *WaitTimeoutError
+	if !errors.As(err, &wt) || !strings.Contains(err.Error(), "waiting for the thing (last seen: nothing); do this") ||
+		!strings.Contains(err.Error(), "--wait-timeout") {
+		t.Errorf("await = %v, want a *WaitTimeoutError naming the wait, what was seen and what to do", err)
+	}
+	if got := progress.String(); strings.Count(got, "waiting up to 20ms (--wait-timeout) for the thing") != 1 {
+		t.Errorf("progress %q, want the wait announced once", got)
+	}
+
+	progress.Reset()
+	if err := bd.await(context.Background(), w, func(context.Context) (bool, error) { return true, nil }); err != nil || progress.Len() != 0 {
+		t.Errorf("a condition that holds at once: %v, progress %q; want nil and nothing said", err, progress.String())
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	bd.o.WaitTimeout = time.Hour
+	if err := bd.await(ctx, w, func(context.Context) (bool, error) { return false, nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("await after the caller's cancel = %v, want context.Canceled", err)
 	}
 }
