@@ -125,7 +125,7 @@ Exit codes: 0 bound, 1 binding failed, 2 usage error.`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.BoolVar(&o.dryRun, "dry-run", false, "Open no session at the provider and change nothing: check the cluster, read the provider's discovery, and print what the bind would write in the cluster before the APIs are picked (-o yaml, the default, or json).")
-	fs.StringVar(&o.protocol, "protocol", "auto", `Protocol generation: "auto" (v1alpha2 when the provider offers its poll flow at /api/exports, else v1alpha1), "v1alpha1" or "v1alpha2".`)
+	fs.StringVar(&o.protocol, "protocol", "auto", `Protocol generation: "auto" (v1alpha2 when the provider offers its poll flow at /api/exports and the konnector that will run in the cluster serves it, else v1alpha1), "v1alpha1" or "v1alpha2".`)
 	fs.StringVar(&o.flow, "flow", "", `"poll" or "callback" (default: poll when the provider offers it).`)
 	fs.StringVar(&o.konnectorImage, "konnector-image", "", "Konnector image to deploy (default: "+apply.DefaultKonnectorV1alpha2+
 		" when binding through v1alpha2, "+apply.DefaultKonnector+" through v1alpha1).")

@@ -6,7 +6,9 @@
 // provider and waited for, the konnector with a least-privilege
 // ClusterRole, and one APIServiceBinding per request. It also keeps the
 // cluster's identity at each provider (identity.go), so a bind from any
-// machine lands in the same provider namespace.
+// machine lands in the same provider namespace, and tells from the
+// konnector found in the cluster which generations a bind can take
+// (detect.go).
 //
 // Every step is idempotent: a bind interrupted anywhere is finished by
 // running it again. Before it changes anything it refuses to take over an

@@ -1,7 +1,8 @@
 // Package flow gets a BindingResponse from a kube-bind provider for a
 // command line client: it picks the protocol generation (kube-bind.io/v1alpha2
 // when the provider's host serves a v1alpha2 document with the poll flow at
-// /api/exports, else v1alpha1 at the URL as given), reads the discovery
+// /api/exports, else v1alpha1 at the URL as given; only among those that
+// fit the consumer cluster, Options.Fits), reads the discovery
 // document, takes the poll flow when the provider offers it (it works over
 // SSH) and the callback flow otherwise (every released v1alpha1 provider
 // offers it), shows the user the URL to open (prominently, with the
@@ -49,7 +50,7 @@ type Options struct {
 	// Flow forces a flow; FlowAuto takes poll when offered.
 	Flow string
 	// Protocol forces a generation; ProtocolAuto takes v1alpha2 when the
-	// provider offers its poll flow. This client speaks v1alpha2 through
+	// provider offers its poll flow and it fits. This client speaks v1alpha2 through
 	// the poll flow only.
 	Protocol string
 	// Fits, when set, says whether a bind through a generation fits the
@@ -131,7 +132,14 @@ func Choose(ctx context.Context, exportURL string, o Options) (*Choice, error) {
 			return nil, fmt.Errorf("the provider offers no %s poll flow at %s, and %s does not fit this cluster: %w",
 				v1alpha2.GroupVersion, where, v1alpha1.GroupVersion, err)
 		}
-		return nil, fmt.Errorf("%s does not fit this cluster: %w", v1alpha1.GroupVersion, err)
+		msg := fmt.Sprintf("%s does not fit this cluster: %%w", v1alpha1.GroupVersion)
+		switch {
+		case o.Flow == FlowCallback:
+			msg += "; --flow callback binds through " + v1alpha1.GroupVersion + " only: leave it out"
+		case o.fits(ProtocolV1alpha2) == nil:
+			msg += "; or leave out --protocol to bind through " + v1alpha2.GroupVersion + " where the provider offers it"
+		}
+		return nil, fmt.Errorf(msg, err)
 	}
 	doc, err := c.FetchDocument(ctx, exportURL)
 	if err != nil {
