@@ -137,7 +137,7 @@ func fitOf(found Found, skipKonnector bool, konnectorImage string) *Fit {
 		p, gv := gen.protocol, gen.groupVersion
 		if isKbindV2(found.Image) {
 			f.refused[p] = fmt.Sprintf("the konnector in this cluster (%s) is kbind v2's: it binds through core.kbind.io, which this client "+
-				"does not bind through yet, and serves no %s APIServiceBindings; bind with kbind's own tools", found.Image, gv)
+				"does not bind through yet, and serves no %s APIServiceBindings; bind with kbind's own tools", found.Image, BindingGVR.Group)
 			continue
 		}
 		if !skipKonnector {
@@ -184,7 +184,7 @@ func fitOf(found Found, skipKonnector bool, konnectorImage string) *Fit {
 			served = found.Served
 			which = fmt.Sprintf("the APIServiceBinding CRD in this cluster (CRD %s, installed by a konnector)", BindingCRDName)
 		case kbindV2Note != "":
-			f.refused[p] = kbindV2Note + ", and with --skip-konnector there is no kube-bind konnector to serve " + gv +
+			f.refused[p] = kbindV2Note + ", and with --skip-konnector there is no kube-bind konnector to serve " + BindingGVR.Group +
 				" APIServiceBindings; leave out --skip-konnector to deploy kube-bind's konnector next to it"
 			continue
 		default:

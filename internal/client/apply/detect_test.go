@@ -57,7 +57,7 @@ func TestFitFollowsTheKonnectorThatWillServe(t *testing.T) {
 		},
 		{
 			name: "kbind v2 konnector", found: Found{Image: v2, KbindV2: kbindCRDs},
-			refused: map[string][]string{ProtocolV1alpha1: {"kbind v2", "core.kbind.io"}, ProtocolV1alpha2: {"kbind v2", "does not bind through yet"}},
+			refused: map[string][]string{ProtocolV1alpha1: {"kbind v2", "core.kbind.io", "no kube-bind.io APIServiceBindings"}, ProtocolV1alpha2: {"kbind v2", "does not bind through yet"}},
 		},
 		{
 			name: "kbind v2's CRDs, konnector elsewhere", found: Found{KbindV2: kbindCRDs}, skip: true,

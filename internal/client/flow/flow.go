@@ -50,8 +50,8 @@ type Options struct {
 	// Flow forces a flow; FlowAuto takes poll when offered.
 	Flow string
 	// Protocol forces a generation; ProtocolAuto takes v1alpha2 when the
-	// provider offers its poll flow and it fits. This client speaks v1alpha2 through
-	// the poll flow only.
+	// provider offers its poll flow and it fits. This client speaks
+	// v1alpha2 through the poll flow only.
 	Protocol string
 	// Fits, when set, says whether a bind through a generation fits the
 	// consumer cluster (its konnector): nil, or why not and what to do.
@@ -126,6 +126,9 @@ func Choose(ctx context.Context, exportURL string, o Options) (*Choice, error) {
 	if err := o.fits(ProtocolV1alpha1); err != nil {
 		if o.Protocol == ProtocolAuto && o.Flow != FlowCallback {
 			if unfit := o.fits(ProtocolV1alpha2); unfit != nil {
+				if unfit.Error() == err.Error() {
+					return nil, fmt.Errorf("no protocol generation fits this cluster: %w", err)
+				}
 				return nil, fmt.Errorf("no protocol generation fits this cluster: %s: %w; %s: %w", v1alpha2.GroupVersion, unfit, v1alpha1.GroupVersion, err)
 			}
 			where, _ := pollclient.ProviderDocumentURL(exportURL)

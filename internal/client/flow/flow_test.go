@@ -242,6 +242,16 @@ func TestChooseHonoursTheCluster(t *testing.T) {
 	}
 }
 
+// One reason that refuses both generations is said once.
+func TestChooseSaysACommonReasonOnce(t *testing.T) {
+	p := newProvider(t, "poll")
+	_, err := Choose(context.Background(), p.srv.URL+"/export", Options{Out: io.Discard,
+		Fits: func(string) error { return unfitErr("kbind v2 serves neither") }})
+	if err == nil || strings.Count(err.Error(), "kbind v2 serves neither") != 1 || p.requested() != "" {
+		t.Errorf("Choose = %v (requests %q), want the reason once and nothing asked", err, p.requested())
+	}
+}
+
 // The callback flow has no session expiry: its wait for the browser is
 // bounded, and ends with what to do.
 func TestCallbackWaitIsBounded(t *testing.T) {
