@@ -125,14 +125,14 @@ Exit codes: 0 bound, 1 binding failed, 2 usage error.`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.BoolVar(&o.dryRun, "dry-run", false, "Open no session at the provider and change nothing: check the cluster, read the provider's discovery, and print what the bind would write in the cluster before the APIs are picked (-o yaml, the default, or json).")
-	fs.StringVar(&o.protocol, "protocol", "auto", `Protocol generation: "auto" (v1alpha2 when the provider offers its poll flow at /api/exports, else v1alpha1), "v1alpha1" or "v1alpha2".`)
+	fs.StringVar(&o.protocol, "protocol", "auto", `Protocol generation: "auto" (v1alpha2 when the provider offers its poll flow at /api/exports and the konnector that will run in the cluster serves it, else v1alpha1), "v1alpha1" or "v1alpha2".`)
 	fs.StringVar(&o.flow, "flow", "", `"poll" or "callback" (default: poll when the provider offers it).`)
 	fs.StringVar(&o.konnectorImage, "konnector-image", "", "Konnector image to deploy (default: "+apply.DefaultKonnectorV1alpha2+
 		" when binding through v1alpha2, "+apply.DefaultKonnector+" through v1alpha1).")
 	fs.BoolVar(&o.skipKonnector, "skip-konnector", false, "Do not deploy the konnector or its RBAC (it runs elsewhere).")
-	fs.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Minute, "How long to wait for each request to succeed and for the konnector.")
+	fs.DurationVar(&o.waitTimeout, "wait-timeout", 5*time.Minute, "Bound of each wait in the cluster: for each request to succeed at the provider, for the konnector's CRD, for a failed request to go. Each says what it waits for; at the bound the command exits 1 saying what to do.")
 	fs.StringVar(&o.clusterID, "cluster-id", "", "Present this cluster ID instead of the one kept in the cluster.")
-	fs.DurationVar(&o.timeout, "timeout", 0, "Give up after this long (0: when the session expires).")
+	fs.DurationVar(&o.timeout, "timeout", 0, "Give up after this long in all (0: the browser part ends when the session expires, or after "+flow.DefaultCallbackWait.String()+" in the callback flow; each wait in the cluster is bounded by --wait-timeout).")
 	fs.StringVar(&o.outputDir, "output-dir", "", "No cluster: write "+responseFile+" and "+kubeconfigFile+" here (mode 0600).")
 	fs.BoolVar(&o.printResponse, "print-response", false, "No cluster: print the provider's BindingResponse on stdout (-o json, the default, or yaml).")
 	fs.BoolVar(&o.force, "force", false, "Overwrite existing files in --output-dir.")

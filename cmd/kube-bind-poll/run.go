@@ -24,6 +24,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/client/apply"
 	"github.com/kbprovider/backend/internal/client/flow"
+	"github.com/kbprovider/backend/pkg/apis/v1alpha2"
 	"github.com/kbprovider/backend/pkg/pollclient"
 )
 
@@ -71,7 +72,7 @@ func (o *options) usage(err error) int {
 // flowOptions are the options of the browser part common to all modes.
 func (o *options) flowOptions(hc *http.Client) flow.Options {
 	stderr := o.streams.ErrOut
-	fo := flow.Options{HTTPClient: hc, UserAgent: "kube-bind-poll", Flow: o.flow, Out: stderr}
+	fo := flow.Options{HTTPClient: hc, UserAgent: "kube-bind-poll", Flow: o.flow, Out: stderr, CallbackWait: o.timeout}
 	if o.protocol != "auto" {
 		fo.Protocol = o.protocol
 	}
@@ -142,17 +143,28 @@ func (o *options) runCluster(ctx context.Context, hc *http.Client, start time.Ti
 	if err != nil {
 		return o.failed(err)
 	}
-	if o.dryRun {
-		fmt.Fprintf(stderr, "Dry run: planning a bind into the cluster at %s (%s).\n", cfg.Host, describeIdentity(id, o.clusterID))
-		return o.runDryRun(ctx, binder, hc)
+	found, err := binder.Detect(ctx)
+	if err != nil {
+		return o.failed(err)
 	}
-	fmt.Fprintf(stderr, "Binding into the cluster at %s (%s).\n", cfg.Host, describeIdentity(id, o.clusterID))
+	fit := binder.Fit(found)
+	fo := o.flowOptions(hc)
+	fo.Fits = fit.Allows
+	if o.dryRun {
+		fmt.Fprintf(stderr, "Dry run: planning a bind into the cluster at %s (%s; %s).\n", cfg.Host, describeIdentity(id, o.clusterID), fit.Konnector)
+		return o.runDryRun(ctx, binder, fit, fo)
+	}
+	fmt.Fprintf(stderr, "Binding into the cluster at %s (%s; %s).\n", cfg.Host, describeIdentity(id, o.clusterID), fit.Konnector)
 	if o.clusterID != "" {
 		id = apply.Identity{ClusterID: o.clusterID}
 	}
-	fo := o.flowOptions(hc)
 	fo.ClusterID, fo.ClusterSecret = id.ClusterID, id.ClusterSecret
-	res, err := flow.Obtain(ctx, o.exportURL, fo)
+	ch, err := flow.Choose(ctx, o.exportURL, fo)
+	if err != nil {
+		return o.failed(err)
+	}
+	o.sayChoice(ch, fit)
+	res, err := ch.Obtain(ctx, fo)
 	if err != nil {
 		return o.failed(err)
 	}
@@ -190,14 +202,14 @@ func (o *options) runCluster(ctx context.Context, hc *http.Client, start time.Ti
 // (pressing Bind on its page would set up the provider's side), and
 // prints what the bind would write in the cluster before the APIs are
 // picked.
-func (o *options) runDryRun(ctx context.Context, binder *apply.Binder, hc *http.Client) int {
+func (o *options) runDryRun(ctx context.Context, binder *apply.Binder, fit *apply.Fit, fo flow.Options) int {
 	stderr := o.streams.ErrOut
-	ch, err := flow.Choose(ctx, o.exportURL, o.flowOptions(hc))
+	ch, err := flow.Choose(ctx, o.exportURL, fo)
 	if err != nil {
 		return o.failed(err)
 	}
-	fmt.Fprintf(stderr, "%s binds through %s with the %s flow. What the bind would write here before the APIs are picked:\n",
-		ch.ProviderName, ch.Protocol, ch.Flow)
+	o.sayChoice(ch, fit)
+	fmt.Fprintf(stderr, "What the bind would write here before the APIs are picked:\n")
 	planned, err := binder.Plan(ctx, ch.Protocol)
 	if err != nil {
 		return o.failed(err)
@@ -218,6 +230,21 @@ func (o *options) runDryRun(ctx context.Context, binder *apply.Binder, hc *http.
 		"with credentials to it, and this command writes the kubeconfig Secret, creates one APIServiceExportRequest per API "+
 		"in that namespace, adds the APIs to the konnector's ClusterRole and creates their APIServiceBindings.\n", len(items))
 	return exitOK
+}
+
+// sayChoice says which generation and flow the bind takes and, where the
+// cluster's konnector decided or is changed by it, why.
+func (o *options) sayChoice(ch *flow.Choice, fit *apply.Fit) {
+	line := fmt.Sprintf("%s binds through %s/%s with the %s flow", ch.ProviderName, apply.BindingGVR.Group, ch.Protocol, ch.Flow)
+	if ch.Protocol == flow.ProtocolV1alpha1 && o.protocol == "auto" && o.flow != flow.FlowCallback {
+		if unfit := fit.Allows(flow.ProtocolV1alpha2); unfit != nil {
+			line += fmt.Sprintf(", not %s: %v", v1alpha2.GroupVersion, unfit)
+		}
+	}
+	if note := fit.Note(ch.Protocol); note != "" {
+		line += "; " + note
+	}
+	fmt.Fprintln(o.streams.ErrOut, line+".")
 }
 
 func describeIdentity(id apply.Identity, override string) string {
@@ -289,7 +316,9 @@ func hintFor(err error) string {
 	switch {
 	case errors.Is(err, pollclient.ErrAccessDenied):
 		return "The binding was cancelled in the browser or refused by the provider."
-	case errors.Is(err, pollclient.ErrExpired), errors.Is(err, pollclient.ErrInvalidSignature):
+	case errors.Is(err, pollclient.ErrExpired):
+		return "Nobody pressed Bind on the page before the link expired (or the provider lost the session). Run the command again for a new link."
+	case errors.Is(err, pollclient.ErrInvalidSignature):
 		return "Run the command again to start a new session."
 	case errors.Is(err, pollclient.ErrNoPollMethod):
 		return "The provider offers only the callback flow: leave out --flow poll."

@@ -6,7 +6,9 @@
 // provider and waited for, the konnector with a least-privilege
 // ClusterRole, and one APIServiceBinding per request. It also keeps the
 // cluster's identity at each provider (identity.go), so a bind from any
-// machine lands in the same provider namespace.
+// machine lands in the same provider namespace, and tells from the
+// konnector found in the cluster which generations a bind can take
+// (detect.go).
 //
 // Every step is idempotent: a bind interrupted anywhere is finished by
 // running it again. Before it changes anything it refuses to take over an
@@ -504,11 +506,14 @@ func (bd *Binder) request(ctx context.Context, provider dynamic.Interface, names
 			if err := client.Delete(ctx, r.name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				return "", err
 			}
-			if err := bd.poll(ctx, func(ctx context.Context) (bool, error) {
+			if err := bd.await(ctx, wait{
+				what:  fmt.Sprintf("the failed APIServiceExportRequest %s/%s of an earlier run to be deleted on the provider", namespace, r.name),
+				ifNot: "something on the provider keeps it (a finalizer?); ask the provider, then run the command again",
+			}, func(ctx context.Context) (bool, error) {
 				_, err := client.Get(ctx, r.name, metav1.GetOptions{})
 				return apierrors.IsNotFound(err), ignoreNotFound(err)
 			}); err != nil {
-				return "", fmt.Errorf("waiting for the failed request of an earlier run to go: %w", err)
+				return "", err
 			}
 			if _, err := client.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 				return "", err
@@ -519,7 +524,17 @@ func (bd *Binder) request(ctx context.Context, provider dynamic.Interface, names
 		return "", fmt.Errorf("creating it in provider namespace %s: %w", namespace, err)
 	}
 	var phase, message string
-	err := bd.poll(ctx, func(ctx context.Context) (bool, error) {
+	err := bd.await(ctx, wait{
+		what: fmt.Sprintf("the provider to accept APIServiceExportRequest %s/%s (status.phase Succeeded)", namespace, r.name),
+		ifNot: "the provider's backend decides requests; if the phase stays empty or Pending, it is down or behind: " +
+			"ask the provider, then run the command again (it continues where it stopped)",
+		seen: func() string {
+			if phase == "" {
+				return "no phase yet"
+			}
+			return "phase " + phase
+		},
+	}, func(ctx context.Context) (bool, error) {
 		cur, err := client.Get(ctx, r.name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -529,12 +544,6 @@ func (bd *Binder) request(ctx context.Context, provider dynamic.Interface, names
 		return phase == "Succeeded" || phase == "Failed", nil
 	})
 	switch {
-	case err != nil && ctx.Err() == nil:
-		if phase == "" {
-			phase = "none yet"
-		}
-		return "", fmt.Errorf("timed out after %s waiting for APIServiceExportRequest %s/%s on the provider to succeed (phase: %s): %w",
-			bd.o.WaitTimeout, namespace, r.name, phase, err)
 	case err != nil:
 		return "", err
 	case phase == "Failed":
@@ -553,14 +562,26 @@ func (e *RequestFailedError) Error() string {
 	return fmt.Sprintf("the provider failed APIServiceExportRequest %s: %s", e.Name, e.Message)
 }
 
-// poll runs cond every half second until it holds, fails with an error
-// that is not transient, or WaitTimeout passes.
-func (bd *Binder) poll(ctx context.Context, cond func(context.Context) (bool, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, bd.o.WaitTimeout)
+// wait is what a bounded wait waits for, in the words shown to the user.
+type wait struct {
+	// what comes, e.g. "the provider to decide APIServiceExportRequest ns/x".
+	what string
+	// ifNot is what to do when it does not come.
+	ifNot string
+	// seen, when set, says what was last seen instead.
+	seen func() string
+}
+
+// await runs cond every half second until it holds, fails with an error
+// that is not transient, or WaitTimeout passes. Once cond first does not
+// hold it says what it waits for and how long at most; at the bound it
+// fails with w's advice.
+func (bd *Binder) await(ctx context.Context, w wait, cond func(context.Context) (bool, error)) error {
+	wctx, cancel := context.WithTimeout(ctx, bd.o.WaitTimeout)
 	defer cancel()
 	var lastErr error
-	for {
-		ok, err := cond(ctx)
+	for announced := false; ; announced = true {
+		ok, err := cond(wctx)
 		if ok {
 			return nil
 		}
@@ -570,16 +591,31 @@ func (bd *Binder) poll(ctx context.Context, cond func(context.Context) (bool, er
 				return err
 			}
 		}
+		if !announced {
+			fmt.Fprintf(bd.o.Progress, "  … waiting up to %s (--wait-timeout) for %s\n", bd.o.WaitTimeout, w.what)
+		}
 		select {
-		case <-ctx.Done():
-			if lastErr != nil {
-				return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			return ctx.Err()
+			msg := fmt.Sprintf("gave up after %s (--wait-timeout) waiting for %s", bd.o.WaitTimeout, w.what)
+			switch {
+			case w.seen != nil:
+				msg += " (last seen: " + w.seen() + ")"
+			case lastErr != nil:
+				msg += fmt.Sprintf(" (last error: %v)", lastErr)
+			}
+			return &WaitTimeoutError{Msg: msg + "; " + w.ifNot}
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
+
+// WaitTimeoutError is a bounded wait that ran out, with what to do.
+type WaitTimeoutError struct{ Msg string }
+
+func (e *WaitTimeoutError) Error() string { return e.Msg }
 
 func ignoreNotFound(err error) error {
 	if apierrors.IsNotFound(err) {

@@ -299,17 +299,25 @@ func tag(image string) string {
 }
 
 func (bd *Binder) waitForBindingsAPI(ctx context.Context, gen generation) (string, error) {
+	served := "v0.4 or newer"
+	if gen.protocol == ProtocolV1alpha2 {
+		served = "v0.5 or newer"
+	}
+	ifNot := fmt.Sprintf("the konnector installs that CRD when it starts: are its pods running? "+
+		"(kubectl -n %s get pods -l app=%s; kubectl -n %s logs deployment/%s)", Namespace, KonnectorName, Namespace, KonnectorName)
+	if bd.o.SkipKonnector {
+		ifNot = fmt.Sprintf("with --skip-konnector, the konnector you run must be %s and running against this cluster; "+
+			"start it, or leave out --skip-konnector to deploy one", served)
+	}
 	var lastErr error
-	err := bd.poll(ctx, func(ctx context.Context) (bool, error) {
+	err := bd.await(ctx, wait{
+		what:  fmt.Sprintf("the konnector to install the CRD serving %s APIServiceBindings (konnector %s)", gen.groupVersion, served),
+		ifNot: ifNot,
+		seen:  func() string { return lastErr.Error() },
+	}, func(ctx context.Context) (bool, error) {
 		_, lastErr = bd.dyn.Resource(gen.bindingGVR).List(ctx, metav1.ListOptions{Limit: 1})
 		return lastErr == nil, nil
 	})
-	if err != nil && ctx.Err() == nil {
-		return "", fmt.Errorf("timed out after %s waiting until %s APIServiceBindings can be listed (last: %v); "+
-			"the konnector installs their CRD when it starts (v0.5 or newer for %s): is it running, and which version? "+
-			"(kubectl -n %s get deployment %s -o wide; --skip-konnector if you run it elsewhere)",
-			bd.o.WaitTimeout, gen.groupVersion, lastErr, ProtocolV1alpha2, Namespace, KonnectorName)
-	}
 	if err != nil {
 		return "", err
 	}

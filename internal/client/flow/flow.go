@@ -1,7 +1,8 @@
 // Package flow gets a BindingResponse from a kube-bind provider for a
 // command line client: it picks the protocol generation (kube-bind.io/v1alpha2
 // when the provider's host serves a v1alpha2 document with the poll flow at
-// /api/exports, else v1alpha1 at the URL as given), reads the discovery
+// /api/exports, else v1alpha1 at the URL as given; only among those that
+// fit the consumer cluster, Options.Fits), reads the discovery
 // document, takes the poll flow when the provider offers it (it works over
 // SSH) and the callback flow otherwise (every released v1alpha1 provider
 // offers it), shows the user the URL to open (prominently, with the
@@ -12,6 +13,7 @@ package flow
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -48,9 +50,17 @@ type Options struct {
 	// Flow forces a flow; FlowAuto takes poll when offered.
 	Flow string
 	// Protocol forces a generation; ProtocolAuto takes v1alpha2 when the
-	// provider offers its poll flow. This client speaks v1alpha2 through
-	// the poll flow only.
+	// provider offers its poll flow and it fits. This client speaks
+	// v1alpha2 through the poll flow only.
 	Protocol string
+	// Fits, when set, says whether a bind through a generation fits the
+	// consumer cluster (its konnector): nil, or why not and what to do.
+	// Auto skips a generation that does not fit; a forced one that does
+	// not fit is refused before the provider is asked.
+	Fits func(protocol string) error
+	// CallbackWait bounds the wait for the browser in the callback flow,
+	// which has no session expiry of its own; default DefaultCallbackWait.
+	CallbackWait time.Duration
 	// ClusterID to present ("" for a new one) and ClusterSecret to prove it
 	// with (poll flow, backends that issue one).
 	ClusterID, ClusterSecret string
@@ -65,6 +75,13 @@ type Options struct {
 	// BeforeWait is called after the URL is shown (tests, timing).
 	BeforeWait func(url string)
 }
+
+// ErrCallbackTimeout is the callback flow's wait running out.
+var ErrCallbackTimeout = errors.New("gave up waiting for the browser")
+
+// DefaultCallbackWait is how long the callback flow waits for the
+// browser by default: as long as a login's state lives at this backend.
+const DefaultCallbackWait = 10 * time.Minute
 
 // Result is what the provider handed over, and the identity it knows the
 // cluster by.
@@ -106,8 +123,36 @@ func Choose(ctx context.Context, exportURL string, o Options) (*Choice, error) {
 	if p2 != nil {
 		return &Choice{Protocol: ProtocolV1alpha2, Flow: FlowPoll, ProviderName: prettyName(p2.PrettyName), client: c, poll: p2}, nil
 	}
+	if err := o.fits(ProtocolV1alpha1); err != nil {
+		if o.Protocol == ProtocolAuto && o.Flow != FlowCallback {
+			if unfit := o.fits(ProtocolV1alpha2); unfit != nil {
+				if unfit.Error() == err.Error() {
+					return nil, fmt.Errorf("no protocol generation fits this cluster: %w", err)
+				}
+				return nil, fmt.Errorf("no protocol generation fits this cluster: %s: %w; %s: %w", v1alpha2.GroupVersion, unfit, v1alpha1.GroupVersion, err)
+			}
+			where, _ := pollclient.ProviderDocumentURL(exportURL)
+			return nil, fmt.Errorf("the provider offers no %s poll flow at %s, and %s does not fit this cluster: %w",
+				v1alpha2.GroupVersion, where, v1alpha1.GroupVersion, err)
+		}
+		msg := fmt.Sprintf("%s does not fit this cluster: %%w", v1alpha1.GroupVersion)
+		switch {
+		case o.Flow == FlowCallback:
+			msg += "; --flow callback binds through " + v1alpha1.GroupVersion + " only: leave it out"
+		case o.fits(ProtocolV1alpha2) == nil:
+			msg += "; or leave out --protocol to bind through " + v1alpha2.GroupVersion + " where the provider offers it"
+		}
+		return nil, fmt.Errorf(msg, err)
+	}
 	doc, err := c.FetchDocument(ctx, exportURL)
 	if err != nil {
+		if unfit := o.fits(ProtocolV1alpha2); unfit != nil && o.Protocol == ProtocolAuto && ctx.Err() == nil {
+			// Say why v1alpha2 was not taken when the provider may offer only that.
+			if _, err2 := c.DiscoverV1alpha2(ctx, exportURL); err2 == nil {
+				return nil, fmt.Errorf("the provider offers %s only (%s: %v), and %s does not fit this cluster: %w",
+					v1alpha2.GroupVersion, exportURL, err, v1alpha2.GroupVersion, unfit)
+			}
+		}
 		return nil, err
 	}
 	ch := &Choice{Protocol: ProtocolV1alpha1, Flow: o.Flow, ProviderName: prettyName(doc.ProviderPrettyName), client: c}
@@ -166,10 +211,21 @@ func (ch *Choice) Obtain(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer f.Close()
-	o.show(ch.ProviderName, f.URL(), "in a browser on this machine (it returns to a port of this machine)", "", time.Time{})
-	res, err := f.Wait(ctx)
+	bound := o.CallbackWait
+	if bound <= 0 {
+		bound = DefaultCallbackWait
+	}
+	o.show(ch.ProviderName, f.URL(), "in a browser on this machine (it returns to a port of this machine)", "", time.Now().Add(bound))
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	res, err := f.Wait(wctx)
 	if err != nil {
-		return nil, err
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: no binding came back to this machine within %s: open the URL in a browser on this machine, "+
+			"log in and press Bind; run the command again for a new link (--flow poll binds from a browser anywhere, where the provider offers it)",
+			ErrCallbackTimeout, bound)
 	}
 	r := &Result{Result: res, Flow: FlowCallback, Protocol: res.Generation, ClusterID: cid, ProviderName: ch.ProviderName}
 	if cid == o.ClusterID {
@@ -191,13 +247,20 @@ func selectV1alpha2(ctx context.Context, c *pollclient.Client, exportURL string,
 		if o.Flow == FlowCallback {
 			return nil, fmt.Errorf("this client binds through %s with the poll flow only; leave out --flow callback", v1alpha2.GroupVersion)
 		}
+		if err := o.fits(ProtocolV1alpha2); err != nil {
+			msg := fmt.Sprintf("%s does not fit this cluster: %%w", v1alpha2.GroupVersion)
+			if o.fits(ProtocolV1alpha1) == nil {
+				msg += "; or leave out --protocol to bind through " + v1alpha1.GroupVersion
+			}
+			return nil, fmt.Errorf(msg, err)
+		}
 		p, err := c.DiscoverV1alpha2(ctx, exportURL)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", v1alpha2.GroupVersion, err)
 		}
 		return p, nil
 	case ProtocolAuto:
-		if o.Flow == FlowCallback {
+		if o.Flow == FlowCallback || o.fits(ProtocolV1alpha2) != nil {
 			return nil, nil
 		}
 		p, err := c.DiscoverV1alpha2(ctx, exportURL)
@@ -211,6 +274,13 @@ func selectV1alpha2(ctx context.Context, c *pollclient.Client, exportURL string,
 	default:
 		return nil, fmt.Errorf("unknown protocol %q (want %s or %s)", o.Protocol, ProtocolV1alpha1, ProtocolV1alpha2)
 	}
+}
+
+func (o Options) fits(protocol string) error {
+	if o.Fits == nil {
+		return nil
+	}
+	return o.Fits(protocol)
 }
 
 // poll runs the poll flow at p, named name.

@@ -3,6 +3,7 @@ package flow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -169,5 +170,98 @@ func TestChooseOpensNoSession(t *testing.T) {
 		if got := p.requested(); strings.Contains(got, "POST") {
 			t.Errorf("v2 %q, flow %q: Choose made a session: %s", tc.v2, tc.flow, got)
 		}
+	}
+}
+
+// unfitErr is what a cluster's konnector says of a generation it cannot
+// serve.
+type unfitErr string
+
+func (e unfitErr) Error() string { return string(e) }
+
+func refusing(protocols ...string) func(string) error {
+	return func(p string) error {
+		for _, r := range protocols {
+			if p == r {
+				return unfitErr("konnector v0.4.8 serves only " + p + "-not")
+			}
+		}
+		return nil
+	}
+}
+
+// A generation the consumer cluster's konnector cannot serve is not
+// taken: auto goes on with the other, a forced one is refused before the
+// provider is asked, and the errors say why.
+func TestChooseHonoursTheCluster(t *testing.T) {
+	cases := []struct {
+		name     string
+		v2       string
+		path     string // of the export URL
+		protocol string
+		refuse   []string
+		want     string   // generation, or "" for an error
+		words    []string // the error must hold
+		asked    string   // the requests made, exactly ("" none)
+	}{
+		{name: "auto skips v1alpha2", v2: "poll", path: "/export", protocol: ProtocolAuto, refuse: []string{ProtocolV1alpha2},
+			want: ProtocolV1alpha1, asked: "GET /export"},
+		{name: "forced v1alpha2 refused at once", v2: "poll", path: "/export", protocol: ProtocolV1alpha2, refuse: []string{ProtocolV1alpha2},
+			words: []string{"kube-bind.io/v1alpha2 does not fit this cluster", "konnector v0.4.8", "leave out --protocol"}},
+		{name: "forced v1alpha1 refused at once", v2: "poll", path: "/export", protocol: ProtocolV1alpha1, refuse: []string{ProtocolV1alpha1},
+			words: []string{"kube-bind.io/v1alpha1 does not fit this cluster"}},
+		{name: "the provider offers only the generation that does not fit", v2: "poll", path: "/nothing", protocol: ProtocolAuto,
+			refuse: []string{ProtocolV1alpha2}, words: []string{"offers kube-bind.io/v1alpha2 only", "404", "konnector v0.4.8"},
+			asked: "GET /nothing, GET /api/exports"},
+		{name: "none fits", v2: "poll", path: "/export", protocol: ProtocolAuto, refuse: []string{ProtocolV1alpha1, ProtocolV1alpha2},
+			words: []string{"no protocol generation fits this cluster"}},
+		{name: "v1alpha1 does not fit and v1alpha2 is not offered", v2: "", path: "/export", protocol: ProtocolAuto, refuse: []string{ProtocolV1alpha1},
+			words: []string{"offers no kube-bind.io/v1alpha2 poll flow", "/api/exports"}, asked: "GET /api/exports"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newProvider(t, tc.v2)
+			ch, err := Choose(context.Background(), p.srv.URL+tc.path, Options{Protocol: tc.protocol, Fits: refusing(tc.refuse...), Out: io.Discard})
+			switch {
+			case tc.want == "" && err == nil:
+				t.Fatalf("chose %s, want an error", ch.Protocol)
+			case tc.want != "" && err != nil:
+				t.Fatalf("Choose: %v", err)
+			case tc.want != "" && ch.Protocol != tc.want:
+				t.Errorf("chose %s, want %s", ch.Protocol, tc.want)
+			}
+			for _, w := range tc.words {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			if got := p.requested(); got != tc.asked {
+				t.Errorf("requested %q, want %q", got, tc.asked)
+			}
+		})
+	}
+}
+
+// One reason that refuses both generations is said once.
+func TestChooseSaysACommonReasonOnce(t *testing.T) {
+	p := newProvider(t, "poll")
+	_, err := Choose(context.Background(), p.srv.URL+"/export", Options{Out: io.Discard,
+		Fits: func(string) error { return unfitErr("kbind v2 serves neither") }})
+	if err == nil || strings.Count(err.Error(), "kbind v2 serves neither") != 1 || p.requested() != "" {
+		t.Errorf("Choose = %v (requests %q), want the reason once and nothing asked", err, p.requested())
+	}
+}
+
+// The callback flow has no session expiry: its wait for the browser is
+// bounded, and ends with what to do.
+func TestCallbackWaitIsBounded(t *testing.T) {
+	p := newProvider(t, "")
+	var out strings.Builder
+	_, err := Obtain(context.Background(), p.srv.URL+"/export", Options{Flow: FlowCallback, CallbackWait: 50 * time.Millisecond, Out: &out})
+	if !errors.Is(err, ErrCallbackTimeout) || !strings.Contains(err.Error(), "open the URL in a browser on this machine") {
+		t.Fatalf("Obtain = %v, want ErrCallbackTimeout saying what to do", err)
+	}
+	if !strings.Contains(out.String(), "the link expires at") {
+		t.Errorf("the wait's bound was not shown:\n%s", out.String())
 	}
 }
