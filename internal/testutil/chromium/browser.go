@@ -59,6 +59,9 @@ type Browser struct {
 // the test, naming hack/install-test-deps.sh, if chromium is not installed.
 func New(t testing.TB) *Browser {
 	t.Helper()
+	if err := procs.RefuseInParallelSet("chromium"); err != nil {
+		t.Fatal(err)
+	}
 	execPath := os.Getenv(ExecPathEnv)
 	if execPath == "" {
 		execPath = "/usr/bin/chromium"
