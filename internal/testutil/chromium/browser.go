@@ -45,6 +45,8 @@ type Browser struct {
 	ctx     context.Context
 	dir     string
 	timeout time.Duration
+	// userData is the profile's folder; tmp is chromium's TMPDIR.
+	userData, tmp string
 
 	// AutoScreenshot saves a screenshot after every page load (Open,
 	// Submit, ClickAndWait). On by default.
@@ -71,9 +73,14 @@ func New(t testing.TB) *Browser {
 	}
 
 	userData := t.TempDir()
+	// Chromium makes folders of its own in TMPDIR (the profile's
+	// SingletonSocket), which it leaves when killed, as the end of a
+	// test does: so its TMPDIR is the test's too.
+	tmp := t.TempDir()
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(execPath),
 		chromedp.UserDataDir(userData),
+		chromedp.Env("TMPDIR="+tmp),
 		chromedp.Headless,
 		chromedp.NoSandbox, // tests run as root, where the sandbox refuses to start
 		chromedp.DisableGPU,
@@ -98,7 +105,7 @@ func New(t testing.TB) *Browser {
 		chromedp.WindowSize(1280, 900),
 	)
 	ctx, cancelTab := chromedp.NewContext(allocCtx)
-	b := &Browser{t: t, ctx: ctx, timeout: DefaultTimeout, AutoScreenshot: true}
+	b := &Browser{t: t, ctx: ctx, timeout: DefaultTimeout, AutoScreenshot: true, userData: userData, tmp: tmp}
 	t.Cleanup(func() {
 		if t.Failed() {
 			b.screenshotQuiet("failed")
