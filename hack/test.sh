@@ -2,8 +2,8 @@
 # Runs the whole test suite against real parts: it installs what a fresh
 # machine lacks (the pinned Kubernetes binaries and helm, chromium, the test
 # OpenID Connect provider's npm packages), then runs go test with -race:
-# the packages that start no real part several at a time, then the others
-# two at a time while every fuzz target runs for a few seconds beside them
+# the packages that start real parts two at a time, and beside them the
+# others several at a time, then every fuzz target for a few seconds
 # (hack/fuzz.sh). At the end it prints the packages' times, slowest first
 # (docs/testing.md). Extra arguments go to go test (default: ./...); with
 # them, only go test runs (no fuzzing).
@@ -38,26 +38,19 @@ fi
 mkdir -p "$KUBE_BIND_TEST_ARTIFACTS"
 
 work=$(mktemp -d)
-fuzzer=
+background=()
 cleanup() {
-	if [ -n "$fuzzer" ]; then kill "$fuzzer" 2>/dev/null || true; wait "$fuzzer" || true; fi
+	for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
+	wait || true
 	rm -rf "$work"
 }
 trap cleanup EXIT
-
-# The backend and the client, built once for every package that runs them
-# as processes (internal/localenv/procs.Build takes them from these
-# variables instead of linking its own), and the report of the go test
-# events.
-tb=$SECONDS
-go build -o "$work/bin/" ./cmd/backend ./cmd/kube-bind-poll ./hack/testreport
-export KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TEST_POLL_BINARY="$work/bin/kube-bind-poll"
-echo "built the backend and kube-bind-poll for the tests: $((SECONDS - tb))s"
+go build -o "$work/bin/" ./hack/testreport
 
 # The packages whose tests start a real part (a control plane, a node, a
 # konnector, the identity provider, a browser) are those whose test
 # binaries import one of these packages; each part refuses to start in the
-# others, which run as the parallel set (procs.ParallelSetEnv).
+# others, the parallel set (procs.ParallelSetEnv).
 module=$(go list -m)
 real_parts="^$module/(internal/localenv/(controlplane|node|konnector|oidcprovider)|internal/testutil/chromium)\$"
 mapfile -t all < <(go list ./...)
@@ -65,7 +58,7 @@ mapfile -t with_parts < <(go list -test -f '{{$p := .ImportPath}}{{range .Deps}}
 	awk -v re="$real_parts" '$1 ~ /\.test$/ && $2 ~ re { print substr($1, 1, length($1) - 5) }' | sort -u)
 # Started first, as go test takes the packages in the order given: the
 # slowest ones, so that the last minutes are not one long package alone.
-slow_first=(test/replicas test/e2e test/node test/consumer test/scale internal/binding/controllers/credentials test/upgrade test/kbindcli)
+slow_first=(test/replicas test/e2e test/node internal/binding/controllers/credentials test/scale test/consumer hack/demo test/chart test/upgrade test/kbindcli)
 cluster=()
 for p in "${slow_first[@]}"; do
 	if printf '%s\n' "${with_parts[@]}" | grep -qx "$module/$p"; then cluster+=("$module/$p"); fi
@@ -77,35 +70,49 @@ parallel=()
 for p in "${all[@]}"; do
 	if ! printf '%s\n' "${with_parts[@]}" | grep -qx "$p"; then parallel+=("$p"); fi
 done
-echo "go test: ${#parallel[@]} packages without real parts, then ${#cluster[@]} with"
+echo "go test: ${#cluster[@]} packages with real parts, two at a time; beside them ${#parallel[@]} without, then every fuzz target"
 
+# Beside the packages with real parts, which mostly wait for their
+# processes: the packages without (several at a time), then fuzzing (each
+# target still for FUZZTIME). Their output is shown once they are done.
 # go test -json keeps each package's events (the per-package times of the
 # table) in the artefacts; testreport -follow prints the usual output.
-rc=0
 t3=$SECONDS
-KUBE_BIND_TEST_PARALLEL_SET=1 go test -race -p 2 -timeout 20m -count=1 -json "${parallel[@]}" |
-	"$work/bin/testreport" -follow -save "$KUBE_BIND_TEST_ARTIFACTS/go-test-parallel.json" || rc=1
-t4=$SECONDS
+(
+	rc=0
+	KUBE_BIND_TEST_PARALLEL_SET=1 go test -race -p 2 -timeout 20m -count=1 -json "${parallel[@]}" |
+		"$work/bin/testreport" -follow -save "$KUBE_BIND_TEST_ARTIFACTS/go-test-parallel.json" >"$work/parallel.log" 2>&1 || rc=1
+	echo $((SECONDS - t3)) >"$work/parallel.time"
+	bash hack/fuzz.sh >"$work/fuzz.log" 2>&1 || rc=1
+	echo $((SECONDS - t3)) >"$work/fuzz.time"
+	exit $rc
+) &
+background+=($!)
 
-# Fuzzing (CPU) runs beside the packages with real parts, which mostly
-# wait for their processes; each target still fuzzes for FUZZTIME.
-bash hack/fuzz.sh >"$work/fuzz.log" 2>&1 &
-fuzzer=$!
-# Control planes two at a time: the machine has 2 cores, and a
-# kube-apiserver's start is CPU-heavy while the tests after it mostly wait.
+# The backend and the client, built once for every package that runs them
+# as processes (internal/localenv/procs.Build takes them from these
+# variables instead of linking its own).
+tb=$SECONDS
+go build -o "$work/bin/" ./cmd/backend ./cmd/kube-bind-poll
+export KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TEST_POLL_BINARY="$work/bin/kube-bind-poll"
+echo "built the backend and kube-bind-poll for the tests: $((SECONDS - tb))s"
+
+# Control planes two at a time: a kube-apiserver's start is CPU-heavy,
+# and the tests after it mostly wait.
+rc=0
 go test -race -p "${KUBE_BIND_TEST_CLUSTER_PACKAGES:-2}" -timeout 40m -count=1 -json "${cluster[@]}" |
 	"$work/bin/testreport" -follow -save "$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json" || rc=1
 t5=$SECONDS
-fuzz_rc=0
-wait "$fuzzer" || fuzz_rc=$?
-fuzzer=
-t6=$SECONDS
+wait "${background[0]}" || rc=1
+background=()
 echo
-echo "=== fuzzing (beside the packages with real parts; done ${t6}s after the start)"
-cat "$work/fuzz.log"
-if [ $fuzz_rc -ne 0 ]; then rc=1; fi
+echo "=== go test of the packages without real parts (done $(cat "$work/parallel.time")s after the start of go test)"
+cat "$work/parallel.log"
+echo
+echo "=== fuzzing (done $(cat "$work/fuzz.time" 2>/dev/null || echo -)s after the start of go test)"
+cat "$work/fuzz.log" 2>/dev/null || true
 
 echo
 "$work/bin/testreport" "$KUBE_BIND_TEST_ARTIFACTS/go-test-parallel.json" "$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json" || rc=1
-echo "go test without real parts: $((t4 - t3))s; with real parts: $((t5 - t4))s; fuzzing until $((t6 - t4))s into that; in all $((SECONDS - t0))s"
+echo "go test with real parts: $((t5 - t3))s; without: $(cat "$work/parallel.time")s, then fuzzing until $(cat "$work/fuzz.time" 2>/dev/null || echo -)s; in all $((SECONDS - t0))s"
 exit $rc
