@@ -47,6 +47,8 @@ type Browser struct {
 	timeout time.Duration
 	// userData is the profile's folder; tmp is chromium's TMPDIR.
 	userData, tmp string
+	// started is set once the browser answered its first action.
+	started bool
 
 	// AutoScreenshot saves a screenshot after every page load (Open,
 	// Submit, ClickAndWait). On by default.
@@ -107,7 +109,10 @@ func New(t testing.TB) *Browser {
 	ctx, cancelTab := chromedp.NewContext(allocCtx)
 	b := &Browser{t: t, ctx: ctx, timeout: DefaultTimeout, AutoScreenshot: true, userData: userData, tmp: tmp}
 	t.Cleanup(func() {
-		if t.Failed() {
+		// Only a browser that started can be asked for anything: an action
+		// on a context whose start failed makes chromedp start another
+		// browser, and its allocator then panics (a channel closed twice).
+		if t.Failed() && b.started {
 			b.screenshotQuiet("failed")
 			b.mu.Lock()
 			if len(b.console) > 0 {
@@ -128,6 +133,7 @@ func New(t testing.TB) *Browser {
 	if err := chromedp.Do(startCtx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("browser: start %s: %v (if it is missing or broken, run %s)", execPath, err, InstallScript)
 	}
+	b.started = true
 	go func() {
 		for ev, err := range consoleCalls {
 			if err != nil {
