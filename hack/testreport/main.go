@@ -1,7 +1,8 @@
 // Command testreport reads the events of `go test -json` and prints what
 // a person needs from them: with -follow, the test output as go test
-// prints it without -json, while the events stream in on standard input
-// (and are copied, as they are, to -save); without, a table of the
+// prints it without -json, each package's in one piece once it is done,
+// from the events on standard input (copied, as they are, to -save);
+// without, a table of the
 // packages in the given files of events, slowest first, with each one's
 // slowest test, and the tests that failed.
 //
@@ -47,9 +48,12 @@ func main() {
 	}
 }
 
-// followEvents writes each event's output to out, and each line of in to
-// the file save (if any). A line that is not an event (go test's build
-// errors come as plain text) is written as it is.
+// followEvents writes the output of each package's events to out in one
+// piece once the package is done (go test -json interleaves the events
+// of the packages it runs at the same time), and each line of in to the
+// file save (if any). A line that is not an event (go test's build
+// errors may come as plain text) is written at once; the output of
+// packages whose end never came is written at the end of in.
 func followEvents(in io.Reader, out io.Writer, save string) error {
 	var saved io.Writer = io.Discard
 	if save != "" {
@@ -61,6 +65,8 @@ func followEvents(in io.Reader, out io.Writer, save string) error {
 		saved = f
 	}
 	w := bufio.NewWriter(out)
+	pending := map[string]*strings.Builder{}
+	var order []string // packages by their first event
 	r := bufio.NewReader(in)
 	for {
 		line, err := r.ReadBytes('\n')
@@ -69,23 +75,42 @@ func followEvents(in io.Reader, out io.Writer, save string) error {
 				return werr
 			}
 			var e event
-			if json.Unmarshal(line, &e) == nil && e.Action != "" {
-				w.WriteString(e.Output)
-			} else {
+			switch {
+			case json.Unmarshal(line, &e) != nil || e.Action == "":
 				w.Write(line)
+			case e.Package == "":
+				w.WriteString(e.Output)
+			default:
+				b := pending[e.Package]
+				if b == nil {
+					b = &strings.Builder{}
+					pending[e.Package] = b
+					order = append(order, e.Package)
+				}
+				b.WriteString(e.Output)
+				if e.Test == "" && (e.Action == "pass" || e.Action == "fail" || e.Action == "skip") {
+					w.WriteString(b.String())
+					delete(pending, e.Package)
+				}
 			}
-			// A line at a time: the log shows a hanging test's last words.
 			if ferr := w.Flush(); ferr != nil {
 				return ferr
 			}
 		}
 		if errors.Is(err, io.EOF) {
-			return nil
+			break
 		}
 		if err != nil {
 			return err
 		}
 	}
+	for _, p := range order {
+		if b := pending[p]; b != nil {
+			w.WriteString(b.String())
+			fmt.Fprintf(w, "testreport: the events of %s end before the package did\n", p)
+		}
+	}
+	return w.Flush()
 }
 
 // pkgResult is what the table shows of one package.
@@ -176,7 +201,7 @@ func writeTable(out io.Writer, pkgs map[string]*pkgResult, prefix string) error 
 			failed = append(failed, p.name+" "+t)
 		}
 		if p.result == "fail" && len(p.failed) == 0 {
-			failed = append(failed, p.name+" (the package, e.g. its build or TestMain)")
+			failed = append(failed, p.name+" (the package: its build, TestMain or a panic)")
 		}
 	}
 	fmt.Fprintf(w, "%d packages, %.0fs of test time in all (packages overlap, so more than the wall time)\n", len(rows), total)

@@ -10,12 +10,13 @@ import (
 const events = `{"Action":"start","Package":"m/fast"}
 {"Action":"run","Package":"m/fast","Test":"TestA"}
 {"Action":"output","Package":"m/fast","Test":"TestA","Output":"=== RUN   TestA\n"}
+{"Action":"start","Package":"m/slow"}
+{"Action":"output","Package":"m/slow","Output":"slow starts\n"}
 {"Action":"output","Package":"m/fast","Test":"TestA","Output":"--- PASS: TestA (0.50s)\n"}
 {"Action":"pass","Package":"m/fast","Test":"TestA","Elapsed":0.5}
 {"Action":"output","Package":"m/fast","Output":"ok  \tm/fast\t0.6s\n"}
 {"Action":"pass","Package":"m/fast","Elapsed":0.6}
 # m/broken
-{"Action":"start","Package":"m/slow"}
 {"Action":"pass","Package":"m/slow","Test":"TestQuick","Elapsed":1}
 {"Action":"pass","Package":"m/slow","Test":"TestLong/sub","Elapsed":40}
 {"Action":"pass","Package":"m/slow","Test":"TestLong","Elapsed":41}
@@ -25,16 +26,20 @@ const events = `{"Action":"start","Package":"m/fast"}
 {"Action":"start","Package":"m/none"}
 {"Action":"skip","Package":"m/none","Elapsed":0}
 {"Action":"start","Package":"m/hung"}
+{"Action":"output","Package":"m/hung","Test":"TestFirst","Output":"hung's last words\n"}
 {"Action":"pass","Package":"m/hung","Test":"TestFirst","Elapsed":3}
 `
 
-func TestFollowPrintsOutputAndSavesEvents(t *testing.T) {
+func TestFollowPrintsEachPackageWholeAndSavesEvents(t *testing.T) {
 	save := filepath.Join(t.TempDir(), "events.json")
 	var out strings.Builder
 	if err := followEvents(strings.NewReader(events), &out, save); err != nil {
 		t.Fatal(err)
 	}
-	want := "=== RUN   TestA\n--- PASS: TestA (0.50s)\nok  \tm/fast\t0.6s\n# m/broken\n    bad_test.go:9: wrong\n"
+	// Each package in one piece, though their events interleave.
+	want := "=== RUN   TestA\n--- PASS: TestA (0.50s)\nok  \tm/fast\t0.6s\n# m/broken\n" +
+		"slow starts\n    bad_test.go:9: wrong\n" +
+		"hung's last words\ntestreport: the events of m/hung end before the package did\n"
 	if out.String() != want {
 		t.Errorf("output:\n%q\nwant\n%q", out.String(), want)
 	}
