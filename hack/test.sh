@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs the whole test suite against real parts: it installs what a fresh
 # machine lacks (the pinned Kubernetes binaries and helm, chromium, the test
-# OpenID Connect provider's npm packages), then runs go test with -race,
-# then every fuzz target for a few seconds (hack/fuzz.sh).
-# Extra arguments go to go test (default: ./...); with them, only go test
-# runs (no fuzzing).
+# OpenID Connect provider's npm packages), then runs go test with -race:
+# the packages that start real parts two at a time, and beside them the
+# others several at a time, then every fuzz target for a few seconds
+# (hack/fuzz.sh). At the end it prints the packages' times, slowest first
+# (docs/testing.md). Extra arguments go to go test (default: ./...); with
+# them, only go test runs (no fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,12 +32,87 @@ fi
 # Screenshots and other artefacts of the tests land here.
 export KUBE_BIND_TEST_ARTIFACTS="${KUBE_BIND_TEST_ARTIFACTS:-$PWD/_artifacts}"
 
-# -p 1: the machine has 2 cores and several packages start a control plane.
 if [ $# -gt 0 ]; then
 	exec go test -race -p 1 -timeout 40m -count=1 "$@"
 fi
-go test -race -p 1 -timeout 40m -count=1 ./...
+mkdir -p "$KUBE_BIND_TEST_ARTIFACTS"
+
+work=$(mktemp -d)
+background=()
+cleanup() {
+	for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
+	wait || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+go build -o "$work/bin/" ./hack/testreport
+
+# The packages whose tests start a real part (a control plane, a node, a
+# konnector, the identity provider, a browser) are those whose test
+# binaries import one of these packages; each part refuses to start in the
+# others, the parallel set (procs.ParallelSetEnv).
+module=$(go list -m)
+real_parts="^$module/(internal/localenv/(controlplane|node|konnector|oidcprovider)|internal/testutil/chromium)\$"
+mapfile -t all < <(go list ./...)
+mapfile -t with_parts < <(go list -test -f '{{$p := .ImportPath}}{{range .Deps}}{{$p}} {{.}}{{"\n"}}{{end}}' ./... |
+	awk -v re="$real_parts" '$1 ~ /\.test$/ && $2 ~ re { print substr($1, 1, length($1) - 5) }' | sort -u)
+# Started first, as go test takes the packages in the order given: the
+# slowest ones, so that the last minutes are not one long package alone.
+slow_first=(test/replicas test/e2e test/node internal/binding/controllers/credentials test/scale test/consumer hack/demo test/chart test/upgrade test/kbindcli)
+cluster=()
+for p in "${slow_first[@]}"; do
+	if printf '%s\n' "${with_parts[@]}" | grep -qx "$module/$p"; then cluster+=("$module/$p"); fi
+done
+for p in "${with_parts[@]}"; do
+	if ! printf '%s\n' "${cluster[@]}" | grep -qx "$p"; then cluster+=("$p"); fi
+done
+parallel=()
+for p in "${all[@]}"; do
+	if ! printf '%s\n' "${with_parts[@]}" | grep -qx "$p"; then parallel+=("$p"); fi
+done
+echo "go test: ${#cluster[@]} packages with real parts, two at a time; beside them ${#parallel[@]} without, then every fuzz target"
+
+# Beside the packages with real parts, which mostly wait for their
+# processes: the packages without (several at a time), then fuzzing (each
+# target still for FUZZTIME). Their output is shown once they are done.
+# go test -json keeps each package's events (the per-package times of the
+# table) in the artefacts; testreport -follow prints the usual output.
 t3=$SECONDS
-# Each fuzz target for FUZZTIME (default 5s); about two minutes in all.
-bash hack/fuzz.sh
-echo "go test: $((t3 - t2))s; fuzzing: $((SECONDS - t3))s"
+(
+	rc=0
+	KUBE_BIND_TEST_PARALLEL_SET=1 go test -race -p 2 -timeout 20m -count=1 -json "${parallel[@]}" |
+		"$work/bin/testreport" -follow -save "$KUBE_BIND_TEST_ARTIFACTS/go-test-parallel.json" >"$work/parallel.log" 2>&1 || rc=1
+	echo $((SECONDS - t3)) >"$work/parallel.time"
+	bash hack/fuzz.sh >"$work/fuzz.log" 2>&1 || rc=1
+	echo $((SECONDS - t3)) >"$work/fuzz.time"
+	exit $rc
+) &
+background+=($!)
+
+# The backend and the client, built once for every package that runs them
+# as processes (internal/localenv/procs.Build takes them from these
+# variables instead of linking its own).
+tb=$SECONDS
+go build -o "$work/bin/" ./cmd/backend ./cmd/kube-bind-poll
+export KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TEST_POLL_BINARY="$work/bin/kube-bind-poll"
+echo "built the backend and kube-bind-poll for the tests: $((SECONDS - tb))s"
+
+# Control planes two at a time: a kube-apiserver's start is CPU-heavy,
+# and the tests after it mostly wait.
+rc=0
+go test -race -p "${KUBE_BIND_TEST_CLUSTER_PACKAGES:-2}" -timeout 40m -count=1 -json "${cluster[@]}" |
+	"$work/bin/testreport" -follow -save "$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json" || rc=1
+t5=$SECONDS
+wait "${background[0]}" || rc=1
+background=()
+echo
+echo "=== go test of the packages without real parts (done $(cat "$work/parallel.time")s after the start of go test)"
+cat "$work/parallel.log"
+echo
+echo "=== fuzzing (done $(cat "$work/fuzz.time" 2>/dev/null || echo -)s after the start of go test)"
+cat "$work/fuzz.log" 2>/dev/null || true
+
+echo
+"$work/bin/testreport" "$KUBE_BIND_TEST_ARTIFACTS/go-test-parallel.json" "$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json" || rc=1
+echo "go test with real parts: $((t5 - t3))s; without: $(cat "$work/parallel.time")s, then fuzzing until $(cat "$work/fuzz.time" 2>/dev/null || echo -)s; in all $((SECONDS - t0))s"
+exit $rc

@@ -38,6 +38,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kbprovider/backend/internal/localenv/procs"
 )
 
 const (
@@ -182,6 +184,9 @@ type Options struct {
 // Start starts a control plane; the caller must call Stop. ctx bounds only
 // the start. (Tests share one per package: Get.)
 func Start(ctx context.Context, opts Options) (*ControlPlane, error) {
+	if err := procs.RefuseInParallelSet("a control plane"); err != nil {
+		return nil, err
+	}
 	binDir := opts.BinDir
 	if binDir == "" {
 		var err error

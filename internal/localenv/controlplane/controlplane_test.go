@@ -339,3 +339,17 @@ func BenchmarkStartStop(b *testing.B) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// In a package hack/test.sh runs among those without real parts, a
+// control plane refuses to start, naming why.
+func TestRefusedInTheParallelSet(t *testing.T) {
+	t.Setenv(procs.ParallelSetEnv, "1")
+	cp, err := controlplane.Start(context.Background(), controlplane.Options{})
+	if err == nil {
+		cp.Stop()
+		t.Fatal("a control plane started in the parallel set")
+	}
+	if !strings.Contains(err.Error(), procs.ParallelSetEnv) {
+		t.Errorf("the refusal %q does not name %s", err, procs.ParallelSetEnv)
+	}
+}

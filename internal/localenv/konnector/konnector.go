@@ -88,6 +88,9 @@ const stopGrace = 10 * time.Second
 
 // Run starts the konnector; the caller must call Stop.
 func Run(o Options) (_ *Konnector, err error) {
+	if err := procs.RefuseInParallelSet("a konnector"); err != nil {
+		return nil, err
+	}
 	if o.Kubeconfig == "" {
 		return nil, errors.New("Options.Kubeconfig is required")
 	}

@@ -138,6 +138,9 @@ const cniBinDir = "/usr/lib/cni"
 // after an error of Start, Stop is not needed: Start undoes what it did).
 func Start(ctx context.Context, opts Options) (_ *Node, err error) {
 	begin := time.Now()
+	if err := procs.RefuseInParallelSet("a node"); err != nil {
+		return nil, err
+	}
 	if err := Preflight(); err != nil {
 		return nil, err
 	}

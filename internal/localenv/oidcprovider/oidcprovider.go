@@ -76,6 +76,9 @@ func Dir() string {
 // Run starts a provider; the caller must call Stop. It returns once discovery answers, or fails when Node.js or
 // the npm packages are missing, naming the script that installs them.
 func Run(ctx context.Context, opts Options) (_ *Provider, err error) {
+	if err := procs.RefuseInParallelSet("the OpenID Connect provider"); err != nil {
+		return nil, err
+	}
 	if len(opts.RedirectURIs) == 0 {
 		return nil, errors.New("Options.RedirectURIs is empty")
 	}

@@ -29,9 +29,20 @@ func RepoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
+// PrebuiltEnv names, for the commands several test packages run, the
+// environment variable that may hold the path of a build of it made once
+// for the whole suite (hack/test.sh does), so that each package does not
+// link its own.
+var PrebuiltEnv = map[string]string{
+	"./cmd/backend":        "KUBE_BIND_TEST_BACKEND_BINARY",
+	"./cmd/kube-bind-poll": "KUBE_BIND_TEST_POLL_BINARY",
+}
+
 // Build builds the command in pkg (a path relative to the repository root,
 // e.g. "./cmd/backend") into a new temporary folder and returns the
-// binary's path and a function that removes the folder.
+// binary's path and a function that removes the folder. Without
+// extraArgs, a build named by pkg's PrebuiltEnv variable is put there
+// instead (hard-linked, else copied).
 func Build(pkg string, extraArgs ...string) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "procs-build-")
 	if err != nil {
@@ -39,6 +50,13 @@ func Build(pkg string, extraArgs ...string) (string, func(), error) {
 	}
 	cleanup := func() { os.RemoveAll(dir) }
 	bin := filepath.Join(dir, filepath.Base(pkg))
+	if prebuilt := os.Getenv(PrebuiltEnv[pkg]); prebuilt != "" && len(extraArgs) == 0 {
+		if err := linkOrCopy(prebuilt, bin); err != nil {
+			cleanup()
+			return "", nil, fmt.Errorf("%s=%s: %w", PrebuiltEnv[pkg], prebuilt, err)
+		}
+		return bin, cleanup, nil
+	}
 	args := append([]string{"build", "-o", bin}, extraArgs...)
 	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = RepoRoot()
@@ -47,6 +65,42 @@ func Build(pkg string, extraArgs ...string) (string, func(), error) {
 		return "", nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin, cleanup, nil
+}
+
+// ParallelSetEnv is set by hack/test.sh for the test packages it runs
+// several at a time, the ones whose tests import none of the real parts
+// (control plane, node, konnector, identity provider, browser). Each part
+// refuses to start under it (RefuseInParallelSet): a package that starts
+// one by another way fails instead of loading the machine unaccounted.
+const ParallelSetEnv = "KUBE_BIND_TEST_PARALLEL_SET"
+
+// RefuseInParallelSet returns an error naming part when ParallelSetEnv is
+// set.
+func RefuseInParallelSet(part string) error {
+	if os.Getenv(ParallelSetEnv) == "" {
+		return nil
+	}
+	return fmt.Errorf("%s started by a test package that hack/test.sh runs among the packages without real parts (%s is set): its test imports must name the part's package, which puts it among the packages that start them", part, ParallelSetEnv)
+}
+
+// linkOrCopy makes dst the executable file src: a hard link, or a copy
+// where src is on another file system.
+func linkOrCopy(src, dst string) error {
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("not an executable file")
+	}
+	if os.Link(src, dst) == nil {
+		return nil
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o755)
 }
 
 // UnusedPort returns a loopback TCP port nothing listens on right now, and

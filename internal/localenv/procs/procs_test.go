@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -55,5 +57,35 @@ func TestUnusedPortNeverRepeats(t *testing.T) {
 			t.Fatalf("port %d handed out twice", p)
 		}
 		seen[p] = true
+	}
+}
+
+func TestBuildUsesThePrebuiltCommand(t *testing.T) {
+	prebuilt := filepath.Join(t.TempDir(), "prebuilt-backend")
+	if err := os.WriteFile(prebuilt, []byte("#!/bin/sh\necho prebuilt\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(PrebuiltEnv["./cmd/backend"], prebuilt)
+	bin, cleanup, err := Build("./cmd/backend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Base(bin) != "backend" || filepath.Dir(bin) == filepath.Dir(prebuilt) {
+		t.Errorf("Build gave %s, want a backend of its own folder", bin)
+	}
+	if out, err := exec.Command(bin).Output(); err != nil || string(out) != "prebuilt\n" {
+		t.Errorf("running %s: %q, %v; want the prebuilt command", bin, out, err)
+	}
+	cleanup()
+	if _, err := os.Stat(filepath.Dir(bin)); !os.IsNotExist(err) {
+		t.Errorf("cleanup left %s: %v", filepath.Dir(bin), err)
+	}
+	if _, err := os.Stat(prebuilt); err != nil {
+		t.Errorf("cleanup removed the prebuilt command: %v", err)
+	}
+
+	t.Setenv(PrebuiltEnv["./cmd/backend"], filepath.Join(t.TempDir(), "missing"))
+	if _, _, err := Build("./cmd/backend"); err == nil || !strings.Contains(err.Error(), PrebuiltEnv["./cmd/backend"]) {
+		t.Errorf("a prebuilt command that is missing: %v, want an error naming the variable", err)
 	}
 }

@@ -45,6 +45,10 @@ type Browser struct {
 	ctx     context.Context
 	dir     string
 	timeout time.Duration
+	// userData is the profile's folder; tmp is chromium's TMPDIR.
+	userData, tmp string
+	// started is set once the browser answered its first action.
+	started bool
 
 	// AutoScreenshot saves a screenshot after every page load (Open,
 	// Submit, ClickAndWait). On by default.
@@ -59,6 +63,9 @@ type Browser struct {
 // the test, naming hack/install-test-deps.sh, if chromium is not installed.
 func New(t testing.TB) *Browser {
 	t.Helper()
+	if err := procs.RefuseInParallelSet("chromium"); err != nil {
+		t.Fatal(err)
+	}
 	execPath := os.Getenv(ExecPathEnv)
 	if execPath == "" {
 		execPath = "/usr/bin/chromium"
@@ -68,9 +75,14 @@ func New(t testing.TB) *Browser {
 	}
 
 	userData := t.TempDir()
+	// Chromium makes folders of its own in TMPDIR (the profile's
+	// SingletonSocket), which it leaves when killed, as the end of a
+	// test does: so its TMPDIR is the test's too.
+	tmp := t.TempDir()
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(execPath),
 		chromedp.UserDataDir(userData),
+		chromedp.Env("TMPDIR="+tmp),
 		chromedp.Headless,
 		chromedp.NoSandbox, // tests run as root, where the sandbox refuses to start
 		chromedp.DisableGPU,
@@ -95,9 +107,12 @@ func New(t testing.TB) *Browser {
 		chromedp.WindowSize(1280, 900),
 	)
 	ctx, cancelTab := chromedp.NewContext(allocCtx)
-	b := &Browser{t: t, ctx: ctx, timeout: DefaultTimeout, AutoScreenshot: true}
+	b := &Browser{t: t, ctx: ctx, timeout: DefaultTimeout, AutoScreenshot: true, userData: userData, tmp: tmp}
 	t.Cleanup(func() {
-		if t.Failed() {
+		// Only a browser that started can be asked for anything: an action
+		// on a context whose start failed makes chromedp start another
+		// browser, and its allocator then panics (a channel closed twice).
+		if t.Failed() && b.started {
 			b.screenshotQuiet("failed")
 			b.mu.Lock()
 			if len(b.console) > 0 {
@@ -118,6 +133,7 @@ func New(t testing.TB) *Browser {
 	if err := chromedp.Do(startCtx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("browser: start %s: %v (if it is missing or broken, run %s)", execPath, err, InstallScript)
 	}
+	b.started = true
 	go func() {
 		for ev, err := range consoleCalls {
 			if err != nil {

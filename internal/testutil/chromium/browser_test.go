@@ -123,3 +123,17 @@ func TestMissingChromiumFailsNamingTheScript(t *testing.T) {
 		t.Errorf("child without chromium: err=%v, want a failure naming %s; output:\n%s", err, InstallScript, out)
 	}
 }
+
+// Chromium's own temporary folders (the profile's SingletonSocket) are in
+// the test's temporary folder, which goes with the test, and not in /tmp,
+// where a killed chromium leaves them.
+func TestTemporaryFoldersAreTheTests(t *testing.T) {
+	b := New(t)
+	socket, err := os.Readlink(filepath.Join(b.userData, "SingletonSocket"))
+	if err != nil {
+		t.Fatalf("the profile's SingletonSocket: %v", err)
+	}
+	if !strings.HasPrefix(socket, b.tmp+string(filepath.Separator)) {
+		t.Errorf("chromium's SingletonSocket is %s, want it in the test's folder %s", socket, b.tmp)
+	}
+}
