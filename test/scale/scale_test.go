@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kbprovider/backend/internal/apirequests"
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
@@ -121,7 +122,7 @@ func TestConsumersAtScale(t *testing.T) {
 	}
 
 	// New binds among the n, at rest.
-	s.newBinds(t, n, n, "at rest", restBindBounds())
+	s.newBinds(t, n, n, "at rest", leader, restBindBounds())
 	total := n + newBinds
 	s.waitSettled(t, total, time.Now().Add(settleTimeout(total)))
 
@@ -132,7 +133,7 @@ func TestConsumersAtScale(t *testing.T) {
 	// A handover with new binds made while the new leader catches up.
 	leader.Stop()
 	next, _ := waitLeader(t, follower)
-	s.newBinds(t, total, total, "during a new leader's catch-up", catchUpBindBounds(total))
+	s.newBinds(t, total, total, "during a new leader's catch-up", next, catchUpBindBounds(total))
 	leader, follower = next, leader.restart(t)
 	total += newBinds
 	s.waitSettled(t, total, time.Now().Add(settleTimeout(total)))
@@ -168,9 +169,10 @@ func TestConsumersAtScale(t *testing.T) {
 // newBinds times newBinds binds among n consumers, one after another,
 // numbered from first: Provision, then the konnector's request until it
 // is answered and its APIServiceExport exists.
-func (s *scale) newBinds(t *testing.T, n, first int, when string, b bindBounds) {
+func (s *scale) newBinds(t *testing.T, n, first int, when string, leader *replica, b bindBounds) {
 	t.Helper()
 	ctx := context.Background()
+	provBefore, leaderBefore := s.provRequests.Counts(), apiRequests(t, leader)
 	var provisions, answers []time.Duration
 	for i := range newBinds {
 		t0 := time.Now()
@@ -188,6 +190,15 @@ func (s *scale) newBinds(t *testing.T, n, first int, when string, b bindBounds) 
 	figure(t, "a new bind among %d, %s: Provision p50 %s max %s, its request answered with an APIServiceExport p50 %s max %s (of %d; all: %v / %v)",
 		n, when, median(provisions), slices.Max(provisions).Round(time.Millisecond),
 		median(answers), slices.Max(answers).Round(time.Millisecond), newBinds, provisions, answers)
+	provCounts := requestCounts{}
+	for k, v := range s.provRequests.Counts() {
+		if d := v - provBefore[k]; d > 0 {
+			provCounts[[2]string{k.Verb, k.Resource}] = float64(d)
+		}
+	}
+	leaderCounts := apiRequests(t, leader).minus(leaderBefore)
+	figure(t, "API requests of %d new binds %s: Provision %.0f (%s); the leader until it answered them %.0f (%s)", newBinds, when,
+		provCounts.sum(func(string, string) bool { return true }), provCounts, leaderCounts.sum(ofConsumers), leaderCounts)
 	for _, c := range []struct {
 		what     string
 		ds       []time.Duration
@@ -233,8 +244,10 @@ func (s *scale) settledHandover(t *testing.T, leader, follower *replica, n int) 
 // scale holds the clients of a run.
 type scale struct {
 	prov *binding.Provisioner
-	dyn  dynamic.Interface
-	kube kubernetes.Interface
+	// provRequests counts the provisioner's requests.
+	provRequests *apirequests.Counter
+	dyn          dynamic.Interface
+	kube         kubernetes.Interface
 }
 
 func newScale(t *testing.T, cp *controlplane.ControlPlane) *scale {
@@ -244,6 +257,8 @@ func newScale(t *testing.T, cp *controlplane.ControlPlane) *scale {
 	// make the objects quickly.
 	rc := rest.CopyConfig(backendcluster.Backend(t, cp, backendUser, mango))
 	rc.QPS, rc.Burst = 1000, 2000
+	counter := apirequests.New("scale", "the provisioner's requests")
+	rc.Wrap(counter.Wrap)
 	cat := backendcluster.Catalog(t, rc, mango)
 	prov, err := binding.NewProvisioner(rc, cat, binding.Config{NamespacePrefix: namespacePrefix, ProviderPrettyName: "Scale provider"})
 	if err != nil {
@@ -251,7 +266,7 @@ func newScale(t *testing.T, cp *controlplane.ControlPlane) *scale {
 	}
 	admin := rest.CopyConfig(cp.AdminConfig())
 	admin.QPS, admin.Burst = 1000, 2000
-	return &scale{prov: prov, dyn: dynamic.NewForConfigOrDie(admin), kube: kubernetes.NewForConfigOrDie(admin)}
+	return &scale{prov: prov, provRequests: counter, dyn: dynamic.NewForConfigOrDie(admin), kube: kubernetes.NewForConfigOrDie(admin)}
 }
 
 // bind binds consumer i and makes its konnector's request.
