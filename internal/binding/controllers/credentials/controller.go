@@ -114,7 +114,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue,
 		UpdateFunc: func(old, obj any) {
-			if u, ok := obj.(*unstructured.Unstructured); ok && c.heartbeatIsNoNews(old, u) {
+			if u, ok := obj.(*unstructured.Unstructured); ok && c.isNoNews(old, u) {
 				return
 			}
 			enqueue(obj)
@@ -140,10 +140,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// heartbeatIsNoNews says whether the update from old to cb is only a
-// konnector heartbeat in a namespace where heartbeats change nothing;
-// the look the last decision scheduled still comes.
-func (c *Controller) heartbeatIsNoNews(old any, cb *unstructured.Unstructured) bool {
+// isNoNews says whether the update from old to cb is only a konnector
+// heartbeat, or this controller's own CredentialsValid condition, in a
+// namespace where heartbeats change nothing; the look the last decision
+// scheduled still comes.
+func (c *Controller) isNoNews(old any, cb *unstructured.Unstructured) bool {
 	prev, ok := old.(*unstructured.Unstructured)
 	if !ok {
 		return false
@@ -155,6 +156,15 @@ func (c *Controller) heartbeatIsNoNews(old any, cb *unstructured.Unstructured) b
 		o := runtime.DeepCopyJSON(u.Object)
 		unstructured.RemoveNestedField(o, "status", "lastHeartbeatTime")
 		unstructured.RemoveNestedField(o, "metadata", "resourceVersion")
+		if conds, ok, _ := unstructured.NestedSlice(o, "status", "conditions"); ok {
+			others := conds[:0]
+			for _, cond := range conds {
+				if m, _ := cond.(map[string]any); m["type"] != ConditionType {
+					others = append(others, cond)
+				}
+			}
+			_ = unstructured.SetNestedSlice(o, others, "status", "conditions")
+		}
 		return o
 	}
 	return equality.Semantic.DeepEqual(strip(prev), strip(cb))
@@ -210,24 +220,29 @@ func (c *Controller) Observe(ctx context.Context, ns string, cb *unstructured.Un
 		}
 		s.NotAllowed = !c.cfg.Allowed(who)
 	}
-	secrets := c.kube.CoreV1().Secrets(ns)
-	kc, err := secrets.Get(ctx, binding.KubeconfigSecretName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
+	// One read of every Secret in ns: the kubeconfig Secret, the token
+	// Secrets and a legacy token Secret (which a previous version may not
+	// have labelled), and nothing else the backend would know of, as the
+	// consumer creates no Secrets.
+	all, err := c.kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return s, err
+	}
+	var kc, legacy *corev1.Secret
+	var tokens []*corev1.Secret
+	for i := range all.Items {
+		sec := &all.Items[i]
+		switch {
+		case sec.Name == binding.KubeconfigSecretName:
+			kc = sec
+		case sec.Name == binding.TokenSecretName:
+			legacy = sec
+		case sec.Labels[binding.LabelCredential] == binding.CredentialToken:
+			tokens = append(tokens, sec)
+		}
+	}
+	if kc == nil {
 		return s, nil
-	}
-	if err != nil {
-		return s, err
-	}
-	list, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: binding.LabelCredential + "=" + binding.CredentialToken})
-	if err != nil {
-		return s, err
-	}
-	legacy, err := secrets.Get(ctx, binding.TokenSecretName, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		legacy = nil
-	case err != nil:
-		return s, err
 	}
 
 	currentName := kc.Annotations[binding.AnnotationTokenSecret]
@@ -238,8 +253,8 @@ func (c *Controller) Observe(ctx context.Context, ns string, cb *unstructured.Un
 	} else {
 		s.CurrentRevoked = true
 	}
-	for _, sec := range list.Items {
-		t := tokenOf(&sec)
+	for _, sec := range tokens {
+		t := tokenOf(sec)
 		if sec.Name == currentName {
 			s.CurrentRevoked = false
 			cur.IssuedBy = t.IssuedBy
