@@ -24,6 +24,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/cleanup"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/procs"
@@ -151,11 +152,11 @@ func (e *env) deleting(name string) bool {
 func TestRevocationByLabel(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	ex, err := exportrequests.New(e.backend, exportrequests.Config{Catalog: e.catalog, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix})
+	ex, err := exportrequests.New(exportrequests.Config{Catalog: e.catalog, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, ex.Run)
+	start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ex.Setup) })
 	reg := prometheus.NewRegistry()
 	ctrl, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, Metrics: reg})
 	if err != nil {

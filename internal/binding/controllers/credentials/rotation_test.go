@@ -24,6 +24,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
@@ -299,7 +300,7 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	exportsCtrl, err := exportrequests.New(backend, exportrequests.Config{Catalog: catalog, GrantBackend: provisioner.GrantBackend, NamespacePrefix: prefix})
+	exportsCtrl, err := exportrequests.New(exportrequests.Config{Catalog: catalog, GrantBackend: provisioner.GrantBackend, NamespacePrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +312,9 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the exports controller", exportsCtrl.Run)
+	backendcluster.Run(t, "the exports controller", func(ctx context.Context) error {
+		return kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup)
+	})
 	backendcluster.Run(t, "the credentials controller", credCtrl.Run)
 	return ctx, provider, provisioner
 }

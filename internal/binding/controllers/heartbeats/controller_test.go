@@ -16,6 +16,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/heartbeats"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil"
@@ -52,11 +53,13 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	const slack = time.Second
-	ctrl, err := heartbeats.New(backend, heartbeats.Config{Metrics: reg, Slack: slack})
+	ctrl, err := heartbeats.New(heartbeats.Config{Metrics: reg, Slack: slack})
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the heartbeats controller", ctrl.Run)
+	backendcluster.Run(t, "the heartbeats controller", func(ctx context.Context) error {
+		return kbmanager.Run(ctx, backend, kbmanager.Options{}, ctrl.Setup)
+	})
 
 	cond := func() map[string]any {
 		cb, err := konnector.Get(ctx, binding.ClusterBindingName, metav1.GetOptions{})

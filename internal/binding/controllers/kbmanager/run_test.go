@@ -1,4 +1,4 @@
-package leader
+package kbmanager
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
 
-// Two replicas: only one runs at a time; when the leader stops, it
-// releases the Lease and the other takes over well before the lease
-// duration.
+// Two replicas: only one runs the controllers at a time; when the leader
+// stops, Run returns only after it released the Lease, and the other
+// takes over well before the lease duration.
 func TestOneLeaderAndFastHandover(t *testing.T) {
 	cp := controlplane.Get(t)
 	rc := cp.AdminConfig()
@@ -29,53 +29,55 @@ func TestOneLeaderAndFastHandover(t *testing.T) {
 	}
 	var running, maxRunning atomic.Int32
 	leading := make(chan int, 2)
-	cfg := Config{Namespace: "leader-test", Name: "test-lease", LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 200 * time.Millisecond}
-	ctxs := make([]context.CancelFunc, 2)
+	opts := Options{
+		Leader:        LeaderOptions{Enabled: true, Namespace: "leader-test", LeaseName: "test-lease", PodName: "replica"},
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 200 * time.Millisecond,
+	}
+	cancels := make([]context.CancelFunc, 2)
 	var wg sync.WaitGroup
 	for i := range 2 {
 		ctx, cancel := context.WithCancel(context.Background())
-		ctxs[i] = cancel
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := cfg
-			c.Identity = "replica"
-			err := Run(ctx, rc, c, func(ctx context.Context) {
-				if n := running.Add(1); n > maxRunning.Load() {
-					maxRunning.Store(n)
-				}
-				leading <- i
-				<-ctx.Done()
-				running.Add(-1)
+		cancels[i] = cancel
+		wg.Go(func() {
+			err := Run(ctx, Budgeted(rc), opts, func(m *Manager) error {
+				return m.AddRunnable(func(ctx context.Context) error {
+					if n := running.Add(1); n > maxRunning.Load() {
+						maxRunning.Store(n)
+					}
+					leading <- i
+					<-ctx.Done()
+					running.Add(-1)
+					return nil
+				})
 			})
 			if err != nil {
 				t.Error(err)
 			}
-		}()
+		})
 	}
 	var first int
 	select {
 	case first = <-leading:
-	case <-time.After(30 * time.Second):
-		t.Fatal("no replica became leader within 30s")
+	case <-time.After(60 * time.Second):
+		t.Fatal("no replica became leader within 60s")
 	}
 	time.Sleep(time.Second) // the other keeps trying meanwhile
 	start := time.Now()
-	ctxs[first]()
+	cancels[first]()
 	select {
 	case second := <-leading:
 		if second == first {
 			t.Fatal("the stopped replica led again")
 		}
 		took := time.Since(start)
-		t.Logf("handover after the leader stopped: %v (lease duration %v)", took.Round(time.Millisecond), cfg.LeaseDuration)
-		if took >= cfg.LeaseDuration {
+		t.Logf("handover after the leader stopped: %v (lease duration %v)", took.Round(time.Millisecond), opts.LeaseDuration)
+		if took >= opts.LeaseDuration {
 			t.Errorf("handover took %v: the Lease was not released", took)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no handover within 30s")
+	case <-time.After(60 * time.Second):
+		t.Fatal("no handover within 60s")
 	}
-	ctxs[1-first]()
+	cancels[1-first]()
 	wg.Wait()
 	if maxRunning.Load() != 1 {
 		t.Errorf("%d replicas ran at once", maxRunning.Load())
