@@ -120,14 +120,14 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	}
 	cleanupLog := logFor("cleanup")
 	gc := cfg.Options.GC
-	clean, err := cleanup.New(rc, cleanup.Config{
+	clean, err := cleanup.New(cleanup.Config{
 		Unbinder: cfg.Provisioner, GCAfter: gc.UnusedBindingAfter, DryRun: gc.DryRun, Metrics: cfg.Metrics, Logger: cleanupLog,
 	})
 	if err != nil {
 		return nil, err
 	}
 	credLog := logFor("credentials")
-	creds, err := credentials.New(rc, credentials.Config{
+	creds, err := credentials.New(credentials.Config{
 		Policy:          cfg.Options.Credentials,
 		Issuer:          cfg.Provisioner,
 		NamespacePrefix: cfg.NamespacePrefix,
@@ -137,10 +137,7 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	if err != nil {
 		return nil, err
 	}
-	own := []controller{
-		{"cleanup", clean.Run, cleanupLog},
-		{"credentials", creds.Run, credLog},
-	}
+	var own []controller
 	if cfg.Scope.Policy != "" {
 		scope, err := newScopeCheck(rc, cfg.Scope, cfg.Metrics, logFor("scopecheck"))
 		if err != nil {
@@ -151,7 +148,7 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	if cfg.Offers != nil {
 		own = append(own, controller{"template status", cfg.Offers.RunStatus, logFor("offers")})
 	}
-	c := &Controllers{rc: rc, leader: cfg.Options.Leader, log: logFor("controllers"), setups: []kbmanager.Setup{exports.Setup, health.Setup}}
+	c := &Controllers{rc: rc, leader: cfg.Options.Leader, log: logFor("controllers"), setups: []kbmanager.Setup{exports.Setup, health.Setup, creds.Setup, clean.Setup}}
 	for _, ctrl := range own {
 		c.setups = append(c.setups, func(m *kbmanager.Manager) error {
 			return m.AddRunnable(func(ctx context.Context) error { ctrl.runUntilDone(ctx); return nil })

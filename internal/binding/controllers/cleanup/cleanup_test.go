@@ -158,11 +158,11 @@ func TestRevocationByLabel(t *testing.T) {
 	}
 	start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ex.Setup) })
 	reg := prometheus.NewRegistry()
-	ctrl, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, Metrics: reg})
+	ctrl, err := cleanup.New(cleanup.Config{Unbinder: e.provisioner, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, ctrl.Run)
+	start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ctrl.Setup) })
 
 	c := e.bind(t, "revoked")
 	other := e.bind(t, "innocent")
@@ -278,12 +278,12 @@ func TestGarbageCollection(t *testing.T) {
 	// Dry run: logged and counted once each, nothing deleted.
 	logs := &procs.Buffer{}
 	reg := prometheus.NewRegistry()
-	dry, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, GCAfter: after, DryRun: true, Metrics: reg,
+	dry, err := cleanup.New(cleanup.Config{Unbinder: e.provisioner, GCAfter: after, DryRun: true, Metrics: reg,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopDry := start(t, dry.Run)
+	stopDry := start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, dry.Setup) })
 	testutil.Await(t, "the dry run reports both unused bindings", func() bool {
 		return count(logs, "would delete", undelivered.namespace) == 1 && count(logs, "would delete", half) == 1
 	})
@@ -315,11 +315,13 @@ func TestGarbageCollection(t *testing.T) {
 
 	// For real.
 	reg = prometheus.NewRegistry()
-	collector, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, GCAfter: after, Metrics: reg})
+	collector, err := cleanup.New(cleanup.Config{Unbinder: e.provisioner, GCAfter: after, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, collector.Run)
+	start(t, func(ctx context.Context) error {
+		return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, collector.Setup)
+	})
 	testutil.Await(t, "both unused bindings are deleted", func() bool { return e.deleting(undelivered.namespace) && e.deleting(half) })
 	// The collection went through Unbind: the token is revoked.
 	if _, err := e.admin.CoreV1().Secrets(undelivered.namespace).Get(ctx, binding.TokenSecretName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -11,6 +11,7 @@ import (
 	"github.com/kbprovider/backend/internal/apirequests"
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/backendcluster"
@@ -32,7 +33,7 @@ func TestBindCostsOneSecretRead(t *testing.T) {
 	counted := rest.CopyConfig(backend)
 	counter := apirequests.New("test", "the controller's requests")
 	counted.Wrap(counter.Wrap)
-	ctrl, err := credentials.New(counted, credentials.Config{
+	ctrl, err := credentials.New(credentials.Config{
 		Policy:          credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: time.Minute},
 		Issuer:          provisioner,
 		NamespacePrefix: ownPrefix,
@@ -40,7 +41,9 @@ func TestBindCostsOneSecretRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the credentials controller", ctrl.Run)
+	backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
+		return kbmanager.Run(ctx, counted, kbmanager.Options{}, ctrl.Setup)
+	})
 
 	consumer := binding.Consumer{Issuer: "https://idp.example.com", Subject: "counted"}
 	if _, err := provisioner.Provision(ctx, consumer, "cluster1", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}); err != nil {

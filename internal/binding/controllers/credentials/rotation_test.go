@@ -304,7 +304,7 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	credCtrl, err := credentials.New(backend, credentials.Config{
+	credCtrl, err := credentials.New(credentials.Config{
 		Policy:          credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: overlap},
 		Issuer:          provisioner,
 		NamespacePrefix: prefix,
@@ -312,10 +312,9 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the exports controller", func(ctx context.Context) error {
-		return kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup)
+	backendcluster.Run(t, "the exports and credentials controllers", func(ctx context.Context) error {
+		return kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup, credCtrl.Setup)
 	})
-	backendcluster.Run(t, "the credentials controller", credCtrl.Run)
 	return ctx, provider, provisioner
 }
 
