@@ -144,6 +144,13 @@ func (c *Controller) isNoNews(old any, cb *unstructured.Unstructured) bool {
 				}
 			}
 			_ = unstructured.SetNestedSlice(o, others, "status", "conditions")
+			if len(others) == 0 {
+				unstructured.RemoveNestedField(o, "status", "conditions")
+			}
+		}
+		// A status that had nothing but these is no status.
+		if status, ok := o["status"].(map[string]any); ok && len(status) == 0 {
+			delete(o, "status")
 		}
 		return o
 	}
