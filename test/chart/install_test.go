@@ -434,7 +434,7 @@ func runControllersAsChartAccount(t *testing.T, ctx context.Context, asSA *rest.
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- kbmanager.Run(runCtx, asSA, kbmanager.Options{}, ctrl.Setup) }()
+	go func() { kbmanager.Run(runCtx, asSA, kbmanager.Options{}, ctrl.Setup); done <- nil }()
 	defer func() { stop(); <-done }()
 
 	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)

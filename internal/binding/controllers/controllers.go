@@ -166,9 +166,7 @@ func (c *Controllers) Run(ctx context.Context) {
 		c.log.Warn("leader election off (no --leader-election-namespace, POD_NAMESPACE or pod namespace file, or --leader-election=false): " +
 			"this process runs the provider-side controllers; run a single replica")
 	}
-	if err := kbmanager.Run(ctx, c.rc, kbmanager.Options{Leader: c.leader, Logger: c.log}, c.setups...); err != nil {
-		c.log.Error("the provider-side controllers cannot run", "error", err)
-	}
+	kbmanager.Run(ctx, c.rc, kbmanager.Options{Leader: c.leader, Logger: c.log}, c.setups...)
 }
 
 // runUntilDone runs the controller until ctx ends, starting it again

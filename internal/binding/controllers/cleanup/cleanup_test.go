@@ -156,13 +156,19 @@ func TestRevocationByLabel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ex.Setup) })
+	start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ex.Setup)
+		return nil
+	})
 	reg := prometheus.NewRegistry()
 	ctrl, err := cleanup.New(cleanup.Config{Unbinder: e.provisioner, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ctrl.Setup) })
+	start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ctrl.Setup)
+		return nil
+	})
 
 	c := e.bind(t, "revoked")
 	other := e.bind(t, "innocent")
@@ -283,7 +289,10 @@ func TestGarbageCollection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopDry := start(t, func(ctx context.Context) error { return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, dry.Setup) })
+	stopDry := start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, dry.Setup)
+		return nil
+	})
 	testutil.Await(t, "the dry run reports both unused bindings", func() bool {
 		return count(logs, "would delete", undelivered.namespace) == 1 && count(logs, "would delete", half) == 1
 	})
@@ -320,7 +329,8 @@ func TestGarbageCollection(t *testing.T) {
 		t.Fatal(err)
 	}
 	start(t, func(ctx context.Context) error {
-		return kbmanager.Run(ctx, e.backend, kbmanager.Options{}, collector.Setup)
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, collector.Setup)
+		return nil
 	})
 	testutil.Await(t, "both unused bindings are deleted", func() bool { return e.deleting(undelivered.namespace) && e.deleting(half) })
 	// The collection went through Unbind: the token is revoked.

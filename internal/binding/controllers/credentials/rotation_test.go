@@ -313,7 +313,8 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 		t.Fatal(err)
 	}
 	backendcluster.Run(t, "the exports and credentials controllers", func(ctx context.Context) error {
-		return kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup, credCtrl.Setup)
+		kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup, credCtrl.Setup)
+		return nil
 	})
 	return ctx, provider, provisioner
 }

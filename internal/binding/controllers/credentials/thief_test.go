@@ -131,7 +131,8 @@ func startCredEnv(t *testing.T, allow oidc.AllowList) (context.Context, *credEnv
 			t.Fatal(err)
 		}
 		e.stop = backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
-			return kbmanager.Run(ctx, backend, kbmanager.Options{}, ctrl.Setup)
+			kbmanager.Run(ctx, backend, kbmanager.Options{}, ctrl.Setup)
+			return nil
 		})
 	}
 	e.start()

@@ -159,8 +159,10 @@ func (c *Controller) Setup(m *kbmanager.Manager) error {
 }
 
 // followOffers queues every consumer when an exported CRD or an offer
-// changes, until ctx ends.
+// changes, until ctx ends. It starts, as every runnable of the leader,
+// once the cache has synced.
 func (r *run) followOffers(ctx context.Context) error {
+	r.log.Info("exports controllers: caches synced, reconciling", "workers", r.cfg.Workers)
 	// An exported CRD changed: every consumer may hold an export of it.
 	stop, err := r.cfg.Catalog.OnChange(func(string) { r.enqueueAll(ctx) })
 	if err != nil {

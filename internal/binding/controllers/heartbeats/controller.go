@@ -86,7 +86,7 @@ func (c *Controller) Setup(m *kbmanager.Manager) error {
 	return m.AddRunnable(func(ctx context.Context) error {
 		c.current.Store(r)
 		defer c.current.CompareAndSwap(r, nil)
-		c.log.Info("binding health: watching heartbeats", "slack", c.cfg.Slack.String())
+		c.log.Info("binding health: caches synced, watching heartbeats", "slack", c.cfg.Slack.String())
 		<-ctx.Done()
 		return nil
 	})

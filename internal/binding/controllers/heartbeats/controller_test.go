@@ -3,8 +3,10 @@ package heartbeats_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/heartbeats"
@@ -57,8 +61,36 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the controller asks of the consumer's namespace (a
+	// cluster-wide list or watch names none), and how often it looked at
+	// the ClusterBinding.
+	var (
+		mu          sync.Mutex
+		made        []string
+		reconciles  int
+		counted     = rest.CopyConfig(backend)
+		bindingName = ns + "/" + binding.ClusterBindingName
+	)
+	counted.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			if strings.Contains(r.URL.Path+"/", "/namespaces/"+ns+"/") {
+				mu.Lock()
+				made = append(made, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	opts := kbmanager.Options{Reconciled: func(_ string, req reconcile.Request, err error) {
+		if req.String() == bindingName && err == nil {
+			mu.Lock()
+			reconciles++
+			mu.Unlock()
+		}
+	}}
 	backendcluster.Run(t, "the heartbeats controller", func(ctx context.Context) error {
-		return kbmanager.Run(ctx, backend, kbmanager.Options{}, ctrl.Setup)
+		kbmanager.Run(ctx, counted, opts, ctrl.Setup)
+		return nil
 	})
 
 	cond := func() map[string]any {
@@ -181,4 +213,36 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	// A heartbeat again: healthy again.
 	heartbeat()
 	testutil.Await(t, "Healthy turns True again", func() bool { c = cond(); return c != nil && c["status"] == "True" })
+
+	// Heartbeats of a healthy binding cost the controller their events:
+	// a look at the cache each, no request.
+	testutil.Await(t, "the condition's own change was looked at", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(made) > 0 && reconciles > 0
+	})
+	mu.Lock()
+	before, looks := len(made), reconciles
+	mu.Unlock()
+	for range 3 {
+		time.Sleep(time.Second) // a heartbeat time of its own (seconds)
+		heartbeat()
+		testutil.Await(t, "the heartbeat is looked at", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return reconciles > looks
+		})
+		mu.Lock()
+		looks = reconciles
+		mu.Unlock()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(made) != before {
+		t.Errorf("3 heartbeats of a healthy binding cost %d requests: %v", len(made)-before, made[before:])
+	}
 }
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

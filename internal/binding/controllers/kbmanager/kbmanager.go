@@ -122,36 +122,42 @@ const restartAfter = 5 * time.Second
 
 // Run runs the setups' controllers until ctx ends: on the replica holding
 // the Lease when o.Leader.Enabled, else right here. A term ends when
-// leadership is lost (then Run campaigns again with a new manager) or
-// when ctx ends; Run returns when ctx ended, every controller returned
-// and the Lease was released, so that another replica takes over at once.
-// It returns an error only when a setup fails.
-func Run(ctx context.Context, rc *rest.Config, o Options, setups ...Setup) error {
+// leadership is lost or the manager cannot start (e.g. the kube-bind CRDs
+// are not installed yet); then Run starts a new one after a pause. Run
+// returns when ctx ended, every controller returned and the Lease was
+// released, so that another replica takes over at once.
+func Run(ctx context.Context, rc *rest.Config, o Options, setups ...Setup) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	setLoggerOnce.Do(func() { ctrllog.SetLogger(logr.FromSlogHandler(o.Logger.Handler())) })
 	for ctx.Err() == nil {
-		m, err := newManager(rc, o)
-		if err != nil {
-			return err
-		}
-		for _, setup := range setups {
-			if err := setup(m); err != nil {
-				return err
-			}
-		}
-		err = m.start(ctx)
+		err := runTerm(ctx, rc, o, setups)
 		if ctx.Err() != nil {
 			break
 		}
-		m.Log.Warn("provider-side controllers stopped; campaigning again", "error", err)
+		// A lost Lease, or a cluster without the kube-bind CRDs yet.
+		o.Logger.Warn("provider-side controllers stopped; starting again in 5s", "error", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(restartAfter):
 		}
 	}
-	return nil
+}
+
+// runTerm builds a manager with the setups' controllers and runs it until
+// ctx ends or leadership is lost.
+func runTerm(ctx context.Context, rc *rest.Config, o Options, setups []Setup) error {
+	m, err := newManager(rc, o)
+	if err != nil {
+		return err
+	}
+	for _, setup := range setups {
+		if err := setup(m); err != nil {
+			return err
+		}
+	}
+	return m.start(ctx)
 }
 
 var setLoggerOnce sync.Once
@@ -217,6 +223,12 @@ func newManager(rc *rest.Config, o Options) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Leader.Enabled {
+		// The leader's runnables start when the Lease is won.
+		if err := m.AddRunnable(func(context.Context) error { log.Info("leader election: became leader"); return nil }); err != nil {
+			return nil, err
+		}
+	}
 	// Every kind is cached on every replica from the start, whether or
 	// not a controller watches it yet: a new leader finds them warm.
 	for obj := range byObject() {
@@ -250,13 +262,6 @@ func newLock(rc *rest.Config, o LeaderOptions) (resourcelock.Interface, string, 
 // start runs the manager until ctx ends or leadership is lost, then waits
 // for every controller.
 func (m *Manager) start(ctx context.Context) error {
-	go func() {
-		select {
-		case <-m.Elected():
-			m.Log.Info("leader election: leading; provider-side controllers start")
-		case <-ctx.Done():
-		}
-	}()
 	err := m.Start(ctx)
 	m.mu.Lock()
 	m.stopped = true

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 )
 
 func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
@@ -23,6 +24,10 @@ func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
 func TestOneLeaderAndFastHandover(t *testing.T) {
 	cp := controlplane.Get(t)
 	rc := cp.AdminConfig()
+	// The cache needs the kube-bind CRDs.
+	if err := exampleapis.Prepare(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := kubernetes.NewForConfigOrDie(rc).CoreV1().Namespaces().Create(context.Background(),
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "leader-test"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -39,7 +44,7 @@ func TestOneLeaderAndFastHandover(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancels[i] = cancel
 		wg.Go(func() {
-			err := Run(ctx, Budgeted(rc), opts, func(m *Manager) error {
+			Run(ctx, Budgeted(rc), opts, func(m *Manager) error {
 				return m.AddRunnable(func(ctx context.Context) error {
 					if n := running.Add(1); n > maxRunning.Load() {
 						maxRunning.Store(n)
@@ -50,9 +55,6 @@ func TestOneLeaderAndFastHandover(t *testing.T) {
 					return nil
 				})
 			})
-			if err != nil {
-				t.Error(err)
-			}
 		})
 	}
 	var first int
