@@ -7,9 +7,10 @@
 // the namespace and the namespaces made for its APIServiceNamespaces are
 // deleted.
 //
-// One reconcile covers one consumer namespace, from caches of the
-// backend's namespaces, ClusterBindings, requests and APIServiceNamespaces;
-// every decision to delete is checked again against the API server first.
+// One reconcile covers one consumer namespace, from the controllers' one
+// cache of the backend's namespaces, ClusterBindings, requests and
+// APIServiceNamespaces; every decision to delete is checked again against
+// the API server first.
 package cleanup
 
 import (

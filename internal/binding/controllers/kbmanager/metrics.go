@@ -1,6 +1,8 @@
 package kbmanager
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
@@ -28,6 +30,11 @@ func (c gathered) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, f := range families {
+		// The process's runtime metrics are the backend registry's own; a
+		// second copy would fail every gathering.
+		if strings.HasPrefix(f.GetName(), "go_") || strings.HasPrefix(f.GetName(), "process_") {
+			continue
+		}
 		for _, m := range f.GetMetric() {
 			names := make([]string, len(m.GetLabel()))
 			for i, l := range m.GetLabel() {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -37,4 +38,18 @@ func TestRegisterMetrics(t *testing.T) {
 		}
 	}
 	t.Error("kbmanager_test_total{controller=metrics-test,result=success} is not among the gathered metrics")
+}
+
+// controller-runtime's registry holds a Go and process collector (a
+// dependency registers them); gathering does not fail where the backend
+// has its own.
+func TestRegisterMetricsWithRuntimeCollectors(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
 }
