@@ -183,7 +183,7 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	ns, err := p.ensureNamespace(ctx, c, clusterID)
+	ns, created, err := p.ensureNamespace(ctx, c, clusterID)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +202,7 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 		// A new token on every bind: a rebind never hands out a token
 		// that is in use elsewhere (docs/binding.md).
 		{"issuing a token", func(ctx context.Context) error {
-			t, err := p.IssueToken(ctx, ns, IssuedByBind)
+			t, err := p.issueToken(ctx, ns, IssuedByBind, !created)
 			kubeconfig = t.Kubeconfig
 			return err
 		}},
@@ -238,21 +238,33 @@ func (p *Provisioner) resolve(resources []Resource) ([]ExportedAPI, error) {
 	return apis, nil
 }
 
-// ensureNamespace creates the identity's namespace, or finds it. The name
-// is derived from the identity, so concurrent binds race on one Create and
-// the API server lets exactly one win; the others read it back and check
-// that it really is this identity's. A new namespace must fit under the
-// user's cap (checked here, held by holdCap); an existing one is never
-// refused by it.
-func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID string) (string, error) {
-	name := p.Namespace(c, clusterID)
-	have, err := p.userClusters(ctx, c)
+// ensureNamespace finds the identity's namespace, or creates it. A
+// returning identity's namespace is among the user's, which are listed
+// for the cap anyway. The name is derived from the identity, so
+// concurrent binds race on one Create and the API server lets exactly one
+// win; the others read it back and check that it really is this
+// identity's. A new namespace must fit under the user's cap (checked
+// here, held by holdCap); an existing one is never refused by it.
+// created says whether this call made the namespace (nothing is in it yet).
+func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID string) (name string, created bool, err error) {
+	name = p.Namespace(c, clusterID)
+	labelled, err := p.userNamespaces(ctx, c, false)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	if !slices.ContainsFunc(have, func(ns corev1.Namespace) bool { return ns.Name == name }) && len(have) >= p.cfg.MaxClustersPerUser {
+	if i := slices.IndexFunc(labelled, func(ns corev1.Namespace) bool { return ns.Name == name }); i >= 0 {
+		return name, false, checkExisting(&labelled[i], c, clusterID)
+	}
+	older, err := p.userNamespaces(ctx, c, true)
+	if err != nil {
+		return "", false, err
+	}
+	if i := slices.IndexFunc(older, func(ns corev1.Namespace) bool { return ns.Name == name }); i >= 0 {
+		return name, false, checkExisting(&older[i], c, clusterID)
+	}
+	if have := live(labelled) + live(older); have >= p.cfg.MaxClustersPerUser {
 		p.capRefusals.Add(1)
-		return "", &ClusterCapError{Cap: p.cfg.MaxClustersPerUser, Have: len(have)}
+		return "", false, &ClusterCapError{Cap: p.cfg.MaxClustersPerUser, Have: have}
 	}
 	want := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		Name: name,
@@ -270,31 +282,37 @@ func (p *Provisioner) ensureNamespace(ctx context.Context, c Consumer, clusterID
 	if c.Proof == ProofIssued {
 		want.Annotations[AnnotationClusterIssued] = "true"
 	}
-	created, err := p.client.CoreV1().Namespaces().Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
+	made, err := p.client.CoreV1().Namespaces().Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
 	if err == nil {
-		return name, p.holdCap(ctx, c, created)
+		return name, true, p.holdCap(ctx, c, made, live(older))
 	}
 	if !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("creating provider namespace %s: %w", name, err)
+		return "", false, fmt.Errorf("creating provider namespace %s: %w", name, err)
 	}
 	existing, err := p.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
-		return "", fmt.Errorf("reading provider namespace %s: %w", name, err)
+		return "", false, fmt.Errorf("reading provider namespace %s: %w", name, err)
 	}
-	if !sameIdentity(existing, c, clusterID) {
-		return "", fmt.Errorf("%w: namespace %s", ErrIdentityConflict, name)
+	return name, false, checkExisting(existing, c, clusterID)
+}
+
+// checkExisting says whether the existing namespace ns of the identity's
+// name may be bound again by c.
+func checkExisting(ns *corev1.Namespace, c Consumer, clusterID string) error {
+	if !sameIdentity(ns, c, clusterID) {
+		return fmt.Errorf("%w: namespace %s", ErrIdentityConflict, ns.Name)
 	}
-	if existing.Annotations[AnnotationClusterIssued] == "true" && c.Proof == ProofToken {
-		return "", fmt.Errorf("%w: namespace %s", ErrClusterNotProven, name)
+	if ns.Annotations[AnnotationClusterIssued] == "true" && c.Proof == ProofToken {
+		return fmt.Errorf("%w: namespace %s", ErrClusterNotProven, ns.Name)
 	}
-	if existing.DeletionTimestamp != nil {
-		return "", fmt.Errorf("%w: namespace %s; bind again once it is gone", ErrNamespaceTerminating, name)
+	if ns.DeletionTimestamp != nil {
+		return fmt.Errorf("%w: namespace %s; bind again once it is gone", ErrNamespaceTerminating, ns.Name)
 	}
-	if IsRevoked(existing.Labels) {
-		return "", fmt.Errorf("%w: namespace %s was revoked by the provider (label %s) and is about to be removed",
-			ErrNamespaceTerminating, name, LabelRevoked)
+	if IsRevoked(ns.Labels) {
+		return fmt.Errorf("%w: namespace %s was revoked by the provider (label %s) and is about to be removed",
+			ErrNamespaceTerminating, ns.Name, LabelRevoked)
 	}
-	return name, nil
+	return nil
 }
 
 // IsConsumerNamespace says whether ns is a provider namespace Provision

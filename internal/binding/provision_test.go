@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kbprovider/backend/internal/apirequests"
 	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
@@ -656,5 +657,58 @@ func TestProvisionHungServerTimesOut(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("took %s", d)
+	}
+}
+
+// The requests a bind sends to the API server: the user's namespaces are
+// listed three times for a new cluster (the cap's check and, once made,
+// the labelled ones again) and once for a returning one, which finds its
+// namespace among them; a namespace the bind made holds no kubeconfig
+// Secret to read, a returning one's is read once to retire its token.
+func TestProvisionRequests(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	rc := rest.CopyConfig(e.backend)
+	counter := apirequests.New("test", "requests")
+	rc.Wrap(counter.Wrap)
+	p := newProvisioner(t, e, rc, ScopeNamespaced)
+	c := Consumer{Issuer: issuer, Subject: "counted"}
+	// The backend's own user name is found once per process.
+	if _, err := p.backendUser(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bind := func() map[apirequests.Key]int64 {
+		before := counter.Counts()
+		if _, err := p.Provision(ctx, c, "counted-cluster", []Resource{widgets}); err != nil {
+			t.Fatal(err)
+		}
+		after := counter.Counts()
+		var total int64
+		for k, v := range after {
+			after[k] = v - before[k]
+			total += after[k]
+		}
+		t.Logf("%d requests: %v", total, after)
+		return after
+	}
+	for _, tc := range []struct {
+		what  string
+		want  map[apirequests.Key]int64
+		count map[apirequests.Key]int64
+	}{
+		{"a new cluster", map[apirequests.Key]int64{
+			{Verb: "list", Resource: "namespaces"}: 3, {Verb: "create", Resource: "namespaces"}: 1,
+			{Verb: "get", Resource: "namespaces"}: 0, {Verb: "get", Resource: "secrets"}: 0, {Verb: "patch", Resource: "secrets"}: 0,
+		}, bind()},
+		{"a returning one", map[apirequests.Key]int64{
+			{Verb: "list", Resource: "namespaces"}: 1, {Verb: "create", Resource: "namespaces"}: 0,
+			{Verb: "get", Resource: "namespaces"}: 0, {Verb: "get", Resource: "secrets"}: 1, {Verb: "patch", Resource: "secrets"}: 1,
+		}, bind()},
+	} {
+		for k, want := range tc.want {
+			if got := tc.count[k]; got != want {
+				t.Errorf("%s: %d %s %s, want %d", tc.what, got, k.Verb, k.Resource, want)
+			}
+		}
 	}
 }

@@ -75,6 +75,10 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			// cleanup, credentials); every write to these is made through
 			// BackendNamespaceClusterRole, in the backend's namespaces only.
 			rule(kubeBindGroup, []string{"apiserviceexportrequests", "apiserviceexports", "apiservicenamespaces", "clusterbindings", "boundschemas"}, "list", "watch"),
+			// The controllers' cache of the consumers' Roles and
+			// RoleBindings (only the backend's, by label), compared with
+			// what they should be instead of applied again.
+			rule("rbac.authorization.k8s.io", []string{"roles", "rolebindings"}, "list", "watch"),
 			// The offers (internal/binding/offers): the provider's templates and
 			// collections, and the Ready condition of each template.
 			rule(kubeBindGroup, []string{"apiserviceexporttemplates", "collections"}, "get", "list", "watch"),

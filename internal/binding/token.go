@@ -74,13 +74,23 @@ type IssuedToken struct {
 // token stays valid: revoking it once the konnector has switched is the
 // job of internal/binding/controllers/credentials.
 func (p *Provisioner) IssueToken(ctx context.Context, ns, issuedBy string) (IssuedToken, error) {
+	return p.issueToken(ctx, ns, issuedBy, true)
+}
+
+// issueToken is IssueToken; without replacing, ns was made by this bind
+// and holds no kubeconfig Secret to read and no token to retire.
+func (p *Provisioner) issueToken(ctx context.Context, ns, issuedBy string, replacing bool) (IssuedToken, error) {
 	secrets := p.client.CoreV1().Secrets(ns)
-	previous, err := secrets.Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		previous, err = nil, nil
-	}
-	if err != nil {
-		return IssuedToken{}, fmt.Errorf("reading the kubeconfig Secret: %w", err)
+	var previous *corev1.Secret
+	if replacing {
+		var err error
+		previous, err = secrets.Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			previous, err = nil, nil
+		}
+		if err != nil {
+			return IssuedToken{}, fmt.Errorf("reading the kubeconfig Secret: %w", err)
+		}
 	}
 	now := p.now().UTC()
 	bound, err := secrets.Create(ctx, &corev1.Secret{

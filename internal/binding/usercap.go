@@ -83,32 +83,42 @@ func userHash(c Consumer) string {
 // operators: kubectl get ns -l kube-bind.io/consumer-user=<it>).
 func UserLabel(c Consumer) string { return userHash(c) }
 
-// userClusters lists the user's live consumer namespaces, read from the
-// API server (a quorum read, so that a namespace another replica just made
-// is seen). Namespaces made before LabelConsumerUser existed carry no
-// such label (the backend may not label namespaces): they are found by
-// their annotations among the backend's unlabelled ones, a set that only
-// shrinks.
-func (p *Provisioner) userClusters(ctx context.Context, c Consumer) ([]corev1.Namespace, error) {
-	nss := p.client.CoreV1().Namespaces()
-	labelled, err := nss.List(ctx, metav1.ListOptions{LabelSelector: LabelConsumerUser + "=" + userHash(c)})
-	if err != nil {
-		return nil, fmt.Errorf("counting the user's provider namespaces: %w", err)
+// userNamespaces are the consumer namespaces of the user of c, read
+// from the API server (a quorum read, so that a namespace another replica
+// just made is seen), those being deleted included: by default those
+// labelled with the user (LabelConsumerUser); with older, those made
+// before that label existed, which carry no such label (the backend may
+// not label namespaces): they are found by their annotations among the
+// backend's unlabelled ones, a set that only shrinks.
+func (p *Provisioner) userNamespaces(ctx context.Context, c Consumer, older bool) ([]corev1.Namespace, error) {
+	sel := LabelConsumerUser + "=" + userHash(c)
+	if older {
+		sel = LabelManagedBy + "=" + managedByValue + ",!" + LabelConsumerUser + ",!" + LabelConsumerNamespace
 	}
-	older, err := nss.List(ctx, metav1.ListOptions{
-		LabelSelector: LabelManagedBy + "=" + managedByValue + ",!" + LabelConsumerUser + ",!" + LabelConsumerNamespace,
-	})
+	list, err := p.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return nil, fmt.Errorf("counting the user's provider namespaces: %w", err)
 	}
 	var have []corev1.Namespace
-	for _, ns := range append(labelled.Items, older.Items...) {
+	for _, ns := range list.Items {
 		a := ns.Annotations
-		if ns.DeletionTimestamp == nil && IsConsumerNamespace(&ns) && a[AnnotationIssuer] == c.Issuer && a[AnnotationSubject] == c.Subject {
+		if IsConsumerNamespace(&ns) && a[AnnotationIssuer] == c.Issuer && a[AnnotationSubject] == c.Subject {
 			have = append(have, ns)
 		}
 	}
 	return have, nil
+}
+
+// live counts the namespaces that are not being deleted: those the cap
+// counts.
+func live(nss []corev1.Namespace) int {
+	n := 0
+	for _, ns := range nss {
+		if ns.DeletionTimestamp == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // holdCap counts the user's namespaces again once ns is made and deletes
@@ -116,10 +126,14 @@ func (p *Provisioner) userClusters(ctx context.Context, c Consumer) ([]corev1.Na
 // (on several replicas) each checked the cap before any of them created.
 // Every bind that finds too many rolls its own namespace back, before
 // anything is made in it; the last of them to create saw all the others,
-// so no more than the cap stay, and no half-made binding does.
-func (p *Provisioner) holdCap(ctx context.Context, c Consumer, ns *corev1.Namespace) error {
-	have, err := p.userClusters(ctx, c)
-	if err == nil && len(have) <= p.cfg.MaxClustersPerUser {
+// so no more than the cap stay, and no half-made binding does. Namespaces
+// made by binds carry the user label, so only those are listed again;
+// older is the count of unlabelled ones the check before found, a set
+// that only shrinks.
+func (p *Provisioner) holdCap(ctx context.Context, c Consumer, ns *corev1.Namespace, older int) error {
+	labelled, err := p.userNamespaces(ctx, c, false)
+	have := live(labelled) + older
+	if err == nil && have <= p.cfg.MaxClustersPerUser {
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
@@ -132,7 +146,7 @@ func (p *Provisioner) holdCap(ctx context.Context, c Consumer, ns *corev1.Namesp
 		return err
 	}
 	p.capRefusals.Add(1)
-	return &ClusterCapError{Cap: p.cfg.MaxClustersPerUser, Have: len(have) - 1}
+	return &ClusterCapError{Cap: p.cfg.MaxClustersPerUser, Have: have - 1}
 }
 
 // CapRefusals is how many new clusters this provisioner refused for

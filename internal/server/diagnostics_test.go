@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -83,6 +84,13 @@ func TestReadinessIgnoresSharedDependencies(t *testing.T) {
 		}
 	}
 	testutil.Await(t, "both dependencies up", upWhen("1"))
+	// Every request to the provider cluster is counted, by verb and
+	// resource only: the dependency check's GET /version among them.
+	_, m := httpGet(t, diag+"/metrics")
+	if !strings.Contains(m, `kube_bind_backend_api_requests_total{resource="",verb="get"} `) ||
+		!regexp.MustCompile(`kube_bind_backend_api_requests_total\{resource="customresourcedefinitions",verb="(list|watch)"\} [1-9]`).MatchString(m) {
+		t.Errorf("/metrics lacks the API requests of the dependency check and the catalog:\n%s", m)
+	}
 	if code, body := httpGet(t, diag+"/readyz"); code != http.StatusOK || !strings.Contains(body, "[+]exported-apis ok") {
 		t.Fatalf("diagnostics /readyz before the outage: %d %q", code, body)
 	}

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kbprovider/backend/internal/apirequests"
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers"
 	"github.com/kbprovider/backend/internal/httpapi"
@@ -56,7 +57,10 @@ type Server struct {
 	now func() time.Time
 	// skew measures this replica's clock against the provider cluster's.
 	skew *clockskew.Monitor
-	ext  *url.URL
+	// apiRequests counts every request to the provider cluster's API
+	// server, by verb and resource.
+	apiRequests *apirequests.Counter
+	ext         *url.URL
 
 	ln  net.Listener
 	srv *http.Server
@@ -116,6 +120,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		s.now = time.Now
 	}
 	s.skew = clockskew.New(s.now, s.log.With("component", "clock-skew"))
+	s.apiRequests = apirequests.New("kube_bind_backend",
+		"Requests this replica sent to the provider cluster's API server (every client: session store, provisioning, controllers, "+
+			"leader election, dependency checks), by Kubernetes verb and resource (resource/subresource; empty for discovery and /version).")
 	defer func() {
 		if err != nil {
 			s.close()
@@ -150,7 +157,7 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), s.apiRequests)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "kube_bind_backend", Name: "connections_refused_total",
 		Help: "Connections closed at once because their client held --max-connections-per-client.",
@@ -374,6 +381,7 @@ func (s *Server) provider() (*rest.Config, error) {
 			return nil, fmt.Errorf("provider cluster: %w", err)
 		}
 		rc.Wrap(s.skew.Wrap)
+		rc.Wrap(s.apiRequests.Wrap)
 		s.restConfig = rc
 	}
 	return s.restConfig, nil

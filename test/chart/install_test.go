@@ -21,6 +21,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 )
@@ -427,13 +428,13 @@ func ptr[T any](v T) *T { return &v }
 // and an APIServiceNamespace gets its namespace.
 func runControllersAsChartAccount(t *testing.T, ctx context.Context, asSA *rest.Config, catalog *binding.Catalog, p *binding.Provisioner, kubeconfig []byte, ns string) {
 	t.Helper()
-	ctrl, err := exportrequests.New(asSA, exportrequests.Config{Catalog: catalog, GrantBackend: p.GrantBackend, NamespacePrefix: "kube-bind-"})
+	ctrl, err := exportrequests.New(exportrequests.Config{Catalog: catalog, GrantBackend: p.GrantBackend, NamespacePrefix: "kube-bind-"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- ctrl.Run(runCtx) }()
+	go func() { kbmanager.Run(runCtx, asSA, kbmanager.Options{}, ctrl.Setup); done <- nil }()
 	defer func() { stop(); <-done }()
 
 	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)

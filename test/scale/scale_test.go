@@ -3,7 +3,11 @@ package scale
 import (
 	"context"
 	"fmt"
+	"io"
+	"maps"
+	"net/http"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kbprovider/backend/internal/apirequests"
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
@@ -49,10 +54,11 @@ var mango = exampleapis.MangoDB
 // With N consumers bound (KUBE_BIND_SCALE_CONSUMERS, default 200) before
 // two replicas start: the leader answers every consumer's request and
 // reports every credential valid, each replica stays under the chart's
-// memory limit, a new bind among them completes, and one rotation of
-// every credential reaches every kubeconfig Secret. Durations, memory and
-// CPU are logged as figures ("figure:" lines), not asserted, but for the
-// memory limit.
+// memory limit, new binds among them complete at rest and while a new
+// leader catches up, a settled handover writes nothing, and one rotation
+// of every credential reaches every kubeconfig Secret. Durations, memory,
+// CPU and request counts are logged as figures ("figure:" lines) and
+// checked against bounds that grow with N (see settleBound and below).
 func TestConsumersAtScale(t *testing.T) {
 	n := envInt(t, "KUBE_BIND_SCALE_CONSUMERS", 200)
 	window := envDuration(t, "KUBE_BIND_SCALE_REST", 20*time.Second)
@@ -73,23 +79,28 @@ func TestConsumersAtScale(t *testing.T) {
 	limit := backendproc.ChartMemoryLimit(t)
 	start = time.Now()
 	reps := startReplicas(t, cp, limit)
-	leader, follower := waitLeader(t, reps)
+	leader, follower := waitLeader(t, reps...)
 	s.waitSettled(t, n, time.Now().Add(settleTimeout(n)))
+	took = time.Since(start)
 	figure(t, "the leader answered all %d requests and reported every credential valid %s after the replicas started",
-		n, time.Since(start).Round(time.Second))
+		n, took.Round(time.Second))
+	if b := settleBound(n); took > b {
+		t.Errorf("a new leader took %s to answer every request and report every credential; the bound at %d consumers is %s",
+			took.Round(time.Second), n, b)
+	}
 
 	time.Sleep(5 * time.Second) // the last events, and a GC cycle
 	for _, r := range []*replica{leader, follower} {
 		rss, peak := procs.Memory(t, r.PID)
 		figure(t, "%s with %d consumers: VmRSS %.1f MiB, peak VmHWM %.1f MiB (chart limit %.0f MiB)",
 			r.role, n, mib(rss), mib(peak), mib(limit))
-		if peak >= limit {
-			t.Errorf("%s: peak VmHWM %.1f MiB reaches the chart's memory limit %.0f MiB", r.role, mib(peak), mib(limit))
-		}
+		checkMemory(t, r, n, peak, limit)
 	}
 
 	for _, r := range []*replica{leader, follower} {
-		figure(t, "%s at rest, no heartbeats: %.1f millicores over %s", r.role, procs.CPUMillicores(t, r.PID, window), window)
+		mc := procs.CPUMillicores(t, r.PID, window)
+		figure(t, "%s at rest, no heartbeats: %.1f millicores over %s", r.role, mc, window)
+		checkCPU(t, r, n, mc, "with no heartbeats")
 	}
 	stopHeartbeats := s.heartbeats(ctx, n)
 	time.Sleep(heartbeatEvery / 10) // every konnector's first heartbeats have begun
@@ -104,33 +115,31 @@ func TestConsumersAtScale(t *testing.T) {
 	for i, r := range both {
 		figure(t, "%s at rest with every konnector's heartbeat (%.1f/s): %.1f millicores over %s",
 			r.role, float64(n)/heartbeatEvery.Seconds(), cpus[i], window)
+		checkCPU(t, r, n, cpus[i], "with every konnector's heartbeat")
 	}
 	if beats == 0 {
 		t.Errorf("no heartbeat was written")
 	}
 
-	// New binds among the n: Provision, then the konnector's request
-	// until it is answered and its APIServiceExport exists.
-	var provisions, answers []time.Duration
-	for i := range newBinds {
-		t0 := time.Now()
-		ns, err := s.provision(ctx, n+i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t1 := time.Now()
-		if err := s.request(ctx, ns); err != nil {
-			t.Fatal(err)
-		}
-		s.waitAnswered(t, ns, 2*time.Minute)
-		provisions, answers = append(provisions, t1.Sub(t0)), append(answers, time.Since(t1))
-	}
-	figure(t, "a new bind among %d: Provision %s, its request answered with an APIServiceExport %s later (median of %d; all: %v / %v)",
-		n, median(provisions), median(answers), newBinds, provisions, answers)
+	// New binds among the n, at rest.
+	s.newBinds(t, n, n, "at rest", leader, restBindBounds())
+	total := n + newBinds
+	s.waitSettled(t, total, time.Now().Add(settleTimeout(total)))
+
+	// A handover with everything settled: the follower takes over and
+	// finds nothing to do. What it asks of the API server is counted.
+	leader, follower = s.settledHandover(t, leader, follower, total)
+
+	// A handover with new binds made while the new leader catches up.
+	leader.Stop()
+	next, _ := waitLeader(t, follower)
+	s.newBinds(t, total, total, "during a new leader's catch-up", next, catchUpBindBounds(total))
+	leader, follower = next, leader.restart(t)
+	total += newBinds
+	s.waitSettled(t, total, time.Now().Add(settleTimeout(total)))
 
 	// One rotation of every credential, asked for on every ClusterBinding
 	// at once, until every kubeconfig Secret names a new token.
-	total := n + newBinds
 	before := s.kubeconfigTokens(t)
 	if len(before) != total {
 		t.Fatalf("%d kubeconfig Secrets, want %d", len(before), total)
@@ -147,20 +156,98 @@ func TestConsumersAtScale(t *testing.T) {
 	took = time.Since(start)
 	figure(t, "rotated all %d credentials in %s (%.1f/s; annotating every ClusterBinding took %s of it)",
 		total, took.Round(time.Second), float64(total)/took.Seconds(), annotated.Round(time.Second))
+	if b := rotationBound(total); took > b {
+		t.Errorf("rotating %d credentials took %s; the bound is %s", total, took.Round(time.Second), b)
+	}
 	for _, r := range []*replica{leader, follower} {
 		rss, peak := procs.Memory(t, r.PID)
 		figure(t, "%s after the rotation: VmRSS %.1f MiB, peak VmHWM %.1f MiB", r.role, mib(rss), mib(peak))
-		if peak >= limit {
-			t.Errorf("%s: peak VmHWM %.1f MiB reaches the chart's memory limit %.0f MiB", r.role, mib(peak), mib(limit))
+		checkMemory(t, r, total, peak, limit)
+	}
+}
+
+// newBinds times newBinds binds among n consumers, one after another,
+// numbered from first: Provision, then the konnector's request until it
+// is answered and its APIServiceExport exists.
+func (s *scale) newBinds(t *testing.T, n, first int, when string, leader *replica, b bindBounds) {
+	t.Helper()
+	ctx := context.Background()
+	provBefore, leaderBefore := s.provRequests.Counts(), apiRequests(t, leader)
+	var provisions, answers []time.Duration
+	for i := range newBinds {
+		t0 := time.Now()
+		ns, err := s.provision(ctx, first+i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := s.request(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+		s.waitAnswered(t, ns, 2*time.Minute)
+		provisions, answers = append(provisions, t1.Sub(t0)), append(answers, time.Since(t1))
+	}
+	figure(t, "a new bind among %d, %s: Provision p50 %s max %s, its request answered with an APIServiceExport p50 %s max %s (of %d; all: %v / %v)",
+		n, when, median(provisions), slices.Max(provisions).Round(time.Millisecond),
+		median(answers), slices.Max(answers).Round(time.Millisecond), newBinds, provisions, answers)
+	provCounts := requestCounts{}
+	for k, v := range s.provRequests.Counts() {
+		if d := v - provBefore[k]; d > 0 {
+			provCounts[[2]string{k.Verb, k.Resource}] = float64(d)
 		}
 	}
+	leaderCounts := apiRequests(t, leader).minus(leaderBefore)
+	figure(t, "API requests of %d new binds %s: Provision %.0f (%s); the leader until it answered them %.0f (%s)", newBinds, when,
+		provCounts.sum(func(string, string) bool { return true }), provCounts, leaderCounts.sum(ofConsumers), leaderCounts)
+	for _, c := range []struct {
+		what     string
+		ds       []time.Duration
+		p50, max time.Duration
+	}{{"Provision", provisions, b.provisionP50, b.provisionMax}, {"request to export", answers, b.answerP50, b.answerMax}} {
+		if p50, m := median(c.ds), slices.Max(c.ds); p50 > c.p50 || m > c.max {
+			t.Errorf("a new bind among %d %s: %s p50 %s, max %s; the bounds are %s and %s", n, when, c.what, p50, m.Round(time.Millisecond), c.p50, c.max)
+		}
+	}
+}
+
+// settledHandover stops the leader of a settled provider and lets the
+// follower take over: it must catch up within catchUpBound, and what it
+// asks of the API server meanwhile must not grow with the consumers:
+// lists and watches, no writes, no GET per consumer. It returns the new
+// leader and the old one, started again as the follower.
+func (s *scale) settledHandover(t *testing.T, leader, follower *replica, n int) (*replica, *replica) {
+	t.Helper()
+	before := apiRequests(t, follower)
+	stopped := time.Now()
+	leader.Stop()
+	next, _ := waitLeader(t, follower)
+	elected := time.Now()
+	last := waitQuiet(t, next, catchUpTimeout(n))
+	counts := apiRequests(t, next).minus(before)
+	figure(t, "a settled handover among %d consumers: elected %s after the leader stopped, its last request %s after that; its requests: %s",
+		n, elected.Sub(stopped).Round(100*time.Millisecond), last.Sub(elected).Round(100*time.Millisecond), counts)
+	if took, b := last.Sub(elected), catchUpBound(n); took > b {
+		t.Errorf("the new leader of a settled provider made requests for %s; the bound at %d consumers is %s", took.Round(time.Second), n, b)
+	}
+	if w := counts.writes(); len(w) > 0 {
+		t.Errorf("a settled handover wrote: %s; want no write", w)
+	}
+	if g, b := counts.sum(isGet), handoverGetBound(n); g > b {
+		t.Errorf("a settled handover made %.0f GETs (%s); the bound at %d consumers is %.0f", g, counts, n, b)
+	}
+	if l, b := counts.sum(isListOrWatch), handoverListBound(n); l > b {
+		t.Errorf("a settled handover made %.0f lists and watches (%s); the bound at %d consumers is %.0f", l, counts, n, b)
+	}
+	return next, leader.restart(t)
 }
 
 // scale holds the clients of a run.
 type scale struct {
 	prov *binding.Provisioner
-	dyn  dynamic.Interface
-	kube kubernetes.Interface
+	// provRequests counts the provisioner's requests.
+	provRequests *apirequests.Counter
+	dyn          dynamic.Interface
+	kube         kubernetes.Interface
 }
 
 func newScale(t *testing.T, cp *controlplane.ControlPlane) *scale {
@@ -170,6 +257,8 @@ func newScale(t *testing.T, cp *controlplane.ControlPlane) *scale {
 	// make the objects quickly.
 	rc := rest.CopyConfig(backendcluster.Backend(t, cp, backendUser, mango))
 	rc.QPS, rc.Burst = 1000, 2000
+	counter := apirequests.New("scale", "the provisioner's requests")
+	rc.Wrap(counter.Wrap)
 	cat := backendcluster.Catalog(t, rc, mango)
 	prov, err := binding.NewProvisioner(rc, cat, binding.Config{NamespacePrefix: namespacePrefix, ProviderPrettyName: "Scale provider"})
 	if err != nil {
@@ -177,7 +266,7 @@ func newScale(t *testing.T, cp *controlplane.ControlPlane) *scale {
 	}
 	admin := rest.CopyConfig(cp.AdminConfig())
 	admin.QPS, admin.Burst = 1000, 2000
-	return &scale{prov: prov, dyn: dynamic.NewForConfigOrDie(admin), kube: kubernetes.NewForConfigOrDie(admin)}
+	return &scale{prov: prov, provRequests: counter, dyn: dynamic.NewForConfigOrDie(admin), kube: kubernetes.NewForConfigOrDie(admin)}
 }
 
 // bind binds consumer i and makes its konnector's request.
@@ -398,6 +487,8 @@ func (s *scale) waitRotated(t *testing.T, before map[string]string, deadline tim
 type replica struct {
 	*backendproc.Process
 	role string // "leader" or "follower", once known
+	base string
+	args []string
 }
 
 // startReplicas starts two backends, leader election on, with the
@@ -417,27 +508,161 @@ func startReplicas(t *testing.T, cp *controlplane.ControlPlane, limit int64) []*
 			"--memory-limit", strconv.FormatInt(limit, 10),
 			"--leader-election-namespace", "default")
 		args = append(args, backendproc.DiagnosticsArgs(t)...)
-		reps = append(reps, &replica{Process: backendproc.StartBinary(t, backendproc.Binary, base, args, 2*time.Minute)})
+		r := &replica{base: base, args: args}
+		r.Process = backendproc.StartBinary(t, backendproc.Binary, base, args, 2*time.Minute)
+		reps = append(reps, r)
 	}
 	return reps
 }
 
-// waitLeader finds which replica leads.
-func waitLeader(t *testing.T, reps []*replica) (leader, follower *replica) {
+// restart starts a stopped replica again with the same flags, as a
+// follower.
+func (r *replica) restart(t *testing.T) *replica {
+	t.Helper()
+	return &replica{
+		Process: backendproc.StartBinary(t, backendproc.Binary, r.base, r.args, 2*time.Minute),
+		role:    "follower", base: r.base, args: r.args,
+	}
+}
+
+// waitLeader finds which of reps leads; the others follow.
+func waitLeader(t *testing.T, reps ...*replica) (leader, follower *replica) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		for i, r := range reps {
-			if strings.Contains(r.Logs.String(), "leader election: became leader") {
-				leader, follower = r, reps[1-i]
-				leader.role, follower.role = "leader", "follower"
+			if leading.MatchString(r.Logs.String()) {
+				leader, r.role = r, "leader"
+				if len(reps) > 1 {
+					follower = reps[1-i]
+					follower.role = "follower"
+				}
 				return leader, follower
 			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("no replica became leader within a minute")
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// leading matches what a replica logs when it becomes the leader.
+var leading = regexp.MustCompile(`leader election: (became leader|leading)`)
+
+// requestCounts are a replica's API requests by verb and resource
+// (kube_bind_backend_api_requests_total).
+type requestCounts map[[2]string]float64
+
+// apiRequests reads r's request counter from its /metrics.
+func apiRequests(t *testing.T, r *replica) requestCounts {
+	t.Helper()
+	resp, err := http.Get(r.Diagnostics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := requestCounts{}
+	for _, m := range requestLine.FindAllStringSubmatch(string(body), -1) {
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			t.Fatalf("%s: %v", m[0], err)
+		}
+		out[[2]string{m[2], m[1]}] = v
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s serves no kube_bind_backend_api_requests_total", r.role)
+	}
+	return out
+}
+
+var requestLine = regexp.MustCompile(`(?m)^kube_bind_backend_api_requests_total\{resource="([^"]*)",verb="([^"]*)"\} (\S+)$`)
+
+func (c requestCounts) minus(before requestCounts) requestCounts {
+	out := requestCounts{}
+	for k, v := range c {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// sum adds the counts of the verbs and resources match takes.
+func (c requestCounts) sum(match func(verb, resource string) bool) float64 {
+	var n float64
+	for k, v := range c {
+		if match(k[0], k[1]) {
+			n += v
+		}
+	}
+	return n
+}
+
+// ofConsumers: the provider's own requests, not leader election's
+// (leases) nor discovery's (no resource).
+func ofConsumers(_, resource string) bool { return resource != "" && resource != "leases" }
+
+func isGet(verb, resource string) bool { return verb == "get" && ofConsumers(verb, resource) }
+
+func isListOrWatch(verb, resource string) bool {
+	return (verb == "list" || verb == "watch") && ofConsumers(verb, resource)
+}
+
+// writes are the counts of requests that change something, but for
+// leader election's and the identity reviews that change nothing.
+func (c requestCounts) writes() requestCounts {
+	out := requestCounts{}
+	for k, v := range c {
+		switch k[0] {
+		case "get", "list", "watch":
+			continue
+		}
+		if !ofConsumers(k[0], k[1]) || k[1] == "selfsubjectreviews" {
+			continue
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func (c requestCounts) String() string {
+	keys := slices.Collect(maps.Keys(c))
+	slices.SortFunc(keys, func(a, b [2]string) int { return strings.Compare(a[1]+" "+a[0], b[1]+" "+b[0]) })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %s %.0f", k[0], k[1], c[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// waitQuiet waits until r has sent no request of the provider's own
+// (ofConsumers) for quietFor, and returns when it sent its last one.
+func waitQuiet(t *testing.T, r *replica, within time.Duration) time.Time {
+	t.Helper()
+	const quietFor = 10 * time.Second
+	deadline := time.Now().Add(within)
+	last, lastChange := -1.0, time.Now()
+	for {
+		now := apiRequests(t, r).sum(ofConsumers)
+		if now != last {
+			last, lastChange = now, time.Now()
+		}
+		if time.Since(lastChange) >= quietFor {
+			return lastChange
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s still sends requests %s after becoming leader", r.role, within)
+			return lastChange
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 }
 
@@ -488,7 +713,79 @@ func settleTimeout(n int) time.Duration { return 5*time.Minute + time.Duration(n
 func rotationTimeout(n int) time.Duration {
 	return 5*time.Minute + time.Duration(n)*500*time.Millisecond
 }
+func catchUpTimeout(n int) time.Duration {
+	return 5*time.Minute + time.Duration(n)*100*time.Millisecond
+}
 func pollEvery(n int) time.Duration { return max(time.Second, time.Duration(n)*time.Millisecond) }
+
+// The bounds each run checks: a fixed allowance for a busy machine of two
+// shared cores (start-up, the API server's own pace) plus a budget per
+// consumer. At the CI's count the allowance dominates, so a slow machine
+// passes; work that grows with the consumers at more than the budget
+// fails at any count, and at the CI's count when it is large (a request
+// or a write per consumer on a handover, a new request queued behind
+// every consumer).
+
+// settleBound: new leader, start to every request answered and every
+// credential reported.
+func settleBound(n int) time.Duration { return 90*time.Second + time.Duration(n)*60*time.Millisecond }
+
+// catchUpBound: a new leader of a settled provider, election to its last
+// request.
+func catchUpBound(n int) time.Duration { return 30*time.Second + time.Duration(n)*20*time.Millisecond }
+
+// rotationBound: rotating every credential once.
+func rotationBound(n int) time.Duration {
+	return 60*time.Second + time.Duration(n)*150*time.Millisecond
+}
+
+// handoverGetBound and handoverListBound: the requests of a settled
+// handover. A list is paged (500 a page) and each kind is listed and
+// watched once; a GET is for something of the provider's own, never per
+// consumer.
+func handoverGetBound(n int) float64  { return max(10, float64(n)/20) }
+func handoverListBound(n int) float64 { return 60 + float64(n)/50 }
+
+// memoryBound: a replica's peak RSS.
+func memoryBound(n int) int64 { return 100<<20 + int64(n)*16<<10 }
+
+// cpuBound: a replica's CPU at rest, in millicores: the events of n
+// consumers' heartbeats and nothing that runs per consumer on a clock.
+func cpuBound(n int) float64 { return 50 + float64(n)/2 }
+
+// bindBounds are the bounds of new binds' p50 and max.
+type bindBounds struct{ provisionP50, provisionMax, answerP50, answerMax time.Duration }
+
+// restBindBounds: a new bind with everything settled does not depend on
+// how many consumers there are.
+func restBindBounds() bindBounds {
+	return bindBounds{provisionP50: time.Second, provisionMax: 15 * time.Second, answerP50: time.Second, answerMax: 15 * time.Second}
+}
+
+// catchUpBindBounds: a new request while a new leader catches up is
+// answered before the backlog, not behind it.
+func catchUpBindBounds(n int) bindBounds {
+	perConsumer := time.Duration(n) * time.Millisecond
+	return bindBounds{provisionP50: time.Second, provisionMax: 15 * time.Second,
+		answerP50: 2*time.Second + perConsumer, answerMax: 5*time.Second + 2*perConsumer}
+}
+
+func checkMemory(t *testing.T, r *replica, n int, peak, limit int64) {
+	t.Helper()
+	if peak >= limit {
+		t.Errorf("%s: peak VmHWM %.1f MiB reaches the chart's memory limit %.0f MiB", r.role, mib(peak), mib(limit))
+	}
+	if b := memoryBound(n); peak > b {
+		t.Errorf("%s: peak VmHWM %.1f MiB with %d consumers; the bound is %.0f MiB", r.role, mib(peak), n, mib(b))
+	}
+}
+
+func checkCPU(t *testing.T, r *replica, n int, mc float64, when string) {
+	t.Helper()
+	if b := cpuBound(n); mc > b {
+		t.Errorf("%s at rest %s: %.1f millicores with %d consumers; the bound is %.0f", r.role, when, mc, n, b)
+	}
+}
 
 func figure(t *testing.T, format string, args ...any) {
 	t.Helper()

@@ -1,14 +1,14 @@
 // Package controllers builds the provider-side controllers (exportrequests,
 // heartbeats, cleanup, credentials, the templates' status of
 // internal/binding/offers and the periodic admission policy check) and
-// runs them on one replica at a time, under leader election (leader).
+// runs them on one replica at a time, under leader election, on one
+// manager with one cache and one request budget (kbmanager).
 package controllers
 
 import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,7 +20,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
 	"github.com/kbprovider/backend/internal/binding/controllers/heartbeats"
-	"github.com/kbprovider/backend/internal/binding/controllers/leader"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/binding/scopecheck"
 )
@@ -29,7 +29,7 @@ import (
 type Options struct {
 	Credentials credentials.Policy
 	GC          cleanup.Options
-	Leader      leader.Options
+	Leader      kbmanager.LeaderOptions
 }
 
 // AddFlags registers the flags, with the defaults.
@@ -72,23 +72,26 @@ const restartAfter = 5 * time.Second
 // Controllers are the built controllers; Run runs them.
 type Controllers struct {
 	rc     *rest.Config
-	leader leader.Options
+	leader kbmanager.LeaderOptions
 	log    *slog.Logger
-	all    []controller
+	setups []kbmanager.Setup
 }
 
-// controller is one provider-side controller run under the leadership.
+// controller is one provider-side controller that keeps a cache of its
+// own, run under the leadership as a runnable of the manager.
 type controller struct {
 	name string
 	run  func(context.Context) error
 	log  *slog.Logger
 }
 
-// New builds the controllers; it does not contact the cluster.
+// New builds the controllers; it does not contact the cluster. Every
+// controller's client shares one request budget (kbmanager.Budgeted).
 func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	rc = kbmanager.Budgeted(rc)
 	logFor := func(component string) *slog.Logger { return cfg.Logger.With("component", component) }
 	exportsLog := logFor("exports")
 	exportsCfg := exportrequests.Config{
@@ -102,25 +105,29 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 		exportsCfg.Offers = cfg.Offers
 		exportsCfg.ClaimableResources = cfg.Offers.ClaimableResources()
 	}
-	exports, err := exportrequests.New(rc, exportsCfg)
+	exports, err := exportrequests.New(exportsCfg)
 	if err != nil {
 		return nil, err
 	}
-	healthLog := logFor("bindinghealth")
-	health, err := heartbeats.New(rc, heartbeats.Config{Metrics: cfg.Metrics, Logger: healthLog})
+	health, err := heartbeats.New(heartbeats.Config{Metrics: cfg.Metrics, Logger: logFor("bindinghealth")})
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Metrics != nil {
+		if err := kbmanager.RegisterMetrics(cfg.Metrics); err != nil {
+			return nil, err
+		}
 	}
 	cleanupLog := logFor("cleanup")
 	gc := cfg.Options.GC
-	clean, err := cleanup.New(rc, cleanup.Config{
+	clean, err := cleanup.New(cleanup.Config{
 		Unbinder: cfg.Provisioner, GCAfter: gc.UnusedBindingAfter, DryRun: gc.DryRun, Metrics: cfg.Metrics, Logger: cleanupLog,
 	})
 	if err != nil {
 		return nil, err
 	}
 	credLog := logFor("credentials")
-	creds, err := credentials.New(rc, credentials.Config{
+	creds, err := credentials.New(credentials.Config{
 		Policy:          cfg.Options.Credentials,
 		Issuer:          cfg.Provisioner,
 		NamespacePrefix: cfg.NamespacePrefix,
@@ -130,21 +137,22 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Controllers{rc: rc, leader: cfg.Options.Leader, log: exportsLog, all: []controller{
-		{"exports", exports.Run, exportsLog},
-		{"binding health", health.Run, healthLog},
-		{"cleanup", clean.Run, cleanupLog},
-		{"credentials", creds.Run, credLog},
-	}}
+	var own []controller
 	if cfg.Scope.Policy != "" {
 		scope, err := newScopeCheck(rc, cfg.Scope, cfg.Metrics, logFor("scopecheck"))
 		if err != nil {
 			return nil, err
 		}
-		c.all = append(c.all, controller{"admission policy check", scope.Run, scope.log})
+		own = append(own, controller{"admission policy check", scope.Run, scope.log})
 	}
 	if cfg.Offers != nil {
-		c.all = append(c.all, controller{"template status", cfg.Offers.RunStatus, logFor("offers")})
+		own = append(own, controller{"template status", cfg.Offers.RunStatus, logFor("offers")})
+	}
+	c := &Controllers{rc: rc, leader: cfg.Options.Leader, log: logFor("controllers"), setups: []kbmanager.Setup{exports.Setup, health.Setup, creds.Setup, clean.Setup}}
+	for _, ctrl := range own {
+		c.setups = append(c.setups, func(m *kbmanager.Manager) error {
+			return m.AddRunnable(func(ctx context.Context) error { ctrl.runUntilDone(ctx); return nil })
+		})
 	}
 	return c, nil
 }
@@ -157,21 +165,8 @@ func (c *Controllers) Run(ctx context.Context) {
 	if !c.leader.Enabled {
 		c.log.Warn("leader election off (no --leader-election-namespace, POD_NAMESPACE or pod namespace file, or --leader-election=false): " +
 			"this process runs the provider-side controllers; run a single replica")
-		c.runAll(ctx)
-		return
 	}
-	le := leader.Config{Namespace: c.leader.Namespace, Name: c.leader.LeaseName, Identity: c.leader.PodName, Logger: c.log}
-	if err := leader.Run(ctx, c.rc, le, c.runAll); err != nil {
-		c.log.Error("leader election cannot run; the provider-side controllers are not running", "error", err)
-	}
-}
-
-func (c *Controllers) runAll(ctx context.Context) {
-	var wg sync.WaitGroup
-	for _, ctrl := range c.all {
-		wg.Go(func() { ctrl.runUntilDone(ctx) })
-	}
-	wg.Wait()
+	kbmanager.Run(ctx, c.rc, kbmanager.Options{Leader: c.leader, Logger: c.log}, c.setups...)
 }
 
 // runUntilDone runs the controller until ctx ends, starting it again

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/flagvalue"
 )
 
@@ -27,5 +29,12 @@ func TestOptions(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v lacks %q", err, want)
 		}
+	}
+}
+
+// The shared cache keeps the annotations and labels its readers name.
+func TestCacheKeepsWhatControllersRead(t *testing.T) {
+	if kbmanager.AnnotationRotate != credentials.AnnotationRotate {
+		t.Errorf("the cache keeps %q, the credentials controller reads %q", kbmanager.AnnotationRotate, credentials.AnnotationRotate)
 	}
 }

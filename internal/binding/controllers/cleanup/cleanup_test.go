@@ -24,6 +24,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/cleanup"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/procs"
@@ -151,17 +152,23 @@ func (e *env) deleting(name string) bool {
 func TestRevocationByLabel(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	ex, err := exportrequests.New(e.backend, exportrequests.Config{Catalog: e.catalog, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix})
+	ex, err := exportrequests.New(exportrequests.Config{Catalog: e.catalog, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, ex.Run)
+	start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ex.Setup)
+		return nil
+	})
 	reg := prometheus.NewRegistry()
-	ctrl, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, Metrics: reg})
+	ctrl, err := cleanup.New(cleanup.Config{Unbinder: e.provisioner, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, ctrl.Run)
+	start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, ctrl.Setup)
+		return nil
+	})
 
 	c := e.bind(t, "revoked")
 	other := e.bind(t, "innocent")
@@ -277,12 +284,15 @@ func TestGarbageCollection(t *testing.T) {
 	// Dry run: logged and counted once each, nothing deleted.
 	logs := &procs.Buffer{}
 	reg := prometheus.NewRegistry()
-	dry, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, GCAfter: after, DryRun: true, Metrics: reg,
+	dry, err := cleanup.New(cleanup.Config{Unbinder: e.provisioner, GCAfter: after, DryRun: true, Metrics: reg,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopDry := start(t, dry.Run)
+	stopDry := start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, dry.Setup)
+		return nil
+	})
 	testutil.Await(t, "the dry run reports both unused bindings", func() bool {
 		return count(logs, "would delete", undelivered.namespace) == 1 && count(logs, "would delete", half) == 1
 	})
@@ -314,11 +324,14 @@ func TestGarbageCollection(t *testing.T) {
 
 	// For real.
 	reg = prometheus.NewRegistry()
-	collector, err := cleanup.New(e.backend, cleanup.Config{Unbinder: e.provisioner, GCAfter: after, Metrics: reg})
+	collector, err := cleanup.New(cleanup.Config{Unbinder: e.provisioner, GCAfter: after, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, collector.Run)
+	start(t, func(ctx context.Context) error {
+		kbmanager.Run(ctx, e.backend, kbmanager.Options{}, collector.Setup)
+		return nil
+	})
 	testutil.Await(t, "both unused bindings are deleted", func() bool { return e.deleting(undelivered.namespace) && e.deleting(half) })
 	// The collection went through Unbind: the token is revoked.
 	if _, err := e.admin.CoreV1().Secrets(undelivered.namespace).Get(ctx, binding.TokenSecretName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -7,9 +7,10 @@
 // the namespace and the namespaces made for its APIServiceNamespaces are
 // deleted.
 //
-// One reconcile covers one consumer namespace, from caches of the
-// backend's namespaces, ClusterBindings, requests and APIServiceNamespaces;
-// every decision to delete is checked again against the API server first.
+// One reconcile covers one consumer namespace, from the controllers' one
+// cache of the backend's namespaces, ClusterBindings, requests and
+// APIServiceNamespaces; every decision to delete is checked again against
+// the API server first.
 package cleanup
 
 import (
@@ -20,23 +21,19 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/binding/controllers/workloop"
-	"github.com/kbprovider/backend/internal/binding/kbcache"
-	"github.com/kbprovider/backend/pkg/apis/kbresources"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 )
 
 // Unbinder removes a consumer namespace (implemented by
@@ -58,163 +55,99 @@ type Config struct {
 	DryRun bool
 	// Metrics, if set, gets the counters of deletions.
 	Metrics prometheus.Registerer
-	// Resync re-checks every consumer namespace this often; 0 means 10m.
-	Resync time.Duration
-	Logger *slog.Logger
+	Logger  *slog.Logger
 	// Clock is for tests; nil means the real clock.
 	Clock clock.WithTicker
 }
 
-// Controller runs the cleanup. Run may be called again after it returned.
+// Controller runs the cleanup; Setup adds it to a leadership term's
+// manager.
 type Controller struct {
 	cfg     Config
-	kube    kubernetes.Interface
-	dynamic dynamic.Interface
 	log     *slog.Logger
 	metrics *metrics
 }
 
 // New checks the configuration and registers the metrics; it does not
 // contact the cluster.
-func New(rc *rest.Config, cfg Config) (*Controller, error) {
+func New(cfg Config) (*Controller, error) {
 	if cfg.Unbinder == nil {
 		return nil, errors.New("cleanup: an Unbinder is required")
 	}
 	if cfg.GCAfter < 0 {
 		cfg.GCAfter = 0
 	}
-	cfg.Resync, cfg.Logger, cfg.Clock = workloop.Defaults(cfg.Resync, cfg.Logger, cfg.Clock)
-	kube, dyn, err := workloop.Clients(rc)
-	if err != nil {
-		return nil, err
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	m, err := newMetrics(cfg.Metrics)
 	if err != nil {
 		return nil, err
 	}
-	return &Controller{cfg: cfg, kube: kube, dynamic: dyn, log: cfg.Logger, metrics: m}, nil
+	return &Controller{cfg: cfg, log: cfg.Logger, metrics: m}, nil
 }
 
-// run is one Run's state.
+// run is one leadership term's state.
 type run struct {
 	*Controller
-	queue      workqueue.TypedRateLimitingInterface[string]
-	namespaces cache.SharedIndexInformer
-	bindings   cache.SharedIndexInformer
-	requests   cache.SharedIndexInformer
-	apiNS      cache.SharedIndexInformer
+	cache   client.Reader
+	dynamic dynamic.Interface
 
 	mu sync.Mutex
-	// dryRunReported and removed remember, per namespace UID, the dry-run
-	// candidates already reported and the namespaces whose removal was
-	// already handled, so that resyncs do not repeat them.
-	dryRunReported map[types.UID]bool
-	removed        map[types.UID]bool
+	// dryRunReported and removed remember, per namespace name, the UID of
+	// the dry-run candidate already reported and of the namespace whose
+	// removal was already handled, so that another look does not repeat
+	// them.
+	dryRunReported map[string]types.UID
+	removed        map[string]types.UID
 }
 
-// Run cleans up until ctx ends. It returns an error only when the caches
-// could not be set up; a cluster that is down is waited for.
-func (c *Controller) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// Setup adds the controller to m: a reconcile per consumer namespace, on
+// every change of it and of what the garbage collection looks at in it (a
+// heartbeat, a delivery mark, a first request), from m's cache; every
+// decision to delete is checked again against the API server first.
+func (c *Controller) Setup(m *kbmanager.Manager) error {
 	r := &run{
 		Controller:     c,
-		queue:          workloop.NewQueue("cleanup", c.cfg.Clock),
-		dryRunReported: map[types.UID]bool{},
-		removed:        map[types.UID]bool{},
+		cache:          m.GetCache(),
+		dynamic:        m.Dynamic,
+		dryRunReported: map[string]types.UID{},
+		removed:        map[string]types.UID{},
 	}
-	defer r.queue.ShutDown()
-	managed := func(o *metav1.ListOptions) { o.LabelSelector = binding.LabelManagedBy + "=" + binding.ManagedByValue }
-	nsFactory := informers.NewSharedInformerFactoryWithOptions(c.kube, c.cfg.Resync, informers.WithTweakListOptions(managed))
-	r.namespaces = nsFactory.Core().V1().Namespaces().Informer()
-	cbFactory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dynamic, 0, metav1.NamespaceAll, managed)
-	r.bindings = cbFactory.ForResource(kbresources.ClusterBindings).Informer()
-	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
-	r.requests = dynFactory.ForResource(kbresources.APIServiceExportRequests).Informer()
-	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespaces).Informer()
-	// The caches keep only what the cleanup reads: consumers write these
-	// objects, and a cache must not grow with what they stored. Of
-	// requests and APIServiceNamespaces only their existence counts.
-	existence := kbcache.Transform(kbcache.Options{Drop: [][]string{{"spec"}, {"status"}}})
-	for inf, t := range map[cache.SharedIndexInformer]cache.TransformFunc{
-		r.namespaces: kbcache.Transform(kbcache.Options{
-			Annotations: []string{binding.AnnotationIssuer, binding.AnnotationSubject, binding.AnnotationCluster,
-				binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
-			Labels: []string{binding.LabelManagedBy, binding.LabelConsumerNamespace, binding.LabelRevoked},
-		}),
-		r.bindings: kbcache.Transform(kbcache.Options{
-			Annotations: []string{binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
-		}),
-		r.requests: existence,
-		r.apiNS:    existence,
-	} {
-		if err := inf.SetTransform(t); err != nil {
-			return err
-		}
-	}
-
-	onNamespace := func(obj any) {
-		if ns, ok := obj.(*corev1.Namespace); ok && binding.IsConsumerNamespace(ns) {
-			r.queue.Add(ns.Name)
-		}
-	}
-	if _, err := r.namespaces.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: onNamespace, UpdateFunc: func(_, o any) { onNamespace(o) },
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if ns, ok := obj.(*corev1.Namespace); ok {
-				r.mu.Lock()
-				delete(r.dryRunReported, ns.UID)
-				delete(r.removed, ns.UID)
-				r.mu.Unlock()
-			}
-		},
-	}); err != nil {
-		return err
-	}
-	// A change of what the garbage collection looks at re-checks the
-	// namespace (a heartbeat, a delivery mark, a first request).
-	byNamespace := workloop.OnChange(func(obj any) {
-		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
-			if ns, _, err := cache.SplitMetaNamespaceKey(key); err == nil && ns != "" {
-				r.queue.Add(ns)
-			}
-		}
+	// Deleted namespaces are looked at too: what remembered them is
+	// forgotten.
+	namespaces := kbmanager.Watch(m, &corev1.Namespace{}, func(_ context.Context, ns *corev1.Namespace) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: ns.Name}}}
 	})
-	for _, inf := range []cache.SharedIndexInformer{r.bindings, r.requests, r.apiNS} {
-		if _, err := inf.AddEventHandler(byNamespace); err != nil {
-			return err
-		}
+	byNamespace := func(_ context.Context, o *unstructured.Unstructured) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
 	}
-	nsFactory.Start(ctx.Done())
-	cbFactory.Start(ctx.Done())
-	dynFactory.Start(ctx.Done())
-	defer nsFactory.Shutdown()
-	defer cbFactory.Shutdown()
-	defer dynFactory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), r.namespaces.HasSynced, r.bindings.HasSynced, r.requests.HasSynced, r.apiNS.HasSynced) {
-		return ctx.Err()
+	sources := []source.Source{namespaces}
+	for _, gvk := range []schema.GroupVersionKind{kbmanager.ClusterBinding, kbmanager.ExportRequest, kbmanager.APIServiceNamespace} {
+		sources = append(sources, kbmanager.Watch(m, kbmanager.Object(gvk), byNamespace))
 	}
 	if c.cfg.GCAfter > 0 {
-		c.log.Info("cleanup: caches synced; revocation on, garbage collection of unused bindings on",
-			"gc_after", c.cfg.GCAfter.String(), "dry_run", c.cfg.DryRun)
+		c.log.Info("cleanup: revocation on, garbage collection of unused bindings on", "gc_after", c.cfg.GCAfter.String(), "dry_run", c.cfg.DryRun)
 	} else {
-		c.log.Info("cleanup: caches synced; revocation on, garbage collection of unused bindings off")
+		c.log.Info("cleanup: revocation on, garbage collection of unused bindings off")
 	}
-	workloop.Run(ctx, r.queue, 1, r.reconcile, r.log, "cleanup")
-	return nil
+	return m.AddController("cleanup", 1, r.reconcile, sources...)
 }
 
 // reconcile handles one consumer namespace and says when to look again
 // (when an unused binding reaches the age to be collected).
-func (r *run) reconcile(ctx context.Context, name string) (time.Duration, error) {
-	o, ok, _ := r.namespaces.GetStore().GetByKey(name)
-	if !ok {
-		return 0, nil
+func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Duration, error) {
+	ns := &corev1.Namespace{}
+	if err := r.cache.Get(ctx, req.NamespacedName, ns); err != nil {
+		if client.IgnoreNotFound(err) == nil {
+			r.forget(r.dryRunReported, req.Name)
+			r.forget(r.removed, req.Name)
+		}
+		return 0, client.IgnoreNotFound(err)
 	}
-	ns := o.(*corev1.Namespace)
 	if !binding.IsConsumerNamespace(ns) {
 		return 0, nil
 	}
@@ -229,21 +162,21 @@ func (r *run) reconcile(ctx context.Context, name string) (time.Duration, error)
 	return 0, nil
 }
 
-// once says whether uid is not in set yet, and adds it.
-func (r *run) once(set map[types.UID]bool, uid types.UID) bool {
+// once says whether ns is not in set yet (by its UID), and adds it.
+func (r *run) once(set map[string]types.UID, ns *corev1.Namespace) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if set[uid] {
+	if set[ns.Name] == ns.UID {
 		return false
 	}
-	set[uid] = true
+	set[ns.Name] = ns.UID
 	return true
 }
 
-func (r *run) forget(set map[types.UID]bool, uid types.UID) {
+func (r *run) forget(set map[string]types.UID, name string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(set, uid)
+	delete(set, name)
 }
 
 func consumerOf(ns *corev1.Namespace) string {

@@ -11,9 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
@@ -84,7 +85,11 @@ func usageOf(ns *corev1.Namespace, cb *unstructured.Unstructured, used bool) usa
 // collect deletes (or, in a dry run, reports) an unused binding that is
 // old enough, and otherwise says when to look again.
 func (r *run) collect(ctx context.Context, ns *corev1.Namespace) (time.Duration, error) {
-	v := decide(r.cachedUsage(ns), r.cfg.GCAfter)
+	cached, err := r.cachedUsage(ctx, ns)
+	if err != nil {
+		return 0, err
+	}
+	v := decide(cached, r.cfg.GCAfter)
 	if v.reason == "" {
 		return 0, nil
 	}
@@ -104,7 +109,7 @@ func (r *run) collect(ctx context.Context, ns *corev1.Namespace) (time.Duration,
 	}
 	age := r.cfg.Clock.Since(ns.CreationTimestamp.Time).Round(time.Second).String()
 	if r.cfg.DryRun {
-		if r.once(r.dryRunReported, ns.UID) {
+		if r.once(r.dryRunReported, ns) {
 			r.metrics.gc.WithLabelValues(actionWouldDelete, v.reason).Inc()
 			r.log.Info("cleanup: garbage collection (dry run): would delete an unused binding", "namespace", ns.Name,
 				"reason", v.reason, "consumer", consumerOf(ns), "age", age)
@@ -118,26 +123,34 @@ func (r *run) collect(ctx context.Context, ns *corev1.Namespace) (time.Duration,
 	if err != nil {
 		return 0, fmt.Errorf("garbage-collecting %s: %w", ns.Name, err)
 	}
-	r.once(r.removed, ns.UID)
+	r.once(r.removed, ns)
 	r.metrics.gc.WithLabelValues(actionDeleted, v.reason).Inc()
 	r.log.Info("cleanup: garbage collection: deleted an unused binding", "namespace", ns.Name, "reason", v.reason,
 		"consumer", consumerOf(ns), "age", age)
 	return 0, nil
 }
 
-func (r *run) cachedUsage(ns *corev1.Namespace) usage {
+func (r *run) cachedUsage(ctx context.Context, ns *corev1.Namespace) (usage, error) {
 	var cb *unstructured.Unstructured
-	if o, ok, _ := r.bindings.GetStore().GetByKey(ns.Name + "/" + binding.ClusterBindingName); ok {
-		cb = o.(*unstructured.Unstructured)
+	have := kbmanager.Object(kbmanager.ClusterBinding)
+	err := r.cache.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: binding.ClusterBindingName}, have)
+	switch {
+	case err == nil:
+		cb = have
+	case client.IgnoreNotFound(err) != nil:
+		return usage{}, err
 	}
-	reqs, _ := r.requests.GetIndexer().ByIndex(cache.NamespaceIndex, ns.Name)
-	apiNS, _ := r.apiNS.GetIndexer().ByIndex(cache.NamespaceIndex, ns.Name)
-	return usageOf(ns, cb, len(reqs)+len(apiNS) > 0)
+	used := false
+	for _, gvk := range []schema.GroupVersionKind{kbmanager.ExportRequest, kbmanager.APIServiceNamespace} {
+		list, err := kbmanager.List(ctx, r.cache, gvk, client.InNamespace(ns.Name))
+		if err != nil {
+			return usage{}, err
+		}
+		used = used || len(list) > 0
+	}
+	return usageOf(ns, cb, used), nil
 }
 
-// liveUsage reads the same facts from the API server, with lists (the
-// backend may list these cluster-wide; it may not have its namespace role
-// yet in a half-made namespace).
 func (r *run) liveUsage(ctx context.Context, ns *corev1.Namespace) (usage, error) {
 	cbs, err := r.dynamic.Resource(kbresources.ClusterBindings).Namespace(ns.Name).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("metadata.name", binding.ClusterBindingName).String(),

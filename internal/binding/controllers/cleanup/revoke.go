@@ -23,7 +23,7 @@ func (r *run) revoke(ctx context.Context, ns *corev1.Namespace) error {
 	if err != nil {
 		return fmt.Errorf("revoking the consumer of %s: %w", ns.Name, err)
 	}
-	r.once(r.removed, ns.UID) // its deletion needs nothing more
+	r.once(r.removed, ns) // its deletion needs nothing more
 	r.metrics.revoked.Inc()
 	r.log.Info("cleanup: consumer revoked: token revoked, provider namespace and the namespaces made for it deleted",
 		"namespace", ns.Name, "consumer", consumerOf(ns), "cluster", ns.Annotations[binding.AnnotationCluster])
@@ -34,12 +34,12 @@ func (r *run) revoke(ctx context.Context, ns *corev1.Namespace) error {
 // namespace): the namespace controller removes what is in it, the token
 // with it; the backend removes what it made outside it, once.
 func (r *run) deleted(ctx context.Context, ns *corev1.Namespace) error {
-	if !r.once(r.removed, ns.UID) {
+	if !r.once(r.removed, ns) {
 		return nil
 	}
 	err := r.cfg.Unbinder.UnbindNamespace(ctx, ns.Name, ns.UID)
 	if err != nil && !errors.Is(err, binding.ErrNotBound) {
-		r.forget(r.removed, ns.UID) // try again
+		r.forget(r.removed, ns.Name) // try again
 		return fmt.Errorf("removing what was made for deleted namespace %s: %w", ns.Name, err)
 	}
 	r.log.Info("cleanup: consumer namespace deleted; the namespaces made for it are deleted too",

@@ -18,15 +18,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/binding/controllers/workloop"
-	"github.com/kbprovider/backend/internal/binding/kbcache"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
@@ -56,19 +57,18 @@ type Config struct {
 // nothing else of the ClusterBinding's status.
 const fieldManager = "kube-bind-backend-credentials"
 
-// Controller rotates and revokes the tokens of every consumer namespace.
+// Controller rotates and revokes the tokens of every consumer namespace;
+// Setup adds it to a leadership term's manager.
 type Controller struct {
-	cfg  Config
-	log  *slog.Logger
-	kube kubernetes.Interface
-	dyn  dynamic.Interface
+	cfg Config
+	log *slog.Logger
 	// quiet holds the namespaces whose last look found that a heartbeat
 	// alone changes nothing (HeartbeatMatters false).
 	quiet sync.Map
 }
 
 // New checks cfg; it does not contact the cluster.
-func New(rc *rest.Config, cfg Config) (*Controller, error) {
+func New(cfg Config) (*Controller, error) {
 	p := cfg.Policy
 	switch {
 	case cfg.Issuer == nil:
@@ -84,66 +84,47 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	kube, dyn, err := workloop.Clients(rc)
-	if err != nil {
-		return nil, err
-	}
-	return &Controller{cfg: cfg, log: cfg.Logger, kube: kube, dyn: dyn}, nil
+	return &Controller{cfg: cfg, log: cfg.Logger}, nil
 }
 
-// Run watches ClusterBindings (their heartbeats) and reconciles each
-// consumer namespace on every change and when Decide asks to look again,
-// until ctx ends. It returns only when ctx ends or the cache cannot start.
-func (c *Controller) Run(ctx context.Context) error {
-	factory := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, 0)
-	informer := factory.ForResource(kbresources.ClusterBindings).Informer()
-	// The cache keeps only what Observe reads: the konnector writes the
-	// status, and a cache must not grow with what it stored.
-	if err := informer.SetTransform(kbcache.Transform(kbcache.Options{Annotations: []string{AnnotationRotate, binding.AnnotationBoundAt, binding.AnnotationBoundBy}})); err != nil {
-		return err
-	}
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	enqueue := func(obj any) {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
+// run is one leadership term's controller: the term's cache and clients.
+type run struct {
+	*Controller
+	cache client.Reader
+	kube  kubernetes.Interface
+	dyn   dynamic.Interface
+}
+
+// Setup adds the controller to m: a reconcile per consumer namespace on
+// every change of its ClusterBinding (but heartbeats and its own
+// condition where they change nothing, isNoNews) and when Decide asks to
+// look again. ClusterBindings and namespaces are read from m's cache;
+// Secrets, which the backend may not read cluster-wide, with one list of
+// the namespace per look.
+func (c *Controller) Setup(m *kbmanager.Manager) error {
+	r := &run{Controller: c, cache: m.GetCache(), kube: m.Kube, dyn: m.Dynamic}
+	toNamespace := func(_ context.Context, cb *unstructured.Unstructured) []reconcile.Request {
+		if cb.GetName() != binding.ClusterBindingName || !strings.HasPrefix(cb.GetNamespace(), c.cfg.NamespacePrefix) {
+			return nil
 		}
-		if u, ok := obj.(*unstructured.Unstructured); ok && strings.HasPrefix(u.GetNamespace(), c.cfg.NamespacePrefix) {
-			queue.Add(u.GetNamespace())
-		}
+		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(cb)}}
 	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue,
-		UpdateFunc: func(old, obj any) {
-			if u, ok := obj.(*unstructured.Unstructured); ok && c.heartbeatIsNoNews(old, u) {
-				return
-			}
-			enqueue(obj)
+	news := predicate.TypedFuncs[*unstructured.Unstructured]{
+		UpdateFunc: func(e event.TypedUpdateEvent[*unstructured.Unstructured]) bool {
+			return !c.isNoNews(e.ObjectOld, e.ObjectNew)
 		},
-	}); err != nil {
-		return err
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer queue.ShutDown()
-	wg.Add(1)
-	go func() { defer wg.Done(); informer.Run(ctx.Done()) }()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return ctx.Err()
-	}
-	c.log.Info("credentials controller: running", "lifetime", c.cfg.Policy.Lifetime, "rotationPoint", c.cfg.Policy.RotationPoint,
+	bindings := source.Kind(m.GetCache(), kbmanager.Object(kbmanager.ClusterBinding), handler.TypedEnqueueRequestsFromMapFunc(toNamespace), news)
+	c.log.Info("credentials controller: set up", "lifetime", c.cfg.Policy.Lifetime, "rotationPoint", c.cfg.Policy.RotationPoint,
 		"overlap", c.cfg.Policy.Overlap, "bindingLifetime", c.cfg.Policy.BindingLifetime, "allowListRecheck", c.cfg.Allowed != nil)
-	store := informer.GetStore()
-	workloop.Run(ctx, queue, workers, func(ctx context.Context, ns string) (time.Duration, error) {
-		return c.reconcile(ctx, ns, store)
-	}, c.log, "credentials")
-	c.log.Info("credentials controller: stopped")
-	return nil
+	return m.AddController("credentials", workers, r.reconcile, bindings)
 }
 
-// heartbeatIsNoNews says whether the update from old to cb is only a
-// konnector heartbeat in a namespace where heartbeats change nothing;
-// the look the last decision scheduled still comes.
-func (c *Controller) heartbeatIsNoNews(old any, cb *unstructured.Unstructured) bool {
+// isNoNews says whether the update from old to cb is only a konnector
+// heartbeat, or this controller's own CredentialsValid condition, in a
+// namespace where heartbeats change nothing; the look the last decision
+// scheduled still comes.
+func (c *Controller) isNoNews(old any, cb *unstructured.Unstructured) bool {
 	prev, ok := old.(*unstructured.Unstructured)
 	if !ok {
 		return false
@@ -155,37 +136,53 @@ func (c *Controller) heartbeatIsNoNews(old any, cb *unstructured.Unstructured) b
 		o := runtime.DeepCopyJSON(u.Object)
 		unstructured.RemoveNestedField(o, "status", "lastHeartbeatTime")
 		unstructured.RemoveNestedField(o, "metadata", "resourceVersion")
+		if conds, ok, _ := unstructured.NestedSlice(o, "status", "conditions"); ok {
+			others := conds[:0]
+			for _, cond := range conds {
+				if m, _ := cond.(map[string]any); m["type"] != ConditionType {
+					others = append(others, cond)
+				}
+			}
+			_ = unstructured.SetNestedSlice(o, others, "status", "conditions")
+			if len(others) == 0 {
+				unstructured.RemoveNestedField(o, "status", "conditions")
+			}
+		}
+		// A status that had nothing but these is no status.
+		if status, ok := o["status"].(map[string]any); ok && len(status) == 0 {
+			delete(o, "status")
+		}
 		return o
 	}
 	return equality.Semantic.DeepEqual(strip(prev), strip(cb))
 }
 
 // workers is how many namespaces are looked at at once. Every konnector
-// heartbeat (each 2.5 min) wakes its namespace, and a look reads three
-// objects: at 10,000 consumers one worker falls behind (67 wake-ups a
-// second), delaying rotations and revocations. The work per namespace is
-// independent; the API server's capacity is the limit.
+// heartbeat that can change the decision wakes its namespace, and a look
+// lists its Secrets: at 10,000 consumers one worker falls behind,
+// delaying rotations and revocations. The work per namespace is
+// independent; the request budget is the limit.
 const workers = 4
 
 // reconcile observes one namespace, decides and acts; it returns when to
 // look again.
-func (c *Controller) reconcile(ctx context.Context, ns string, store cache.Store) (time.Duration, error) {
-	obj, exists, err := store.GetByKey(ns + "/" + binding.ClusterBindingName)
-	if err != nil || !exists {
-		c.quiet.Delete(ns)
-		return 0, err
+func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Duration, error) {
+	ns := req.Namespace
+	cb := kbmanager.Object(kbmanager.ClusterBinding)
+	if err := r.cache.Get(ctx, req.NamespacedName, cb); err != nil {
+		r.quiet.Delete(ns)
+		return 0, client.IgnoreNotFound(err)
 	}
-	cb := obj.(*unstructured.Unstructured)
-	state, err := c.Observe(ctx, ns, cb)
+	state, err := r.Observe(ctx, ns, cb)
 	if err != nil {
-		c.quiet.Delete(ns)
+		r.quiet.Delete(ns)
 		return 0, err
 	}
-	now := c.cfg.Now()
-	d := Decide(now, state, c.cfg.Policy)
+	now := r.cfg.Now()
+	d := Decide(now, state, r.cfg.Policy)
 	// A look that acts looks again at once; until then heartbeats count.
-	c.quiet.Store(ns, !HeartbeatMatters(state) && !d.Rotate && len(d.MarkRetired) == 0 && len(d.Revoke) == 0)
-	if err := c.act(ctx, ns, cb, d, now); err != nil {
+	r.quiet.Store(ns, !HeartbeatMatters(state) && !d.Rotate && len(d.MarkRetired) == 0 && len(d.Revoke) == 0)
+	if err := r.act(ctx, ns, cb, d, now); err != nil {
 		return 0, err
 	}
 	return d.RequeueAfter, nil
@@ -194,40 +191,45 @@ func (c *Controller) reconcile(ctx context.Context, ns string, store cache.Store
 // Observe reads the state of provider namespace ns: the kubeconfig
 // Secret's current token, the other token Secrets, and the heartbeat of
 // the ClusterBinding cb.
-func (c *Controller) Observe(ctx context.Context, ns string, cb *unstructured.Unstructured) (State, error) {
+func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructured) (State, error) {
 	var s State
 	if hb, _, _ := unstructured.NestedString(cb.Object, "status", "lastHeartbeatTime"); hb != "" {
 		s.LastHeartbeat, _ = time.Parse(time.RFC3339, hb)
 	}
 	s.RotationRequested = parseTime(cb.GetAnnotations()[AnnotationRotate])
 	s.BoundAt = parseTime(cb.GetAnnotations()[binding.AnnotationBoundAt])
-	if raw, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; ok && c.cfg.Allowed != nil {
+	if raw, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; ok && r.cfg.Allowed != nil {
 		who, err := binding.ParseBoundBy(raw)
 		if err != nil {
 			// Only the backend and the provider's admins write it: judge
 			// an unreadable record as nobody.
-			c.log.Warn("credentials: unreadable record of who bound", "namespace", ns, "error", err)
+			r.log.Warn("credentials: unreadable record of who bound", "namespace", ns, "error", err)
 		}
-		s.NotAllowed = !c.cfg.Allowed(who)
+		s.NotAllowed = !r.cfg.Allowed(who)
 	}
-	secrets := c.kube.CoreV1().Secrets(ns)
-	kc, err := secrets.Get(ctx, binding.KubeconfigSecretName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
+	// One read of every Secret in ns: the kubeconfig Secret, the token
+	// Secrets and a legacy token Secret (which a previous version may not
+	// have labelled), and nothing else the backend would know of, as the
+	// consumer creates no Secrets.
+	all, err := r.kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return s, err
+	}
+	var kc, legacy *corev1.Secret
+	var tokens []*corev1.Secret
+	for i := range all.Items {
+		sec := &all.Items[i]
+		switch {
+		case sec.Name == binding.KubeconfigSecretName:
+			kc = sec
+		case sec.Name == binding.TokenSecretName:
+			legacy = sec
+		case sec.Labels[binding.LabelCredential] == binding.CredentialToken:
+			tokens = append(tokens, sec)
+		}
+	}
+	if kc == nil {
 		return s, nil
-	}
-	if err != nil {
-		return s, err
-	}
-	list, err := secrets.List(ctx, metav1.ListOptions{LabelSelector: binding.LabelCredential + "=" + binding.CredentialToken})
-	if err != nil {
-		return s, err
-	}
-	legacy, err := secrets.Get(ctx, binding.TokenSecretName, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		legacy = nil
-	case err != nil:
-		return s, err
 	}
 
 	currentName := kc.Annotations[binding.AnnotationTokenSecret]
@@ -238,8 +240,8 @@ func (c *Controller) Observe(ctx context.Context, ns string, cb *unstructured.Un
 	} else {
 		s.CurrentRevoked = true
 	}
-	for _, sec := range list.Items {
-		t := tokenOf(&sec)
+	for _, sec := range tokens {
+		t := tokenOf(sec)
 		if sec.Name == currentName {
 			s.CurrentRevoked = false
 			cur.IssuedBy = t.IssuedBy
@@ -273,8 +275,8 @@ func parseTime(s string) time.Time {
 }
 
 // act carries a decision out.
-func (c *Controller) act(ctx context.Context, ns string, cb *unstructured.Unstructured, d Decision, now time.Time) error {
-	secrets := c.kube.CoreV1().Secrets(ns)
+func (r *run) act(ctx context.Context, ns string, cb *unstructured.Unstructured, d Decision, now time.Time) error {
+	secrets := r.kube.CoreV1().Secrets(ns)
 	for _, name := range d.MarkRetired {
 		err := binding.MarkRetired(ctx, secrets, name, map[string]string{binding.AnnotationRetiredAt: now.UTC().Format(time.RFC3339)})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -288,25 +290,25 @@ func (c *Controller) act(ctx context.Context, ns string, cb *unstructured.Unstru
 			return fmt.Errorf("revoking token Secret %s/%s: %w", ns, name, err)
 		}
 		if revokeAll {
-			c.log.Info("credentials: revoked a token of an ended binding", "namespace", ns, "secret", name, "reason", d.Condition.Reason)
+			r.log.Info("credentials: revoked a token of an ended binding", "namespace", ns, "secret", name, "reason", d.Condition.Reason)
 		} else {
-			c.log.Info("credentials: revoked a replaced token", "namespace", ns, "secret", name)
+			r.log.Info("credentials: revoked a replaced token", "namespace", ns, "secret", name)
 		}
 	}
 	if d.RecordBoundAt {
-		if err := c.recordBoundAt(ctx, cb, now); err != nil {
+		if err := r.recordBoundAt(ctx, cb, now); err != nil {
 			return err
 		}
 	}
 	if d.Rotate {
-		t, err := c.cfg.Issuer.IssueToken(ctx, ns, binding.IssuedByRotation)
+		t, err := r.cfg.Issuer.IssueToken(ctx, ns, binding.IssuedByRotation)
 		if err != nil {
 			return fmt.Errorf("rotating the token of %s: %w", ns, err)
 		}
-		c.log.Info("credentials: rotated the token", "namespace", ns, "secret", t.Secret, "expiresAt", t.ExpiresAt)
+		r.log.Info("credentials: rotated the token", "namespace", ns, "secret", t.Secret, "expiresAt", t.ExpiresAt)
 	}
 	if d.Condition != nil {
-		return c.report(ctx, cb, *d.Condition, now)
+		return r.report(ctx, cb, *d.Condition, now)
 	}
 	return nil
 }
@@ -314,11 +316,11 @@ func (c *Controller) act(ctx context.Context, ns string, cb *unstructured.Unstru
 // recordBoundAt starts the lifetime of a binding made before it was
 // recorded, and records its identity from its namespace, so that the
 // allow-list judges it by subject.
-func (c *Controller) recordBoundAt(ctx context.Context, cb *unstructured.Unstructured, now time.Time) error {
+func (r *run) recordBoundAt(ctx context.Context, cb *unstructured.Unstructured, now time.Time) error {
 	ann := map[string]any{binding.AnnotationBoundAt: now.UTC().Format(time.RFC3339)}
 	if _, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; !ok {
-		ns, err := c.kube.CoreV1().Namespaces().Get(ctx, cb.GetNamespace(), metav1.GetOptions{})
-		if err != nil {
+		ns := &corev1.Namespace{}
+		if err := r.cache.Get(ctx, client.ObjectKey{Name: cb.GetNamespace()}, ns); err != nil {
 			return fmt.Errorf("reading namespace %s for the record of who bound: %w", cb.GetNamespace(), err)
 		}
 		who := binding.BoundBy{Issuer: ns.Annotations[binding.AnnotationIssuer], Subject: ns.Annotations[binding.AnnotationSubject]}
@@ -328,19 +330,19 @@ func (c *Controller) recordBoundAt(ctx context.Context, cb *unstructured.Unstruc
 	if err != nil {
 		return err
 	}
-	_, err = c.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).Patch(ctx, cb.GetName(), types.MergePatchType, patch,
+	_, err = r.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).Patch(ctx, cb.GetName(), types.MergePatchType, patch,
 		metav1.PatchOptions{FieldManager: fieldManager})
 	if err != nil {
 		return fmt.Errorf("recording the start of the lifetime of %s: %w", cb.GetNamespace(), err)
 	}
-	c.log.Info("credentials: a binding made before lifetimes were recorded starts its lifetime now", "namespace", cb.GetNamespace())
+	r.log.Info("credentials: a binding made before lifetimes were recorded starts its lifetime now", "namespace", cb.GetNamespace())
 	return nil
 }
 
 // report sets the CredentialsValid condition when it changed, by
 // server-side apply of that one list entry (conditions are a map list
 // keyed by type), so the konnector's conditions stay as they are.
-func (c *Controller) report(ctx context.Context, cb *unstructured.Unstructured, cond Condition, now time.Time) error {
+func (r *run) report(ctx context.Context, cb *unstructured.Unstructured, cond Condition, now time.Time) error {
 	transition := now.UTC().Format(time.RFC3339)
 	conditions, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
 	for _, raw := range conditions {
@@ -366,13 +368,13 @@ func (c *Controller) report(ctx context.Context, cb *unstructured.Unstructured, 
 			"lastTransitionTime": transition,
 		}}},
 	}}
-	_, err := c.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).ApplyStatus(ctx, cb.GetName(), apply,
+	_, err := r.dyn.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).ApplyStatus(ctx, cb.GetName(), apply,
 		metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	if err != nil {
 		return fmt.Errorf("reporting %s on %s: %w", ConditionType, cb.GetNamespace(), err)
 	}
 	if cond.Status != "True" {
-		c.log.Warn("credentials: "+cond.Message, "namespace", cb.GetNamespace(), "reason", cond.Reason)
+		r.log.Warn("credentials: "+cond.Message, "namespace", cb.GetNamespace(), "reason", cond.Reason)
 	}
 	return nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
@@ -299,11 +300,11 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	exportsCtrl, err := exportrequests.New(backend, exportrequests.Config{Catalog: catalog, GrantBackend: provisioner.GrantBackend, NamespacePrefix: prefix})
+	exportsCtrl, err := exportrequests.New(exportrequests.Config{Catalog: catalog, GrantBackend: provisioner.GrantBackend, NamespacePrefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	credCtrl, err := credentials.New(backend, credentials.Config{
+	credCtrl, err := credentials.New(credentials.Config{
 		Policy:          credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: overlap},
 		Issuer:          provisioner,
 		NamespacePrefix: prefix,
@@ -311,8 +312,10 @@ func startProvider(t *testing.T, overlap time.Duration) (context.Context, *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the exports controller", exportsCtrl.Run)
-	backendcluster.Run(t, "the credentials controller", credCtrl.Run)
+	backendcluster.Run(t, "the exports and credentials controllers", func(ctx context.Context) error {
+		kbmanager.Run(ctx, backend, kbmanager.Options{}, exportsCtrl.Setup, credCtrl.Setup)
+		return nil
+	})
 	return ctx, provider, provisioner
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/credentials"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/oidc"
@@ -116,7 +117,7 @@ func startCredEnv(t *testing.T, allow oidc.AllowList) (context.Context, *credEnv
 		e.mu.Lock()
 		l := e.allowList
 		e.mu.Unlock()
-		ctrl, err := credentials.New(backend, credentials.Config{
+		ctrl, err := credentials.New(credentials.Config{
 			Policy: credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: time.Minute,
 				BindingLifetime: testBindingLifetime},
 			Issuer:          e.provisioner,
@@ -129,7 +130,10 @@ func startCredEnv(t *testing.T, allow oidc.AllowList) (context.Context, *credEnv
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.stop = backendcluster.Run(t, "the credentials controller", ctrl.Run)
+		e.stop = backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
+			kbmanager.Run(ctx, backend, kbmanager.Options{}, ctrl.Setup)
+			return nil
+		})
 	}
 	e.start()
 	return ctx, e

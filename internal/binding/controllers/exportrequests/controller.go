@@ -11,9 +11,11 @@
 // konnectors before v0.5 keep working: a dual export.
 //
 // One reconcile covers one consumer namespace, so that every decision is
-// taken from the same view of its requests, exports and namespaces. Every
-// write goes to a namespace the backend made, with the backend's namespace
-// role (binding.BackendNamespaceClusterRole).
+// taken from the same view of its requests, exports and namespaces. It
+// reads the provider side's shared cache (kbmanager) and writes only what
+// differs from it: a settled consumer costs no request, on a new leader
+// as at rest. Every write goes to a namespace the backend made, with the
+// backend's namespace role (binding.BackendNamespaceClusterRole).
 package exportrequests
 
 import (
@@ -21,25 +23,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/binding/controllers/workloop"
-	"github.com/kbprovider/backend/internal/binding/kbcache"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/binding/offers"
-	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
@@ -63,10 +64,7 @@ type Config struct {
 	NamespacePrefix string
 	// Workers reconcile namespaces in parallel; 0 means 2.
 	Workers int
-	// Resync re-checks every consumer namespace this often (a Role
-	// deleted by hand comes back); 0 means 10 minutes.
-	Resync time.Duration
-	Logger *slog.Logger
+	Logger  *slog.Logger
 }
 
 // Coverer says which offer covers a request, or what the consumer should
@@ -80,17 +78,15 @@ type Coverer interface {
 	HasSynced() bool
 }
 
-// Controller runs the reconcilers. Run may be called again after it
-// returned (a new leadership term): every run starts with fresh caches.
+// Controller answers requests; Setup adds it to a leadership term's
+// manager.
 type Controller struct {
-	cfg     Config
-	kube    kubernetes.Interface
-	dynamic dynamic.Interface
-	log     *slog.Logger
+	cfg Config
+	log *slog.Logger
 }
 
 // New checks the configuration; it does not contact the cluster.
-func New(rc *rest.Config, cfg Config) (*Controller, error) {
+func New(cfg Config) (*Controller, error) {
 	if cfg.Catalog == nil || cfg.GrantBackend == nil {
 		return nil, errors.New("exports: a catalog and GrantBackend are required")
 	}
@@ -106,159 +102,128 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
 	}
-	cfg.Resync, cfg.Logger, _ = workloop.Defaults(cfg.Resync, cfg.Logger, nil)
-	kube, dyn, err := workloop.Clients(rc)
-	if err != nil {
-		return nil, err
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	return &Controller{cfg: cfg, kube: kube, dynamic: dyn, log: cfg.Logger}, nil
+	return &Controller{cfg: cfg, log: cfg.Logger}, nil
 }
 
-// byOwner indexes the namespaces made for APIServiceNamespaces by the
-// consumer namespace they belong to.
-const byOwner = "owner"
-
-// run is one Run's state: caches and the queue of consumer namespaces.
+// run is one leadership term's state.
 type run struct {
 	*Controller
-	queue      workqueue.TypedRateLimitingInterface[string]
-	namespaces cache.SharedIndexInformer
-	requests   cache.SharedIndexInformer
-	exports    cache.SharedIndexInformer
-	apiNS      cache.SharedIndexInformer
-	schemas    cache.SharedIndexInformer
-
-	mu      sync.Mutex
-	applied map[string]appliedRoles // namespace -> last Role applied there
+	cache   client.Reader
+	kube    kubernetes.Interface
+	dynamic dynamic.Interface
+	// queue is the controller's, once it started: a change of the
+	// catalog or the offers queues every consumer.
+	queue atomic.Pointer[workqueue.TypedRateLimitingInterface[reconcile.Request]]
 }
 
-type appliedRoles struct {
-	fingerprint string
-	at          time.Time
-}
-
-// Run reconciles until ctx ends. It returns an error only when the caches
-// could not be set up; a cluster that is down is waited for.
-func (c *Controller) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	r := &run{
-		Controller: c,
-		queue:      workloop.NewQueue("exports", nil),
-		applied:    map[string]appliedRoles{},
+// Setup adds the controller to m: a reconcile per consumer namespace,
+// queued by any change of its requests, exports, BoundSchemas,
+// APIServiceNamespaces, namespaces, Roles and RoleBindings, and for every
+// consumer (with low priority) when the catalog or the offers change.
+func (c *Controller) Setup(m *kbmanager.Manager) error {
+	r := &run{Controller: c, cache: m.GetCache(), kube: m.Kube, dynamic: m.Dynamic}
+	own := func(_ context.Context, o *unstructured.Unstructured) []reconcile.Request {
+		return request(o.GetNamespace())
 	}
-	defer r.queue.ShutDown()
-
-	nsFactory := informers.NewSharedInformerFactoryWithOptions(c.kube, c.cfg.Resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = binding.LabelManagedBy + "=" + binding.ManagedByValue
-		}))
-	r.namespaces = nsFactory.Core().V1().Namespaces().Informer()
-	if err := r.namespaces.AddIndexers(cache.Indexers{byOwner: func(obj any) ([]string, error) {
-		if ns, ok := obj.(*corev1.Namespace); ok && ns.Labels[binding.LabelConsumerNamespace] != "" {
-			return []string{ns.Labels[binding.LabelConsumerNamespace]}, nil
-		}
-		return nil, nil
-	}}); err != nil {
-		return err
-	}
-	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
-	r.requests = dynFactory.ForResource(kbresources.APIServiceExportRequestsV1alpha2).Informer()
-	r.exports = dynFactory.ForResource(kbresources.APIServiceExportsV1alpha2).Informer()
-	r.apiNS = dynFactory.ForResource(kbresources.APIServiceNamespacesV1alpha2).Informer()
-	r.schemas = dynFactory.ForResource(kbresources.BoundSchemas).Informer()
-	// The caches keep only what the reconcile reads: consumers write these
-	// objects, and a cache must not grow with what they stored.
-	ownedOnly := kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}, Drop: [][]string{{"status"}}})
-	for inf, t := range map[cache.SharedIndexInformer]cache.TransformFunc{
-		r.namespaces: kbcache.Transform(kbcache.Options{
-			Annotations: []string{binding.AnnotationIssuer, binding.AnnotationSubject, binding.AnnotationCluster},
-			Labels:      []string{binding.LabelManagedBy, binding.LabelConsumerNamespace, LabelAPIServiceNamespace},
+	sources := []source.Source{
+		kbmanager.Watch(m, kbmanager.Object(kbmanager.ExportRequest), own),
+		kbmanager.Watch(m, kbmanager.Object(kbmanager.Export), own),
+		kbmanager.Watch(m, kbmanager.Object(kbmanager.BoundSchema), own),
+		kbmanager.Watch(m, kbmanager.Object(kbmanager.APIServiceNamespace), own),
+		// A namespace change re-checks the consumer it belongs to.
+		kbmanager.Watch(m, &corev1.Namespace{}, func(_ context.Context, ns *corev1.Namespace) []reconcile.Request {
+			if owner := ns.Labels[binding.LabelConsumerNamespace]; owner != "" {
+				return request(owner)
+			}
+			return request(ns.Name)
 		}),
-		r.requests: kbcache.Transform(kbcache.Options{}),
-		r.apiNS:    kbcache.Transform(kbcache.Options{}),
-		r.exports:  ownedOnly,
-		r.schemas:  ownedOnly,
-	} {
-		if err := inf.SetTransform(t); err != nil {
-			return err
-		}
+		// A Role or RoleBinding changed or deleted by hand comes back.
+		kbmanager.Watch(m, &rbacv1.Role{}, func(ctx context.Context, o *rbacv1.Role) []reconcile.Request {
+			return r.consumerOf(ctx, o.Namespace)
+		}),
+		kbmanager.Watch(m, &rbacv1.RoleBinding{}, func(ctx context.Context, o *rbacv1.RoleBinding) []reconcile.Request {
+			return r.consumerOf(ctx, o.Namespace)
+		}),
+		source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+			r.queue.Store(&q)
+			return nil
+		}),
 	}
-
-	// Any change in a namespace's kube-bind objects re-checks that namespace.
-	byNamespace := workloop.OnChange(func(obj any) {
-		if m, err := metaAccessor(obj); err == nil {
-			r.queue.Add(m.GetNamespace())
-		}
-	})
-	for _, inf := range []cache.SharedIndexInformer{r.requests, r.exports, r.apiNS, r.schemas} {
-		if _, err := inf.AddEventHandler(byNamespace); err != nil {
-			return err
-		}
-	}
-	// A namespace change re-checks the consumer it belongs to.
-	if _, err := r.namespaces.AddEventHandler(workloop.OnChange(func(obj any) {
-		ns, ok := obj.(*corev1.Namespace)
-		if !ok {
-			return
-		}
-		if owner := ns.Labels[binding.LabelConsumerNamespace]; owner != "" {
-			r.queue.Add(owner)
-			return
-		}
-		r.queue.Add(ns.Name)
-	})); err != nil {
+	if err := m.AddController("exports", c.cfg.Workers, r.reconcileAgain, sources...); err != nil {
 		return err
 	}
+	return m.AddRunnable(r.followOffers)
+}
+
+// followOffers queues every consumer when an exported CRD or an offer
+// changes, until ctx ends. It starts, as every runnable of the leader,
+// once the cache has synced.
+func (r *run) followOffers(ctx context.Context) error {
+	r.log.Info("exports controllers: caches synced, reconciling", "workers", r.cfg.Workers)
 	// An exported CRD changed: every consumer may hold an export of it.
-	stop, err := c.cfg.Catalog.OnChange(func(string) { r.enqueueAll() })
+	stop, err := r.cfg.Catalog.OnChange(func(string) { r.enqueueAll(ctx) })
 	if err != nil {
 		return err
 	}
 	defer stop()
 	// A template changed: a decided request may be granted less.
-	stopOffers, err := c.cfg.Offers.OnChange(r.enqueueAll)
+	stopOffers, err := r.cfg.Offers.OnChange(func() { r.enqueueAll(ctx) })
 	if err != nil {
 		return err
 	}
 	defer stopOffers()
-
-	nsFactory.Start(ctx.Done())
-	dynFactory.Start(ctx.Done())
-	defer nsFactory.Shutdown()
-	defer dynFactory.Shutdown()
-	c.log.Info("exports controllers: waiting for caches")
-	start := time.Now()
-	if !cache.WaitForCacheSync(ctx.Done(), r.namespaces.HasSynced, r.requests.HasSynced, r.exports.HasSynced,
-		r.apiNS.HasSynced, r.schemas.HasSynced, c.cfg.Catalog.HasSynced, c.cfg.Offers.HasSynced) {
-		return ctx.Err()
-	}
-	c.log.Info("exports controllers: caches synced, reconciling", "took", time.Since(start).Round(time.Millisecond).String(),
-		"workers", c.cfg.Workers)
-	r.enqueueAll()
-
-	workloop.Run(ctx, r.queue, c.cfg.Workers, r.reconcileAgain, r.log, "exports controllers")
-	c.log.Info("exports controllers: stopped")
+	<-ctx.Done()
 	return nil
 }
 
-// enqueueAll queues every consumer namespace and every owner of a
-// namespace made for an APIServiceNamespace.
-func (r *run) enqueueAll() {
-	for _, o := range r.namespaces.GetStore().List() {
-		ns := o.(*corev1.Namespace)
-		if owner := ns.Labels[binding.LabelConsumerNamespace]; owner != "" {
-			r.queue.Add(owner)
-		} else if binding.IsConsumerNamespace(ns) {
-			r.queue.Add(ns.Name)
-		}
-	}
+func request(ns string) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: ns}}}
 }
 
-// reconcileAgain is reconcile for workloop: a requeueAfter is another
-// look later, not a failure.
-func (r *run) reconcileAgain(ctx context.Context, ns string) (time.Duration, error) {
-	err := r.reconcile(ctx, ns)
+// consumerOf is the consumer namespace that ns is, or was made for.
+func (r *run) consumerOf(ctx context.Context, ns string) []reconcile.Request {
+	if have, err := r.namespace(ctx, ns); err == nil && have != nil && have.Labels[binding.LabelConsumerNamespace] != "" {
+		return request(have.Labels[binding.LabelConsumerNamespace])
+	}
+	return request(ns)
+}
+
+// enqueueAll queues every consumer namespace and every owner of a
+// namespace made for an APIServiceNamespace, behind new and changed
+// objects.
+func (r *run) enqueueAll(ctx context.Context) {
+	q := r.queue.Load()
+	if q == nil {
+		return // not started: its initial list queues every consumer
+	}
+	list := &corev1.NamespaceList{}
+	if err := r.cache.List(ctx, list); err != nil {
+		r.log.Warn("exports: cannot list the namespaces to look at again", "error", err)
+		return
+	}
+	var all []reconcile.Request
+	for i := range list.Items {
+		ns := &list.Items[i]
+		if owner := ns.Labels[binding.LabelConsumerNamespace]; owner != "" {
+			all = append(all, request(owner)...)
+		} else if binding.IsConsumerNamespace(ns) {
+			all = append(all, request(ns.Name)...)
+		}
+	}
+	kbmanager.AddLow(*q, all...)
+}
+
+// reconcileAgain is reconcile for kbmanager: a requeueAfter is another
+// look later, not a failure. Until the catalog and the offers have
+// synced, nothing is decided.
+func (r *run) reconcileAgain(ctx context.Context, req reconcile.Request) (time.Duration, error) {
+	if !r.cfg.Catalog.HasSynced() || !r.cfg.Offers.HasSynced() {
+		return 100 * time.Millisecond, nil
+	}
+	err := r.reconcile(ctx, req.Name)
 	if again := (*requeueAfter)(nil); errors.As(err, &again) {
 		return again.d, nil
 	}

@@ -15,9 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
@@ -60,18 +61,10 @@ func TestLaggingCacheKeepsNamespaceOfLiveAPIServiceNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The run's caches hold the child namespace but no APIServiceNamespace.
-	namespaces := cache.NewSharedIndexInformer(&cache.ListWatch{}, &corev1.Namespace{}, 0, cache.Indexers{byOwner: func(obj any) ([]string, error) {
-		return []string{obj.(*corev1.Namespace).Labels[binding.LabelConsumerNamespace]}, nil
-	}})
-	if err := namespaces.GetIndexer().Add(child); err != nil {
-		t.Fatal(err)
-	}
-	r := &run{
-		Controller: &Controller{kube: kube, dynamic: dyn, log: slog.New(slog.DiscardHandler)},
-		namespaces: namespaces,
-		applied:    map[string]appliedRoles{},
-	}
+	// The run's cache holds the child namespace but no APIServiceNamespace.
+	cached := fake.NewClientBuilder().WithObjects(child).
+		WithIndex(&corev1.Namespace{}, kbmanager.IndexConsumerNamespace, kbmanager.ConsumerNamespaceOf).Build()
+	r := &run{Controller: &Controller{log: slog.New(slog.DiscardHandler)}, cache: cached, kube: kube, dynamic: dyn}
 	for _, keep := range []map[string]bool{{}, nil} {
 		if err := r.removeChildren(ctx, consumerNS, keep); err != nil {
 			t.Fatal(err)
@@ -126,7 +119,7 @@ func TestLaggingCatalogKeepsExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &run{Controller: &Controller{cfg: Config{Catalog: catalog}, kube: kube, dynamic: dyn, log: slog.New(slog.DiscardHandler)}}
+	r := &run{Controller: &Controller{cfg: Config{Catalog: catalog}, log: slog.New(slog.DiscardHandler)}, kube: kube, dynamic: dyn}
 	var again *requeueAfter
 	if err := r.deleteExport(ctx, ns, export, api.Name()); !errors.As(err, &again) {
 		t.Fatalf("deleteExport of an export whose CRD is exported: %v, want a look again later", err)

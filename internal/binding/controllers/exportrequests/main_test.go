@@ -19,6 +19,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/exportrequests"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
@@ -50,6 +51,9 @@ type env struct {
 	catalog     *binding.Catalog
 	offers      *offers.Source
 	provisioner *binding.Provisioner
+	controller  *exportrequests.Controller
+	// stop stops the controllers setup started.
+	stop func()
 }
 
 // setup prepares the cluster once (kube-bind CRDs, ClusterRoles, example
@@ -81,14 +85,22 @@ func setup(t *testing.T) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e.offers.Start(ctx)
-	ctrl, err := exportrequests.New(e.backend, exportrequests.Config{
+	e.controller, err = exportrequests.New(exportrequests.Config{
 		Catalog: e.catalog, Offers: e.offers, GrantBackend: e.provisioner.GrantBackend, NamespacePrefix: prefix,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the exports controller", ctrl.Run)
+	e.stop = e.run(t, e.backend, kbmanager.Options{})
 	return e
+}
+
+// run runs the controllers (again) as rc, until the test ends or stop.
+func (e *env) run(t *testing.T, rc *rest.Config, opts kbmanager.Options) (stop func()) {
+	return backendcluster.Run(t, "the exports controller", func(ctx context.Context) error {
+		kbmanager.Run(ctx, rc, opts, e.controller.Setup)
+		return nil
+	})
 }
 
 // consumer is a bound consumer seen through its issued kubeconfig, as the

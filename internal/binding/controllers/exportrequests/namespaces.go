@@ -16,15 +16,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 // LabelAPIServiceNamespace is, on a namespace made for an
 // APIServiceNamespace, that object's name (a DNS label, so a valid label
 // value); binding.LabelConsumerNamespace names the consumer namespace.
-const LabelAPIServiceNamespace = "kube-bind.io/apiservicenamespace"
+const LabelAPIServiceNamespace = kbmanager.LabelAPIServiceNamespace
 
 var nameEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
@@ -51,8 +53,12 @@ var errOwnedByOther = errors.New("namespace exists and belongs to another owner"
 // requests of consumerNS ask for (spec.namespaces); the konnector creates
 // the others. They are never deleted here: the konnector may own them.
 func (r *run) ensureRequestedNamespaces(ctx context.Context, consumerNS string, exports []*wantedExport) error {
+	apiNS, err := r.inNamespace(ctx, kbmanager.APIServiceNamespace, consumerNS)
+	if err != nil {
+		return err
+	}
 	have := map[string]bool{}
-	for _, a := range r.inNamespace(r.apiNS, consumerNS) {
+	for _, a := range apiNS {
 		have[a.GetName()] = true
 	}
 	for _, w := range exports {
@@ -87,9 +93,13 @@ func (r *run) ensureRequestedNamespaces(ctx context.Context, consumerNS string, 
 // ones there, reports the name in status.namespace, and deletes the
 // namespaces whose APIServiceNamespace is gone.
 func (r *run) syncAPIServiceNamespaces(ctx context.Context, consumerNS string, rules, claims []rbacv1.PolicyRule) error {
+	apiNS, err := r.inNamespace(ctx, kbmanager.APIServiceNamespace, consumerNS)
+	if err != nil {
+		return err
+	}
 	keep := map[string]bool{}
 	var later *requeueAfter
-	for _, a := range r.inNamespace(r.apiNS, consumerNS) {
+	for _, a := range apiNS {
 		if a.GetDeletionTimestamp() != nil {
 			continue
 		}
@@ -108,8 +118,13 @@ func (r *run) syncAPIServiceNamespaces(ctx context.Context, consumerNS string, r
 			later = &requeueAfter{d: 2 * time.Second, reason: "namespace " + child + " is still being deleted"}
 			continue
 		}
-		if err := r.cfg.GrantBackend(ctx, child); err != nil {
-			return err
+		if granted, err := r.backendGranted(ctx, child); err != nil || !granted {
+			if err == nil {
+				err = r.cfg.GrantBackend(ctx, child)
+			}
+			if err != nil {
+				return err
+			}
 		}
 		if err := r.applyConsumerRBAC(ctx, child, consumerNS, ConsumerExportsRole, rules); err != nil {
 			return fmt.Errorf("granting the consumer its resources in %s: %w", child, err)
@@ -137,6 +152,21 @@ func (r *run) syncAPIServiceNamespaces(ctx context.Context, consumerNS string, r
 	return nil
 }
 
+// backendGranted says whether the cache holds the RoleBinding that gives
+// the backend its namespace role in ns.
+func (r *run) backendGranted(ctx context.Context, ns string) (bool, error) {
+	list := &rbacv1.RoleBindingList{}
+	if err := r.cache.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return false, err
+	}
+	for _, rb := range list.Items {
+		if rb.RoleRef.Kind == "ClusterRole" && rb.RoleRef.Name == binding.BackendNamespaceClusterRole && rb.DeletionTimestamp == nil {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // ensureChild creates the namespace of an APIServiceNamespace, or finds
 // it; it says whether it is still terminating from an earlier deletion.
 func (r *run) ensureChild(ctx context.Context, consumerNS, name, child string) (terminating bool, err error) {
@@ -147,7 +177,11 @@ func (r *run) ensureChild(ctx context.Context, consumerNS, name, child string) (
 		}
 		return nil
 	}
-	if ns := r.namespace(child); ns != nil {
+	ns, err := r.namespace(ctx, child)
+	if err != nil {
+		return false, err
+	}
+	if ns != nil {
 		return ns.DeletionTimestamp != nil, owned(ns)
 	}
 	want := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
@@ -177,9 +211,12 @@ func (r *run) ensureChild(ctx context.Context, consumerNS, name, child string) (
 // removeChildren deletes the namespaces made for APIServiceNamespaces of
 // consumerNS whose name is not in keep (nil: all of them).
 func (r *run) removeChildren(ctx context.Context, consumerNS string, keep map[string]bool) error {
-	objs, _ := r.namespaces.GetIndexer().ByIndex(byOwner, consumerNS)
-	for _, o := range objs {
-		ns := o.(*corev1.Namespace)
+	children := &corev1.NamespaceList{}
+	if err := r.cache.List(ctx, children, client.MatchingFields{kbmanager.IndexConsumerNamespace: consumerNS}); err != nil {
+		return err
+	}
+	for i := range children.Items {
+		ns := &children.Items[i]
 		if ns.DeletionTimestamp != nil || keep[ns.Labels[LabelAPIServiceNamespace]] {
 			continue
 		}
@@ -198,7 +235,6 @@ func (r *run) removeChildren(ctx context.Context, consumerNS string, keep map[st
 			return fmt.Errorf("deleting namespace %s of APIServiceNamespace %s/%s: %w", ns.Name, consumerNS,
 				ns.Labels[LabelAPIServiceNamespace], err)
 		}
-		r.forgetRoles(ns.Name)
 		r.log.Info("exports: namespace of a removed APIServiceNamespace deleted", "namespace", consumerNS,
 			"apiservicenamespace", ns.Labels[LabelAPIServiceNamespace], "provider_namespace", ns.Name)
 	}

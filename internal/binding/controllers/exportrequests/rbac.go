@@ -2,16 +2,17 @@ package exportrequests
 
 import (
 	"context"
-	"encoding/json"
 	"sort"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kbprovider/backend/internal/binding"
 )
@@ -98,19 +99,14 @@ func (r *run) safeRules(ns, name string, rules []rbacv1.PolicyRule) []rbacv1.Pol
 }
 
 // applyConsumerRBAC makes the Role name of rules and its RoleBinding to
-// the service account of consumerNS, in ns. What was applied is
-// remembered, so an unchanged namespace costs no request until the next
-// resync.
+// the service account of consumerNS, in ns, unless the cached ones are
+// already so: a settled consumer costs no request.
 func (r *run) applyConsumerRBAC(ctx context.Context, ns, consumerNS, name string, rules []rbacv1.PolicyRule) error {
 	rules = r.safeRules(ns, name, rules)
-	b, _ := json.Marshal(rules)
-	fingerprint := consumerNS + "\x00" + string(b)
-	key := ns + "\x00" + name
-	r.mu.Lock()
-	last, ok := r.applied[key]
-	r.mu.Unlock()
-	if ok && last.fingerprint == fingerprint && time.Since(last.at) < r.cfg.Resync {
-		return nil
+	subject := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: binding.ServiceAccountName, Namespace: consumerNS}
+	inStep, err := r.rbacInStep(ctx, ns, name, rules, subject)
+	if err != nil || inStep {
+		return err
 	}
 	labels := map[string]string{binding.LabelManagedBy: binding.ManagedByValue}
 	role := rbacv1ac.Role(name, ns).WithLabels(labels)
@@ -120,29 +116,36 @@ func (r *run) applyConsumerRBAC(ctx context.Context, ns, consumerNS, name string
 	// No rules: server-side apply drops the ones this manager set before.
 	rb := rbacv1ac.RoleBinding(name, ns).WithLabels(labels).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(name)).
-		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(binding.ServiceAccountName).WithNamespace(consumerNS))
+		WithSubjects(rbacv1ac.Subject().WithKind(subject.Kind).WithName(subject.Name).WithNamespace(subject.Namespace))
 	opts := metav1.ApplyOptions{FieldManager: fieldManager, Force: true}
-	err := retryForbidden(ctx, func() error {
+	return retryForbidden(ctx, func() error {
 		if _, err := r.kube.RbacV1().Roles(ns).Apply(ctx, role, opts); err != nil {
 			return err
 		}
 		_, err := r.kube.RbacV1().RoleBindings(ns).Apply(ctx, rb, opts)
 		return err
 	})
-	if err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.applied[key] = appliedRoles{fingerprint: fingerprint, at: time.Now()}
-	r.mu.Unlock()
-	return nil
 }
 
-func (r *run) forgetRoles(ns string) {
-	r.mu.Lock()
-	delete(r.applied, ns+"\x00"+ConsumerExportsRole)
-	delete(r.applied, ns+"\x00"+ConsumerClaimsRole)
-	r.mu.Unlock()
+// rbacInStep says whether the cached Role name in ns holds exactly rules
+// and its RoleBinding binds it to subject alone.
+func (r *run) rbacInStep(ctx context.Context, ns, name string, rules []rbacv1.PolicyRule, subject rbacv1.Subject) (bool, error) {
+	key := client.ObjectKey{Namespace: ns, Name: name}
+	role, rb := &rbacv1.Role{}, &rbacv1.RoleBinding{}
+	for _, obj := range []client.Object{role, rb} {
+		if err := r.cache.Get(ctx, key, obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return false, err
+		}
+		if obj.GetDeletionTimestamp() != nil {
+			return false, nil
+		}
+	}
+	return equality.Semantic.DeepEqual(role.Rules, rules) &&
+		rb.RoleRef == (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}) &&
+		len(rb.Subjects) == 1 && rb.Subjects[0] == subject, nil
 }
 
 // retryForbidden retries fn for a few seconds while it is forbidden: the

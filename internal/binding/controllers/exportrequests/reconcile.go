@@ -3,15 +3,15 @@ package exportrequests
 import (
 	"context"
 	"fmt"
-	"sort"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/tools/cache"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 )
 
 // fieldManager owns what the backend writes, and the v1alpha1 fields of
@@ -30,17 +30,17 @@ const (
 	PhaseFailed    = "Failed"
 )
 
-func metaAccessor(obj any) (metav1.Object, error) { return meta.Accessor(obj) }
-
 // reconcile brings one consumer namespace in step: it answers pending
 // requests, mirrors the exported CRDs it bound, grants its service account
 // those resources, and makes the namespaces of its APIServiceNamespaces.
 // A namespace that is not (or no longer) a consumer's loses the
 // namespaces made for it.
 func (r *run) reconcile(ctx context.Context, nsName string) error {
-	ns := r.namespace(nsName)
+	ns, err := r.namespace(ctx, nsName)
+	if err != nil {
+		return err
+	}
 	if ns == nil || ns.DeletionTimestamp != nil || !binding.IsConsumerNamespace(ns) {
-		r.forgetRoles(nsName)
 		return r.removeChildren(ctx, nsName, nil)
 	}
 
@@ -65,22 +65,18 @@ func (r *run) reconcile(ctx context.Context, nsName string) error {
 	return r.syncAPIServiceNamespaces(ctx, nsName, rules, claimRules(all, r.cfg.ClaimableResources))
 }
 
-func (r *run) namespace(name string) *corev1.Namespace {
-	o, ok, _ := r.namespaces.GetStore().GetByKey(name)
-	if !ok {
-		return nil
+func (r *run) namespace(ctx context.Context, name string) (*corev1.Namespace, error) {
+	ns := &corev1.Namespace{}
+	if err := r.cache.Get(ctx, client.ObjectKey{Name: name}, ns); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, err
 	}
-	return o.(*corev1.Namespace)
+	return ns, nil
 }
 
-func (r *run) inNamespace(inf cache.SharedIndexInformer, ns string) []*unstructured.Unstructured {
-	objs, _ := inf.GetIndexer().ByIndex(cache.NamespaceIndex, ns)
-	out := make([]*unstructured.Unstructured, 0, len(objs))
-	for _, o := range objs {
-		if u, ok := o.(*unstructured.Unstructured); ok {
-			out = append(out, u)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
-	return out
+// inNamespace lists the cached objects of gvk in ns, sorted by name.
+func (r *run) inNamespace(ctx context.Context, gvk schema.GroupVersionKind, ns string) ([]*unstructured.Unstructured, error) {
+	return kbmanager.List(ctx, r.cache, gvk, client.InNamespace(ns))
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/binding/kbcache"
 	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
@@ -90,9 +91,16 @@ func convert(in any, out any) error {
 // again (its phase is terminal), but what it is granted is judged on every
 // pass: its status may have been written by anyone, and offers change.
 func (r *run) answerRequests(ctx context.Context, ns string) (map[string]*wantedExport, error) {
-	holders := r.exportHolders(ns)
+	holders, err := r.exportHolders(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	requests, err := r.inNamespace(ctx, kbmanager.ExportRequest, ns)
+	if err != nil {
+		return nil, err
+	}
 	wanted := map[string]*wantedExport{}
-	for _, req := range r.inNamespace(r.requests, ns) {
+	for _, req := range requests {
 		phase, _, _ := unstructured.NestedString(req.Object, "status", "phase")
 		if phase == PhaseFailed || phase != PhaseSucceeded && req.GetDeletionTimestamp() != nil {
 			continue
@@ -272,14 +280,18 @@ func (r *run) answer(ctx context.Context, ns string, req *unstructured.Unstructu
 
 // exportHolders maps each resource ("<resource>.<group>") exported in ns
 // to the export holding it.
-func (r *run) exportHolders(ns string) map[string]string {
+func (r *run) exportHolders(ctx context.Context, ns string) (map[string]string, error) {
+	exports, err := r.inNamespace(ctx, kbmanager.Export, ns)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]string{}
-	for _, e := range r.inNamespace(r.exports, ns) {
+	for _, e := range exports {
 		for _, res := range fromExport(e).spec.Resources {
 			out[res.Name()] = e.GetName()
 		}
 	}
-	return out
+	return out, nil
 }
 
 // exportedElsewhere refuses a second export of a resource: the two would

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
@@ -24,8 +25,12 @@ import (
 // judged against today's offers as its request would be. It returns the
 // exported CRDs the consumer has bound and every export kept.
 func (r *run) syncExports(ctx context.Context, ns string, wanted map[string]*wantedExport) ([]*apiextensionsv1.CustomResourceDefinition, []*wantedExport, error) {
+	exports, err := r.inNamespace(ctx, kbmanager.Export, ns)
+	if err != nil {
+		return nil, nil, err
+	}
 	existing := map[string]*unstructured.Unstructured{}
-	for _, e := range r.inNamespace(r.exports, ns) {
+	for _, e := range exports {
 		existing[e.GetName()] = e
 		if wanted[e.GetName()] == nil {
 			w := fromExport(e)
@@ -35,7 +40,10 @@ func (r *run) syncExports(ctx context.Context, ns string, wanted map[string]*wan
 			wanted[e.GetName()] = w
 		}
 	}
-	holders := r.exportHolders(ns)
+	holders, err := r.exportHolders(ctx, ns)
+	if err != nil {
+		return nil, nil, err
+	}
 	names := make([]string, 0, len(wanted))
 	for n := range wanted {
 		names = append(names, n)
@@ -202,8 +210,12 @@ func inStep(have *unstructured.Unstructured, spec map[string]any, absent ...stri
 // syncBoundSchemas keeps one BoundSchema per bound CRD in step with it and
 // deletes the BoundSchemas no export of the namespace uses any more.
 func (r *run) syncBoundSchemas(ctx context.Context, ns string, bound []*apiextensionsv1.CustomResourceDefinition) error {
+	schemas, err := r.inNamespace(ctx, kbmanager.BoundSchema, ns)
+	if err != nil {
+		return err
+	}
 	have := map[string]*unstructured.Unstructured{}
-	for _, s := range r.inNamespace(r.schemas, ns) {
+	for _, s := range schemas {
 		have[s.GetName()] = s
 	}
 	for _, crd := range bound {

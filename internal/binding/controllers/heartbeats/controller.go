@@ -11,17 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/binding/controllers/workloop"
-	"github.com/kbprovider/backend/internal/binding/kbcache"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
@@ -29,39 +25,38 @@ const fieldManager = "kube-bind-backend"
 
 // Config configures the controller.
 type Config struct {
-	// Metrics, if set, gets the binding metrics (reported only while Run
-	// runs, i.e. on the replica holding the leader election Lease).
+	// Metrics, if set, gets the binding metrics (reported only while the
+	// controller runs, i.e. on the replica holding the leader election
+	// Lease).
 	Metrics prometheus.Registerer
 	// Slack is added to twice the heartbeat interval; 0 means DefaultSlack.
-	Slack time.Duration
-	// Resync re-checks every binding this often; 0 means 10 minutes.
-	Resync time.Duration
+	Slack  time.Duration
 	Logger *slog.Logger
 	// Clock is for tests; nil means the real clock.
 	Clock clock.WithTicker
 }
 
 // Controller keeps the Healthy condition of every ClusterBinding the
-// backend made. Run may be called again after it returned.
+// backend made; Setup adds it to a leadership term's manager.
 type Controller struct {
 	cfg     Config
-	dynamic dynamic.Interface
 	log     *slog.Logger
-	current atomic.Pointer[run] // the caches of the running Run, for the metrics
+	current atomic.Pointer[run] // the running term's cache, for the metrics
 }
 
 // New checks the configuration and registers the metrics; it does not
 // contact the cluster.
-func New(rc *rest.Config, cfg Config) (*Controller, error) {
+func New(cfg Config) (*Controller, error) {
 	if cfg.Slack <= 0 {
 		cfg.Slack = DefaultSlack
 	}
-	cfg.Resync, cfg.Logger, cfg.Clock = workloop.Defaults(cfg.Resync, cfg.Logger, cfg.Clock)
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, err
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	c := &Controller{cfg: cfg, dynamic: dyn, log: cfg.Logger}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	c := &Controller{cfg: cfg, log: cfg.Logger}
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.Register(collector{c}); err != nil {
 			return nil, fmt.Errorf("heartbeats: registering metrics: %w", err)
@@ -72,69 +67,43 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 
 type run struct {
 	*Controller
-	queue    workqueue.TypedRateLimitingInterface[string]
-	bindings cache.SharedIndexInformer
-	requests cache.SharedIndexInformer
+	cache   client.Reader
+	dynamic dynamic.Interface
 }
 
-// Run keeps the conditions until ctx ends. It returns an error only when
-// the caches could not be set up; a cluster that is down is waited for.
-func (c *Controller) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	r := &run{
-		Controller: c,
-		queue:      workloop.NewQueue("bindinghealth", c.cfg.Clock),
-	}
-	defer r.queue.ShutDown()
-	// Only the ClusterBindings Provision made (it labels them); the
-	// backend could not write others anyway.
-	managed := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.dynamic, c.cfg.Resync, metav1.NamespaceAll,
-		func(o *metav1.ListOptions) { o.LabelSelector = binding.LabelManagedBy + "=" + binding.ManagedByValue })
-	all := dynamicinformer.NewDynamicSharedInformerFactory(c.dynamic, 0)
-	r.bindings = managed.ForResource(kbresources.ClusterBindings).Informer()
-	r.requests = all.ForResource(kbresources.APIServiceExportRequests).Informer()
-	// The caches keep only what is read (heartbeats, conditions, phases):
-	// consumers write these objects.
-	if err := r.bindings.SetTransform(kbcache.Transform(kbcache.Options{Drop: [][]string{{"spec"}}})); err != nil {
+// Setup adds the controller to m: a reconcile per ClusterBinding (only
+// those Provision made: the cache holds no other), on every change of it
+// and when a healthy one would turn stale.
+func (c *Controller) Setup(m *kbmanager.Manager) error {
+	r := &run{Controller: c, cache: m.GetCache(), dynamic: m.Dynamic}
+	watch := kbmanager.Watch(m, kbmanager.Object(kbmanager.ClusterBinding), func(_ context.Context, cb *unstructured.Unstructured) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(cb)}}
+	})
+	if err := m.AddController("bindinghealth", 1, r.reconcile, watch); err != nil {
 		return err
 	}
-	if err := r.requests.SetTransform(kbcache.Transform(kbcache.Options{Drop: [][]string{{"spec"}, {"status", "conditions"}}})); err != nil {
-		return err
-	}
-	enqueue := func(obj any) {
-		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
-			r.queue.Add(key)
-		}
-	}
-	if _, err := r.bindings.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) },
-	}); err != nil {
-		return err
-	}
-	managed.Start(ctx.Done())
-	all.Start(ctx.Done())
-	defer managed.Shutdown()
-	defer all.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), r.bindings.HasSynced, r.requests.HasSynced) {
-		return ctx.Err()
-	}
-	c.current.Store(r)
-	defer c.current.CompareAndSwap(r, nil)
-	c.log.Info("binding health: caches synced, watching heartbeats", "slack", c.cfg.Slack.String())
-
-	workloop.Run(ctx, r.queue, 1, r.reconcile, r.log, "binding health")
-	return nil
+	// The metrics are the leader's, from the term's cache.
+	return m.AddRunnable(func(ctx context.Context) error {
+		c.current.Store(r)
+		defer c.current.CompareAndSwap(r, nil)
+		c.log.Info("binding health: caches synced, watching heartbeats", "slack", c.cfg.Slack.String())
+		<-ctx.Done()
+		return nil
+	})
 }
 
 // reconcile sets the condition of one ClusterBinding and says when to look
 // again: at the moment a healthy binding would turn stale.
-func (r *run) reconcile(ctx context.Context, key string) (time.Duration, error) {
-	o, ok, _ := r.bindings.GetStore().GetByKey(key)
-	if !ok {
-		return 0, nil
+// It reads only the cache and writes only a condition that changed: a
+// heartbeat costs the leader its event.
+func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Duration, error) {
+	cb := kbmanager.Object(kbmanager.ClusterBinding)
+	if err := r.cache.Get(ctx, req.NamespacedName, cb); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, nil
+		}
+		return 0, err
 	}
-	cb := o.(*unstructured.Unstructured)
 	if cb.GetDeletionTimestamp() != nil {
 		return 0, nil
 	}
@@ -181,7 +150,7 @@ func (r *run) reconcile(ctx context.Context, key string) (time.Duration, error) 
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("applying the Healthy condition of %s: %w", key, err)
+		return 0, fmt.Errorf("applying the Healthy condition of %s: %w", req, err)
 	}
 	log := r.log.Info
 	if !v.Healthy && v.Reason == ReasonHeartbeatMissing {

@@ -3,8 +3,10 @@ package heartbeats_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,9 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/heartbeats"
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil"
@@ -52,11 +57,41 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	const slack = time.Second
-	ctrl, err := heartbeats.New(backend, heartbeats.Config{Metrics: reg, Slack: slack})
+	ctrl, err := heartbeats.New(heartbeats.Config{Metrics: reg, Slack: slack})
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the heartbeats controller", ctrl.Run)
+	// What the controller asks of the consumer's namespace (a
+	// cluster-wide list or watch names none), and how often it looked at
+	// the ClusterBinding.
+	var (
+		mu          sync.Mutex
+		made        []string
+		reconciles  int
+		counted     = rest.CopyConfig(backend)
+		bindingName = ns + "/" + binding.ClusterBindingName
+	)
+	counted.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			if strings.Contains(r.URL.Path+"/", "/namespaces/"+ns+"/") {
+				mu.Lock()
+				made = append(made, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	opts := kbmanager.Options{Reconciled: func(_ string, req reconcile.Request, err error) {
+		if req.String() == bindingName && err == nil {
+			mu.Lock()
+			reconciles++
+			mu.Unlock()
+		}
+	}}
+	backendcluster.Run(t, "the heartbeats controller", func(ctx context.Context) error {
+		kbmanager.Run(ctx, counted, opts, ctrl.Setup)
+		return nil
+	})
 
 	cond := func() map[string]any {
 		cb, err := konnector.Get(ctx, binding.ClusterBindingName, metav1.GetOptions{})
@@ -178,4 +213,36 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 	// A heartbeat again: healthy again.
 	heartbeat()
 	testutil.Await(t, "Healthy turns True again", func() bool { c = cond(); return c != nil && c["status"] == "True" })
+
+	// Heartbeats of a healthy binding cost the controller their events:
+	// a look at the cache each, no request.
+	testutil.Await(t, "the condition's own change was looked at", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(made) > 0 && reconciles > 0
+	})
+	mu.Lock()
+	before, looks := len(made), reconciles
+	mu.Unlock()
+	for range 3 {
+		time.Sleep(time.Second) // a heartbeat time of its own (seconds)
+		heartbeat()
+		testutil.Await(t, "the heartbeat is looked at", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return reconciles > looks
+		})
+		mu.Lock()
+		looks = reconciles
+		mu.Unlock()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(made) != before {
+		t.Errorf("3 heartbeats of a healthy binding cost %d requests: %v", len(made)-before, made[before:])
+	}
 }
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -1,8 +1,12 @@
 package heartbeats
 
 import (
+	"context"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 )
 
 // Health classes, the values of the health label.
@@ -28,9 +32,8 @@ var (
 		[]string{"phase"}, nil)
 )
 
-// collector computes the metrics from the running controller's caches at
-// scrape time, so nothing has to be kept in step. Outside Run (a replica
-// that is not the leader) it reports nothing rather than zeros, so that a
+// collector computes the metrics from the leader's cache at scrape time,
+// so nothing has to be kept in step. On a replica that is not the leader it reports nothing rather than zeros, so that a
 // sum over replicas stays right.
 type collector struct{ c *Controller }
 
@@ -49,9 +52,14 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	counts := map[string]float64{healthHealthy: 0, healthHeartbeatMissing: 0, healthNoHeartbeat: 0}
 	var oldest float64
 	haveOldest := false
-	for _, o := range r.bindings.GetStore().List() {
-		cb, ok := o.(*unstructured.Unstructured)
-		if !ok || cb.GetDeletionTimestamp() != nil {
+	ctx := context.Background()
+	bindings, err := kbmanager.List(ctx, r.cache, kbmanager.ClusterBinding)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(bindingsDesc, err)
+		return
+	}
+	for _, cb := range bindings {
+		if cb.GetDeletionTimestamp() != nil {
 			continue
 		}
 		hb := heartbeatOf(cb.Object)
@@ -81,11 +89,12 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range phases {
 		byPhase[p] = 0
 	}
-	for _, o := range r.requests.GetStore().List() {
-		req, ok := o.(*unstructured.Unstructured)
-		if !ok {
-			continue
-		}
+	requests, err := kbmanager.List(ctx, r.cache, kbmanager.ExportRequest)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(requestsDesc, err)
+		return
+	}
+	for _, req := range requests {
 		phase, _, _ := unstructured.NestedString(req.Object, "status", "phase")
 		if phase == "" {
 			phase = "Pending"

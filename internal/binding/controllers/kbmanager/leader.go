@@ -1,4 +1,4 @@
-package leader
+package kbmanager
 
 import (
 	"fmt"
@@ -12,8 +12,8 @@ import (
 // inClusterNamespaceFile holds the pod's namespace in a pod.
 var inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-// Options are the leader election flags.
-type Options struct {
+// LeaderOptions are the leader election flags.
+type LeaderOptions struct {
 	// Enabled is set by Complete: the flag asks for it and a namespace is
 	// known.
 	Enabled bool
@@ -29,7 +29,7 @@ type Options struct {
 }
 
 // AddFlags registers the flags, with the defaults.
-func (o *Options) AddFlags(fs *pflag.FlagSet) {
+func (o *LeaderOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.enabled, "leader-election", true, "run the provider-side controllers on one replica at a time, holding a Lease; off when no namespace is known (no --leader-election-namespace, no POD_NAMESPACE, not in a pod)")
 	fs.StringVar(&o.Namespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: $POD_NAMESPACE, else the pod's own namespace)")
 	fs.StringVar(&o.LeaseName, "leader-election-lease-name", "kube-bind-backend", "name of the leader election Lease")
@@ -37,7 +37,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 // Complete settles where the Lease lives; with no namespace known (a
 // local run) leader election is off.
-func (o *Options) Complete() []error {
+func (o *LeaderOptions) Complete() []error {
 	o.Enabled = false
 	if !o.enabled {
 		return nil

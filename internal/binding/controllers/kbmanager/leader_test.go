@@ -1,4 +1,4 @@
-package leader
+package kbmanager
 
 import (
 	"errors"
@@ -12,13 +12,13 @@ import (
 
 // Where the Lease lives: flag, else POD_NAMESPACE, else the pod's
 // namespace file; with none, leader election is off (a local run).
-func TestOptionsNamespace(t *testing.T) {
+func TestLeaderOptionsNamespace(t *testing.T) {
 	nsFile := filepath.Join(t.TempDir(), "namespace")
 	old := inClusterNamespaceFile
 	inClusterNamespaceFile = nsFile
 	t.Cleanup(func() { inClusterNamespaceFile = old })
-	complete := func(podNamespace, podName string, args ...string) (*Options, error) {
-		o := &Options{PodNamespace: podNamespace, PodName: podName}
+	complete := func(podNamespace, podName string, args ...string) (*LeaderOptions, error) {
+		o := &LeaderOptions{PodNamespace: podNamespace, PodName: podName}
 		if err := flagvalue.Parse(args, o.AddFlags); err != nil {
 			t.Fatalf("parsing %q: %v", args, err)
 		}

@@ -1,0 +1,110 @@
+package kbmanager
+
+import (
+	"context"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/kbcache"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
+)
+
+// The kube-bind kinds in the cache, one version each: every reader lists
+// them as *unstructured.Unstructured of these GroupVersionKinds (another
+// version, or a typed object, would be a second informer).
+var (
+	ClusterBinding      = kbresources.ClusterBindings.GroupVersion().WithKind("ClusterBinding")
+	ExportRequest       = kbresources.APIServiceExportRequestsV1alpha2.GroupVersion().WithKind("APIServiceExportRequest")
+	Export              = kbresources.APIServiceExportsV1alpha2.GroupVersion().WithKind("APIServiceExport")
+	APIServiceNamespace = kbresources.APIServiceNamespacesV1alpha2.GroupVersion().WithKind("APIServiceNamespace")
+	BoundSchema         = kbresources.BoundSchemas.GroupVersion().WithKind("BoundSchema")
+)
+
+// Labels and annotations the caches keep that are named by the packages
+// reading them (which import this one); the controllers package's tests
+// check they are spelled alike.
+const (
+	LabelAPIServiceNamespace = "kube-bind.io/apiservicenamespace"
+	AnnotationRotate         = "kube-bind.io/rotate-credentials"
+)
+
+// Object is an empty object of gvk, for the cache and the client.
+func Object(gvk schema.GroupVersionKind) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	return u
+}
+
+// List lists the cached objects of gvk, sorted by name.
+func List(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, opts ...client.ListOption) ([]*unstructured.Unstructured, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	if err := r.List(ctx, list, opts...); err != nil {
+		return nil, err
+	}
+	out := make([]*unstructured.Unstructured, len(list.Items))
+	for i := range list.Items {
+		out[i] = &list.Items[i]
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
+	return out, nil
+}
+
+// Watch is a source of the cached objects of obj's kind: each event
+// queues the requests toRequests maps the object to (objects of the
+// initial list with low priority).
+func Watch[T client.Object](m *Manager, obj T, toRequests func(context.Context, T) []reconcile.Request) source.Source {
+	return source.Kind(m.GetCache(), obj, handler.TypedEnqueueRequestsFromMapFunc(toRequests))
+}
+
+// managed selects the backend's own objects.
+var managed = labels.SelectorFromSet(labels.Set{binding.LabelManagedBy: binding.ManagedByValue})
+
+// byObject is what the cache holds of each kind: for each, the union of
+// what its readers need (exportrequests, heartbeats, cleanup,
+// credentials), the rest trimmed (kbcache): consumers write these
+// objects, and a cache must grow with the number of consumers, not with
+// what they stored.
+func byObject() map[client.Object]cache.ByObject {
+	ownedOnly := kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}, Drop: [][]string{{"status"}}})
+	return map[client.Object]cache.ByObject{
+		// The backend's namespaces: consumers' and those made for
+		// APIServiceNamespaces.
+		&corev1.Namespace{}: {Label: managed, Transform: kbcache.Transform(kbcache.Options{
+			Annotations: []string{binding.AnnotationIssuer, binding.AnnotationSubject, binding.AnnotationCluster,
+				binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
+			Labels: []string{binding.LabelManagedBy, binding.LabelConsumerNamespace, LabelAPIServiceNamespace, binding.LabelRevoked},
+		})},
+		// The consumers' Roles and RoleBindings the backend made: compared
+		// with what they should be, written only when they differ.
+		&rbacv1.Role{}:        {Label: managed, Transform: kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}})},
+		&rbacv1.RoleBinding{}: {Label: managed, Transform: kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}})},
+		// Provision labels every ClusterBinding it makes; the backend
+		// writes no other. The konnector writes the status (heartbeats,
+		// conditions), read whole.
+		Object(ClusterBinding): {Label: managed, Transform: kbcache.Transform(kbcache.Options{
+			Annotations: []string{AnnotationRotate, binding.AnnotationBoundAt, binding.AnnotationBoundBy,
+				binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
+			Drop: [][]string{{"spec"}},
+		})},
+		// Requests and APIServiceNamespaces: the consumers'.
+		Object(ExportRequest):       {Transform: kbcache.Transform(kbcache.Options{})},
+		Object(APIServiceNamespace): {Transform: kbcache.Transform(kbcache.Options{})},
+		// Exports and BoundSchemas: every one, so that one of the same
+		// name the backend did not make is seen; their status is the
+		// konnector's.
+		Object(Export):      {Transform: ownedOnly},
+		Object(BoundSchema): {Transform: ownedOnly},
+	}
+}
