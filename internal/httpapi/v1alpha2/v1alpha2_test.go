@@ -70,6 +70,8 @@ type envOptions struct {
 	allows         func(clitoken.User) bool
 	// requestRate and bindRate pace the bearer routes per user.
 	requestRate, bindRate float64
+	// prefix is the external URL's path ("": none).
+	prefix string
 }
 
 func newEnvWith(t *testing.T, o envOptions) *env {
@@ -78,7 +80,7 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	e := &env{t: t, clock: testutil.ClockAt(time.Now().Truncate(time.Second)), prov: &fakes.Provisioner{},
 		login: &fakes.Login{User: "alice"}}
 	e.srv = httptest.NewUnstartedServer(nil)
-	ext, _ := url.Parse("http://" + e.srv.Listener.Addr().String())
+	ext, _ := url.Parse("http://" + e.srv.Listener.Addr().String() + o.prefix)
 	keys, _ := sessionkey.New(bytes.Repeat([]byte("s"), 32))
 	ck, _ := clusterkey.New(bytes.Repeat([]byte("k"), 32))
 	svc, err := lifecycle.New(lifecycle.Config{Store: memory.New(sessions.Limits{}, e.clock.Now), Keys: keys, ClusterKey: ck,
