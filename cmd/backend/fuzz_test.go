@@ -270,7 +270,7 @@ func wantValidConfig(t *testing.T, c *config, svc *lifecycle.Service) {
 	// again: it must agree.
 	if _, err := browser.New(browser.Config{
 		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc,
-		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil),
+		Login: (*oidc.Authenticator)(nil),
 		CookieHashKeys: c.Browser.SigningKeys, CookieBlockKeys: c.Browser.EncryptionKeys, CallbackAllowList: c.Browser.CallbackAllowList,
 		NoCallbackFlow: c.Browser.NoCallbackFlow,
 	}); err != nil {

@@ -1,11 +1,13 @@
 // Package server builds the whole backend from a Config and runs it: New
-// builds every part once (one provider cluster client configuration, the
-// session store with, for the hashring, its peer API server and peer
-// discovery, the OIDC login, the catalog and provisioner, the browser
-// handler, the provider-side controllers under leader election, TLS reload, connection limits, the diagnostics
-// listener and its dependency monitor), and Run runs every
-// loop until its context ends, then shuts down in a fixed order and waits
-// for all of them (see Run).
+// builds every part once, in dependency order (one provider cluster
+// client configuration; the session store with, for the hashring, its
+// peer API server and peer discovery; the provider side: catalog,
+// provisioner, offers; the login: OIDC and CLI tokens; the session
+// service over them; the provider-side controllers under leader
+// election; the diagnostics listener and its dependency monitor; the
+// parts of the HTTP API and its router; TLS reload, connection limits),
+// and Run runs every loop until its context ends, then shuts down in a
+// fixed order and waits for all of them (see Run).
 //
 // Options registers every flag (each component registers and checks its
 // own) and completes them into a Config; cmd/backend only adds the
@@ -34,7 +36,6 @@ import (
 	"github.com/kbprovider/backend/internal/binding/controllers"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
-	protov1alpha2 "github.com/kbprovider/backend/internal/httpapi/v1alpha2"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/oidc/clitoken/revocations"
 	"github.com/kbprovider/backend/internal/server/clockskew"
@@ -73,7 +74,7 @@ type Server struct {
 	sessionKeysRandom bool
 	// clusterKey derives cluster IDs and their secrets.
 	clusterKey *clusterkey.Key
-	// sessions is the one session service both handlers share.
+	// sessions is the one session service every handler shares.
 	sessions *lifecycle.Service
 	// ring serves the hashring's peer API on peerLn (nil for memory).
 	ring   *ring.Store
@@ -194,30 +195,33 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.shuttingDown = health.NewStatus("shutdown", nil)
 	readiness := append([]health.Check{s.shuttingDown}, storeReadiness...)
 
-	// The browser part builds the session service with the catalog and
-	// provisioner it binds with; without it, sessions are issued and
-	// polled but never bound here.
-	b, err := s.newBrowser(ctx)
+	// In dependency order, each built once: the provider side, the
+	// login, the session service over both, the parts of the HTTP API
+	// that read through it.
+	p, err := s.newProviderSide(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if s.sessions == nil {
-		if s.sessions, err = s.newSessionService(nil, nil, nil); err != nil {
-			return nil, err
-		}
+	l, err := s.newLogin(p)
+	if err != nil {
+		return nil, err
 	}
-	if p := b.provisioner; p != nil {
+	if s.sessions, err = s.newSessionService(p); err != nil {
+		return nil, err
+	}
+	if p.bound() {
+		prov := p.provisioner
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: "kube_bind_backend", Name: "cluster_cap_refusals_total",
 			Help: "Binds of a new consumer cluster refused because its user had --max-clusters-per-user bound.",
-		}, func() float64 { return float64(p.CapRefusals()) }))
-		if err := s.newControllers(b, reg); err != nil {
+		}, func() float64 { return float64(prov.CapRefusals()) }))
+		if err := s.newControllers(p, reg); err != nil {
 			return nil, err
 		}
 	}
-	readiness = append(readiness, b.readiness...)
+	readiness = append(readiness, l.readiness...)
 	// The catalog's check covers the provider cluster where it runs.
-	dependencies := b.dependencies
+	dependencies := l.dependencies
 	if len(dependencies) == 0 {
 		dependencies = storeDependencies
 	}
@@ -225,25 +229,21 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	s.longPoll = longpoll.New(cfg.LongPoll)
-	v2, err := s.newV1alpha2(b)
+	parts, err := s.newParts(l, reg)
 	if err != nil {
 		return nil, err
 	}
 	handler, err := httpapi.New(httpapi.Config{
 		ExternalURL:       ext,
-		PrettyName:        cfg.PrettyName,
 		PollInterval:      cfg.PollInterval,
 		Now:               s.now,
 		Sessions:          s.sessions,
 		Logger:            s.log,
 		Metrics:           reg,
 		Readiness:         readiness,
-		Browser:           b.handler,
+		Parts:             parts,
 		LongPoll:          s.longPoll,
-		NoCallbackFlow:    cfg.Browser.NoCallbackFlow,
 		SessionCreateRate: cfg.SessionCreateRate,
-		RootRoutes:        v2.Routes(),
-		V1alpha2Sessions:  true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the HTTP handler: %w", err)
@@ -268,9 +268,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 }
 
 // newControllers builds the provider-side controllers
-// (internal/binding/controllers) on the catalog and provisioner the
-// browser part binds with; Run runs them.
-func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error {
+// (internal/binding/controllers) on the provider side the session
+// service binds with; Run runs them.
+func (s *Server) newControllers(p providerSide, reg prometheus.Registerer) error {
 	rc, err := s.provider()
 	if err != nil {
 		return err
@@ -278,9 +278,9 @@ func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error 
 	c, err := controllers.New(rc, controllers.Config{
 		Options:         s.cfg.Controllers,
 		NamespacePrefix: s.cfg.Provider.NamespacePrefix,
-		Catalog:         b.catalog,
-		Provisioner:     b.provisioner,
-		Offers:          b.offers,
+		Catalog:         p.catalog,
+		Provisioner:     p.provisioner,
+		Offers:          p.offers,
 		Allowed:         stillAllowed(s.cfg.OIDC.AllowList()),
 		Scope:           s.scopeOptions(),
 		Metrics:         reg,
@@ -291,14 +291,6 @@ func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error 
 	}
 	s.controllers = c.Run
 	return nil
-}
-
-// newSessionService builds the one session service every handler shares;
-// it renders each protocol generation's BindingResponse.
-func (s *Server) newSessionService(catalog lifecycle.Catalog, provisioner lifecycle.Provisioner, offers lifecycle.Offers) (*lifecycle.Service, error) {
-	return lifecycle.New(lifecycle.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey, Now: s.now,
-		SessionTTL: s.cfg.SessionTTL, Grace: s.cfg.GracePeriod, Catalog: catalog, Provisioner: provisioner,
-		Offers: offers, RenderV1alpha2: protov1alpha2.Render})
 }
 
 // newCLITokens builds the CLI token keys (docs/v1alpha2.md §2.3), derived
@@ -321,39 +313,6 @@ func (s *Server) newCLITokens(rc *rest.Config) (*clitoken.Tokens, *revocations.W
 	}
 	tokens, err := clitoken.New(cfg)
 	return tokens, w, err
-}
-
-// newV1alpha2 builds the kube-bind.io/v1alpha2 routes of the released
-// kubectl-bind v0.6+ (internal/httpapi/v1alpha2), at the host root.
-// Without the browser part it serves discovery and poll sessions; its
-// login and bearer routes answer 503.
-func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
-	if p := s.ext.EscapedPath(); p != "" && p != "/" {
-		s.log.Warn("the external URL has a path prefix, but released kubectl-bind v0.6+ CLIs call /, /exports and /api/ at the host root: route those to the backend too",
-			"external_url", s.ext.String())
-	}
-	cfg := protov1alpha2.Config{
-		ExternalURL:     s.ext,
-		PrettyName:      s.cfg.PrettyName,
-		Sessions:        s.sessions,
-		Issuer:          s.cfg.OIDC.IssuerURL,
-		Allows:          cliUserAllowed(s.cfg.OIDC.AllowList()),
-		PollInterval:    s.cfg.PollInterval,
-		LongPollMaxWait: s.longPoll.MaxWait(),
-		PollSessions:    true,
-		NoCallbackFlow:  s.cfg.Browser.NoCallbackFlow,
-		RequestRate:     s.cfg.CLITokens.RequestRate,
-		BindRate:        s.cfg.CLITokens.BindRate,
-		Logger:          s.log.With("component", "v1alpha2"),
-	}
-	if b.handler != nil {
-		// A nil *browser.Handler in the interface would not be nil.
-		cfg.Browser, cfg.Offers, cfg.Tokens = b.handler, b.offers, b.tokens
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = httpapi.DefaultPollInterval
-	}
-	return protov1alpha2.New(cfg)
 }
 
 // Addr is the address the public API listens on.
