@@ -1,6 +1,6 @@
 // Package server builds the whole backend from a Config and runs it: New
 // builds every part once, in dependency order (one provider cluster
-// client configuration; the session store with, for the hashring, its
+// client configuration; the session store with, for the ring, its
 // peer API server and peer discovery; the provider side: catalog,
 // provisioner, offers; the login: OIDC and CLI tokens; the session
 // service over them; the provider-side controllers under leader
@@ -76,7 +76,7 @@ type Server struct {
 	clusterKey *clusterkey.Key
 	// sessions is the one session service every handler shares.
 	sessions *lifecycle.Service
-	// ring serves the hashring's peer API on peerLn (nil for memory).
+	// ring serves the ring's peer API on peerLn (nil for memory).
 	ring   *ring.Store
 	peerLn net.Listener
 
@@ -141,6 +141,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.ext = ext
 
+	if cfg.Store.Deprecated != "" {
+		s.log.Warn(cfg.Store.Deprecated, "component", "ring")
+	}
 	storeReadiness, storeDependencies, err := s.newSessionStore()
 	if err != nil {
 		return nil, fmt.Errorf("cannot set up the session store %q: %w", cfg.Store.Kind, err)
@@ -161,12 +164,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}, func() float64 { return float64(limited.Evicted()) }))
 	if r := s.ring; r != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "hashring_peer_fallbacks_total",
-			Help: "Requests to a session's owner that could not be asked, answered by this replica instead (by reason: hashring_peer_fallback_reasons_total).",
+			Name: "ring_peer_fallbacks_total",
+			Help: "Requests to a session's owner that could not be asked, answered by this replica instead (by reason: ring_peer_fallback_reasons_total).",
 		}, func() float64 { return float64(r.PeerFallbacks()) }))
 		for _, reason := range ring.FallbackReasons {
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "hashring_peer_fallback_reasons_total",
+				Name: "ring_peer_fallback_reasons_total",
 				Help: "Requests to a session's owner answered by this replica instead, by why the owner could not be asked: " +
 					"timeout, unreachable, tls (handshake refused: another peer key), version (a peer of another version), " +
 					"answer (an outcome read the owner answered with an error).",
@@ -297,7 +300,7 @@ func (s *Server) newControllers(p providerSide, reg prometheus.Registerer) error
 // from the session keys, for the configured identity provider.
 func (s *Server) newCLITokens(rc *rest.Config) (*clitoken.Tokens, *revocations.Watcher, error) {
 	if s.sessionKeysRandom {
-		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=hashring with --peer-key, whose session keys every replica shares across restarts")
+		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=ring with --peer-key, whose session keys every replica shares across restarts")
 	}
 	cfg := clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDC.IssuerURL,
 		TTL: s.cfg.CLITokens.TTL, NotBefore: s.cfg.CLITokens.NotBefore}
@@ -413,7 +416,7 @@ func (s *Server) Run(ctx context.Context) error {
 				failed <- err
 			}
 		})
-		s.log.Info("serving the peer API", "component", "hashring", "address", s.peerLn.Addr().String(),
+		s.log.Info("serving the peer API", "component", "ring", "address", s.peerLn.Addr().String(),
 			"self", s.cfg.Store.PeerSelfURL, "discovery", s.cfg.Store.PeerServiceName != "")
 	}
 	s.log.Info("serving", "version", version.Version, "address", s.ln.Addr().String(),
