@@ -7,9 +7,8 @@ import (
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 )
 
-// TestRenderV1alpha1 pins the v1alpha1 response byte for byte: it is what
-// Provision returned before the result became generation-neutral.
-func TestRenderV1alpha1(t *testing.T) {
+// TestRender pins the v1alpha1 response byte for byte.
+func TestRender(t *testing.T) {
 	got, err := Render(lifecycle.Result{SessionID: "sid-1", Result: binding.Result{
 		Namespace: "kb-abc", Kubeconfig: []byte("apiVersion: v1\n"), ConsumerID: "https://idp/alice",
 		APIs: []binding.ExportedAPI{
