@@ -186,6 +186,7 @@ func start(ctx context.Context) (*env, error) {
 			PrettyName: "Walk", SessionTTL: 10 * time.Minute, PollInterval: time.Second, GracePeriod: time.Minute,
 			MaxPolledSessions: 100, ShutdownTimeout: 5 * time.Second,
 			Store: server.StoreConfig{Kind: server.StoreRing, Namespace: "kube-bind", PeerListenAddress: peerListen[i],
+				WriteRate: sessions.DefaultLimits.WriteRate, MaxRecords: sessions.DefaultLimits.MaxRecords,
 				PeerSelfURL: e.peers[i], Peers: e.peers, PeerKeys: [][]byte{peerKey}},
 			OIDC:       oidc.Options{IssuerURL: e.idp.IssuerURL, ClientID: e.idp.ClientID, ClientSecret: e.idp.ClientSecret},
 			ClusterKey: clusterkey.Options{Keys: [][]byte{bytes.Repeat([]byte("k"), 32)}},
