@@ -84,7 +84,7 @@ func TestEnvironment(t *testing.T) {
 	key := bytes.Repeat([]byte{9}, 48)
 	enc := bytes.Repeat([]byte{7}, 16)
 	c := mustParse(t, nil, map[string]string{
-		"KUBE_BIND_SESSION_STORE":           "hashring",
+		"KUBE_BIND_SESSION_STORE":           "ring",
 		"KUBE_BIND_PEER_LISTEN_ADDRESS":     ":8091",
 		"KUBE_BIND_PEER_SERVICE":            "kube-bind/backend-peers",
 		"KUBE_BIND_PEER_PORT_NAME":          "peer",
@@ -100,9 +100,9 @@ func TestEnvironment(t *testing.T) {
 		"POD_NAME":                          "kbb-0",
 	})
 	s := c.Store
-	if s.Kind != server.StoreHashring || s.PeerSelfURL != "https://10.1.2.3:8091" || s.PeerServiceNamespace != "kube-bind" || s.PeerServiceName != "backend-peers" ||
+	if s.Kind != server.StoreRing || s.PeerSelfURL != "https://10.1.2.3:8091" || s.PeerServiceNamespace != "kube-bind" || s.PeerServiceName != "backend-peers" ||
 		s.PeerPortName != "peer" || len(s.Peers) != 0 || len(s.PeerKeys) != 1 || !bytes.Equal(s.PeerKeys[0], key[:32]) || s.Namespace != "kube-bind" {
-		t.Errorf("discovery hashring: %+v", s)
+		t.Errorf("discovery ring: %+v", s)
 	}
 	if !reflect.DeepEqual(c.ClusterKey.Keys, [][]byte{key}) || c.ClusterKey.Generated || !reflect.DeepEqual(c.Browser.EncryptionKeys, [][]byte{enc}) ||
 		!slices.Equal(c.Browser.KeysGenerated, []string{"cookie-signing-key"}) {
@@ -154,7 +154,7 @@ func TestInvalidConfig(t *testing.T) {
 		t.Errorf("error %v", err)
 	}
 	secret := "c2VjcmV0LXRoYXQtaXMtZmFyLXRvby1zaG9ydA"
-	_, err = parseConfig([]string{"--session-store=hashring", "--peer-listen-address=127.0.0.1:8091"}, env(map[string]string{"KUBE_BIND_PEER_KEY": secret}), io.Discard)
+	_, err = parseConfig([]string{"--session-store=ring", "--peer-listen-address=127.0.0.1:8091"}, env(map[string]string{"KUBE_BIND_PEER_KEY": secret}), io.Discard)
 	if err == nil || strings.Contains(err.Error(), secret) {
 		t.Errorf("error %v", err)
 	}

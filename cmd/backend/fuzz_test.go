@@ -69,12 +69,12 @@ func FuzzParseConfig(f *testing.F) {
 	for _, s := range []struct{ args, env string }{
 		{"", ""},
 		{"--external-url=https://bind.example.com/kb/\n--oidc-issuer-url=https://idp.example.com\n--oidc-issuer-client-id=backend\n--oidc-issuer-client-secret-file=secret\n--cookie-signing-key-file=sign\n--cookie-encryption-key-file=enc", ""},
-		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:8091\n--peers=https://10.0.0.5:8091,https://10.0.0.6:8091\n--peer-key-file=peer\n--session-namespace=kube-bind", ""},
+		{"--session-store=ring\n--peer-listen-address=10.0.0.5:8091\n--peers=https://10.0.0.5:8091,https://10.0.0.6:8091\n--peer-key-file=peer\n--session-namespace=kube-bind", ""},
 		// A sign in the peer port: Atoi accepts it, and the peer URL
 		// http://10.0.0.5:+8091 would be one no replica can parse.
-		{"--session-store=hashring\n--peer-listen-address=10.0.0.5:+8091\n--peer-key-file=peer", ""},
-		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-service=kube-bind/peers\n--peer-port-name=peer", "KUBE_BIND_PEER_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))) + "\nPOD_IP=10.0.0.9\nPOD_NAMESPACE=kube-bind"},
-		{"--session-store=hashring\n--peer-listen-address=:8091\n--peer-self-url=https://peer.example.com:443/", "KUBE_BIND_PEER_KEY_FILE=short"},
+		{"--session-store=ring\n--peer-listen-address=10.0.0.5:+8091\n--peer-key-file=peer", ""},
+		{"--session-store=ring\n--peer-listen-address=:8091\n--peer-service=kube-bind/peers\n--peer-port-name=peer", "KUBE_BIND_PEER_KEY=" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", 32))) + "\nPOD_IP=10.0.0.9\nPOD_NAMESPACE=kube-bind"},
+		{"--session-store=ring\n--peer-listen-address=:8091\n--peer-self-url=https://peer.example.com:443/", "KUBE_BIND_PEER_KEY_FILE=short"},
 		{"--callback-allowed-urls=https://cli.example.com/kube-bind, http://10.0.0.7:8000\n--namespace-prefix=tenant-", ""},
 		{"--callback-allowed-urls=https://u@cli.example.com/?q\n--namespace-prefix=Kube_", ""},
 		{"--callback-flow=false\n--callback-allowed-urls=https://cli.example.com/cb", ""},
@@ -270,7 +270,7 @@ func wantValidConfig(t *testing.T, c *config, svc *lifecycle.Service) {
 	// again: it must agree.
 	if _, err := browser.New(browser.Config{
 		ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc,
-		Login: (*oidc.Authenticator)(nil), Catalog: (*binding.Catalog)(nil), Provisioner: (*binding.Provisioner)(nil),
+		Login:          (*oidc.Authenticator)(nil),
 		CookieHashKeys: c.Browser.SigningKeys, CookieBlockKeys: c.Browser.EncryptionKeys, CallbackAllowList: c.Browser.CallbackAllowList,
 		NoCallbackFlow: c.Browser.NoCallbackFlow,
 	}); err != nil {
@@ -280,7 +280,7 @@ func wantValidConfig(t *testing.T, c *config, svc *lifecycle.Service) {
 	switch s.Kind {
 	case server.StoreMemory:
 		return
-	case server.StoreHashring:
+	case server.StoreRing:
 	default:
 		t.Fatalf("store %q", s.Kind)
 	}
@@ -301,7 +301,7 @@ func wantValidConfig(t *testing.T, c *config, svc *lifecycle.Service) {
 		t.Fatalf("peers %v without self %s", s.Peers, s.PeerSelfURL)
 	}
 	if len(s.PeerKeys) == 0 {
-		t.Fatal("a hashring without a peer key")
+		t.Fatal("a ring without a peer key")
 	}
 	for _, k := range s.PeerKeys {
 		if len(k) < sessionkey.MinKeyLen {

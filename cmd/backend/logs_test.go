@@ -41,7 +41,7 @@ current-context: c
 	}
 	cmd := exec.Command(bin,
 		"--listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)), "--diagnostics-address", "127.0.0.1:0",
-		"--session-store", "hashring",
+		"--session-store", "ring",
 		"--peer-listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)),
 		"--peer-key", procs.RandomKey(32),
 		"--peer-service", "kube-bind/backend-peers",

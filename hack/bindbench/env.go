@@ -155,7 +155,7 @@ func (e *env) start(ctx context.Context) error {
 	return e.startReplicas()
 }
 
-// startReplicas starts two replicas as the chart runs them: the hashring
+// startReplicas starts two replicas as the chart runs them: the ring
 // session store, peers over TLS sharing one peer key, the controllers
 // under leader election. The limits that guard against one client are
 // lifted: every bind comes from this one address, and each makes a new
@@ -211,7 +211,7 @@ func (e *env) startReplicas() error {
 			"--cookie-signing-key", sign,
 			"--cookie-encryption-key", enc,
 			"--cluster-secret-key", clusterKey,
-			"--session-store", "hashring",
+			"--session-store", "ring",
 			"--session-namespace", namespace,
 			"--peer-listen-address", peerAddrs[i],
 			"--peer-self-url", peers[i],
@@ -248,7 +248,7 @@ func (e *env) startReplicas() error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	fmt.Printf("2 replicas ready in %.1fs (%s, %s), hashring store, leader election\n", time.Since(t).Seconds(), e.reps[0].addr, e.reps[1].addr)
+	fmt.Printf("2 replicas ready in %.1fs (%s, %s), ring store, leader election\n", time.Since(t).Seconds(), e.reps[0].addr, e.reps[1].addr)
 	return nil
 }
 

@@ -1,5 +1,5 @@
 // Command bindbench drives binds at a fixed rate through two replicas of
-// cmd/backend, as the chart runs them (hashring session store, peers
+// cmd/backend, as the chart runs them (ring session store, peers
 // over TLS, controllers under leader election), on a real provider
 // cluster and a real OpenID Connect provider, and reports bind latency,
 // live session records, each replica's memory and CPU, and the API

@@ -4,9 +4,9 @@
 //   - bare: the ceiling, a minimal net/http server (this binary in a hidden
 //     mode) answering every request with the backend's pending answer;
 //   - one: one replica with the memory session store;
-//   - ring1: one replica with the hashring store (a ring of one) and its
+//   - ring1: one replica with the ring store (a ring of one) and its
 //     session records in a real kube-apiserver;
-//   - two: two replicas in a hashring, every poll sent to the first.
+//   - two: two replicas in a ring, every poll sent to the first.
 //
 // The servers run pinned to one CPU with GOMAXPROCS=1, the load generator
 // (this binary in another hidden mode) on another; it reports polls per
@@ -63,11 +63,11 @@ const (
 	// signed for, as replicas behind one Service share their public URL.
 	// Nobody connects to it: the load goes to the first server's address.
 	externalURL = "http://backend.pollbench.test"
-	// sessionNamespace holds the hashring's session records.
+	// sessionNamespace holds the ring's session records.
 	sessionNamespace = "pollbench"
-	// peerKey is every hashring replica's --peer-key-file (45 bytes,
+	// peerKey is every ring replica's --peer-key-file (45 bytes,
 	// base64). The session keys are derived from it, so sessions created
-	// on one hashring backend of a run are valid on every other.
+	// on one ring backend of a run are valid on every other.
 	peerKey = "cG9sbGJlbmNoLXBlZXIta2V5LW5vdC1zZWNyZXQtYXQtYWxsLTAxMjM0NTY3"
 	// sessionTTL outlasts any run: polls signed in the first set-up of a
 	// run are still valid in the last.
@@ -94,7 +94,7 @@ func main() {
 	var o options
 	var modes string
 	flag.StringVar(&o.backend, "backend", "", "cmd/backend binaries to measure, comma-separated, each path or label=path (default: build ./cmd/backend of this checkout)")
-	flag.StringVar(&modes, "modes", "bare,one,ring1,two", "set-ups to measure, in order: bare (a minimal net/http server giving the backend's pending answer: the ceiling), one (a single replica, memory store), ring1 (a single replica, hashring store against a kube-apiserver), two (two replicas in a hashring, load sent to the first)")
+	flag.StringVar(&modes, "modes", "bare,one,ring1,two", "set-ups to measure, in order: bare (a minimal net/http server giving the backend's pending answer: the ceiling), one (a single replica, memory store), ring1 (a single replica, ring store against a kube-apiserver), two (two replicas in a ring, load sent to the first)")
 	flag.IntVar(&o.sessions, "sessions", 200000, "pending sessions to poll (each polled once per poll interval)")
 	flag.IntVar(&o.conns, "conns", 64, "connections the load generator keeps busy (one request in flight each)")
 	flag.DurationVar(&o.warmup, "warmup", 3*time.Second, "load before measuring")
@@ -149,11 +149,11 @@ type bench struct {
 	answer string
 	// barePolls are polls for the bare set-up: any signed polls do.
 	barePolls string
-	// ringPolls are polls of sessions created on a hashring backend of
+	// ringPolls are polls of sessions created on a ring backend of
 	// each binary, valid on all of them (the session keys come from
-	// the peer key); made by the first hashring set-up measured.
+	// the peer key); made by the first ring set-up measured.
 	ringPolls map[string]string
-	// cp is the provider cluster of the hashring set-ups.
+	// cp is the provider cluster of the ring set-ups.
 	cp         *controlplane.ControlPlane
 	kubeconfig string
 	cpPids     []int
@@ -542,9 +542,9 @@ func (r result) line(label string) string {
 		label, r.mode, r.rate, r.cpuPerPoll, strings.Join(share, "+"), 100*r.otherShare, 100*r.loadShare, r.polls, r.window.Seconds(), strings.Join(st, " "), r.errors, extra)
 }
 
-// peerFallbacks reads hashring_peer_fallbacks_total of the backend at addr.
+// peerFallbacks reads ring_peer_fallbacks_total of the backend at addr.
 func peerFallbacks(addr string) float64 {
-	return benchutil.MetricSum("http://"+addr+"/metrics", "hashring_peer_fallbacks_total")
+	return benchutil.MetricSum("http://"+addr+"/metrics", "ring_peer_fallbacks_total")
 }
 
 // server is one running server process: a backend or the bare server.
@@ -564,7 +564,7 @@ func freePort() (int, error) {
 }
 
 // backendArgs are the flags of a backend of mode listening on port, with
-// its peer API on peerPort among peers (hashring set-ups).
+// its peer API on peerPort among peers (ring set-ups).
 func (bn *bench) backendArgs(mode string, port, peerPort int, peers []string) []string {
 	o := bn.o
 	args := []string{
@@ -579,7 +579,7 @@ func (bn *bench) backendArgs(mode string, port, peerPort int, peers []string) []
 		"--poll-interval", o.interval.String(),
 	}
 	if mode == modeRing1 || mode == modeTwo {
-		args = append(args, "--session-store", "hashring",
+		args = append(args, "--session-store", "ring",
 			"--kubeconfig", bn.kubeconfig,
 			"--session-namespace", sessionNamespace,
 			"--peer-listen-address", fmt.Sprintf("127.0.0.1:%d", peerPort),
@@ -614,7 +614,7 @@ func startServer(o options, argv []string, addr, path string, want int) (*server
 }
 
 // startBackend starts a backend and waits until it is ready (the
-// hashring's session records read), on its diagnostics listener where the
+// ring's session records read), on its diagnostics listener where the
 // build has one (a free port), else on its public one.
 func startBackend(o options, path string, args []string, addr string) (*server, error) {
 	diag := addr

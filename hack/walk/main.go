@@ -2,7 +2,7 @@
 // production files of the module (and their packages) that a bind in the
 // browser, and a poll at a replica that does not own the session, run
 // through. It runs two replicas of the backend in this process, on the
-// hashring over a real provider cluster with the real identity provider,
+// ring over a real provider cluster with the real identity provider,
 // and takes the module's statement coverage around each request: it
 // clears the counters, makes the request, and lists the files with a
 // statement run. What runs in the background meanwhile (a timer, an
@@ -185,7 +185,8 @@ func start(ctx context.Context) (*env, error) {
 			Logger:     slog.New(slog.DiscardHandler),
 			PrettyName: "Walk", SessionTTL: 10 * time.Minute, PollInterval: time.Second, GracePeriod: time.Minute,
 			MaxPolledSessions: 100, ShutdownTimeout: 5 * time.Second,
-			Store: server.StoreConfig{Kind: server.StoreHashring, Namespace: "kube-bind", PeerListenAddress: peerListen[i],
+			Store: server.StoreConfig{Kind: server.StoreRing, Namespace: "kube-bind", PeerListenAddress: peerListen[i],
+				WriteRate: sessions.DefaultLimits.WriteRate, MaxRecords: sessions.DefaultLimits.MaxRecords,
 				PeerSelfURL: e.peers[i], Peers: e.peers, PeerKeys: [][]byte{peerKey}},
 			OIDC:       oidc.Options{IssuerURL: e.idp.IssuerURL, ClientID: e.idp.ClientID, ClientSecret: e.idp.ClientSecret},
 			ClusterKey: clusterkey.Options{Keys: [][]byte{bytes.Repeat([]byte("k"), 32)}},

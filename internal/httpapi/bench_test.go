@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
+	"github.com/kbprovider/backend/internal/sessions/sessionkey"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -39,7 +41,7 @@ func BenchmarkPollPending(b *testing.B) {
 	const batch = 10000
 	var sess []v1alpha1.PollSession
 	newSession := func() v1alpha1.PollSession {
-		s, _, _ := e.svc.CreatePollSession(protocol.NewClusterID())
+		s, _, _ := e.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: protocol.NewClusterID()})
 		return v1alpha1.PollSession{SessionID: s.ID, SessionSecret: s.Secret}
 	}
 	pollURL, _ := url.Parse(testExternal + "/poll")

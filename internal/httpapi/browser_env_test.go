@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
@@ -19,7 +20,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
 	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/oidc"
@@ -141,7 +141,7 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		SigningKey:   []byte("0123456789abcdef0123456789abcdef-browser-test"),
 		// As internal/server sets it.
 		SecureCookies: ext.Scheme == "https",
-		UseOnce:       browser.StateOnce(svc),
+		UseOnce:       lifecycle.LoginStates(store, 0, clock.Now),
 		HTTPClient: &http.Client{Timeout: 30 * time.Second, Transport: roundTripper(func(r *http.Request) (*http.Response, error) {
 			if r.URL.Host == idpURL.Host {
 				be.idpMu.Lock()
@@ -164,17 +164,16 @@ func newBrowserEnv(t *testing.T, o browserOpts) *browserEnv {
 		t.Fatal(err)
 	}
 	be.login = login
-	bh := testBrowser(t, ext, svc, login, testCatalog, logger, clock.Now)
+	bh := testBrowser(t, ext, svc, login, logger, clock.Now)
 	reg := prometheus.NewRegistry()
 	h, err := New(Config{
 		ExternalURL:  ext,
-		PrettyName:   "MangoDB Inc.",
 		PollInterval: time.Second,
 		Sessions:     svc,
 		Logger:       logger,
 		Metrics:      reg,
 		Readiness:    nil,
-		Browser:      bh,
+		Parts:        testParts(t, ext, svc, reg, partsOpts{browser: bh, interval: time.Second}),
 		Now:          clock.Now,
 
 		SessionCreateRate: o.sessionCreateRate,

@@ -164,7 +164,7 @@ func TestLinkOfRetiredKeyIs410(t *testing.T) {
 	if code, _ := get(u.String()); code != http.StatusNotFound {
 		t.Errorf("link with a made-up session ID: %d, want 404", code)
 	}
-	cb := e.svc.CreateCallbackSession("http://127.0.0.1:5000/callback", "cli")
+	cb := callbackSession(e.svc, "http://127.0.0.1:5000/callback", "cli")
 	if code, body := get(authorize(cb.Session)); code != http.StatusNotFound || !strings.Contains(body, "not known") {
 		t.Errorf("signed link of a callback-flow session: %d, want 404:\n%s", code, body)
 	}

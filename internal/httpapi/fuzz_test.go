@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"github.com/kbprovider/backend/internal/httpapi/pollsession"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -73,7 +74,7 @@ func FuzzPollQuery(f *testing.F) {
 		f.Add("s=" + ps.SessionID + "&n=bm9uY2UtMDAwMQbm9uY2UtMDAwMQ&h=AAAA")
 	}
 	f.Fuzz(func(t *testing.T, rawQuery string) {
-		e.clock.Advance(DefaultPollInterval)
+		e.clock.Advance(pollsession.DefaultPollInterval)
 		r := httptest.NewRequest("GET", "/poll", nil)
 		r.URL.RawQuery = rawQuery
 		w := httptest.NewRecorder()

@@ -133,20 +133,19 @@ func newEnv(t testing.TB, o envOpts) *env {
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level}))
 	var bh *browser.Handler
 	if o.login != nil {
-		bh = testBrowser(t, ext, svc, o.login, testCatalog, logger, clock.Now)
+		bh = testBrowser(t, ext, svc, o.login, logger, clock.Now)
 	}
 	h, err := New(Config{
-		ExternalURL:    ext,
-		PrettyName:     "MangoDB Inc.",
-		PollInterval:   o.interval,
-		Sessions:       svc,
-		Logger:         logger,
-		Metrics:        reg,
-		Readiness:      o.readiness,
-		Browser:        bh,
-		Now:            clock.Now,
-		LongPoll:       o.longPoll,
-		NoCallbackFlow: o.noCallbackFlow,
+		ExternalURL:  ext,
+		PollInterval: o.interval,
+		Sessions:     svc,
+		Logger:       logger,
+		Metrics:      reg,
+		Readiness:    o.readiness,
+		Parts: testParts(t, ext, svc, reg, partsOpts{browser: bh, interval: o.interval,
+			noCallbackFlow: o.noCallbackFlow, longPoll: o.longPoll}),
+		Now:      clock.Now,
+		LongPoll: o.longPoll,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -281,18 +280,16 @@ func wantCommonHeaders(t testing.TB, resp *http.Response) {
 }
 
 // testBrowser is the browser part of the handler tests: the real handler
-// with the given identity provider and catalog, and a provisioner that
-// refuses.
+// with the given identity provider (the session service binds with the
+// test catalog and a provisioner that refuses).
 func testBrowser(t testing.TB, ext *url.URL, svc *lifecycle.Service, login browser.Login,
-	catalog browser.Catalog, logger *slog.Logger, now func() time.Time) *browser.Handler {
+	logger *slog.Logger, now func() time.Time) *browser.Handler {
 	t.Helper()
 	bh, err := browser.New(browser.Config{
 		ExternalURL:     ext,
 		ProviderName:    "MangoDB Inc.",
 		Sessions:        svc,
 		Login:           login,
-		Catalog:         catalog,
-		Provisioner:     refusingProvisioner,
 		CookieHashKeys:  [][]byte{[]byte("0123456789abcdef0123456789abcdef")},
 		CookieBlockKeys: [][]byte{[]byte("0123456789abcdef")},
 		Logger:          logger.With("component", "browser"),

@@ -1,10 +1,13 @@
-// Package httpapi is the backend's HTTP surface: discovery (GET /export),
-// poll sessions (POST /sessions, GET /poll) per docs/protocol.md §2, §3 and
-// §6, and the terse probes /healthz and /readyz (ok or not, no detail;
-// /metrics and the detailed probes are internal/server/diagnostics', on a
-// listener of their own).
-// The browser routes (/authorize, /callback, /bind) are Config.Browser's,
-// mounted here beside the others: New mounts every route in one router.
+// Package httpapi is the backend's HTTP surface: one router with the
+// middleware every request passes (no-store, HSTS, body bounds, panic
+// recovery, access log, metrics), the terse probes /healthz and /readyz
+// (ok or not, no detail; /metrics and the detailed probes are
+// internal/server/diagnostics', on a listener of their own), the polls of
+// every generation's poll sessions (GET /poll, docs/protocol.md §4, with
+// the long-poll wait), and the pacing of routes that create something.
+// Every other route is a part's (internal/httpapi/mount): each protocol
+// generation (internal/httpapi/v1alpha1, internal/httpapi/v1alpha2) and
+// the browser login (internal/httpapi/browser) mounts its own.
 package httpapi
 
 import (
@@ -21,32 +24,17 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/httpapi/mount"
+	"github.com/kbprovider/backend/internal/httpapi/pollsession"
 	"github.com/kbprovider/backend/internal/pace"
 	"github.com/kbprovider/backend/internal/server/health"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 )
 
-// ProtocolVersion is the kube-bind protocol level advertised in the
-// BindingProvider's version: a strict semver at or above v0.3.0, which
-// released CLIs require.
-const ProtocolVersion = "v0.4.8"
-
-// Paths of the API, relative to the external URL's path.
-const (
-	PathExport    = "/export"
-	PathSessions  = "/sessions"
-	PathPoll      = "/poll"
-	PathAuthorize = "/authorize"
-	PathCallback  = "/callback"
-	PathBind      = "/bind"
-	// PathSessionsV1alpha2 is at the host root (Config.V1alpha2Sessions).
-	PathSessionsV1alpha2 = "/api/sessions"
-)
-
-// DefaultPollInterval is the poll interval of a zero Config.PollInterval.
-const DefaultPollInterval = 2 * time.Second
+// PathPoll is the poll of every generation's poll sessions, relative to
+// the external URL's path.
+const PathPoll = "/poll"
 
 // Config configures the handler returned by New.
 type Config struct {
@@ -55,12 +43,11 @@ type Config struct {
 	// signatures are checked against its scheme and host, never against
 	// the request's Host header. Required.
 	ExternalURL *url.URL
-	// PrettyName is the provider's name shown to consumers.
-	PrettyName string
-	// PollInterval is the advertised poll interval (default 2s).
+	// PollInterval is the advertised poll interval, which polls are held
+	// to (default pollsession.DefaultPollInterval).
 	PollInterval time.Duration
-	// Sessions issues, checks and ends sessions; the browser part must
-	// use the same one. Required.
+	// Sessions checks and admits polls, and delivers their outcomes; the
+	// parts use the same one. Required.
 	Sessions *lifecycle.Service
 	// Logger receives access and error logs (default: discard).
 	Logger *slog.Logger
@@ -72,10 +59,9 @@ type Config struct {
 	// Readiness are the checks /readyz runs; it is ready when all pass.
 	// They must read this replica's own state only: anybody may ask.
 	Readiness []health.Check
-	// Browser, if set, serves the browser routes /authorize, /callback
-	// and /bind (under the external URL's path prefix). While it is nil,
-	// /authorize answers 503.
-	Browser *browser.Handler
+	// Parts mount the routes of the protocol generations and of the
+	// browser login.
+	Parts []mount.Part
 	// Now is the clock of Retry-After answers (default time.Now); use
 	// the one Sessions has.
 	Now func() time.Time
@@ -83,24 +69,13 @@ type Config struct {
 	// session ends; nil turns long polling off. Whoever runs the server
 	// calls its Release when shutdown begins.
 	LongPoll *longpoll.Holder
-	// NoCallbackFlow: discovery advertises the poll flow only, not
-	// OAuth2CodeGrant (the browser handler then refuses callback links:
-	// browser.Config.NoCallbackFlow).
-	NoCallbackFlow bool
-	// RootRoutes are the routes of the kube-bind.io/v1alpha2 generation
-	// (internal/httpapi/v1alpha2), mounted at the host root whatever
-	// path the external URL has: the released CLIs call them there.
-	RootRoutes []Route
-	// V1alpha2Sessions serves POST /api/sessions at the host root: poll
-	// sessions of the v1alpha2 generation (sessionkey.FlowPollV1alpha2),
-	// which end with a kube-bind.io/v1alpha2 BindingResponse.
-	V1alpha2Sessions bool
 	// SessionCreateRate is how many requests that create something for
 	// an anonymous caller one client may make per second, with a burst of
-	// three seconds' worth, all from one bucket: POST /sessions and
-	// /api/sessions, and the GETs that start a login or spend its state
-	// (/authorize, /callback, and RootRoutes marked Creates). More are
-	// answered 429 with Retry-After. 0: no limit. The client is the
+	// three seconds' worth, all from one bucket: the routes the parts
+	// mark (mount.Route.Creates): POST /sessions and /api/sessions, and
+	// the GETs that start a login or spend its state (/authorize,
+	// /callback, /api/authorize, /). More are answered 429 with
+	// Retry-After. 0: no limit. The client is the
 	// connection's address (connlimit.ClientKey: an IPv6 /64 is one
 	// client); proxy headers are not trusted, so behind a proxy that does
 	// not keep client addresses every client shares the proxy's.
@@ -109,8 +84,6 @@ type Config struct {
 
 // Bounds of request bodies.
 const (
-	// maxSessionBody is the most a POST /sessions body may hold (§1).
-	maxSessionBody = 4 << 10
 	// maxPollBody bounds the (ignored, but signed) body of a poll.
 	maxPollBody = 4 << 10
 	// maxOtherBody bounds bodies of every other route, browser forms
@@ -127,7 +100,7 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, errors.New("httpapi: Config.Sessions is required")
 	}
 	if cfg.PollInterval == 0 {
-		cfg.PollInterval = DefaultPollInterval
+		cfg.PollInterval = pollsession.DefaultPollInterval
 	}
 	if !(cfg.SessionCreateRate >= 0) || math.IsInf(cfg.SessionCreateRate, 0) {
 		return nil, fmt.Errorf("httpapi: session create rate %v must be 0 (no limit) or positive", cfg.SessionCreateRate)
@@ -149,20 +122,16 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, err
 	}
 
-	prefix := strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/")
 	s := &server{
-		cfg:          cfg,
-		bind:         cfg.Sessions,
-		log:          cfg.Logger,
-		metrics:      m,
-		scheme:       strings.ToLower(cfg.ExternalURL.Scheme),
-		host:         cfg.ExternalURL.Host,
-		minPollGap:   minPollGap(cfg.PollInterval),
-		browserPaths: map[string]string{},
-		createLimit:  newClientLimiter(cfg.SessionCreateRate, maxLimitedClients),
-	}
-	if s.export, err = exportDocument(cfg, prefix); err != nil {
-		return nil, err
+		cfg:         cfg,
+		bind:        cfg.Sessions,
+		log:         cfg.Logger,
+		metrics:     m,
+		scheme:      strings.ToLower(cfg.ExternalURL.Scheme),
+		host:        cfg.ExternalURL.Host,
+		minPollGap:  minPollGap(cfg.PollInterval),
+		refusers:    map[string]refuser{},
+		createLimit: newClientLimiter(cfg.SessionCreateRate, maxLimitedClients),
 	}
 
 	// Every route, in one router. No middleware answers a request itself
@@ -170,43 +139,44 @@ func New(cfg Config) (http.Handler, error) {
 	r := chi.NewRouter()
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(s.methodNotAllowed(r))
-
 	r.Get("/healthz", named("/healthz", s.healthz))
 	r.Get("/readyz", named("/readyz", s.readyz))
-
-	api := func(r chi.Router) {
-		r.Get(PathExport, named(PathExport, s.serveExport))
-		r.Post(PathSessions, named(PathSessions, s.paceSessions(s.createSession)))
-		r.Get(PathPoll, named(PathPoll, s.poll))
-		if cfg.Browser != nil {
-			for _, rt := range cfg.Browser.Routes() {
-				h := rt.Handler
-				if rt.Method == http.MethodGet && (rt.Path == PathAuthorize || rt.Path == PathCallback) {
-					h = s.paceLogins(h)
-				}
-				r.Method(rt.Method, rt.Path, named(rt.Path, h))
-				s.browserPaths[prefix+rt.Path] = rt.Path
-			}
-		} else {
-			r.Get(PathAuthorize, named(PathAuthorize, s.browserMissing))
-		}
-	}
-	if prefix == "" {
-		api(r)
-	} else {
-		r.Route(prefix, api)
-	}
-	for _, rt := range cfg.RootRoutes {
-		h := rt.Handler
-		if rt.Creates {
-			h = s.paceLogins(h)
-		}
-		r.Method(rt.Method, rt.Path, named(rt.Path, h))
-	}
-	if cfg.V1alpha2Sessions {
-		r.Post(PathSessionsV1alpha2, named(PathSessionsV1alpha2, s.paceSessions(s.createSessionV1alpha2)))
+	mr := &router{s: s, root: r, prefix: strings.TrimSuffix(cfg.ExternalURL.EscapedPath(), "/")}
+	mr.Handle(mount.Route{Method: http.MethodGet, Path: PathPoll, Handler: s.poll})
+	for _, p := range cfg.Parts {
+		mr.refuser, _ = p.(mount.MethodRefuser)
+		p.Mount(mr)
 	}
 	return s.middleware(r), nil
+}
+
+// router mounts the parts' routes: each below the external URL's path
+// or at the host root, labelled with its path, paced when it creates
+// something.
+type router struct {
+	s      *server
+	root   chi.Router
+	prefix string
+	// refuser answers 405 on the routes of the part being mounted (nil:
+	// the JSON 405).
+	refuser mount.MethodRefuser
+}
+
+func (m *router) Handle(rt mount.Route) {
+	path := rt.Path
+	if !rt.AtHostRoot {
+		path = m.prefix + rt.Path
+	}
+	m.root.Method(rt.Method, path, named(rt.Path, m.s.paced(rt.Handler, rt.Creates)))
+	if m.refuser != nil {
+		m.s.refusers[path] = refuser{route: rt.Path, answer: m.refuser}
+	}
+}
+
+// refuser is the 405 answer of a part's route.
+type refuser struct {
+	route  string
+	answer mount.MethodRefuser
 }
 
 func validateExternalURL(u *url.URL) error {
@@ -234,12 +204,11 @@ type server struct {
 	bind    *lifecycle.Service
 	log     *slog.Logger
 	metrics *metrics
-	export  []byte
 	// scheme and host of the external URL, which every signature covers.
 	scheme, host string
-	// browserPaths maps the full paths of the browser routes, prefix
-	// included, to their route labels: their 405 is the browser's page.
-	browserPaths map[string]string
+	// refusers are the 405 answers of the parts that have their own, by
+	// full path (prefix included).
+	refusers map[string]refuser
 	// minPollGap is the poll interval less the jitter tolerance.
 	minPollGap time.Duration
 	// createLimit paces the routes that create something, per client

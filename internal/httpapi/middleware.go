@@ -2,8 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -14,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/httpapi/respond"
 )
 
 // recorder remembers what a handler answered, for logs and metrics. The
@@ -69,6 +68,16 @@ func named(route string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// Header values of every answer, assigned to the header map directly
+// (never modified afterwards) so that the hot poll path does not allocate
+// a slice per header.
+var (
+	hdrText    = []string{"text/plain; charset=utf-8"}
+	hdrNoStore = []string{"no-store"}
+	// hdrHSTS pins HTTPS for a year, this host only.
+	hdrHSTS = []string{"max-age=31536000"}
+)
+
 // routeUnmatched labels requests no route matched.
 const routeUnmatched = "unmatched"
 
@@ -93,7 +102,7 @@ func (s *server) middleware(next http.Handler) http.Handler {
 
 		if r.Body != nil && r.Body != http.NoBody {
 			if r.ContentLength > maxOtherBody {
-				writeError(rec, http.StatusRequestEntityTooLarge, errRequestTooLarge, tooLargeMessage(maxOtherBody))
+				respond.Error(rec, http.StatusRequestEntityTooLarge, respond.ErrRequestTooLarge, respond.TooLargeMessage(maxOtherBody))
 				s.finish(rec, r, start)
 				return
 			}
@@ -108,7 +117,7 @@ func (s *server) middleware(next http.Handler) http.Handler {
 				s.log.Error("panic while serving a request", "method", r.Method, "path", r.URL.Path,
 					"route", rec.route, "panic", p, "stack", string(debug.Stack()))
 				if !rec.wroteHeader {
-					writeError(rec, http.StatusInternalServerError, errInternal,
+					respond.Error(rec, http.StatusInternalServerError, respond.ErrInternal,
 						"the backend failed while answering this request; the failure has been logged")
 				} else {
 					rec.status = http.StatusInternalServerError
@@ -162,32 +171,6 @@ func accessLogLevel(route string, status int) slog.Level {
 	return slog.LevelInfo
 }
 
-const errRequestTooLarge = "request_too_large"
-
-func tooLargeMessage(limit int) string {
-	return "the request body is larger than the limit of " + strconv.Itoa(limit) + " bytes"
-}
-
-// readBody reads at most limit bytes of r's body. It reports tooLarge when
-// the body is longer.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, false, nil
-	}
-	if r.ContentLength > limit {
-		return nil, true, nil
-	}
-	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, true, nil
-		}
-		return nil, false, err
-	}
-	return body, false, nil
-}
-
 // Poll outcomes, the values of the outcome label of polls_total: the error
 // codes of §4 plus "completed" and "unavailable" (store failure).
 var pollOutcomes = []string{
@@ -196,7 +179,6 @@ var pollOutcomes = []string{
 }
 
 type metrics struct {
-	sessionsCreated prometheus.Counter
 	// sessionsRateLimited counts POST /sessions answered 429.
 	sessionsRateLimited prometheus.Counter
 	// loginsRateLimited counts login starts and callbacks answered 429.
@@ -222,7 +204,6 @@ func counter(name, help string) prometheus.Counter {
 
 func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error) {
 	m := &metrics{
-		sessionsCreated: counter("sessions_created_total", "Poll sessions created."),
 		sessionsRateLimited: counter("sessions_rate_limited_total",
 			"POST /sessions and POST /api/sessions answered 429 because their client made too many (--session-create-rate)."),
 		loginsRateLimited: counter("logins_rate_limited_total",
@@ -242,7 +223,7 @@ func newMetrics(reg prometheus.Registerer, lp *longpoll.Holder) (*metrics, error
 	for _, o := range pollOutcomes {
 		m.polls[o] = pollsVec.WithLabelValues(o)
 	}
-	collectors := []prometheus.Collector{m.sessionsCreated, m.sessionsRateLimited, m.loginsRateLimited, pollsVec, m.duration}
+	collectors := []prometheus.Collector{m.sessionsRateLimited, m.loginsRateLimited, pollsVec, m.duration}
 	if lp != nil {
 		collectors = append(collectors,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

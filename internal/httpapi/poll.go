@@ -4,8 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
-	"time"
 
+	"github.com/kbprovider/backend/internal/httpapi/respond"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
@@ -21,7 +21,7 @@ const (
 )
 
 // The answer to a pending poll is the same every time: encoded once.
-var pendingBody = errorBody(v1alpha1.ErrorAuthorizationPending,
+var pendingBody = respond.ErrorBody(v1alpha1.ErrorAuthorizationPending,
 	"the user has not finished in the browser yet; poll again after pollInterval")
 
 // poll is GET /poll (§4). The order matters: parameters are checked before
@@ -52,9 +52,9 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A GET has no use for a body, but a body is signed like any other.
-	body, tooLarge, err := readBody(w, r, maxPollBody)
+	body, tooLarge, err := respond.ReadBody(w, r, maxPollBody)
 	if tooLarge {
-		s.pollError(w, http.StatusRequestEntityTooLarge, errRequestTooLarge, tooLargeMessage(maxPollBody))
+		s.pollError(w, http.StatusRequestEntityTooLarge, respond.ErrRequestTooLarge, respond.TooLargeMessage(maxPollBody))
 		return
 	} else if err != nil {
 		s.pollError(w, http.StatusBadRequest, v1alpha1.ErrorInvalidRequest, "the request body could not be read")
@@ -112,7 +112,7 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.metrics.poll("completed")
-		writeJSONBytes(w, http.StatusOK, outcome.Response)
+		respond.JSONBytes(w, http.StatusOK, outcome.Response)
 	case sessions.StateDenied:
 		reason := outcome.DenyReason
 		if reason == "" {
@@ -121,7 +121,7 @@ func (s *server) poll(w http.ResponseWriter, r *http.Request) {
 		s.pollError(w, http.StatusForbidden, v1alpha1.ErrorAccessDenied, "the binding was refused: "+reason)
 	default:
 		s.metrics.poll(v1alpha1.ErrorAuthorizationPending)
-		writeJSONBytes(w, http.StatusForbidden, pendingBody)
+		respond.JSONBytes(w, http.StatusForbidden, pendingBody)
 	}
 }
 
@@ -130,7 +130,7 @@ func (s *server) pollRefused(w http.ResponseWriter, sess lifecycle.Session, err 
 	var soon *sessions.TooSoonError
 	switch {
 	case errors.As(err, &soon):
-		retryAfter(w.Header(), ceilSeconds(soon.RetryAfter))
+		respond.RetryAfter(w.Header(), respond.CeilSeconds(soon.RetryAfter))
 		s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
 			"polled sooner than pollInterval ("+s.cfg.PollInterval.String()+") after the previous poll; wait as long as Retry-After says")
 	case errors.Is(err, sessions.ErrNonceUsed):
@@ -144,7 +144,7 @@ func (s *server) pollRefused(w http.ResponseWriter, sess lifecycle.Session, err 
 	case errors.Is(err, sessions.ErrTooManyNonces):
 		// No later poll of this session can succeed: wait for it to
 		// expire and start over.
-		retryAfter(w.Header(), ceilSeconds(sess.ExpiresAt.Sub(s.cfg.Now())))
+		respond.RetryAfter(w.Header(), respond.CeilSeconds(sess.ExpiresAt.Sub(s.cfg.Now())))
 		s.pollError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
 			"this session has made as many signed requests as it may; start over once it expired")
 	default:
@@ -166,7 +166,7 @@ func single(q url.Values, key string) (string, string) {
 
 func (s *server) pollError(w http.ResponseWriter, status int, code, message string) {
 	s.metrics.poll(code)
-	writeError(w, status, code, message)
+	respond.Error(w, status, code, message)
 }
 
 // storeError answers a failed store call: the store's trouble, not the
@@ -180,8 +180,8 @@ func (s *server) storeError(w http.ResponseWriter, err error) {
 		s.log.Error("session store failed", "error", err)
 	}
 	s.metrics.poll("unavailable")
-	w.Header()[retryAfterKy] = hdrRetry5
-	writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
+	respond.RetryAfter(w.Header(), 5)
+	respond.Error(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
 		"the session store is unavailable; try again shortly")
 }
 
@@ -195,13 +195,7 @@ func (s *server) deliveryError(w http.ResponseWriter, sess lifecycle.Session, er
 		s.log.Error("recording the delivery of a response failed; not handed out", "session", sess.ID, "error", err)
 	}
 	s.metrics.poll("unavailable")
-	w.Header()[retryAfterKy] = hdrRetry5
-	writeError(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
+	respond.RetryAfter(w.Header(), 5)
+	respond.Error(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
 		"the delivery of the binding response could not be recorded; try again shortly")
-}
-
-// ceilSeconds rounds d up to whole seconds, at least 1.
-func ceilSeconds(d time.Duration) int64 {
-	sec := int64((d + time.Second - 1) / time.Second)
-	return max(sec, 1)
 }

@@ -297,7 +297,8 @@ func TestPollCompletedGraceThenGone(t *testing.T) {
 func TestPollGraceAcrossReplicas(t *testing.T) {
 	e := newEnv(t, envOpts{limits: sessions.Limits{Grace: 60 * time.Second}})
 	svc2 := newService(t, e.store, nil, e.key, 0, 60*time.Second, e.clock.Now)
-	h2, err := New(Config{ExternalURL: e.ext, PrettyName: "replica 2", Sessions: svc2, Now: e.clock.Now})
+	h2, err := New(Config{ExternalURL: e.ext, Sessions: svc2, Now: e.clock.Now,
+		Parts: testParts(t, e.ext, svc2, nil, partsOpts{})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +383,7 @@ func TestPollSessionOver(t *testing.T) {
 // the secret its key derives (which nobody outside knows).
 func TestPollCallbackSessionNotPollable(t *testing.T) {
 	e := newEnv(t, envOpts{})
-	s := e.svc.CreateCallbackSession("http://127.0.0.1:1234/callback", "xyz123")
+	s := callbackSession(e.svc, "http://127.0.0.1:1234/callback", "xyz123")
 	if s.Flow != sessionkey.FlowCallback {
 		t.Fatalf("callback session of flow %d", s.Flow)
 	}

@@ -7,8 +7,13 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/kbprovider/backend/internal/httpapi/respond"
 	"github.com/kbprovider/backend/internal/server/health"
 )
+
+// pathExport is where the 404 points: v1alpha1's discovery, below the
+// external URL's path.
+const pathExport = "/export"
 
 // readinessTimeout bounds each readiness check; they read this replica's
 // own state only.
@@ -39,7 +44,7 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) notFound(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotFound, errNotFound, "there is nothing at "+r.URL.Path+"; discovery is at "+PathExport)
+	respond.Error(w, http.StatusNotFound, respond.ErrNotFound, "there is nothing at "+r.URL.Path+"; discovery is at "+pathExport)
 }
 
 // methodNotAllowed answers 405 with the Allow header, found by asking the
@@ -55,24 +60,15 @@ func (s *server) methodNotAllowed(routes chi.Routes) http.HandlerFunc {
 			}
 		}
 		allow := strings.Join(allowed, ", ")
-		if route, ok := s.browserPaths[r.URL.Path]; ok {
+		if ref, ok := s.refusers[r.URL.Path]; ok {
 			if rec, ok := w.(*recorder); ok {
-				rec.route = route
+				rec.route = ref.route
 			}
-			s.cfg.Browser.MethodNotAllowed(w, r, allow)
+			ref.answer.MethodNotAllowed(w, r, allow)
 			return
 		}
 		w.Header().Set("Allow", allow)
-		writeError(w, http.StatusMethodNotAllowed, errMethodNotAllowed,
+		respond.Error(w, http.StatusMethodNotAllowed, respond.ErrMethodNotAllowed,
 			r.Method+" is not allowed on "+r.URL.Path+"; allowed: "+allow)
 	}
-}
-
-// browserMissing answers /authorize while no browser flow is configured.
-func (s *server) browserMissing(w http.ResponseWriter, _ *http.Request) {
-	w.Header()["Content-Type"] = hdrText
-	w.Header()[retryAfterKy] = hdrRetry30
-	w.WriteHeader(http.StatusServiceUnavailable)
-	w.Write([]byte("The sign-in page of this provider is not available: the backend runs without its browser login.\n" +
-		"Ask the provider's operator to configure it, then run your bind command again.\n"))
 }

@@ -6,52 +6,42 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"time"
 
+	"github.com/kbprovider/backend/internal/httpapi/mount"
+	"github.com/kbprovider/backend/internal/httpapi/respond"
 	"github.com/kbprovider/backend/internal/pace"
 	"github.com/kbprovider/backend/internal/server/connlimit"
 	"github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
-// paceSessions lets h run when the client has a token of the shared
-// bucket (Config.SessionCreateRate), else answers 429 slow_down in the
-// protocol's JSON with Retry-After.
-func (s *server) paceSessions(h http.HandlerFunc) http.HandlerFunc {
-	return s.paced(h, func(w http.ResponseWriter, wait time.Duration) {
-		s.metrics.sessionsRateLimited.Inc()
-		retryAfter(w.Header(), ceilSeconds(wait))
-		writeError(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
-			"this client created too many sessions in a short time; wait as long as Retry-After says")
-	})
-}
-
-// paceLogins is paceSessions for the routes a browser opens that start a
-// login or spend its state (a single-use mark in the session store):
-// their 429 is a line of text for a person.
-func (s *server) paceLogins(h http.HandlerFunc) http.HandlerFunc {
-	return s.paced(h, func(w http.ResponseWriter, wait time.Duration) {
-		s.metrics.loginsRateLimited.Inc()
-		sec := ceilSeconds(wait)
-		retryAfter(w.Header(), sec)
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(http.StatusTooManyRequests)
-		io.WriteString(w, "Too many sign-ins from your network in a short time. Try again in "+strconv.FormatInt(sec, 10)+" s.\n")
-	})
-}
-
-// paced runs h, or refuse when the client has no token. The client is
-// the connection's address (connlimit.ClientOf: an IPv4 address, an IPv6
-// /64); proxy headers are not trusted (Config.SessionCreateRate).
-func (s *server) paced(h http.HandlerFunc, refuse func(http.ResponseWriter, time.Duration)) http.HandlerFunc {
-	if s.createLimit == nil {
+// paced lets h run when the client has a token of the shared bucket
+// (Config.SessionCreateRate) or h creates nothing; else it answers 429
+// with Retry-After, in the form of the route's answers: the protocol's
+// JSON slow_down for a session, a line of text for a person's login.
+// The client is the connection's address (connlimit.ClientOf: an IPv4
+// address, an IPv6 /64); proxy headers are not trusted.
+func (s *server) paced(h http.HandlerFunc, c mount.Creates) http.HandlerFunc {
+	if s.createLimit == nil || c == mount.CreatesNothing {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if wait := s.createLimit.Allow(connlimit.ClientOf(r.RemoteAddr), s.cfg.Now()); wait > 0 {
-			refuse(w, wait)
+		wait := s.createLimit.Allow(connlimit.ClientOf(r.RemoteAddr), s.cfg.Now())
+		if wait <= 0 {
+			h(w, r)
 			return
 		}
-		h(w, r)
+		sec := respond.CeilSeconds(wait)
+		respond.RetryAfter(w.Header(), sec)
+		if c == mount.CreatesSession {
+			s.metrics.sessionsRateLimited.Inc()
+			respond.Error(w, http.StatusTooManyRequests, v1alpha1.ErrorSlowDown,
+				"this client created too many sessions in a short time; wait as long as Retry-After says")
+			return
+		}
+		s.metrics.loginsRateLimited.Inc()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, "Too many sign-ins from your network in a short time. Try again in "+strconv.FormatInt(sec, 10)+" s.\n")
 	}
 }
 

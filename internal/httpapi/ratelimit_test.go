@@ -36,13 +36,14 @@ func TestSessionCreateRateLimit(t *testing.T) {
 	}
 	ext, _ := url.Parse(testExternal)
 	reg := prometheus.NewRegistry()
+	svc := newService(t, memory.New(sessions.Limits{}, clock.Now), keys, key, 0, 0, clock.Now)
 	h, err := New(Config{
 		ExternalURL:       ext,
-		Sessions:          newService(t, memory.New(sessions.Limits{}, clock.Now), keys, key, 0, 0, clock.Now),
+		Sessions:          svc,
 		Metrics:           reg,
 		Now:               clock.Now,
 		SessionCreateRate: 2, // burst 6
-		V1alpha2Sessions:  true,
+		Parts:             testParts(t, ext, svc, reg, partsOpts{v1alpha2: true}),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -44,7 +44,7 @@ type Config struct {
 	MaxPolledSessions int
 	// SessionKeys derive session IDs and secrets (internal/sessions/sessionkey):
 	// the first issues, all open. Empty: derived from the peer keys for the
-	// hashring, random for memory.
+	// ring, random for memory.
 	SessionKeys [][]byte
 	// MaxConnections and MaxConnsPerClient cap the public listener's
 	// connections (0: no cap).
@@ -84,22 +84,28 @@ type Config struct {
 }
 
 // Session stores: one process (memory) or records in the provider cluster
-// read through a groupcache hashring of replicas (docs/sessions.md).
+// read through a groupcache ring of replicas (docs/sessions.md).
 const (
-	StoreMemory   = "memory"
-	StoreHashring = "hashring"
+	StoreMemory = "memory"
+	StoreRing   = "ring"
+	// storeRingDeprecated is the former name of StoreRing, still
+	// accepted so that a deployment with old values starts.
+	storeRingDeprecated = "hashring"
 )
 
 // StoreConfig is the session store configuration.
 type StoreConfig struct {
-	Kind string // StoreMemory or StoreHashring
+	Kind string // StoreMemory or StoreRing
+	// Deprecated says how the flags named the store by a name that is
+	// going away ("": they did not); New warns with it.
+	Deprecated string
 	// WriteRate is the store's write budget per replica, records a
 	// second (sessions.Limits.WriteRate; burst: WriteBurst).
 	WriteRate float64
 	// MaxRecords bounds the memory store's records.
 	MaxRecords int
 
-	// The rest is for the hashring only.
+	// The rest is for the ring only.
 	// Namespace holds the session records (the backend's own).
 	Namespace         string
 	PeerListenAddress string

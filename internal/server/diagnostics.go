@@ -51,7 +51,7 @@ func (s *Server) newDiagnostics(ctx context.Context, reg *prometheus.Registry, r
 }
 
 // clusterCheck looks at whether the provider cluster answers; for a
-// backend that uses it without the catalog (the hashring's records only).
+// backend that uses it without the catalog (the ring's records only).
 func clusterCheck(client kubernetes.Interface) health.Check {
 	return health.CheckFunc("provider-cluster", func(ctx context.Context) error {
 		// /version is readable by every client, authenticated or not.

@@ -21,7 +21,7 @@ type Options struct {
 	Config
 
 	// PodIP, PodNamespace and PodName come from the environment (the
-	// chart sets POD_IP, POD_NAMESPACE and POD_NAME): the hashring's
+	// chart sets POD_IP, POD_NAMESPACE and POD_NAME): the ring's
 	// default self URL and namespace, the Lease's default namespace and
 	// this replica's name in it.
 	PodIP, PodNamespace, PodName string

@@ -1,11 +1,13 @@
 // Package server builds the whole backend from a Config and runs it: New
-// builds every part once (one provider cluster client configuration, the
-// session store with, for the hashring, its peer API server and peer
-// discovery, the OIDC login, the catalog and provisioner, the browser
-// handler, the provider-side controllers under leader election, TLS reload, connection limits, the diagnostics
-// listener and its dependency monitor), and Run runs every
-// loop until its context ends, then shuts down in a fixed order and waits
-// for all of them (see Run).
+// builds every part once, in dependency order (one provider cluster
+// client configuration; the session store with, for the ring, its
+// peer API server and peer discovery; the provider side: catalog,
+// provisioner, offers; the login: OIDC and CLI tokens; the session
+// service over them; the provider-side controllers under leader
+// election; the diagnostics listener and its dependency monitor; the
+// parts of the HTTP API and its router; TLS reload, connection limits),
+// and Run runs every loop until its context ends, then shuts down in a
+// fixed order and waits for all of them (see Run).
 //
 // Options registers every flag (each component registers and checks its
 // own) and completes them into a Config; cmd/backend only adds the
@@ -35,7 +37,6 @@ import (
 	"github.com/kbprovider/backend/internal/binding/controllers"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
-	protov1alpha2 "github.com/kbprovider/backend/internal/httpapi/v1alpha2"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/oidc/clitoken/revocations"
 	"github.com/kbprovider/backend/internal/server/clockskew"
@@ -77,9 +78,9 @@ type Server struct {
 	sessionKeysRandom bool
 	// clusterKey derives cluster IDs and their secrets.
 	clusterKey *clusterkey.Key
-	// sessions is the one session service both handlers share.
+	// sessions is the one session service every handler shares.
 	sessions *lifecycle.Service
-	// ring serves the hashring's peer API on peerLn (nil for memory).
+	// ring serves the ring's peer API on peerLn (nil for memory).
 	ring   *ring.Store
 	peerLn net.Listener
 
@@ -147,6 +148,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}
 	s.ext = ext
 
+	if cfg.Store.Deprecated != "" {
+		s.log.Warn(cfg.Store.Deprecated, "component", "ring")
+	}
 	storeReadiness, storeDependencies, err := s.newSessionStore()
 	if err != nil {
 		return nil, fmt.Errorf("cannot set up the session store %q: %w", cfg.Store.Kind, err)
@@ -167,12 +171,12 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	}, func() float64 { return float64(limited.Evicted()) }))
 	if r := s.ring; r != nil {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "hashring_peer_fallbacks_total",
-			Help: "Requests to a session's owner that could not be asked, answered by this replica instead (by reason: hashring_peer_fallback_reasons_total).",
+			Name: "ring_peer_fallbacks_total",
+			Help: "Requests to a session's owner that could not be asked, answered by this replica instead (by reason: ring_peer_fallback_reasons_total).",
 		}, func() float64 { return float64(r.PeerFallbacks()) }))
 		for _, reason := range ring.FallbackReasons {
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "hashring_peer_fallback_reasons_total",
+				Name: "ring_peer_fallback_reasons_total",
 				Help: "Requests to a session's owner answered by this replica instead, by why the owner could not be asked: " +
 					"timeout, unreachable, tls (handshake refused: another peer key), version (a peer of another version), " +
 					"answer (an outcome read the owner answered with an error).",
@@ -201,30 +205,33 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 	s.shuttingDown = health.NewStatus("shutdown", nil)
 	readiness := append([]health.Check{s.shuttingDown}, storeReadiness...)
 
-	// The browser part builds the session service with the catalog and
-	// provisioner it binds with; without it, sessions are issued and
-	// polled but never bound here.
-	b, err := s.newBrowser(ctx)
+	// In dependency order, each built once: the provider side, the
+	// login, the session service over both, the parts of the HTTP API
+	// that read through it.
+	p, err := s.newProviderSide(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if s.sessions == nil {
-		if s.sessions, err = s.newSessionService(nil, nil, nil); err != nil {
-			return nil, err
-		}
+	l, err := s.newLogin(p)
+	if err != nil {
+		return nil, err
 	}
-	if p := b.provisioner; p != nil {
+	if s.sessions, err = s.newSessionService(p); err != nil {
+		return nil, err
+	}
+	if p.bound() {
+		prov := p.provisioner
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: "kube_bind_backend", Name: "cluster_cap_refusals_total",
 			Help: "Binds of a new consumer cluster refused because its user had --max-clusters-per-user bound.",
-		}, func() float64 { return float64(p.CapRefusals()) }))
-		if err := s.newControllers(b, reg); err != nil {
+		}, func() float64 { return float64(prov.CapRefusals()) }))
+		if err := s.newControllers(p, reg); err != nil {
 			return nil, err
 		}
 	}
-	readiness = append(readiness, b.readiness...)
+	readiness = append(readiness, l.readiness...)
 	// The catalog's check covers the provider cluster where it runs.
-	dependencies := b.dependencies
+	dependencies := l.dependencies
 	if len(dependencies) == 0 {
 		dependencies = storeDependencies
 	}
@@ -232,25 +239,21 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	s.longPoll = longpoll.New(cfg.LongPoll)
-	v2, err := s.newV1alpha2(b)
+	parts, err := s.newParts(l, reg)
 	if err != nil {
 		return nil, err
 	}
 	handler, err := httpapi.New(httpapi.Config{
 		ExternalURL:       ext,
-		PrettyName:        cfg.PrettyName,
 		PollInterval:      cfg.PollInterval,
 		Now:               s.now,
 		Sessions:          s.sessions,
 		Logger:            s.log,
 		Metrics:           reg,
 		Readiness:         readiness,
-		Browser:           b.handler,
+		Parts:             parts,
 		LongPoll:          s.longPoll,
-		NoCallbackFlow:    cfg.Browser.NoCallbackFlow,
 		SessionCreateRate: cfg.SessionCreateRate,
-		RootRoutes:        v2.Routes(),
-		V1alpha2Sessions:  true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the HTTP handler: %w", err)
@@ -275,9 +278,9 @@ func New(ctx context.Context, cfg Config) (_ *Server, err error) {
 }
 
 // newControllers builds the provider-side controllers
-// (internal/binding/controllers) on the catalog and provisioner the
-// browser part binds with; Run runs them.
-func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error {
+// (internal/binding/controllers) on the provider side the session
+// service binds with; Run runs them.
+func (s *Server) newControllers(p providerSide, reg prometheus.Registerer) error {
 	rc, err := s.provider()
 	if err != nil {
 		return err
@@ -285,9 +288,9 @@ func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error 
 	c, err := controllers.New(rc, controllers.Config{
 		Options:         s.cfg.Controllers,
 		NamespacePrefix: s.cfg.Provider.NamespacePrefix,
-		Catalog:         b.catalog,
-		Provisioner:     b.provisioner,
-		Offers:          b.offers,
+		Catalog:         p.catalog,
+		Provisioner:     p.provisioner,
+		Offers:          p.offers,
 		Allowed:         stillAllowed(s.cfg.OIDC.AllowList()),
 		Scope:           s.scopeOptions(),
 		Metrics:         reg,
@@ -300,19 +303,11 @@ func (s *Server) newControllers(b browserPart, reg prometheus.Registerer) error 
 	return nil
 }
 
-// newSessionService builds the one session service every handler shares;
-// it renders each protocol generation's BindingResponse.
-func (s *Server) newSessionService(catalog lifecycle.Catalog, provisioner lifecycle.Provisioner, offers lifecycle.Offers) (*lifecycle.Service, error) {
-	return lifecycle.New(lifecycle.Config{Store: s.store, Keys: s.keys, ClusterKey: s.clusterKey, Now: s.now,
-		SessionTTL: s.cfg.SessionTTL, Grace: s.cfg.GracePeriod, Catalog: catalog, Provisioner: provisioner,
-		Offers: offers, RenderV1alpha2: protov1alpha2.Render})
-}
-
 // newCLITokens builds the CLI token keys (docs/v1alpha2.md §2.3), derived
 // from the session keys, for the configured identity provider.
 func (s *Server) newCLITokens(rc *rest.Config) (*clitoken.Tokens, *revocations.Watcher, error) {
 	if s.sessionKeysRandom {
-		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=hashring with --peer-key, whose session keys every replica shares across restarts")
+		s.log.Warn("no session keys configured: the tokens of kubectl bind login are signed with a key made for this process, so they stop working when it ends; use --session-store=ring with --peer-key, whose session keys every replica shares across restarts")
 	}
 	cfg := clitoken.Config{SessionKeys: s.sessionKeyBytes, Issuer: s.cfg.OIDC.IssuerURL,
 		TTL: s.cfg.CLITokens.TTL, NotBefore: s.cfg.CLITokens.NotBefore}
@@ -328,39 +323,6 @@ func (s *Server) newCLITokens(rc *rest.Config) (*clitoken.Tokens, *revocations.W
 	}
 	tokens, err := clitoken.New(cfg)
 	return tokens, w, err
-}
-
-// newV1alpha2 builds the kube-bind.io/v1alpha2 routes of the released
-// kubectl-bind v0.6+ (internal/httpapi/v1alpha2), at the host root.
-// Without the browser part it serves discovery and poll sessions; its
-// login and bearer routes answer 503.
-func (s *Server) newV1alpha2(b browserPart) (*protov1alpha2.Handler, error) {
-	if p := s.ext.EscapedPath(); p != "" && p != "/" {
-		s.log.Warn("the external URL has a path prefix, but released kubectl-bind v0.6+ CLIs call /, /exports and /api/ at the host root: route those to the backend too",
-			"external_url", s.ext.String())
-	}
-	cfg := protov1alpha2.Config{
-		ExternalURL:     s.ext,
-		PrettyName:      s.cfg.PrettyName,
-		Sessions:        s.sessions,
-		Issuer:          s.cfg.OIDC.IssuerURL,
-		Allows:          cliUserAllowed(s.cfg.OIDC.AllowList()),
-		PollInterval:    s.cfg.PollInterval,
-		LongPollMaxWait: s.longPoll.MaxWait(),
-		PollSessions:    true,
-		NoCallbackFlow:  s.cfg.Browser.NoCallbackFlow,
-		RequestRate:     s.cfg.CLITokens.RequestRate,
-		BindRate:        s.cfg.CLITokens.BindRate,
-		Logger:          s.log.With("component", "v1alpha2"),
-	}
-	if b.handler != nil {
-		// A nil *browser.Handler in the interface would not be nil.
-		cfg.Browser, cfg.Offers, cfg.Tokens = b.handler, b.offers, b.tokens
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = httpapi.DefaultPollInterval
-	}
-	return protov1alpha2.New(cfg)
 }
 
 // Addr is the address the public API listens on.
@@ -462,7 +424,7 @@ func (s *Server) Run(ctx context.Context) error {
 				failed <- err
 			}
 		})
-		s.log.Info("serving the peer API", "component", "hashring", "address", s.peerLn.Addr().String(),
+		s.log.Info("serving the peer API", "component", "ring", "address", s.peerLn.Addr().String(),
 			"self", s.cfg.Store.PeerSelfURL, "discovery", s.cfg.Store.PeerServiceName != "")
 	}
 	s.log.Info("serving", "version", version.Version, "address", s.ln.Addr().String(),

@@ -30,7 +30,7 @@ import (
 	"github.com/kbprovider/backend/pkg/protocol"
 )
 
-// Run serves the public API and, for the hashring, the peer API (TLS
+// Run serves the public API and, for the ring, the peer API (TLS
 // with a certificate derived from the peer key) and the session records
 // of the provider cluster; when its context ends it drains, stops both
 // and returns nil, and nothing listens any more.
@@ -43,7 +43,7 @@ func TestRunServesAndStops(t *testing.T) {
 	cfg := testConfig(logs)
 	cfg.ShutdownTimeout = 10 * time.Second
 	cfg.Provider.Kubeconfig = controlplane.KubeconfigFile(t, admin)
-	cfg.Store = StoreConfig{Kind: StoreHashring, Namespace: "kube-bind", PeerListenAddress: peerAddr, PeerSelfURL: "https://" + peerAddr,
+	cfg.Store = StoreConfig{Kind: StoreRing, Namespace: "kube-bind", PeerListenAddress: peerAddr, PeerSelfURL: "https://" + peerAddr,
 		PeerKeys: [][]byte{bytes.Repeat([]byte("p"), 32)}}
 	s, err := New(context.Background(), cfg)
 	if err != nil {

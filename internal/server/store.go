@@ -26,7 +26,7 @@ import (
 const discoveryRetry = 5 * time.Second
 
 // newSessionStore builds the configured store and the keys sessions are
-// derived with. For the hashring it also listens on the peer address (so a
+// derived with. For the ring it also listens on the peer address (so a
 // port in use fails in New), and adds the record informer and, with a peer
 // Service, the discovery loop. It returns the store's readiness checks
 // (its own cache) and the dependency it shares with every replica (the
@@ -39,7 +39,7 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 		return nil, nil, err
 	}
 	s.keys = keys
-	if s.cfg.Store.Kind != StoreHashring {
+	if s.cfg.Store.Kind != StoreRing {
 		s.store = memory.New(limits, s.now)
 		return nil, nil, nil
 	}
@@ -65,7 +65,7 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 		return nil
 	})
 
-	log := s.log.With("component", "hashring")
+	log := s.log.With("component", "ring")
 	r, err := ring.New(ring.Options{Self: sc.PeerSelfURL, Keys: sc.PeerKeys, Inner: records, Logger: log, Now: s.now})
 	if err != nil {
 		return nil, nil, err
@@ -81,7 +81,7 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 	if sc.PeerServiceName == "" {
 		r.SetPeers(sc.Peers)
 		if len(sc.Peers) == 0 {
-			log.Warn("hashring without --peers or --peer-service: this replica answers every session alone")
+			log.Warn("ring without --peers or --peer-service: this replica answers every session alone")
 		}
 		return []health.Check{synced}, []health.Check{clusterCheck(client)}, nil
 	}
@@ -102,12 +102,12 @@ func (s *Server) newSessionStore() (readiness, dependencies []health.Check, err 
 }
 
 // sessionKeys returns the keys sessions are derived with: the configured
-// ones; for the hashring without them, keys derived from the peer keys
+// ones; for the ring without them, keys derived from the peer keys
 // (every replica shares those, and rotating them rotates both); for one
 // replica with memory, a random key (sessions end with the process anyway).
 func (s *Server) sessionKeys() (*sessionkey.Keys, error) {
 	keys := s.cfg.SessionKeys
-	if len(keys) == 0 && s.cfg.Store.Kind == StoreHashring {
+	if len(keys) == 0 && s.cfg.Store.Kind == StoreRing {
 		for _, pk := range s.cfg.Store.PeerKeys {
 			k, err := hkdf.Key(sha256.New, pk, nil, "kube-bind session key", 32)
 			if err != nil {

@@ -30,17 +30,17 @@ type storeFlags struct {
 
 func (r *storeFlags) addFlags(fs *pflag.FlagSet) {
 	s := fs.StringVar
-	s(&r.kind, "session-store", StoreMemory, "where sessions live: memory (one replica, lost on restart) or hashring (records in the provider cluster, read by every replica; sessions placed on the replicas with groupcache; see docs/sessions.md)")
-	s(&r.namespace, "session-namespace", "", "hashring: namespace of the session records (Secrets; default: $POD_NAMESPACE)")
-	s(&r.peerListenAddress, "peer-listen-address", "", "hashring: address (host:port, fixed port) to serve the peer API on, never the public one, e.g. :8091")
-	s(&r.peerSelfURL, "peer-self-url", "", "hashring: this replica's peer URL as the other replicas reach it (default: https://$POD_IP:<peer port> when POD_IP is set, else https://<peer-listen-address host>:<port>)")
-	s(&r.peers, "peers", "", "hashring: comma-separated peer URLs of every replica, this one included (a static ring; or use --peer-service)")
-	s(&r.peerService, "peer-service", "", "hashring: namespace/name of the headless Service whose EndpointSlices list the replicas (the ring follows replicas that come and go)")
-	s(&r.peerPort, "peer-port-name", "", "hashring: name of the peer port in --peer-service's EndpointSlices (default: their only port)")
-	s(&r.peerKey, "peer-key", "", "hashring: base64 key of at least 32 bytes from which the peers' TLS identity and the session keys are derived; the same on every replica (prefer --peer-key-file)")
-	fs.Float64Var(&r.writeRate, "session-write-rate", sessions.DefaultLimits.WriteRate, "session records (outcomes, deliveries, single-use marks) this replica may write per second, with a burst of two seconds' worth; past it a write fails at once and its request gets 503 with Retry-After, nothing queues. With hashring each replica has its own budget: the provider cluster gets at most replicas × rate")
+	s(&r.kind, "session-store", StoreMemory, "where sessions live: memory (one replica, lost on restart) or ring (records in the provider cluster, read by every replica; sessions placed on the replicas with groupcache; see docs/sessions.md)")
+	s(&r.namespace, "session-namespace", "", "ring: namespace of the session records (Secrets; default: $POD_NAMESPACE)")
+	s(&r.peerListenAddress, "peer-listen-address", "", "ring: address (host:port, fixed port) to serve the peer API on, never the public one, e.g. :8091")
+	s(&r.peerSelfURL, "peer-self-url", "", "ring: this replica's peer URL as the other replicas reach it (default: https://$POD_IP:<peer port> when POD_IP is set, else https://<peer-listen-address host>:<port>)")
+	s(&r.peers, "peers", "", "ring: comma-separated peer URLs of every replica, this one included (a static ring; or use --peer-service)")
+	s(&r.peerService, "peer-service", "", "ring: namespace/name of the headless Service whose EndpointSlices list the replicas (the ring follows replicas that come and go)")
+	s(&r.peerPort, "peer-port-name", "", "ring: name of the peer port in --peer-service's EndpointSlices (default: their only port)")
+	s(&r.peerKey, "peer-key", "", "ring: base64 key of at least 32 bytes from which the peers' TLS identity and the session keys are derived; the same on every replica (prefer --peer-key-file)")
+	fs.Float64Var(&r.writeRate, "session-write-rate", sessions.DefaultLimits.WriteRate, "session records (outcomes, deliveries, single-use marks) this replica may write per second, with a burst of two seconds' worth; past it a write fails at once and its request gets 503 with Retry-After, nothing queues. With ring each replica has its own budget: the provider cluster gets at most replicas × rate")
 	fs.IntVar(&r.maxRecords, "session-max-records", sessions.DefaultLimits.MaxRecords, "memory: most session records kept (each lives a session's TTL plus the grace period); past it a write fails with 503 and Retry-After")
-	s(&r.peerKeyFile, "peer-key-file", "", "hashring: file holding base64 peer keys, one per line, e.g. a mounted Kubernetes Secret: the first is current, the others (a previous key during a rotation) are still trusted")
+	s(&r.peerKeyFile, "peer-key-file", "", "ring: file holding base64 peer keys, one per line, e.g. a mounted Kubernetes Secret: the first is current, the others (a previous key during a rotation) are still trusted")
 }
 
 // complete checks the store flags; errors name the flag. podIP and
@@ -61,6 +61,10 @@ func (r *storeFlags) complete(podIP, podNamespace string) (StoreConfig, []error)
 	c.MaxRecords = r.maxRecords
 
 	c.Kind = strings.ToLower(strings.TrimSpace(r.kind))
+	if c.Kind == storeRingDeprecated {
+		c.Kind = StoreRing
+		c.Deprecated = "--session-store=hashring is deprecated: it is --session-store=ring"
+	}
 	switch c.Kind {
 	case StoreMemory:
 		for _, f := range [][2]string{
@@ -69,13 +73,13 @@ func (r *storeFlags) complete(podIP, podNamespace string) (StoreConfig, []error)
 			{"session-namespace", r.namespace},
 		} {
 			if f[1] != "" {
-				fail("--%s: only used with --session-store=hashring", f[0])
+				fail("--%s: only used with --session-store=ring", f[0])
 			}
 		}
 		return c, errs
-	case StoreHashring:
+	case StoreRing:
 	default:
-		fail("--session-store %q: want memory or hashring", r.kind)
+		fail("--session-store %q: want memory or ring", r.kind)
 		return c, errs
 	}
 
@@ -83,7 +87,7 @@ func (r *storeFlags) complete(podIP, podNamespace string) (StoreConfig, []error)
 	case c.Namespace == "":
 		c.Namespace = podNamespace
 		if c.Namespace == "" {
-			fail("--session-namespace is required with --session-store=hashring outside a pod (no POD_NAMESPACE)")
+			fail("--session-namespace is required with --session-store=ring outside a pod (no POD_NAMESPACE)")
 		}
 	case !dnsLabel(c.Namespace):
 		fail("--session-namespace %q: want a namespace name", r.namespace)
@@ -93,7 +97,7 @@ func (r *storeFlags) complete(podIP, podNamespace string) (StoreConfig, []error)
 	host, port, err := net.SplitHostPort(r.peerListenAddress)
 	switch {
 	case r.peerListenAddress == "":
-		fail("--peer-listen-address is required with --session-store=hashring, e.g. :8091")
+		fail("--peer-listen-address is required with --session-store=ring, e.g. :8091")
 	case err != nil:
 		fail("--peer-listen-address %q: want host:port, e.g. :8091", r.peerListenAddress)
 	case port == "0" || !validPort(port):
@@ -158,7 +162,7 @@ func (r *storeFlags) complete(podIP, podNamespace string) (StoreConfig, []error)
 	if err != nil {
 		errs = append(errs, err)
 	} else if keys == "" {
-		fail("--peer-key-file (or --peer-key) is required with --session-store=hashring; make one with: openssl rand -base64 32")
+		fail("--peer-key-file (or --peer-key) is required with --session-store=ring; make one with: openssl rand -base64 32")
 	}
 	for i, key := range strings.Fields(keys) {
 		b, ok := flagvalue.DecodeBase64(key)

@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/httpapi/mount"
+	"github.com/kbprovider/backend/internal/httpapi/pollsession"
+	apiv1alpha1 "github.com/kbprovider/backend/internal/httpapi/v1alpha1"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
@@ -96,7 +100,16 @@ func startExampleProvider() *exampleProvider {
 	}
 	srv := httptest.NewUnstartedServer(nil)
 	ext, _ := url.Parse("http://" + srv.Listener.Addr().String())
-	h, err := httpapi.New(httpapi.Config{ExternalURL: ext, PrettyName: "Example Provider", PollInterval: 100 * time.Millisecond, Sessions: svc})
+	pollSessions, err := pollsession.New(svc, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	v1, err := apiv1alpha1.New(apiv1alpha1.Config{ExternalURL: ext, PrettyName: "Example Provider", PollInterval: 100 * time.Millisecond, Sessions: pollSessions})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := httpapi.New(httpapi.Config{ExternalURL: ext, PollInterval: 100 * time.Millisecond, Sessions: svc,
+		Parts: []mount.Part{v1, browser.Unconfigured{}}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -36,7 +36,7 @@ import (
 // chart's readiness probe passes (so the chart's RBAC covers what the
 // backend needs to become ready) and that it shuts down cleanly.
 //
-// With hashring, the replica finds its peers through the chart's headless
+// With ring, the replica finds its peers through the chart's headless
 // Service with the chart's Role; as no kubelet or EndpointSlice controller
 // runs here, the test publishes the EndpointSlice a controller would, from
 // the rendered Service's port.
@@ -45,7 +45,7 @@ import (
 // the kubelet does) on the probes' scheme, and a renewal of the Secret is
 // served to new connections while an open one carries on.
 func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane, admin kubernetes.Interface, mode backendMode) {
-	hashring := mode == hashringMode
+	ring := mode == ringMode
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -90,11 +90,11 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		"externalURL=" + base, "oidc.issuerURL=" + idp.IssuerURL, "oidc.clientID=" + idp.ClientID}
 	peerPort := freePort(t)
 	podIP := "127.0.0.1"
-	if hashring {
+	if ring {
 		// EndpointSlices refuse loopback addresses: the peer API listens on
 		// an address of this machine that they accept, as on a pod IP.
 		podIP = hostIP(t)
-		sets = append(sets, "replicaCount=2", fmt.Sprintf("hashring.port=%d", peerPort))
+		sets = append(sets, "replicaCount=2", fmt.Sprintf("ring.port=%d", peerPort))
 	}
 	if mode == tlsMode {
 		sets = append(sets, "tls.enabled=true", "tls.existingSecret=kbb-tls")
@@ -109,7 +109,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 	diagPort := freePort(t)
 	diag := fmt.Sprintf("http://127.0.0.1:%d", diagPort)
 	diagClient := &http.Client{Timeout: 5 * time.Second}
-	if hashring {
+	if ring {
 		publishPeerEndpoints(t, ctx, admin, objs, podIP, peerPort)
 	}
 	var args []string
@@ -212,7 +212,7 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	// A session can be created: the store (and for hashring, the ring of
+	// A session can be created: the store (and for ring, the ring of
 	// this one replica found through the chart's Service) works.
 	resp, err := client.Post(base+"/sessions", "application/json", strings.NewReader(`{}`))
 	if err != nil {
@@ -265,7 +265,7 @@ func hostIP(t *testing.T) string {
 			return n.IP.String()
 		}
 	}
-	t.Fatalf("this machine has no non-loopback IPv4 address for the hashring replica to listen on (have %v)", addrs)
+	t.Fatalf("this machine has no non-loopback IPv4 address for the ring replica to listen on (have %v)", addrs)
 	return ""
 }
 
@@ -310,7 +310,7 @@ type backendMode int
 
 const (
 	memoryMode backendMode = iota
-	hashringMode
+	ringMode
 	tlsMode
 )
 

@@ -252,8 +252,8 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 	t.Run("backend binary with the chart's flags, keys and ServiceAccount, memory store", func(t *testing.T) {
 		testBackendRunsWithChartConfig(t, cp, admin, memoryMode)
 	})
-	t.Run("backend binary with the chart's flags, keys and ServiceAccount, hashring store", func(t *testing.T) {
-		testBackendRunsWithChartConfig(t, cp, admin, hashringMode)
+	t.Run("backend binary with the chart's flags, keys and ServiceAccount, ring store", func(t *testing.T) {
+		testBackendRunsWithChartConfig(t, cp, admin, ringMode)
 	})
 	t.Run("backend binary with the chart's flags, keys and ServiceAccount, TLS from a mounted Secret", func(t *testing.T) {
 		testBackendRunsWithChartConfig(t, cp, admin, tlsMode)

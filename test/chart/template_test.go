@@ -48,7 +48,7 @@ func TestLint(t *testing.T) {
 	}
 }
 
-func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
+func TestDefaultsRenderAHardenedRingDeployment(t *testing.T) {
 	objs := render(t)
 
 	d := objs.get(t, "Deployment", fullname)
@@ -95,7 +95,7 @@ func TestDefaultsRenderAHardenedHashringDeployment(t *testing.T) {
 		"--cookie-signing-key-file":        secretDir + "/cookie-signing-key",
 		"--cookie-encryption-key-file":     secretDir + "/cookie-encryption-key",
 		"--consumer-scope":                 "Namespaced",
-		"--session-store":                  "hashring",
+		"--session-store":                  "ring",
 		"--peer-listen-address":            ":8081",
 		"--peer-service":                   "bind-system/" + fullname + "-peers",
 		"--peer-key-file":                  secretDir + "/peer-key",
@@ -226,6 +226,20 @@ func assertSafeRollout(t *testing.T, objs objects, preStop, grace int64) {
 func TestRolloutTimingIsConfigurable(t *testing.T) {
 	assertSafeRollout(t, render(t, "preStopSleepSeconds=0"), 0, 60)
 	assertSafeRollout(t, render(t, "preStopSleepSeconds=10", "terminationGracePeriodSeconds=120", "shutdownTimeout=1m30s"), 10, 120)
+}
+
+// An upgrade keeps an older release's values, which name the ring by its
+// former name: they render the ring, with their port.
+func TestFormerRingValues(t *testing.T) {
+	objs := render(t, "session.store=hashring", "hashring.port=9191", "hashring.publishNotReadyAddresses=true")
+	f := flags(t, objs)
+	if f["--session-store"] != "ring" || f["--peer-listen-address"] != ":9191" {
+		t.Errorf("--session-store=%q --peer-listen-address=%q, want ring on :9191", f["--session-store"], f["--peer-listen-address"])
+	}
+	peers := objs.get(t, "Service", fullname+"-peers")
+	if field(t, peers, "spec", "publishNotReadyAddresses") != true {
+		t.Errorf("peer Service: publishNotReadyAddresses %v, want the former value's true", field(t, peers, "spec", "publishNotReadyAddresses"))
+	}
 }
 
 func TestOneReplicaUsesTheMemoryStore(t *testing.T) {
@@ -382,7 +396,7 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 		{"typo in a value name", []string{"replicas=3"}, []string{"replicas", "additional properties"}},
 		{"externalURL not a URL", []string{"externalURL=bind.example.com"}, []string{"/externalURL", "does not match pattern"}},
 		{"bad duration", []string{"session.ttl=10 minutes"}, []string{"/session/ttl", "does not match pattern"}},
-		{"bad session store", []string{"session.store=redis"}, []string{"/session/store", "hashring"}},
+		{"bad session store", []string{"session.store=redis"}, []string{"/session/store", "ring"}},
 		{"long poll wait not whole seconds", []string{"session.longPollMaxWait=1500ms"}, []string{"/session/longPollMaxWait", "does not match pattern"}},
 		{"no long poll slots", []string{"session.maxLongPolls=0"}, []string{"/session/maxLongPolls", "minimum"}},
 		{"bad log level", []string{"log.level=verbose"}, []string{"/log/level"}},
@@ -390,7 +404,7 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 		{"bad namespace prefix", []string{"namespacePrefix=Kube_Bind"}, []string{"/namespacePrefix"}},
 		{"namespace prefix starting with a digit", []string{"namespacePrefix=1kb-"}, []string{"/namespacePrefix"}},
 		{"memory store with replicas", []string{"session.store=memory", "replicaCount=3"},
-			[]string{"session.store=memory with replicaCount=3", "use session.store=hashring"}},
+			[]string{"session.store=memory with replicaCount=3", "use session.store=ring"}},
 		{"TLS without a certificate", []string{"tls.enabled=true"}, []string{"tls.enabled needs a certificate"}},
 		{"cert-manager without issuer", []string{"tls.enabled=true", "tls.certManager.enabled=true"}, []string{"tls.certManager.issuerRef.name is required"}},
 		{"allow-list with the callback flow off", []string{"callbackFlow=false", "callbackAllowedURLs[0]=https://cli.example.com/cb"},
@@ -405,7 +419,7 @@ func TestSchemaAndChecksRefuseBadValues(t *testing.T) {
 			[]string{"terminationGracePeriodSeconds=60 is too short", "shutdownTimeout=1m", "60s in all"}},
 		{"drain in hours", []string{"shutdownTimeout=1h"}, []string{"is too short", "3605s in all"}},
 		{"diagnostics on the public port", []string{"diagnostics.port=8080"}, []string{"diagnostics.port=8080 is containerPort"}},
-		{"diagnostics on the peer port", []string{"diagnostics.port=8081"}, []string{"diagnostics.port=8081 is hashring.port"}},
+		{"diagnostics on the peer port", []string{"diagnostics.port=8081"}, []string{"diagnostics.port=8081 is ring.port"}},
 		{"diagnostics port out of range", []string{"diagnostics.port=70000"}, []string{"/diagnostics/port"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,7 +31,7 @@ const strangerSessions = 20
 // client computes itself, then the forged GET /callback?error=access_denied
 // with the state from the redirect and the browser cookie it got, against a
 // backend that keeps sessions as Secrets in the provider cluster
-// (--session-store=hashring), with no per-client pace to hide behind.
+// (--session-store=ring), with no per-client pace to hide behind.
 //
 // Stopped by: nothing is written before a user signed in at the identity
 // provider. The link's nonce travels in the signed login state and is spent
@@ -144,7 +144,7 @@ func (r sessionRecords) count(t *testing.T) int {
 }
 
 // startRecordsEnv starts a backend whose session store writes Secrets in
-// the provider cluster (a hashring of one replica, in a namespace of its
+// the provider cluster (a ring of one replica, in a namespace of its
 // own), with args added.
 func startRecordsEnv(t *testing.T, users []oidcprovider.User, args ...string) (*env, sessionRecords) {
 	t.Helper()
@@ -158,7 +158,7 @@ func startRecordsEnv(t *testing.T, users []oidcprovider.User, args ...string) (*
 		_ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 	})
 	store := []string{
-		"--session-store", "hashring",
+		"--session-store", "ring",
 		"--session-namespace", ns,
 		"--peer-listen-address", fmt.Sprintf("127.0.0.1:%d", procs.FreePort(t)),
 		"--peer-key", procs.RandomKey(32),

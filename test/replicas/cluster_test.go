@@ -465,7 +465,7 @@ func (c *cluster) replicaArgs(r *replica, peers []string, keyFile, logLevel stri
 		"--listen-address", r.addr,
 		"--diagnostics-address", r.diagAddr,
 		"--external-url", c.ext,
-		"--session-store", "hashring",
+		"--session-store", "ring",
 		"--session-namespace", c.ns,
 		"--peer-listen-address", r.peerAddr,
 		"--peer-self-url", r.peerURL,

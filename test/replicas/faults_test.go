@@ -268,8 +268,8 @@ func outage(t *testing.T, c *cluster, victim *replica, how string, afterWindow t
 	close(stop)
 	poller.Wait()
 	for _, r := range others {
-		if n := r.metric(t, "hashring_peer_fallbacks_total"); n < 1 {
-			t.Errorf("%s: hashring_peer_fallbacks_total %v: it never skipped %s", r.name, n, victim.name)
+		if n := r.metric(t, "ring_peer_fallbacks_total"); n < 1 {
+			t.Errorf("%s: ring_peer_fallbacks_total %v: it never skipped %s", r.name, n, victim.name)
 		} else {
 			t.Logf("%s answered %v requests for %s's sessions itself", r.name, n, victim.name)
 		}

@@ -1,5 +1,5 @@
 // Package replicas runs several backend processes that share sessions with
-// --session-store=hashring (internal/sessions/ring over
+// --session-store=ring (internal/sessions/ring over
 // internal/sessions/kube): outcomes, first deliveries and single-use marks
 // are Secrets in the provider cluster, a session's poll admission (nonces
 // and pace) is kept in memory by its owner on a groupcache ring of the

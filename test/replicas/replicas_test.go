@@ -315,8 +315,8 @@ func TestReplicasRefuseEachOther(t *testing.T) {
 	// They did refuse each other: each answered the other's sessions by
 	// itself, over a TLS failure.
 	for _, r := range []*replica{x, y} {
-		if n := r.metric(t, "hashring_peer_fallbacks_total"); n < 1 {
-			t.Errorf("%s: hashring_peer_fallbacks_total %v, want > 0: it reached the other replica", r.name, n)
+		if n := r.metric(t, "ring_peer_fallbacks_total"); n < 1 {
+			t.Errorf("%s: ring_peer_fallbacks_total %v, want > 0: it reached the other replica", r.name, n)
 		}
 		if !strings.Contains(r.logs.String(), "session owner's TLS handshake failed") || !strings.Contains(r.logs.String(), "certificate") {
 			t.Errorf("%s logged no failed TLS handshake with the owner over a certificate error", r.name)

@@ -60,7 +60,7 @@ func TestSkewedClocks(t *testing.T) {
 	}
 
 	for i, r := range c.reps {
-		if n := r.metric(t, "hashring_peer_fallbacks_total"); n != 0 {
+		if n := r.metric(t, "ring_peer_fallbacks_total"); n != 0 {
 			t.Errorf("%s fell back %v times with every owner reachable", r.name, n)
 		}
 		// The API server's clock minus the replica's is -offset, within

@@ -16,7 +16,7 @@
 {{- end }}
 {{- end }}
 
-{{/* Name of the headless Service of the hashring peers. */}}
+{{/* Name of the headless Service of the ring peers. */}}
 {{- define "kbb.peersName" -}}
 {{- printf "%s-peers" (include "kbb.fullname" . | trunc 57 | trimSuffix "-") }}
 {{- end }}
@@ -62,12 +62,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* memory for a single replica, hashring for several, unless set. */}}
+{{/* memory for a single replica, ring for several, unless set
+(hashring: the deprecated name of ring). */}}
 {{- define "kbb.sessionStore" -}}
-{{- if .Values.session.store }}
+{{- if eq .Values.session.store "hashring" }}
+{{- "ring" }}
+{{- else if .Values.session.store }}
 {{- .Values.session.store }}
 {{- else if gt (int .Values.replicaCount) 1 }}
-{{- "hashring" }}
+{{- "ring" }}
 {{- else }}
 {{- "memory" }}
 {{- end }}
@@ -102,7 +105,7 @@ what to set. Included by the Deployment so every render runs them.
 {{- fail "\n\nthe OIDC client secret is missing: set oidc.clientSecret, or secrets.existingSecret to a Secret holding it" }}
 {{- end }}
 {{- if and (eq (include "kbb.sessionStore" .) "memory") (gt (int $v.replicaCount) 1) }}
-{{- fail (printf "\n\nsession.store=memory with replicaCount=%d: each replica would know only its own sessions; use session.store=hashring (or leave it empty) or replicaCount=1" (int $v.replicaCount)) }}
+{{- fail (printf "\n\nsession.store=memory with replicaCount=%d: each replica would know only its own sessions; use session.store=ring (or leave it empty) or replicaCount=1" (int $v.replicaCount)) }}
 {{- end }}
 {{- if and $v.tls.enabled $v.tls.certManager.enabled $v.tls.existingSecret }}
 {{- fail "\n\ntls.existingSecret and tls.certManager.enabled exclude each other: serve your own Secret or let cert-manager make one" }}
@@ -122,8 +125,8 @@ what to set. Included by the Deployment so every render runs them.
 {{- if eq (int $v.diagnostics.port) (int $v.containerPort) }}
 {{- fail (printf "\n\ndiagnostics.port=%d is containerPort: the diagnostics need a port of their own, which the Service does not expose" (int $v.diagnostics.port)) }}
 {{- end }}
-{{- if and (eq (include "kbb.sessionStore" .) "hashring") (eq (int $v.diagnostics.port) (int $v.hashring.port)) }}
-{{- fail (printf "\n\ndiagnostics.port=%d is hashring.port: give each its own port" (int $v.diagnostics.port)) }}
+{{- if and (eq (include "kbb.sessionStore" .) "ring") (eq (int $v.diagnostics.port) (int (include "kbb.ringPort" .))) }}
+{{- fail (printf "\n\ndiagnostics.port=%d is ring.port: give each its own port" (int $v.diagnostics.port)) }}
 {{- end }}
 {{- if and $v.httpRoute.enabled (not $v.httpRoute.parentRefs) }}
 {{- fail "\n\nhttpRoute.enabled needs httpRoute.parentRefs: the Gateway(s) to attach to, e.g. [{name: public, namespace: gateways}]" }}
@@ -234,8 +237,8 @@ turning the policy off is turning that check off, knowingly. */}}
 {{- with $v.providerCluster.externalServerName }}
 {{- $args = append $args (printf "--external-server-name=%s" .) }}
 {{- end }}
-{{- if eq $store "hashring" }}
-{{- $args = append $args (printf "--peer-listen-address=:%d" (int $v.hashring.port)) }}
+{{- if eq $store "ring" }}
+{{- $args = append $args (printf "--peer-listen-address=:%d" (int (include "kbb.ringPort" .))) }}
 {{- $args = append $args (printf "--peer-service=%s/%s" .Release.Namespace (include "kbb.peersName" .)) }}
 {{- $args = append $args "--peer-port-name=peer" }}
 {{- $args = append $args (printf "--peer-key-file=%s/%s" $secretDir $keys.peerKey) }}
@@ -275,4 +278,20 @@ bytes, as the backend's --cookie-*-key-file and --peer-key-file read them.
 {{- $_ := set .Values "__kbbSecretData" $data }}
 {{- end }}
 {{- toYaml (get .Values "__kbbSecretData") }}
+{{- end }}
+
+{{/* The ring's values; those set under their deprecated name hashring
+(values of an older release, kept by an upgrade) take precedence. */}}
+{{- define "kbb.ringPort" -}}
+{{- $old := .Values.hashring | default dict }}
+{{- $old.port | default .Values.ring.port }}
+{{- end }}
+
+{{- define "kbb.ringPublishNotReady" -}}
+{{- $old := .Values.hashring | default dict }}
+{{- if hasKey $old "publishNotReadyAddresses" }}
+{{- $old.publishNotReadyAddresses }}
+{{- else }}
+{{- .Values.ring.publishNotReadyAddresses }}
+{{- end }}
 {{- end }}

@@ -226,7 +226,7 @@ func (v Verdict) Offered() bool { return v.Reason == "" }
 func build(catalog *binding.Catalog, templates []v1alpha2.APIServiceExportTemplate, cfg Config) []Offer {
 	byName := map[string]Offer{}
 	for _, api := range catalog.List() {
-		byName[api.Name] = implicit(api)
+		byName[api.Name] = Implicit(api)
 	}
 	for _, t := range templates {
 		if judge(catalog, t, cfg).Offered() {
@@ -241,7 +241,9 @@ func build(catalog *binding.Catalog, templates []v1alpha2.APIServiceExportTempla
 	return out
 }
 
-func implicit(api binding.ExportedAPI) Offer {
+// Implicit is the offer made from one exported API: the API alone, its
+// schema updated always, named as the API is.
+func Implicit(api binding.ExportedAPI) Offer {
 	return Offer{
 		Name:               api.Name,
 		Description:        api.Kind,

@@ -101,7 +101,7 @@ func (h *Handler) authorizeCallback(w http.ResponseWriter, r *http.Request, q ur
 		linkLooksGood(w)
 		return
 	}
-	sess := h.svc.CreateCallbackSession(callback.String(), cliSession)
+	sess, _, _ := h.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowCallback, CallbackURL: callback.String(), CallbackSessionID: cliSession})
 	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: clusterCallback,
 		CallbackURL: sess.CallbackURL, CLISessionID: cliSession}.encode())
 }
@@ -120,7 +120,7 @@ func (h *Handler) BeginRedirectLogin(w http.ResponseWriter, r *http.Request, sf 
 	switch {
 	case sf == sessionkey.FlowCLILogin && h.cfg.Tokens != nil:
 		kind, clusterID = clusterNone, ""
-	case sf == sessionkey.FlowBrowserV1alpha2 && h.cfg.Offers != nil && clusterID != "":
+	case sf == sessionkey.FlowBrowserV1alpha2 && h.svc.CanBind(sf) && clusterID != "":
 	default:
 		w.Header().Set("Retry-After", "30")
 		h.page(w, http.StatusServiceUnavailable, pageIdPDown, "")
@@ -130,7 +130,7 @@ func (h *Handler) BeginRedirectLogin(w http.ResponseWriter, r *http.Request, sf 
 		linkLooksGood(w)
 		return
 	}
-	sess := h.svc.CreateRedirectSession(sf, callbackURL, cliSessionID)
+	sess, _, _ := h.svc.CreateSession(lifecycle.SessionRequest{Flow: sf, CallbackURL: callbackURL, CallbackSessionID: cliSessionID})
 	h.beginLogin(w, r, flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: kind,
 		CallbackURL: callbackURL, CLISessionID: cliSessionID}.encode())
 }

@@ -283,7 +283,7 @@ func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status
 
 // catalogAPIs are the v1alpha1 choices: the exported CRDs.
 func (h *Handler) catalogAPIs(ticked map[string]bool) []web.API {
-	exported := h.cfg.Catalog.List()
+	exported := h.svc.ExportedAPIs()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
 		api := web.API{
@@ -301,10 +301,7 @@ func (h *Handler) catalogAPIs(ticked map[string]bool) []web.API {
 // offeredAPIs are the v1alpha2 choices: every offer, its claims spelled
 // out.
 func (h *Handler) offeredAPIs(ticked map[string]bool) []web.API {
-	if h.cfg.Offers == nil {
-		return nil
-	}
-	list := h.cfg.Offers.List()
+	list := h.svc.Offers()
 	apis := make([]web.API, 0, len(list))
 	for _, o := range list {
 		api := web.API{ID: o.Name, Resource: o.Name, Checked: ticked[o.Name], Description: offerDescription(o)}
@@ -333,7 +330,7 @@ func (h *Handler) origin(sess lifecycle.Session) web.Origin {
 // bindingInfo says whether the bind creates a binding or updates one.
 func (h *Handler) bindingInfo(ctx context.Context, lc loginCookie) web.BindingInfo {
 	info := web.BindingInfo{Replaced: lc.Flow.ClusterKind == clusterReplaced}
-	created, exists, err := h.cfg.Provisioner.Existing(ctx, binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}, lc.Flow.ClusterID)
+	created, exists, err := h.svc.Existing(ctx, binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject}, lc.Flow.ClusterID)
 	switch {
 	case err != nil:
 		h.log.Warn("cannot tell whether the binding exists", "session", lc.Flow.SessionID, "error", err)
@@ -388,25 +385,11 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	// v1alpha1, offers for v1alpha2.
 	var (
 		names   []string
-		doBind  func(consumer binding.Consumer) ([]byte, error)
 		problem *lifecycle.SelectionError
-		err     error
 	)
-	if sess.Flow.V1alpha2() {
-		var picks []lifecycle.Pick
-		picks, err = h.svc.SelectOffers(r.PostForm[web.FieldAPI])
-		for _, p := range picks {
-			names = append(names, p.Offer.Name)
-		}
-		doBind = func(c binding.Consumer) ([]byte, error) {
-			return h.svc.BindOffers(ctx, sess, c, lc.Flow.ClusterID, picks)
-		}
-	} else {
-		var resources []binding.Resource
-		resources, names, err = h.svc.Select(r.PostForm[web.FieldAPI])
-		doBind = func(c binding.Consumer) ([]byte, error) {
-			return h.svc.Bind(ctx, sess, c, lc.Flow.ClusterID, resources)
-		}
+	picks, err := h.svc.Select(sess, r.PostForm[web.FieldAPI])
+	for _, p := range picks {
+		names = append(names, p.Offer.Name)
 	}
 	if errors.Is(err, lifecycle.ErrNoProvider) {
 		h.internalError(w, "selecting", err)
@@ -429,7 +412,7 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	consumer := binding.Consumer{Issuer: lc.Issuer, Subject: lc.Subject, Claims: lc.claims()}
-	body, err := doBind(consumer)
+	body, err := h.svc.Bind(ctx, sess, consumer, lc.Flow.ClusterID, picks)
 	var refused *lifecycle.RefusedError
 	switch {
 	case err == nil:

@@ -12,18 +12,17 @@
 package browser
 
 import (
-	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
-	"github.com/kbprovider/backend/internal/binding"
-	"github.com/kbprovider/backend/internal/binding/offers"
+	"github.com/kbprovider/backend/internal/httpapi/mount"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
@@ -35,20 +34,6 @@ type Login interface {
 	Finish(w http.ResponseWriter, r *http.Request) (oidc.Identity, []byte, error)
 }
 
-// Catalog lists the APIs a consumer may bind (implemented by *binding.Catalog).
-type Catalog interface {
-	List() []binding.ExportedAPI
-	Lookup(group, resource string) (binding.ExportedAPI, bool)
-}
-
-// Provisioner sets a consumer up on the provider cluster (implemented by
-// *binding.Provisioner).
-type Provisioner interface {
-	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error)
-	// Existing says whether the identity is bound already, and since when.
-	Existing(ctx context.Context, c binding.Consumer, clusterID string) (created time.Time, exists bool, err error)
-}
-
 // Config configures the browser handler.
 type Config struct {
 	// ExternalURL is the backend's public URL: links are checked against
@@ -56,12 +41,10 @@ type Config struct {
 	// from it.
 	ExternalURL  *url.URL
 	ProviderName string
-	// Sessions issues, checks and ends sessions (the same instance as
-	// httpapi.Config.Sessions). Required.
-	Sessions    *lifecycle.Service
-	Login       Login
-	Catalog     Catalog
-	Provisioner Provisioner
+	// Sessions issues, checks, binds and ends sessions, and lists what
+	// consumers may pick (the one instance every part shares). Required.
+	Sessions *lifecycle.Service
+	Login    Login
 	// CookieHashKeys authenticate (SigningKeyLengths) and
 	// CookieBlockKeys (EncryptionKeyLengths) encrypt the cookie that
 	// carries a logged-in user to the bind POST; at least one of each.
@@ -80,17 +63,9 @@ type Config struct {
 	NoCallbackFlow bool
 	Logger         *slog.Logger
 	Now            func() time.Time
-	// Offers list what the v1alpha2 flows' selection page offers; nil:
-	// those flows (internal/httpapi/v1alpha2) are not served.
-	Offers OfferLister
 	// Tokens mint the CLI token at the end of `kubectl bind login`
 	// (FlowCLILogin); nil: that login is not served.
 	Tokens *clitoken.Tokens
-}
-
-// OfferLister lists the offers (implemented by *offers.Source).
-type OfferLister interface {
-	List() []offers.Offer
 }
 
 // Handler serves the browser routes.
@@ -111,8 +86,8 @@ func New(cfg Config) (*Handler, error) {
 	switch {
 	case cfg.ExternalURL == nil:
 		return nil, errors.New("browser: ExternalURL is required")
-	case cfg.Sessions == nil || cfg.Login == nil || cfg.Catalog == nil || cfg.Provisioner == nil:
-		return nil, errors.New("browser: Sessions, Login, Catalog and Provisioner are required")
+	case cfg.Sessions == nil || cfg.Login == nil:
+		return nil, errors.New("browser: Sessions and Login are required")
 	case len(cfg.CookieHashKeys) == 0 || len(cfg.CookieBlockKeys) == 0:
 		return nil, errors.New("browser: a cookie signing key and a cookie encryption key are required")
 	}
@@ -147,25 +122,21 @@ func New(cfg Config) (*Handler, error) {
 	return h, nil
 }
 
-// Route is one browser route: a method and a path below the external
-// URL's path prefix. internal/httpapi mounts them in its router.
-type Route struct {
-	Method, Path string
-	Handler      http.HandlerFunc
-}
-
-// Routes lists the browser routes. GET routes take HEAD too (see
-// linkLooksGood for /authorize), except the callback, whose GET finishes
-// the login (exchanging its code, which works once) and which has nothing
-// to check without doing so.
-func (h *Handler) Routes() []Route {
-	return []Route{
-		{http.MethodGet, "/authorize", h.authorize},
-		{http.MethodHead, "/authorize", h.authorize},
-		{http.MethodGet, "/callback", h.callback},
-		{http.MethodGet, "/bind", h.showSelection},
-		{http.MethodHead, "/bind", h.showSelection},
-		{http.MethodPost, "/bind", h.bind},
+// Mount mounts the browser routes below the external URL's path. GET
+// routes take HEAD too (see linkLooksGood for /authorize), except the
+// callback, whose GET finishes the login (exchanging its code, which
+// works once) and which has nothing to check without doing so. The GETs
+// that start a login or spend its state are paced.
+func (h *Handler) Mount(r mount.Router) {
+	for _, rt := range []mount.Route{
+		{Method: http.MethodGet, Path: "/authorize", Handler: h.authorize, Creates: mount.CreatesLogin},
+		{Method: http.MethodHead, Path: "/authorize", Handler: h.authorize},
+		{Method: http.MethodGet, Path: "/callback", Handler: h.callback, Creates: mount.CreatesLogin},
+		{Method: http.MethodGet, Path: "/bind", Handler: h.showSelection},
+		{Method: http.MethodHead, Path: "/bind", Handler: h.showSelection},
+		{Method: http.MethodPost, Path: "/bind", Handler: h.bind},
+	} {
+		r.Handle(rt)
 	}
 }
 
@@ -182,4 +153,22 @@ func (h *Handler) path(p string) string { return h.prefix + p }
 // constantTimeEqual compares two tokens without leaking where they differ.
 func constantTimeEqual(a, b string) bool {
 	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
+
+// Unconfigured is the browser part of a backend without an identity
+// provider: /authorize answers 503 with a line for the person who opened
+// the link.
+type Unconfigured struct{}
+
+// Mount mounts GET /authorize.
+func (Unconfigured) Mount(r mount.Router) {
+	r.Handle(mount.Route{Method: http.MethodGet, Path: "/authorize", Handler: unconfigured})
+}
+
+func unconfigured(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Retry-After", "30")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	io.WriteString(w, "The sign-in page of this provider is not available: the backend runs without its browser login.\n"+
+		"Ask the provider's operator to configure it, then run your bind command again.\n")
 }

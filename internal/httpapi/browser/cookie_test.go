@@ -97,7 +97,7 @@ func TestNewChecksCookieKeys(t *testing.T) {
 	} {
 		_, err := New(Config{
 			ExternalURL: &url.URL{Scheme: "https", Host: "bind.example.com"}, Sessions: svc, Login: &fakes.Login{},
-			Catalog: fuzzCatalog, Provisioner: &fakes.Provisioner{}, CookieHashKeys: c.hash, CookieBlockKeys: c.block,
+			CookieHashKeys: c.hash, CookieBlockKeys: c.block,
 		})
 		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)

@@ -1,7 +1,6 @@
 package browser
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net/url"
@@ -97,15 +96,6 @@ func (h *Handler) session(f flow) (lifecycle.Session, error) {
 	}
 	sess.CallbackURL, sess.CallbackSessionID = f.CallbackURL, f.CLISessionID
 	return sess, nil
-}
-
-// StateOnce is the oidc.Config.UseOnce of the browser login: a login state
-// is single-use across replicas and restarts because the session store
-// keeps it as a single-use mark.
-func StateOnce(svc *lifecycle.Service) func(ctx context.Context, flowState []byte, key string) error {
-	return func(ctx context.Context, _ []byte, key string) error {
-		return svc.UseLoginState(ctx, key)
-	}
 }
 
 // pollCluster settles the cluster ID of a poll-flow session for the link

@@ -51,7 +51,7 @@ var fuzzCatalog = fakes.Catalog{
 // router mounting Routes does (405 for a known path with another method).
 func (e *fuzzEnv) serve(w http.ResponseWriter, r *http.Request) {
 	known := false
-	for _, rt := range e.h.Routes() {
+	for _, rt := range routes(e.h) {
 		if rt.Path == r.URL.Path {
 			known = true
 			if rt.Method == r.Method {
@@ -99,8 +99,6 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		ProviderName:      "Fuzz provider",
 		Sessions:          e.svc,
 		Login:             e.login,
-		Catalog:           fuzzCatalog,
-		Provisioner:       e.prov,
 		CookieHashKeys:    [][]byte{fuzzHashKey},
 		CookieBlockKeys:   [][]byte{fuzzBlockKey},
 		CallbackAllowList: fuzzAllowList,
@@ -256,8 +254,8 @@ func FuzzAuthorizeQuery(f *testing.F) {
 	e := newFuzzEnv(f)
 	// Poll sessions whose signed links the seeds hold: one with the
 	// cluster ID the backend issued, one that presented its own.
-	issued, _, _ := e.svc.CreatePollSession("")
-	presented, _, _ := e.svc.CreatePollSession("abcdefghijklmnopqrstuvwxyz")
+	issued, _, _ := e.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
+	presented, _, _ := e.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: "abcdefghijklmnopqrstuvwxyz"})
 	sign := func(id, secret, query string) string {
 		u, _ := url.Parse("https://bind.example.com/authorize?" + query)
 		signed, err := protocol.SignURL(secret, id, http.MethodGet, u, nil)
@@ -277,7 +275,7 @@ func FuzzAuthorizeQuery(f *testing.F) {
 	// Links that are signed right but must not open: a session of the
 	// callback flow, an expired one, one of a key this backend does not
 	// have.
-	callback := e.svc.CreateCallbackSession("http://localhost:1/callback", "cli")
+	callback := callbackSession(e.svc, "http://localhost:1/callback", "cli")
 	expired := testSessionKeys(f).Issue(sessionkey.FlowPoll, "", fuzzStart.Add(-time.Second))
 	otherKeys, err := sessionkey.New(bytes.Repeat([]byte("o"), sessionkey.MinKeyLen))
 	if err != nil {
@@ -458,12 +456,12 @@ func FuzzBindForm(f *testing.F) {
 		var sess lifecycle.Session
 		lc := loginCookie{Issuer: "https://idp.example.com", Subject: "alice", CSRF: newCSRFToken()}
 		if callbackFlow {
-			sess = e.svc.CreateCallbackSession("http://127.0.0.1:5000/callback?x=1", "cli-session")
+			sess = callbackSession(e.svc, "http://127.0.0.1:5000/callback?x=1", "cli-session")
 			lc.Flow = flow{SessionID: sess.ID, ClusterID: protocol.NewClusterID(), ClusterKind: clusterCallback,
 				CallbackURL: sess.CallbackURL, CLISessionID: sess.CallbackSessionID}
 		} else {
 			var clusterID string
-			sess, clusterID, _ = e.svc.CreatePollSession("")
+			sess, clusterID, _ = e.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 			lc.Flow = flow{SessionID: sess.ID, ClusterID: clusterID, ClusterKind: clusterNew}
 		}
 		csrf := lc.CSRF
@@ -482,7 +480,7 @@ func FuzzBindForm(f *testing.F) {
 		case 1: // none
 		case 2:
 			other := lc
-			otherSess, _, _ := e.svc.CreatePollSession("")
+			otherSess, _, _ := e.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 			other.Flow.SessionID = otherSess.ID
 			r.AddCookie(e.cookie(t, other))
 		case 3:

@@ -86,8 +86,6 @@ func newRefusalEnvWith(t *testing.T, ext *url.URL, adjust func(*Config)) *refusa
 		ProviderName:    "Refusal provider",
 		Sessions:        svc,
 		Login:           e.idp,
-		Catalog:         fuzzCatalog,
-		Provisioner:     e.prov,
 		CookieHashKeys:  [][]byte{fuzzHashKey},
 		CookieBlockKeys: [][]byte{fuzzBlockKey},
 		Now:             clock.Now,
@@ -120,7 +118,7 @@ func (e *refusalEnv) do(method, target string, form url.Values, header http.Head
 		req.AddCookie(c)
 	}
 	w := httptest.NewRecorder()
-	for _, rt := range e.h.Routes() {
+	for _, rt := range routes(e.h) {
 		if rt.Method == method && rt.Path == req.URL.Path {
 			rt.Handler(w, req)
 			return w
@@ -134,7 +132,7 @@ func (e *refusalEnv) do(method, target string, form url.Values, header http.Head
 // one) and returns it with its signed /authorize link carrying extra.
 func (e *refusalEnv) pollLink(clusterID string, extra url.Values) (lifecycle.Session, string) {
 	e.t.Helper()
-	sess, _, _ := e.h.svc.CreatePollSession(clusterID)
+	sess, _, _ := e.h.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: clusterID})
 	u := &url.URL{Scheme: e.ext.Scheme, Host: e.ext.Host, Path: "/authorize", RawQuery: extra.Encode()}
 	signed, err := protocol.SignURL(sess.Secret, sess.ID, http.MethodGet, u, nil)
 	if err != nil {
@@ -663,7 +661,7 @@ func TestPresentedClusterNeedsProofInProcess(t *testing.T) {
 	}
 	t.Run("control: with the proof", func(t *testing.T) {
 		e := newRefusalEnv(t)
-		s, _, _ := e.h.svc.CreatePollSession(victim)
+		s, _, _ := e.h.svc.CreateSession(lifecycle.SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: victim})
 		if s.ClusterID != victim {
 			t.Fatalf("session presents %q, want %q", s.ClusterID, victim)
 		}

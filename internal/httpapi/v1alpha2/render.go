@@ -10,8 +10,13 @@ import (
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
 
+// The v1alpha2 sessions pick offers and get one request per pick.
+func init() {
+	lifecycle.Register(lifecycle.Generation{Name: lifecycle.V1alpha2, Render: Render, PicksOffers: true})
+}
+
 // Render renders a bind's result as the kube-bind.io/v1alpha2
-// BindingResponse (lifecycle.Config.RenderV1alpha2): one
+// BindingResponse: one
 // APIServiceExportRequest per pick, named after it, copying the offer's
 // resources, claims, namespaces and schema update policy; the consumer's
 // provider namespace; the first request's name as bindingName.

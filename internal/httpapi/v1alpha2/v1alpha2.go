@@ -1,9 +1,10 @@
 // Package v1alpha2 serves the kube-bind.io/v1alpha2 HTTP API of the
 // released kubectl-bind v0.6–v0.8 (docs/v1alpha2.md §2.4): discovery
-// (GET /api/exports, GET /exports), the CLI login (GET /api/authorize),
-// the bearer-token routes (GET /api/templates, GET /api/collections,
-// POST /api/bind) and the entry of plain `kubectl bind`'s browser flow
-// (GET /), all at the host root; and its BindingResponse (Render).
+// (GET /api/exports, GET /exports), the poll flow's sessions (POST
+// /api/sessions), the CLI login (GET /api/authorize), the bearer-token
+// routes (GET /api/templates, GET /api/collections, POST /api/bind) and
+// the entry of plain `kubectl bind`'s browser flow (GET /), all at the
+// host root; and its BindingResponse (Render).
 //
 // The handlers parse, call and render: lifecycle binds, clitoken
 // checks tokens, the browser handler (internal/httpapi/browser) runs the
@@ -26,7 +27,8 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/offers"
-	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/httpapi/mount"
+	"github.com/kbprovider/backend/internal/httpapi/pollsession"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/pace"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -55,13 +57,6 @@ const (
 // from an APIServiceExportTemplate.
 const AnnotationImplicit = "kube-bind.io/implicit"
 
-// Offers are what a v1alpha2 consumer may bind.
-type Offers interface {
-	List() []offers.Offer
-	Get(name string) (offers.Offer, bool)
-	Collections() []offers.Collection
-}
-
 // Browser runs the logins of the flows whose result goes to a CLI's
 // localhost callback (implemented by *browser.Handler).
 type Browser interface {
@@ -83,10 +78,10 @@ type Config struct {
 	// discovery document names (/authorize, /poll) are below its path.
 	ExternalURL *url.URL
 	PrettyName  string
-	// Sessions binds. Required.
+	// Sessions binds, and lists and resolves offers. Required.
 	Sessions *lifecycle.Service
-	// Offers list and resolve offers. Required for the bearer routes.
-	Offers Offers
+	// PollSessions creates the poll flow's sessions. Required.
+	PollSessions *pollsession.Creator
 	// Tokens verify CLI tokens; nil: the bearer routes answer 503.
 	Tokens *clitoken.Tokens
 	// Issuer is the OIDC issuer the tokens' subjects belong to.
@@ -100,9 +95,6 @@ type Config struct {
 	// PollInterval and LongPollMaxWait go into the poll method.
 	PollInterval    time.Duration
 	LongPollMaxWait time.Duration
-	// PollSessions: POST /api/sessions is served, so discovery lists the
-	// poll method.
-	PollSessions bool
 	// NoCallbackFlow (--callback-flow=false): discovery offers the poll
 	// method only, and the routes of the flows that end at the CLI's
 	// localhost callback (the CLI login, the browser flow) and of the
@@ -122,9 +114,10 @@ type Config struct {
 
 // Handler serves the routes.
 type Handler struct {
-	cfg     Config
-	log     *slog.Logger
-	exports []byte
+	cfg           Config
+	log           *slog.Logger
+	exports       []byte
+	createSession http.HandlerFunc
 	// requests and binds pace the bearer routes per subject.
 	requests, binds *pace.Limiter[string]
 }
@@ -135,11 +128,11 @@ const maxPacedUsers = 16384
 
 // New checks cfg and returns the handler.
 func New(cfg Config) (*Handler, error) {
-	if cfg.ExternalURL == nil || cfg.Sessions == nil {
-		return nil, errors.New("v1alpha2: ExternalURL and Sessions are required")
+	if cfg.ExternalURL == nil || cfg.Sessions == nil || cfg.PollSessions == nil {
+		return nil, errors.New("v1alpha2: ExternalURL, Sessions and PollSessions are required")
 	}
-	if cfg.NoCallbackFlow && !cfg.PollSessions {
-		return nil, errors.New("v1alpha2: with the callback flow off, the poll sessions must be served (nothing else would bind)")
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = pollsession.DefaultPollInterval
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -148,8 +141,9 @@ func New(cfg Config) (*Handler, error) {
 		cfg.Now = time.Now
 	}
 	h := &Handler{cfg: cfg, log: cfg.Logger,
-		requests: pace.New[string](cfg.RequestRate, int(math.Ceil(3*cfg.RequestRate)), maxPacedUsers),
-		binds:    pace.New[string](cfg.BindRate/60, clitoken.BindBurst, maxPacedUsers)}
+		requests:      pace.New[string](cfg.RequestRate, int(math.Ceil(3*cfg.RequestRate)), maxPacedUsers),
+		binds:         pace.New[string](cfg.BindRate/60, clitoken.BindBurst, maxPacedUsers),
+		createSession: cfg.PollSessions.Handler(sessionkey.FlowPollV1alpha2, v1alpha2.GroupVersion)}
 	doc, err := json.Marshal(h.exportsDocument())
 	if err != nil {
 		return nil, err
@@ -158,18 +152,22 @@ func New(cfg Config) (*Handler, error) {
 	return h, nil
 }
 
-// Routes lists the routes, at the host root.
-func (h *Handler) Routes() []httpapi.Route {
-	return []httpapi.Route{
+// Mount mounts the routes at the host root.
+func (h *Handler) Mount(r mount.Router) {
+	for _, rt := range []mount.Route{
 		{Method: http.MethodGet, Path: PathExports, Handler: h.serveExports},
 		{Method: http.MethodGet, Path: PathExportsOld, Handler: h.redirectExports},
-		{Method: http.MethodGet, Path: PathAuthorize, Handler: h.authorize, Creates: true},
+		{Method: http.MethodGet, Path: PathAuthorize, Handler: h.authorize, Creates: mount.CreatesLogin},
 		{Method: http.MethodHead, Path: PathAuthorize, Handler: h.authorize},
 		{Method: http.MethodGet, Path: PathTemplates, Handler: h.templates},
 		{Method: http.MethodGet, Path: PathCollections, Handler: h.collections},
 		{Method: http.MethodPost, Path: PathBind, Handler: h.bind},
-		{Method: http.MethodGet, Path: PathRoot, Handler: h.root, Creates: true},
+		{Method: http.MethodGet, Path: PathRoot, Handler: h.root, Creates: mount.CreatesLogin},
 		{Method: http.MethodHead, Path: PathRoot, Handler: h.root},
+		{Method: http.MethodPost, Path: PathSessions, Handler: h.createSession, Creates: mount.CreatesSession},
+	} {
+		rt.AtHostRoot = true
+		r.Handle(rt)
 	}
 }
 
@@ -191,19 +189,17 @@ func (h *Handler) exportsDocument() v1alpha2.BindingProvider {
 		ProviderPrettyName: h.cfg.PrettyName,
 		Version:            ProtocolVersion,
 	}
-	if h.cfg.PollSessions {
-		poll := &v1alpha2.OAuth2CodeGrantPoll{
-			SessionURL:       h.rootURL(PathSessions),
-			AuthenticatedURL: h.extURL("/authorize"),
-			PollURL:          h.extURL("/poll"),
-			PollInterval:     h.cfg.PollInterval.String(),
-		}
-		if h.cfg.LongPollMaxWait > 0 {
-			poll.LongPollMaxWait = h.cfg.LongPollMaxWait.String()
-		}
-		doc.AuthenticationMethods = append(doc.AuthenticationMethods,
-			v1alpha2.AuthenticationMethod{Method: v1alpha2.MethodOAuth2CodeGrantPoll, OAuth2CodeGrantPoll: poll})
+	poll := &v1alpha2.OAuth2CodeGrantPoll{
+		SessionURL:       h.rootURL(PathSessions),
+		AuthenticatedURL: h.extURL("/authorize"),
+		PollURL:          h.extURL("/poll"),
+		PollInterval:     h.cfg.PollInterval.String(),
 	}
+	if h.cfg.LongPollMaxWait > 0 {
+		poll.LongPollMaxWait = h.cfg.LongPollMaxWait.String()
+	}
+	doc.AuthenticationMethods = append(doc.AuthenticationMethods,
+		v1alpha2.AuthenticationMethod{Method: v1alpha2.MethodOAuth2CodeGrantPoll, OAuth2CodeGrantPoll: poll})
 	if h.cfg.NoCallbackFlow {
 		return doc
 	}
@@ -300,7 +296,7 @@ func (h *Handler) authenticated(w http.ResponseWriter, r *http.Request) (clitoke
 		writeError(w, http.StatusNotFound, v1alpha2.ErrorResourceNotFound, noCallbackFlow)
 		return clitoken.Claims{}, false
 	}
-	if h.cfg.Tokens == nil || h.cfg.Offers == nil {
+	if h.cfg.Tokens == nil || !h.cfg.Sessions.CanBind(sessionkey.FlowPollV1alpha2) {
 		w.Header().Set("Retry-After", "30")
 		writeError(w, http.StatusServiceUnavailable, v1alpha2.ErrorUnavailable, "sign-in is not configured on this provider yet")
 		return clitoken.Claims{}, false
@@ -379,7 +375,7 @@ func (h *Handler) templates(w http.ResponseWriter, r *http.Request) {
 		APIVersion: v1alpha2.GroupVersion, Kind: v1alpha2.KindAPIServiceExportTemplateList,
 		Items: []v1alpha2.APIServiceExportTemplate{},
 	}
-	for _, o := range h.cfg.Offers.List() {
+	for _, o := range h.cfg.Sessions.Offers() {
 		list.Items = append(list.Items, Template(o))
 	}
 	writeJSON(w, http.StatusOK, list)
@@ -408,7 +404,7 @@ func (h *Handler) collections(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	list := v1alpha2.CollectionList{APIVersion: v1alpha2.GroupVersion, Kind: v1alpha2.KindCollectionList, Items: []v1alpha2.Collection{}}
-	for _, c := range h.cfg.Offers.Collections() {
+	for _, c := range h.cfg.Sessions.Collections() {
 		col := v1alpha2.Collection{
 			APIVersion: v1alpha2.GroupVersion, Kind: v1alpha2.KindCollection,
 			Metadata: metav1.ObjectMeta{Name: c.Name},
@@ -443,14 +439,14 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, v1alpha2.ErrorBadRequest, err.Error())
 		return
 	}
-	offer, ok := h.cfg.Offers.Get(req.Template)
+	offer, ok := h.cfg.Sessions.Offer(req.Template)
 	if !ok {
 		writeError(w, http.StatusNotFound, v1alpha2.ErrorResourceNotFound, "the template "+req.Template+" is not offered by this provider")
 		return
 	}
 	consumer := binding.Consumer{Issuer: h.cfg.Issuer, Subject: claims.Subject,
 		Claims: &binding.Claims{Email: claims.Email, Groups: claims.Groups, GroupsKnown: claims.GroupsKnown}}
-	resp, err := h.cfg.Sessions.BindDirect(r.Context(), consumer, req.ClusterIdentity, claims.ID,
+	resp, err := h.cfg.Sessions.BindDirect(r.Context(), lifecycle.V1alpha2, consumer, req.ClusterIdentity, claims.ID,
 		lifecycle.Pick{Name: req.Name, Offer: offer})
 	var (
 		problem *lifecycle.SelectionError

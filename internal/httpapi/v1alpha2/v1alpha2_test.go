@@ -25,6 +25,9 @@ import (
 	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/httpapi"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/httpapi/mount"
+	"github.com/kbprovider/backend/internal/httpapi/pollsession"
+	apiv1alpha1 "github.com/kbprovider/backend/internal/httpapi/v1alpha1"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
 	"github.com/kbprovider/backend/internal/sessions"
@@ -70,6 +73,8 @@ type envOptions struct {
 	allows         func(clitoken.User) bool
 	// requestRate and bindRate pace the bearer routes per user.
 	requestRate, bindRate float64
+	// prefix is the external URL's path ("": none).
+	prefix string
 }
 
 func newEnvWith(t *testing.T, o envOptions) *env {
@@ -78,11 +83,11 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	e := &env{t: t, clock: testutil.ClockAt(time.Now().Truncate(time.Second)), prov: &fakes.Provisioner{},
 		login: &fakes.Login{User: "alice"}}
 	e.srv = httptest.NewUnstartedServer(nil)
-	ext, _ := url.Parse("http://" + e.srv.Listener.Addr().String())
+	ext, _ := url.Parse("http://" + e.srv.Listener.Addr().String() + o.prefix)
 	keys, _ := sessionkey.New(bytes.Repeat([]byte("s"), 32))
 	ck, _ := clusterkey.New(bytes.Repeat([]byte("k"), 32))
 	svc, err := lifecycle.New(lifecycle.Config{Store: memory.New(sessions.Limits{}, e.clock.Now), Keys: keys, ClusterKey: ck,
-		Now: e.clock.Now, Catalog: fakes.Catalog{}, Provisioner: e.prov, Offers: testOffers, RenderV1alpha2: Render})
+		Now: e.clock.Now, Catalog: fakes.Catalog{}, Provisioner: e.prov, Offers: testOffers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,20 +96,28 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	bh, err := browser.New(browser.Config{ExternalURL: ext, ProviderName: "Test", Sessions: svc, Login: e.login,
-		Catalog: fakes.Catalog{}, Provisioner: e.prov, CookieHashKeys: [][]byte{bytes.Repeat([]byte("h"), 32)},
+		CookieHashKeys:  [][]byte{bytes.Repeat([]byte("h"), 32)},
 		CookieBlockKeys: [][]byte{bytes.Repeat([]byte("b"), 32)}, Now: e.clock.Now,
-		Offers: testOffers, Tokens: e.tokens, NoCallbackFlow: noCallbackFlow})
+		Tokens: e.tokens, NoCallbackFlow: noCallbackFlow})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Config{ExternalURL: ext, PrettyName: "Test", Sessions: svc, Offers: testOffers, Tokens: e.tokens,
-		Issuer: issuer, Browser: bh, PollInterval: 2 * time.Second, PollSessions: true,
+	pollSessions, err := pollsession.New(svc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1, err := apiv1alpha1.New(apiv1alpha1.Config{ExternalURL: ext, PrettyName: "Test", Sessions: pollSessions, NoCallbackFlow: noCallbackFlow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(Config{ExternalURL: ext, PrettyName: "Test", Sessions: svc, PollSessions: pollSessions, Tokens: e.tokens,
+		Issuer: issuer, Browser: bh, PollInterval: 2 * time.Second,
 		NoCallbackFlow: noCallbackFlow, Allows: o.allows, RequestRate: o.requestRate, BindRate: o.bindRate, Now: e.clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler, err := httpapi.New(httpapi.Config{ExternalURL: ext, PrettyName: "Test", Sessions: svc, Browser: bh,
-		Now: e.clock.Now, RootRoutes: h.Routes(), V1alpha2Sessions: true, NoCallbackFlow: noCallbackFlow})
+	handler, err := httpapi.New(httpapi.Config{ExternalURL: ext, Sessions: svc,
+		Now: e.clock.Now, Parts: []mount.Part{v1, bh, h}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,10 +13,10 @@ package lifecycle
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,7 +27,6 @@ import (
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions/sessionkey"
-	v1alpha1 "github.com/kbprovider/backend/pkg/apis/v1alpha1"
 )
 
 // Provisioner sets a consumer up on the provider cluster and records
@@ -35,21 +34,27 @@ import (
 // *binding.Provisioner).
 type Provisioner interface {
 	Provision(ctx context.Context, c binding.Consumer, clusterID string, resources []binding.Resource) (*binding.Result, error)
+	// Existing says whether the identity is bound already, and since when.
+	Existing(ctx context.Context, c binding.Consumer, clusterID string) (created time.Time, exists bool, err error)
 	// MarkDelivered records that the response of provider namespace ns
 	// is handed out, unless that is recorded already
 	// (binding.AnnotationDeliveredAt, which the garbage collection reads).
 	MarkDelivered(ctx context.Context, ns string) error
 }
 
-// Offers are what a v1alpha2 consumer may pick (implemented by the offers
-// source over the catalog, templates and collections).
+// Offers are what a consumer of a generation that picks offers may pick
+// (implemented by the offers source over the catalog, templates and
+// collections).
 type Offers interface {
+	List() []offers.Offer
 	Get(name string) (offers.Offer, bool)
+	Collections() []offers.Collection
 }
 
 // Catalog says which APIs a consumer may bind (implemented by
 // *binding.Catalog).
 type Catalog interface {
+	List() []binding.ExportedAPI
 	Lookup(group, resource string) (binding.ExportedAPI, bool)
 }
 
@@ -68,15 +73,12 @@ type Config struct {
 	Grace time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
-	// Catalog and Provisioner are needed for Select and Bind only.
-	// Without a Provisioner nothing is bound, so no delivery is marked.
+	// Provisioner binds; without it nothing is bound, so no delivery is
+	// marked. Catalog and Offers are what the consumers pick from: the
+	// exported APIs, and the offers (Generation.PicksOffers).
 	Catalog     Catalog
 	Provisioner Provisioner
-	// Offers are needed for SelectOffers only.
-	Offers Offers
-	// RenderV1alpha2 renders the BindingResponse of the v1alpha2 flows
-	// (internal/httpapi/v1alpha2.Render); without it, they bind nothing.
-	RenderV1alpha2 Renderer
+	Offers      Offers
 }
 
 // Result is a bind's outcome as a protocol generation renders it into
@@ -85,8 +87,8 @@ type Result struct {
 	binding.Result
 	// SessionID is the response's authentication.oauth2CodeGrant.sid.
 	SessionID string
-	// Picks are the offers a v1alpha2 consumer picked, one request each
-	// (nil for v1alpha1, whose requests are the resolved APIs).
+	// Picks are the offers the consumer picked (a generation that picks
+	// APIs renders the resolved APIs instead).
 	Picks []Pick
 }
 
@@ -108,34 +110,55 @@ func (p Pick) RequestName() string {
 // Renderer renders a Result as the JSON BindingResponse of a generation.
 type Renderer func(Result) ([]byte, error)
 
-// RenderV1alpha1 renders the kube-bind.io/v1alpha1 BindingResponse: one
-// request per resolved API, named <resource>.<group>.
-func RenderV1alpha1(r Result) ([]byte, error) {
-	resp := v1alpha1.BindingResponse{
-		APIVersion: v1alpha1.GroupVersion,
-		Kind:       v1alpha1.KindBindingResponse,
-		Authentication: v1alpha1.BindingAuthentication{
-			OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{SessionID: r.SessionID, ID: r.ConsumerID},
-		},
-		Kubeconfig: r.Kubeconfig,
+// Generation is a protocol generation as the session service binds it.
+// Each generation's package registers its own (Register).
+type Generation struct {
+	// Name is the generation of the session flows it binds
+	// (GenerationOf).
+	Name string
+	// Render renders a bind's result as the generation's BindingResponse.
+	Render Renderer
+	// PicksOffers: a pick names an offer (Config.Offers). Else it names
+	// an API of the catalog (<resource>.<group>), and picks that API's
+	// implicit offer.
+	PicksOffers bool
+}
+
+// Names of the generations the session flows belong to.
+const (
+	V1alpha1 = "v1alpha1"
+	V1alpha2 = "v1alpha2"
+)
+
+// GenerationOf names the generation of a session flow.
+func GenerationOf(f sessionkey.Flow) string {
+	if f.V1alpha2() {
+		return V1alpha2
 	}
-	for _, api := range r.APIs {
-		raw, err := json.Marshal(v1alpha1.APIServiceExportRequestResponse{
-			APIVersion: v1alpha1.GroupVersion,
-			Kind:       v1alpha1.KindAPIServiceExportRequest,
-			Metadata:   v1alpha1.NameMeta{Name: api.Resource + "." + api.Group},
-			Spec: v1alpha1.APIServiceExportRequestResponseSpec{
-				Resources: []v1alpha1.APIServiceExportRequestResource{{
-					Group: api.Group, Resource: api.Resource, Versions: api.Versions,
-				}},
-			},
-		})
-		if err != nil {
-			return nil, err
-		}
-		resp.Requests = append(resp.Requests, raw)
+	return V1alpha1
+}
+
+var (
+	generationsMu sync.RWMutex
+	generations   = map[string]Generation{}
+)
+
+// Register makes g's sessions bindable; its package calls it once, from
+// init. A second registration of a name replaces the first.
+func Register(g Generation) {
+	if g.Name == "" || g.Render == nil {
+		panic("lifecycle: Register needs a name and a renderer")
 	}
-	return json.Marshal(resp)
+	generationsMu.Lock()
+	defer generationsMu.Unlock()
+	generations[g.Name] = g
+}
+
+func generation(name string) (Generation, bool) {
+	generationsMu.RLock()
+	defer generationsMu.RUnlock()
+	g, ok := generations[name]
+	return g, ok
 }
 
 // Service runs the session lifecycle.
@@ -175,47 +198,42 @@ type Session struct {
 	Ended bool
 }
 
-// CreatePollSession issues a session of the poll flow (protocol §3). It
-// returns the cluster ID the session will bind with unless its link
-// proves the presented one, and the cluster secret of a new cluster ID
-// ("" when the client presented one: that one's secret is the client's).
-func (s *Service) CreatePollSession(presentedClusterID string) (sess Session, clusterID, clusterSecret string) {
-	return s.CreatePollSessionOf(sessionkey.FlowPoll, presentedClusterID)
+// SessionRequest says which session CreateSession issues.
+type SessionRequest struct {
+	Flow sessionkey.Flow
+	// ClusterID is the one a client of a polled flow presented: the
+	// session binds with it only if its link proves it (SettleCluster).
+	ClusterID string
+	// CallbackURL (checked) and CallbackSessionID (the CLI's own session
+	// ID) of a flow whose result goes to a CLI's localhost callback: they
+	// travel with the login, not in any store.
+	CallbackURL, CallbackSessionID string
 }
 
-// CreatePollSessionOf is CreatePollSession for a poll flow of either
-// generation (FlowPoll or FlowPollV1alpha2).
-func (s *Service) CreatePollSessionOf(flow sessionkey.Flow, presentedClusterID string) (sess Session, clusterID, clusterSecret string) {
-	if !flow.Polled() {
-		panic("lifecycle: CreatePollSessionOf with a flow that is not polled")
+// CreateSession issues a session. For a polled flow (protocol §3) it
+// returns the cluster ID the session will bind with unless its link
+// proves the presented one, and the cluster secret of a new cluster ID
+// ("" when the client presented one: that one's secret is the client's);
+// for the others, two empty strings.
+func (s *Service) CreateSession(req SessionRequest) (sess Session, clusterID, clusterSecret string) {
+	if !req.Flow.Valid() || req.Flow.Polled() != (req.CallbackURL == "") {
+		panic("lifecycle: CreateSession of a polled flow with a callback, or of a redirect flow without one")
 	}
-	sess.Session = s.cfg.Keys.Issue(flow, presentedClusterID, s.cfg.Now().Add(s.cfg.SessionTTL))
+	if !req.Flow.Polled() {
+		req.ClusterID = ""
+	}
+	sess = Session{
+		Session:     s.cfg.Keys.Issue(req.Flow, req.ClusterID, s.cfg.Now().Add(s.cfg.SessionTTL)),
+		CallbackURL: req.CallbackURL, CallbackSessionID: req.CallbackSessionID,
+	}
+	if !req.Flow.Polled() {
+		return sess, "", ""
+	}
 	if sess.ClusterID != "" {
 		return sess, sess.ClusterID, ""
 	}
 	clusterID = clusterkey.NewClusterID(sess.ID)
 	return sess, clusterID, s.cfg.ClusterKey.Secret(clusterID)
-}
-
-// CreateCallbackSession issues the session of a callback-flow login: the
-// released CLI's session ID and the checked callback URL the response
-// goes to travel with the login, not in any store.
-func (s *Service) CreateCallbackSession(callbackURL, cliSessionID string) Session {
-	return s.CreateRedirectSession(sessionkey.FlowCallback, callbackURL, cliSessionID)
-}
-
-// CreateRedirectSession issues the session of a login whose result goes
-// to a CLI's localhost callback: the v1alpha1 callback flow
-// (FlowCallback), the browser flow of plain `kubectl bind`
-// (FlowBrowserV1alpha2) or `kubectl bind login` (FlowCLILogin).
-func (s *Service) CreateRedirectSession(flow sessionkey.Flow, callbackURL, cliSessionID string) Session {
-	if flow.Polled() || !flow.Valid() {
-		panic("lifecycle: CreateRedirectSession with a polled flow")
-	}
-	return Session{
-		Session:     s.cfg.Keys.Issue(flow, "", s.cfg.Now().Add(s.cfg.SessionTTL)),
-		CallbackURL: callbackURL, CallbackSessionID: cliSessionID,
-	}
 }
 
 var (
@@ -255,10 +273,21 @@ func (s *Service) UseLink(ctx context.Context, sess Session, nonce string) error
 	return s.cfg.Store.UseOnce(ctx, "link\n"+sess.ID+"\n"+nonce, sess.ExpiresAt)
 }
 
-// UseLoginState spends a login state (oidc.Config.UseOnce, called once
-// the user signed in), kept for a session's life.
-func (s *Service) UseLoginState(ctx context.Context, key string) error {
-	return s.cfg.Store.UseOnce(ctx, "login-state\n"+key, s.cfg.Now().Add(s.cfg.SessionTTL))
+// LoginStates is the oidc.Config.UseOnce of the browser login: a login
+// state is spent (once the user signed in) as a single-use mark in the
+// session store, kept for a session's life (ttl), so it is single-use
+// across replicas and restarts. It needs the store only: the login is
+// built before the session service.
+func LoginStates(store sessions.Store, ttl time.Duration, now func() time.Time) func(ctx context.Context, flowState []byte, key string) error {
+	if now == nil {
+		now = time.Now
+	}
+	if ttl <= 0 {
+		ttl = sessions.DefaultTTL
+	}
+	return func(ctx context.Context, _ []byte, key string) error {
+		return store.UseOnce(ctx, "login-state\n"+key, now().Add(ttl))
+	}
 }
 
 // Outcome is what the session ended with so far (the zero Outcome while
@@ -354,42 +383,12 @@ type SelectionError struct{ Problem string }
 
 func (e *SelectionError) Error() string { return e.Problem }
 
-// Select turns the picked API IDs (<resource>.<group>) into resources,
-// dropping repeats and keeping the order. Nothing may be provisioned
-// unless every one is exported: else a *SelectionError.
-func (s *Service) Select(picked []string) ([]binding.Resource, []string, error) {
-	if s.cfg.Catalog == nil || s.cfg.Provisioner == nil {
-		return nil, nil, ErrNoProvider
-	}
-	if len(picked) == 0 {
-		return nil, nil, &SelectionError{"Pick at least one API."}
-	}
-	seen := map[string]bool{}
-	var resources []binding.Resource
-	var names []string
-	for _, name := range picked {
-		if seen[name] {
-			continue
-		}
-		seen[name] = true
-		resource, group, _ := strings.Cut(name, ".")
-		if _, ok := s.cfg.Catalog.Lookup(group, resource); !ok {
-			return nil, nil, notOffered(name)
-		}
-		resources = append(resources, binding.Resource{Group: group, Resource: resource})
-		names = append(names, name)
-	}
-	return resources, names, nil
-}
-
-func notOffered(name string) *SelectionError {
-	return &SelectionError{"The API " + name + " is not offered by this provider. Pick from the list."}
-}
-
-// SelectOffers turns the picked offer names into picks, dropping repeats
-// and keeping the order: a *SelectionError unless every one is offered.
-func (s *Service) SelectOffers(picked []string) ([]Pick, error) {
-	if s.cfg.Offers == nil || s.cfg.Provisioner == nil || s.cfg.RenderV1alpha2 == nil {
+// Select turns the names a user of sess's generation picked into picks,
+// dropping repeats and keeping the order: a *SelectionError unless every
+// one is offered. An API of the catalog is picked as its implicit offer.
+func (s *Service) Select(sess Session, picked []string) ([]Pick, error) {
+	gen, ok := s.binds(sess.Flow)
+	if !ok {
 		return nil, ErrNoProvider
 	}
 	if len(picked) == 0 {
@@ -407,7 +406,7 @@ func (s *Service) SelectOffers(picked []string) ([]Pick, error) {
 			continue
 		}
 		seen[name] = true
-		o, ok := s.cfg.Offers.Get(name)
+		o, ok := s.pickable(gen, name)
 		if !ok {
 			return nil, notOffered(name)
 		}
@@ -423,12 +422,83 @@ func (s *Service) SelectOffers(picked []string) ([]Pick, error) {
 	return picks, nil
 }
 
-// Offer returns the offer name (v1alpha2 consumers), or false.
+// pickable resolves a picked name the way gen's consumers name what they
+// bind.
+func (s *Service) pickable(gen Generation, name string) (offers.Offer, bool) {
+	if gen.PicksOffers {
+		return s.cfg.Offers.Get(name)
+	}
+	resource, group, _ := strings.Cut(name, ".")
+	api, ok := s.cfg.Catalog.Lookup(group, resource)
+	if !ok {
+		return offers.Offer{}, false
+	}
+	return offers.Implicit(api), true
+}
+
+func notOffered(name string) *SelectionError {
+	return &SelectionError{"The API " + name + " is not offered by this provider. Pick from the list."}
+}
+
+// binds returns the generation of flow when the service can bind its
+// sessions: the generation is registered, and a provisioner and what its
+// consumers pick from are configured.
+func (s *Service) binds(flow sessionkey.Flow) (Generation, bool) {
+	gen, ok := generation(GenerationOf(flow))
+	if !ok || s.cfg.Provisioner == nil {
+		return Generation{}, false
+	}
+	if gen.PicksOffers {
+		return gen, s.cfg.Offers != nil
+	}
+	return gen, s.cfg.Catalog != nil
+}
+
+// CanBind says whether sessions of flow can be bound here.
+func (s *Service) CanBind(flow sessionkey.Flow) bool {
+	_, ok := s.binds(flow)
+	return ok
+}
+
+// ExportedAPIs are the catalog's APIs (none without a catalog).
+func (s *Service) ExportedAPIs() []binding.ExportedAPI {
+	if s.cfg.Catalog == nil {
+		return nil
+	}
+	return s.cfg.Catalog.List()
+}
+
+// Offers are every offer (none without offers).
+func (s *Service) Offers() []offers.Offer {
+	if s.cfg.Offers == nil {
+		return nil
+	}
+	return s.cfg.Offers.List()
+}
+
+// Offer returns the offer name, or false.
 func (s *Service) Offer(name string) (offers.Offer, bool) {
 	if s.cfg.Offers == nil {
 		return offers.Offer{}, false
 	}
 	return s.cfg.Offers.Get(name)
+}
+
+// Collections are the provider's collections of offers.
+func (s *Service) Collections() []offers.Collection {
+	if s.cfg.Offers == nil {
+		return nil
+	}
+	return s.cfg.Offers.Collections()
+}
+
+// Existing says whether the consumer is bound already under clusterID,
+// and since when.
+func (s *Service) Existing(ctx context.Context, c binding.Consumer, clusterID string) (time.Time, bool, error) {
+	if s.cfg.Provisioner == nil {
+		return time.Time{}, false, ErrNoProvider
+	}
+	return s.cfg.Provisioner.Existing(ctx, c, clusterID)
 }
 
 // Errors of Bind besides *SelectionError and the store's.
@@ -441,7 +511,7 @@ var (
 	ErrProvisioning = errors.New("provisioning failed")
 	// ErrNoProvider: the service was built without a catalog and a
 	// provisioner, so it binds nothing.
-	ErrNoProvider = errors.New("lifecycle: no catalog and provisioner configured")
+	ErrNoProvider = errors.New("lifecycle: no provisioner, or nothing to pick from, for this generation")
 )
 
 // RefusedError is a bind the provider refuses for the user's own state
@@ -455,61 +525,35 @@ type RefusedError struct {
 func (e *RefusedError) Error() string { return e.Reason }
 func (e *RefusedError) Unwrap() error { return e.Err }
 
-// Bind provisions consumer with resources under clusterID, renders the
-// v1alpha1 response for sess's flow (the CLI's session ID in the callback
-// flow) and records it as the session's outcome, with the provider
-// namespace Deliver marks. A response that goes to a CLI's callback
-// instead is handed out by the caller at once, so Bind marks its delivery
-// first (see delivered). It returns the BindingResponse. Provisioning is idempotent, so a bind that two
+// Bind provisions consumer with the resources of picks under clusterID,
+// renders the response of sess's generation (with the CLI's session ID
+// in the flows that end at its callback) and records it as the session's
+// outcome, with the provider namespace Deliver marks. A response that
+// goes to a CLI's callback instead is handed out by the caller at once,
+// so Bind marks its delivery first (see delivered). It returns the
+// BindingResponse. Provisioning is idempotent, so a bind that two
 // replicas run at once (the form sent twice) provisions the same objects
 // and records one outcome.
-func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource) ([]byte, error) {
-	return s.bind(ctx, sess, consumer, clusterID, resources, nil)
-}
-
-// BindOffers is Bind for the v1alpha2 flows (sessions of FlowPollV1alpha2
-// and FlowBrowserV1alpha2): it provisions every resource of the picked
-// offers and renders one request per pick.
-func (s *Service) BindOffers(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, picks []Pick) ([]byte, error) {
+func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, picks []Pick) ([]byte, error) {
+	gen, ok := s.binds(sess.Flow)
+	if !ok {
+		return nil, ErrNoProvider
+	}
 	if len(picks) == 0 {
 		return nil, &SelectionError{"Pick at least one API."}
 	}
-	return s.bind(ctx, sess, consumer, clusterID, pickedResources(picks), picks)
-}
-
-// BindDirect binds one pick with no session (POST /api/bind with a CLI
-// token): it provisions, renders the v1alpha2 response, with sid as its
-// session ID, and marks its delivery (see delivered), which the caller
-// makes at once; the session store records nothing.
-func (s *Service) BindDirect(ctx context.Context, consumer binding.Consumer, clusterID, sid string, pick Pick) ([]byte, error) {
-	consumer.Proof = binding.ProofToken
-	body, res, err := s.provision(ctx, consumer, clusterID, sid, pickedResources([]Pick{pick}), []Pick{pick})
-	if err != nil {
-		return nil, err
-	}
-	if err := s.delivered(ctx, res.Namespace); err != nil {
-		return nil, err
-	}
-	return body, nil
-}
-
-func pickedResources(picks []Pick) []binding.Resource {
-	var resources []binding.Resource
-	for _, p := range picks {
-		for _, r := range p.Offer.Resources {
-			resources = append(resources, binding.Resource{Group: r.Group, Resource: r.Resource})
-		}
-	}
-	return resources
-}
-
-func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consumer, clusterID string, resources []binding.Resource, picks []Pick) ([]byte, error) {
 	sid := sess.ID
 	if sess.CallbackURL != "" {
 		sid = sess.CallbackSessionID
 	}
-	if sess.Flow.V1alpha2() != (picks != nil) {
-		return nil, fmt.Errorf("lifecycle: a %s session bound with the other generation's selection", generation(sess.Flow))
+	if !gen.PicksOffers {
+		for _, p := range picks {
+			if !p.Offer.Implicit {
+				// Its response would name the APIs alone, not the
+				// offer's claims and namespaces.
+				return nil, fmt.Errorf("lifecycle: a %s session bound with the offer %s, which is not an API's own", gen.Name, p.Offer.Name)
+			}
+		}
 	}
 	// A poll session's cluster ID was issued by this backend and settled
 	// with its proof (SettleCluster); the other flows' is the word of a
@@ -518,7 +562,7 @@ func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consu
 	if sess.Flow.Polled() {
 		consumer.Proof = binding.ProofIssued
 	}
-	body, res, err := s.provision(ctx, consumer, clusterID, sid, resources, picks)
+	body, res, err := s.provision(ctx, gen, consumer, clusterID, sid, picks)
 	var refused *RefusedError
 	if errors.As(err, &refused) {
 		// The client polls until it hears why.
@@ -543,6 +587,36 @@ func (s *Service) bind(ctx context.Context, sess Session, consumer binding.Consu
 	return body, nil
 }
 
+// BindDirect binds one pick with no session (a CLI token's bind, of
+// generation gen): it provisions, renders the response, with sid as its
+// session ID, and marks its delivery (see delivered), which the caller
+// makes at once; the session store records nothing.
+func (s *Service) BindDirect(ctx context.Context, gen string, consumer binding.Consumer, clusterID, sid string, pick Pick) ([]byte, error) {
+	g, ok := generation(gen)
+	if !ok || s.cfg.Provisioner == nil {
+		return nil, ErrNoProvider
+	}
+	consumer.Proof = binding.ProofToken
+	body, res, err := s.provision(ctx, g, consumer, clusterID, sid, []Pick{pick})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.delivered(ctx, res.Namespace); err != nil {
+		return nil, err
+	}
+	return body, nil
+}
+
+func pickedResources(picks []Pick) []binding.Resource {
+	var resources []binding.Resource
+	for _, p := range picks {
+		for _, r := range p.Offer.Resources {
+			resources = append(resources, binding.Resource{Group: r.Group, Resource: r.Resource})
+		}
+	}
+	return resources
+}
+
 // Complete records response, issued for provider namespace ns, as the
 // outcome of poll session sess (Bind does, once it provisioned):
 // ErrAlreadyDone if it has one.
@@ -555,27 +629,9 @@ func (s *Service) Complete(ctx context.Context, sess Session, ns string, respons
 	}
 }
 
-func generation(f sessionkey.Flow) string {
-	if f.V1alpha2() {
-		return "v1alpha2"
-	}
-	return "v1alpha1"
-}
-
-// provision provisions and renders: v1alpha1 without picks, v1alpha2
-// with them.
-func (s *Service) provision(ctx context.Context, consumer binding.Consumer, clusterID, sid string, resources []binding.Resource, picks []Pick) ([]byte, *binding.Result, error) {
-	if s.cfg.Provisioner == nil {
-		return nil, nil, ErrNoProvider
-	}
-	render := RenderV1alpha1
-	if picks != nil {
-		if s.cfg.RenderV1alpha2 == nil {
-			return nil, nil, ErrNoProvider
-		}
-		render = s.cfg.RenderV1alpha2
-	}
-	res, err := s.cfg.Provisioner.Provision(ctx, consumer, clusterID, resources)
+// provision provisions the picks' resources and renders gen's response.
+func (s *Service) provision(ctx context.Context, gen Generation, consumer binding.Consumer, clusterID, sid string, picks []Pick) ([]byte, *binding.Result, error) {
+	res, err := s.cfg.Provisioner.Provision(ctx, consumer, clusterID, pickedResources(picks))
 	var ne *binding.NotExportedError
 	if errors.As(err, &ne) {
 		// The catalog changed since Select.
@@ -591,7 +647,7 @@ func (s *Service) provision(ctx context.Context, consumer binding.Consumer, clus
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
 	}
-	body, err := render(Result{Result: *res, SessionID: sid, Picks: picks})
+	body, err := gen.Render(Result{Result: *res, SessionID: sid, Picks: picks})
 	if err != nil {
 		return nil, nil, fmt.Errorf("encoding the binding response: %w", err)
 	}

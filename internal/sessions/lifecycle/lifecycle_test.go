@@ -49,33 +49,9 @@ func newServiceAt(t *testing.T, limits sessions.Limits, p Provisioner, clock *te
 	return s, store, key
 }
 
-// TestRenderV1alpha1 pins the v1alpha1 response byte for byte: it is what
-// Provision returned before the result became generation-neutral.
-func TestRenderV1alpha1(t *testing.T) {
-	got, err := RenderV1alpha1(Result{SessionID: "sid-1", Result: binding.Result{
-		Namespace: "kb-abc", Kubeconfig: []byte("apiVersion: v1\n"), ConsumerID: "https://idp/alice",
-		APIs: []binding.ExportedAPI{
-			{Group: "mangodb.com", Resource: "mangodbs", Versions: []string{"v1", "v2"}},
-			{Group: "", Resource: "widgets"},
-		},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := `{"apiVersion":"kube-bind.io/v1alpha1","kind":"BindingResponse",` +
-		`"authentication":{"oauth2CodeGrant":{"sid":"sid-1","id":"https://idp/alice"}},"kubeconfig":"YXBpVmVyc2lvbjogdjEK",` +
-		`"requests":[{"apiVersion":"kube-bind.io/v1alpha1","kind":"APIServiceExportRequest","metadata":{"name":"mangodbs.mangodb.com"},` +
-		`"spec":{"resources":[{"group":"mangodb.com","resource":"mangodbs","versions":["v1","v2"]}]}},` +
-		`{"apiVersion":"kube-bind.io/v1alpha1","kind":"APIServiceExportRequest","metadata":{"name":"widgets."},` +
-		`"spec":{"resources":[{"group":"","resource":"widgets"}]}}]}`
-	if string(got) != want {
-		t.Errorf("v1alpha1 response\n got %s\nwant %s", got, want)
-	}
-}
-
 func TestCreatePollSession(t *testing.T) {
 	s, store, key := newService(t, sessions.Limits{}, nil)
-	sess, clusterID, secret := s.CreatePollSession("")
+	sess, clusterID, secret := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	if clusterID != clusterkey.NewClusterID(sess.ID) || secret != key.Secret(clusterID) || sess.ClusterID != "" {
 		t.Fatalf("no cluster ID presented: %+v, cluster %q, secret %q; want an issued ID with its secret", sess, clusterID, secret)
 	}
@@ -84,7 +60,7 @@ func TestCreatePollSession(t *testing.T) {
 		t.Fatalf("Open of a new session: %+v, %v", opened, err)
 	}
 	earlier := clusterID // presented again by a client that bound before
-	presented, got, secret := s.CreatePollSession(earlier)
+	presented, got, secret := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: earlier})
 	if got != earlier || secret != "" || presented.ClusterID != earlier {
 		t.Fatalf("presented cluster ID: %+v, cluster %q, secret %q; want it kept, no secret", presented, got, secret)
 	}
@@ -97,7 +73,7 @@ func TestCreatePollSession(t *testing.T) {
 func TestOpen(t *testing.T) {
 	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	s, _, _ := newServiceAt(t, sessions.Limits{}, nil, clock)
-	sess, _, _ := s.CreatePollSession("")
+	sess, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	if _, err := s.Open("not-a-session"); !errors.Is(err, ErrUnknownSession) {
 		t.Errorf("a malformed ID: %v, want ErrUnknownSession", err)
 	}
@@ -117,7 +93,7 @@ func TestDeliverGrace(t *testing.T) {
 	ctx := context.Background()
 	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
-	sess, _, _ := s.CreatePollSession("")
+	sess, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	if err := s.Deliver(ctx, sess, sessions.Outcome{}); !errors.Is(err, sessions.ErrNotPending) {
 		t.Fatalf("Deliver of a pending session: %v", err)
 	}
@@ -155,7 +131,7 @@ func outcome(t *testing.T, s *Service, sess Session) sessions.Outcome {
 func TestDeliveredMarkedFirst(t *testing.T) {
 	ctx := context.Background()
 	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
-	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
+	res := mangodbs
 	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	p := &fakes.Provisioner{}
 	s, _, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, p, clock)
@@ -163,7 +139,7 @@ func TestDeliveredMarkedFirst(t *testing.T) {
 
 	// The poll flow: Bind records the namespace with the response,
 	// marks nothing yet (nothing is handed out).
-	poll, cluster, _ := s.CreatePollSession("")
+	poll, cluster, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	body, err := s.Bind(ctx, poll, consumer, cluster, res)
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +168,7 @@ func TestDeliveredMarkedFirst(t *testing.T) {
 
 	// A late poll of a response never handed out before the session
 	// ended is refused and marks nothing.
-	late, lateCluster, _ := s.CreatePollSession("")
+	late, lateCluster, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	if _, err := s.Bind(ctx, late, consumer, lateCluster, res); err != nil {
 		t.Fatal(err)
 	}
@@ -210,22 +186,21 @@ func TestDeliveredMarkedFirst(t *testing.T) {
 
 	// The callback flow and POST /api/bind hand the response out at
 	// once: marked before Bind returns it, or no response at all.
-	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
+	cb := callbackSession(s, "http://localhost:41234/callback", "cli-session")
 	p.MarkErr = down
 	if body, err := s.Bind(ctx, cb, consumer, "abcdef", res); !errors.Is(err, sessions.ErrUnavailable) || body != nil {
 		t.Fatalf("callback-flow bind with the mark failing: %q %v, want no response and ErrUnavailable", body, err)
 	}
 	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{{Name: "db", Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}}}}
-	s.cfg.RenderV1alpha2 = renderPicks
 	pick := Pick{Offer: s.cfg.Offers.(fakes.Offers).Items[0]}
-	if body, err := s.BindDirect(ctx, consumer, "uid", "token-id", pick); !errors.Is(err, sessions.ErrUnavailable) || body != nil {
+	if body, err := s.BindDirect(ctx, V1alpha2, consumer, "uid", "token-id", pick); !errors.Is(err, sessions.ErrUnavailable) || body != nil {
 		t.Fatalf("BindDirect with the mark failing: %q %v, want no response and ErrUnavailable", body, err)
 	}
 	p.MarkErr = nil
 	if _, err := s.Bind(ctx, cb, consumer, "abcdef", res); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.BindDirect(ctx, consumer, "uid", "token-id", pick); err != nil {
+	if _, err := s.BindDirect(ctx, V1alpha2, consumer, "uid", "token-id", pick); err != nil {
 		t.Fatal(err)
 	}
 	if m := p.Marked(); len(m) != 3 {
@@ -239,7 +214,7 @@ func TestDeliverUnmarkable(t *testing.T) {
 	ctx := context.Background()
 	p := &fakes.Provisioner{}
 	s, store, _ := newService(t, sessions.Limits{}, p)
-	sess, _, _ := s.CreatePollSession("")
+	sess, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, "", []byte(`{"kind":"BindingResponse"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -257,11 +232,11 @@ func TestDeliverUnmarkable(t *testing.T) {
 
 func TestSettleCluster(t *testing.T) {
 	s, _, key := newService(t, sessions.Limits{}, nil)
-	fresh, issued, _ := s.CreatePollSession("")
+	fresh, issued, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	if id, proven := s.SettleCluster(fresh, ""); id != issued || proven {
 		t.Errorf("no cluster presented: %q %v, want the issued %q", id, proven, issued)
 	}
-	presented, _, _ := s.CreatePollSession(issued)
+	presented, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: issued})
 	proof := protocol.ClusterProof(key.Secret(issued), presented.ID)
 	if id, proven := s.SettleCluster(presented, proof); id != issued || !proven {
 		t.Errorf("with its proof: %q %v", id, proven)
@@ -273,19 +248,28 @@ func TestSettleCluster(t *testing.T) {
 
 func TestSelect(t *testing.T) {
 	none, _, _ := newService(t, sessions.Limits{}, nil)
-	if _, _, err := none.Select([]string{"mangodbs.mangodb.com"}); !errors.Is(err, ErrNoProvider) {
+	poll, _, _ := none.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll})
+	if _, err := none.Select(poll, []string{"mangodbs.mangodb.com"}); !errors.Is(err, ErrNoProvider) {
 		t.Errorf("without a provisioner: %v, want ErrNoProvider", err)
 	}
 	s, _, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
-	res, names, err := s.Select([]string{"mangodbs.mangodb.com", "mangodbs.mangodb.com"})
-	if err != nil || len(res) != 1 || res[0] != (binding.Resource{Group: "mangodb.com", Resource: "mangodbs"}) || len(names) != 1 {
-		t.Fatalf("one API twice: %v %v %v", res, names, err)
+	picks, err := s.Select(poll, []string{"mangodbs.mangodb.com", "mangodbs.mangodb.com"})
+	if err != nil || len(picks) != 1 || !picks[0].Offer.Implicit || picks[0].Offer.Name != "mangodbs.mangodb.com" ||
+		len(picks[0].Offer.Resources) != 1 || picks[0].Offer.Resources[0].Group != "mangodb.com" || picks[0].Offer.Resources[0].Resource != "mangodbs" {
+		t.Fatalf("one API twice: %+v %v", picks, err)
 	}
 	var se *SelectionError
 	for _, picked := range [][]string{nil, {"mangodbs.mangodb.com", "secrets.example.com"}, {"nodot"}} {
-		if _, _, err := s.Select(picked); !errors.As(err, &se) {
+		if _, err := s.Select(poll, picked); !errors.As(err, &se) {
 			t.Errorf("%q: %v, want a SelectionError", picked, err)
 		}
+	}
+	// A v1alpha1 pick is the API's implicit offer, never an offer of the
+	// same name: a template may replace that one.
+	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{{Name: "mangodbs.mangodb.com", Description: "a template",
+		Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}}}}
+	if picks, err := s.Select(poll, []string{"mangodbs.mangodb.com"}); err != nil || !picks[0].Offer.Implicit {
+		t.Errorf("a v1alpha1 pick beside a template of its name: %+v %v", picks, err)
 	}
 }
 
@@ -294,11 +278,11 @@ func TestSelect(t *testing.T) {
 func TestBind(t *testing.T) {
 	ctx := context.Background()
 	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
-	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
+	res := mangodbs
 
 	s, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
-	poll, pollCluster, _ := s.CreatePollSession("")
-	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
+	poll, pollCluster, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
+	cb := callbackSession(s, "http://localhost:41234/callback", "cli-session")
 	for _, c := range []struct {
 		sess    Session
 		wantSID string
@@ -334,7 +318,7 @@ func TestBind(t *testing.T) {
 	}
 
 	failing, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{Err: errors.New("apiserver away")})
-	sess, cluster, _ := failing.CreatePollSession("")
+	sess, cluster, _ := failing.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	if _, err := failing.Bind(ctx, sess, consumer, cluster, res); !errors.Is(err, ErrProvisioning) {
 		t.Errorf("provisioning failure: %v, want ErrProvisioning", err)
 	}
@@ -360,8 +344,8 @@ func TestDeliverAroundExpiry(t *testing.T) {
 	ctx := context.Background()
 	clock := testutil.ClockAt(time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC))
 	s, store, _ := newServiceAt(t, sessions.Limits{Grace: 30 * time.Second}, nil, clock)
-	early, _, _ := s.CreatePollSession("")
-	late, _, _ := s.CreatePollSession("")
+	early, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
+	late, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	for _, sess := range []Session{early, late} {
 		if err := store.Complete(ctx, sess.ID, sess.ExpiresAt, "", []byte(`{}`)); err != nil {
 			t.Fatal(err)
@@ -395,6 +379,27 @@ func TestDeliverAroundExpiry(t *testing.T) {
 	}
 }
 
+// The generations the tests bind: renderV1alpha1 and renderPicks stand
+// for the renderers their packages register.
+func init() {
+	Register(Generation{Name: V1alpha1, Render: renderV1alpha1})
+	Register(Generation{Name: V1alpha2, Render: renderPicks, PicksOffers: true})
+}
+
+// mangodbs picks the implicit offer of the test catalog's one API.
+var mangodbs = []Pick{{Offer: offers.Implicit(fakes.MangoDBs)}}
+
+// renderV1alpha1 renders the authentication of a v1alpha1 response.
+func renderV1alpha1(r Result) ([]byte, error) {
+	return json.Marshal(v1alpha1.BindingResponse{APIVersion: v1alpha1.GroupVersion, Kind: v1alpha1.KindBindingResponse,
+		Authentication: v1alpha1.BindingAuthentication{OAuth2CodeGrant: &v1alpha1.CodeGrantAuthentication{SessionID: r.SessionID, ID: r.ConsumerID}}})
+}
+
+func callbackSession(s *Service, callbackURL, cliSession string) Session {
+	sess, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowCallback, CallbackURL: callbackURL, CallbackSessionID: cliSession})
+	return sess
+}
+
 // renderPicks stands for the v1alpha2 renderer: the session and the
 // request names.
 func renderPicks(r Result) ([]byte, error) {
@@ -413,25 +418,25 @@ func TestBindV1alpha2(t *testing.T) {
 	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
 	s, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
 	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{{Name: "db", Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}}}}
-	s.cfg.RenderV1alpha2 = renderPicks
 
-	if _, err := s.SelectOffers([]string{"db", "nope"}); err == nil {
+	v2, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPollV1alpha2})
+	if _, err := s.Select(v2, []string{"db", "nope"}); err == nil {
 		t.Error("an unknown offer was selected")
 	}
-	picks, err := s.SelectOffers([]string{"db", "db"})
+	picks, err := s.Select(v2, []string{"db", "db"})
 	if err != nil || len(picks) != 1 {
 		t.Fatalf("SelectOffers: %+v %v", picks, err)
 	}
-	poll, cluster, _ := s.CreatePollSessionOf(sessionkey.FlowPollV1alpha2, "")
-	body, err := s.BindOffers(ctx, poll, consumer, cluster, picks)
+	poll, cluster, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPollV1alpha2})
+	body, err := s.Bind(ctx, poll, consumer, cluster, picks)
 	if err != nil || string(body) != `{"namespace":"`+fakes.ProvisionedNamespace+`","requests":["db"],"sid":"`+poll.ID+`"}` {
 		t.Fatalf("BindOffers: %s %v", body, err)
 	}
 	if o, _ := store.Outcome(ctx, poll.ID); o.State != sessions.StateCompleted {
 		t.Errorf("v1alpha2 poll session: %v", o.State)
 	}
-	browser := s.CreateRedirectSession(sessionkey.FlowBrowserV1alpha2, "http://127.0.0.1:1/callback", "cli-sid")
-	body, err = s.BindOffers(ctx, browser, consumer, "uid", picks)
+	browser, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowBrowserV1alpha2, CallbackURL: "http://127.0.0.1:1/callback", CallbackSessionID: "cli-sid"})
+	body, err = s.Bind(ctx, browser, consumer, "uid", picks)
 	if err != nil || !strings.Contains(string(body), `"sid":"cli-sid"`) {
 		t.Errorf("browser flow: %s %v", body, err)
 	}
@@ -441,17 +446,17 @@ func TestBindV1alpha2(t *testing.T) {
 	if err := s.Deny(ctx, browser, "no"); err != nil {
 		t.Errorf("Deny of a browser-flow session: %v", err)
 	}
-	body, err = s.BindDirect(ctx, consumer, "uid", "token-id", Pick{Name: "my-db", Offer: picks[0].Offer})
+	body, err = s.BindDirect(ctx, V1alpha2, consumer, "uid", "token-id", Pick{Name: "my-db", Offer: picks[0].Offer})
 	if err != nil || !strings.Contains(string(body), `"requests":["my-db"],"sid":"token-id"`) {
 		t.Errorf("BindDirect: %s %v", body, err)
 	}
-	// The other generation's selection is refused.
-	v1, _, _ := s.CreatePollSession("")
-	if _, err := s.BindOffers(ctx, v1, consumer, cluster, picks); err == nil {
-		t.Error("a v1alpha1 session bound offers")
+	// A v1alpha1 session binds APIs, never a template's offer.
+	v1, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
+	if _, err := s.Bind(ctx, v1, consumer, cluster, picks); err == nil {
+		t.Error("a v1alpha1 session bound a template's offer")
 	}
-	if _, err := s.Bind(ctx, browser, consumer, "uid", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}); err == nil {
-		t.Error("a v1alpha2 session bound v1alpha1 resources")
+	if _, err := s.Bind(ctx, browser, consumer, "uid", mangodbs); err != nil {
+		t.Errorf("a v1alpha2 session could not bind an implicit offer: %v", err)
 	}
 }
 
@@ -462,11 +467,11 @@ func TestBindV1alpha2(t *testing.T) {
 func TestBindRefused(t *testing.T) {
 	ctx := context.Background()
 	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
-	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
+	res := mangodbs
 	p := &fakes.Provisioner{}
 	s, store, _ := newService(t, sessions.Limits{}, p)
 
-	poll, cluster, _ := s.CreatePollSession("")
+	poll, cluster, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	p.FailNext(&binding.ClusterCapError{Cap: 10, Have: 10})
 	_, err := s.Bind(ctx, poll, consumer, cluster, res)
 	var refused *RefusedError
@@ -481,7 +486,7 @@ func TestBindRefused(t *testing.T) {
 		t.Errorf("a poll-flow bind did not say its cluster ID is issued: %+v", calls)
 	}
 
-	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
+	cb := callbackSession(s, "http://localhost:41234/callback", "cli-session")
 	p.FailNext(fmt.Errorf("namespace kb-x: %w", binding.ErrClusterNotProven))
 	if _, err := s.Bind(ctx, cb, consumer, "abcdef", res); !errors.As(err, &refused) || !strings.Contains(refused.Reason, "poll flow") {
 		t.Errorf("unproven: %v, want a RefusedError naming the poll flow", err)
@@ -505,15 +510,15 @@ func TestSelectOffersOneRequestPerResource(t *testing.T) {
 		{Name: "widgets.interop.example.com", Implicit: true, Resources: []v1alpha2.Resource{widgets}},
 		{Name: "db", Resources: []v1alpha2.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}},
 	}}
-	s.cfg.RenderV1alpha2 = renderPicks
 
-	_, err := s.SelectOffers([]string{"widgets", "db", "widgets.interop.example.com"})
+	v2, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPollV1alpha2})
+	_, err := s.Select(v2, []string{"widgets", "db", "widgets.interop.example.com"})
 	var problem *SelectionError
 	if !errors.As(err, &problem) || !strings.Contains(problem.Problem, "widgets and widgets.interop.example.com both bind widgets.interop.example.com") {
 		t.Fatalf("both offers of widgets picked: %v", err)
 	}
 	for _, ok := range [][]string{{"widgets", "db"}, {"widgets.interop.example.com", "db"}, {"widgets", "widgets"}} {
-		if picks, err := s.SelectOffers(ok); err != nil || len(picks) != len(slices.Compact(slices.Clone(ok))) {
+		if picks, err := s.Select(v2, ok); err != nil || len(picks) != len(slices.Compact(slices.Clone(ok))) {
 			t.Errorf("SelectOffers(%q): %d picks, %v", ok, len(picks), err)
 		}
 	}

@@ -375,7 +375,7 @@ func (p *peer) admit(ctx context.Context, req admitRequest) (answer, err error) 
 }
 
 // Why a peer request was answered locally: the label of
-// hashring_peer_fallback_reasons_total and the warning's reason.
+// ring_peer_fallback_reasons_total and the warning's reason.
 const (
 	reasonTimeout     = "timeout"     // no answer within the peer timeout
 	reasonUnreachable = "unreachable" // no connection (refused, reset, no route)

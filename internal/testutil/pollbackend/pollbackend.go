@@ -21,7 +21,11 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kbprovider/backend/internal/httpapi"
+	"github.com/kbprovider/backend/internal/httpapi/browser"
 	"github.com/kbprovider/backend/internal/httpapi/longpoll"
+	"github.com/kbprovider/backend/internal/httpapi/mount"
+	"github.com/kbprovider/backend/internal/httpapi/pollsession"
+	apiv1alpha1 "github.com/kbprovider/backend/internal/httpapi/v1alpha1"
 	"github.com/kbprovider/backend/internal/sessions"
 	"github.com/kbprovider/backend/internal/sessions/clusterkey"
 	"github.com/kbprovider/backend/internal/sessions/lifecycle"
@@ -114,18 +118,28 @@ func Start(t testing.TB, o Options) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pollSessions, err := pollsession.New(svc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := longpoll.New(longpoll.Options{MaxWait: o.LongPollMaxWait, MaxHeld: longpoll.DefaultMaxHeld})
+	v1, err := apiv1alpha1.New(apiv1alpha1.Config{ExternalURL: ext, PrettyName: "Test Provider", PollInterval: o.PollInterval,
+		LongPollMaxWait: lp.MaxWait(), Sessions: pollSessions})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, err := httpapi.New(httpapi.Config{
 		ExternalURL:  ext,
-		PrettyName:   "Test Provider",
 		PollInterval: o.PollInterval,
 		Sessions:     svc,
 		Now:          clock.Now,
-		LongPoll:     longpoll.New(longpoll.Options{MaxWait: o.LongPollMaxWait, MaxHeld: longpoll.DefaultMaxHeld}),
+		LongPoll:     lp,
+		Parts:        []mount.Part{v1, browser.Unconfigured{}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &Backend{URL: ext.String(), ExportURL: ext.String() + httpapi.PathExport, Store: store, Sessions: svc, Clock: clock, Server: srv}
+	b := &Backend{URL: ext.String(), ExportURL: ext.String() + apiv1alpha1.PathExport, Store: store, Sessions: svc, Clock: clock, Server: srv}
 	srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/sessions") {
 			b.created.Add(1)
