@@ -1,6 +1,8 @@
 package kbmanager
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
@@ -28,6 +30,10 @@ func (c gathered) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, f := range families {
+		// The process's own are in the backend's registry already.
+		if strings.HasPrefix(f.GetName(), "go_") || strings.HasPrefix(f.GetName(), "process_") {
+			continue
+		}
 		for _, m := range f.GetMetric() {
 			names := make([]string, len(m.GetLabel()))
 			for i, l := range m.GetLabel() {

@@ -4,13 +4,15 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // controller-runtime's metrics, kept in its own registry, are gathered
-// with ours, labels and all.
+// with ours (which has the process's own), labels and all.
 func TestRegisterMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := RegisterMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
