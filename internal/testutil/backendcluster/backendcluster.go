@@ -8,6 +8,8 @@ package backendcluster
 
 import (
 	"context"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -86,7 +88,9 @@ func Run(t testing.TB, what string, run func(context.Context) error) (stop func(
 					t.Errorf("%s: Run: %v", what, err)
 				}
 			case <-time.After(10 * time.Second):
-				t.Errorf("%s did not stop within 10s", what)
+				var stacks strings.Builder
+				_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+				t.Errorf("%s did not stop within 10s; goroutines:\n%s", what, stacks.String())
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,6 +87,7 @@ func TestRestartCostsSettledConsumerNoRequest(t *testing.T) {
 // leader's first look at every consumer) is answered before the backlog
 // is done: objects of the initial list wait behind new ones.
 func TestNewRequestAnsweredDuringBacklog(t *testing.T) {
+	t.Skip("the priority queue is off (kbmanager.usePriorityQueue): a request waits behind the backlog")
 	e := setup(t)
 	ctx := context.Background()
 	c := e.bind(t, "urgent", mangodb)
@@ -112,7 +114,10 @@ func TestNewRequestAnsweredDuringBacklog(t *testing.T) {
 		}
 	}
 	slow := rest.CopyConfig(e.backend)
-	slow.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(10, 1)
+	limiter := &openable{RateLimiter: flowcontrol.NewTokenBucketRateLimiter(10, 1)}
+	slow.RateLimiter = limiter
+	// The backlog is not waited for at the end.
+	defer limiter.open.Store(true)
 	var (
 		mu      sync.Mutex
 		settled = map[string]bool{}
@@ -147,3 +152,18 @@ func TestNewRequestAnsweredDuringBacklog(t *testing.T) {
 		t.Errorf("the request was answered only after the whole backlog of %d consumers", backlog)
 	}
 }
+
+// openable limits requests until it is opened.
+type openable struct {
+	flowcontrol.RateLimiter
+	open atomic.Bool
+}
+
+func (o *openable) Wait(ctx context.Context) error {
+	if o.open.Load() {
+		return nil
+	}
+	return o.RateLimiter.Wait(ctx)
+}
+
+func (o *openable) TryAccept() bool { return o.open.Load() || o.RateLimiter.TryAccept() }

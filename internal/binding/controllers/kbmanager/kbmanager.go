@@ -1,9 +1,10 @@
 // Package kbmanager runs the provider-side controllers on one
 // controller-runtime manager: one cache in which every kind the
 // controllers read is listed, watched and trimmed once (Kinds), one
-// request budget for all their clients (Budgeted), leader election on a
-// Lease, and controller-runtime's priority queue, which works through
-// the objects of the initial list after every new or changed one.
+// request budget for all their clients (Budgeted) and leader election on a
+// Lease. controller-runtime's priority queue, which would work through the
+// objects of the initial list after every new or changed one, is off
+// (usePriorityQueue).
 //
 // A controller is added by a Setup, called for every leadership term
 // with that term's *Manager:
@@ -117,6 +118,14 @@ type Manager struct {
 // Setup adds controllers to a term's manager.
 type Setup func(*Manager) error
 
+// usePriorityQueue is off: controller-runtime v0.24.1's priority queue
+// can deadlock when a worker finishes an item while the queue hands one
+// to a worker that is no longer waiting (Done waits for a lock held by a
+// send nobody receives), and the controller then never stops. With it
+// on, objects of the initial list would wait behind new and changed ones
+// (AddLow and controller-runtime's handlers do that already).
+const usePriorityQueue = false
+
 // restartAfter is the pause before a term that failed starts again.
 const restartAfter = 5 * time.Second
 
@@ -183,7 +192,7 @@ func newManager(rc *rest.Config, o Options) (*Manager, error) {
 		Controller: config.Controller{
 			// Every term has a new manager with the same controllers.
 			SkipNameValidation: new(true),
-			UsePriorityQueue:   new(true),
+			UsePriorityQueue:   new(usePriorityQueue),
 		},
 		// Wait for every controller, however long its last request takes.
 		GracefulShutdownTimeout: new(time.Duration(-1)),
@@ -293,16 +302,14 @@ func (m *Manager) AddRunnable(run func(context.Context) error) error {
 type Reconcile func(ctx context.Context, req reconcile.Request) (again time.Duration, err error)
 
 // AddController adds the reconcile rec, named name, with workers workers,
-// fed by sources (watches of m.GetCache(), see Watch). Objects of a
-// source's initial list are queued with low priority, so a new or changed
-// object is reconciled first while a new leader catches up.
+// fed by sources (watches of m.GetCache(), see Watch).
 func (m *Manager) AddController(name string, workers int, rec Reconcile, sources ...source.Source) error {
 	c, err := controller.NewUnmanaged(name, controller.Options{
 		Reconciler: &retrying{name: name, rec: rec, log: m.Log, reconciled: m.reconciled,
 			backoff: workqueue.DefaultTypedItemBasedRateLimiter[reconcile.Request]()},
 		MaxConcurrentReconciles: max(workers, 1),
 		SkipNameValidation:      new(true),
-		UsePriorityQueue:        new(true),
+		UsePriorityQueue:        new(usePriorityQueue),
 		Logger:                  m.GetLogger().WithValues("controller", name),
 	})
 	if err != nil {

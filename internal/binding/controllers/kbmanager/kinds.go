@@ -63,7 +63,7 @@ func List(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, opt
 
 // Watch is a source of the cached objects of obj's kind: each event
 // queues the requests toRequests maps the object to (objects of the
-// initial list with low priority).
+// initial list with low priority, with the priority queue on).
 func Watch[T client.Object](m *Manager, obj T, toRequests func(context.Context, T) []reconcile.Request) source.Source {
 	return source.Kind(m.GetCache(), obj, handler.TypedEnqueueRequestsFromMapFunc(toRequests))
 }

@@ -9,9 +9,10 @@ import (
 )
 
 // controller-runtime's metrics, kept in its own registry, are gathered
-// with ours, labels and all.
+// with ours (which has the process's own), labels and all.
 func TestRegisterMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := RegisterMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
