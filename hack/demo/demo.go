@@ -78,7 +78,7 @@ func (d *demo) start(ctx context.Context) error {
 	for _, a := range addrs {
 		l, err := net.Listen("tcp", a.addr)
 		if err != nil {
-			return fmt.Errorf("cannot listen on %s (%v): is another demo running? Choose another address with %s", a.addr, err, a.flag)
+			return fmt.Errorf("cannot listen on %s (%w): is another demo running? Choose another address with %s", a.addr, err, a.flag)
 		}
 		l.Close()
 	}

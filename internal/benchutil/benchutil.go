@@ -288,7 +288,7 @@ func StartProcess(o ProcessOptions) (*Process, error) {
 		}
 		select {
 		case <-p.exited:
-			return nil, fmt.Errorf("%s exited (%v): %s", o.Argv[0], p.waitErr, p.Logs())
+			return nil, fmt.Errorf("%s exited (%w): %s", o.Argv[0], p.waitErr, p.Logs())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
