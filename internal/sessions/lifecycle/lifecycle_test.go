@@ -296,7 +296,7 @@ func TestBind(t *testing.T) {
 	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
 	res := []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}
 
-	s, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
+	s, _, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
 	poll, pollCluster, _ := s.CreatePollSession("")
 	cb := s.CreateCallbackSession("http://localhost:41234/callback", "cli-session")
 	for _, c := range []struct {
