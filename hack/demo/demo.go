@@ -241,7 +241,7 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: 2 * time.Second}
-	last := "no answer"
+	var last string
 	for {
 		// Ready, and the identity provider and the cluster answer: the
 		// status page of the diagnostics listener says both.

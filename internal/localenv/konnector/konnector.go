@@ -397,5 +397,3 @@ func buildNetbridge() (string, error) {
 	}
 	return bin, nil
 }
-
-var errUnsupported = errors.New("network namespaces need Linux")
