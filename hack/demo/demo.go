@@ -78,7 +78,7 @@ func (d *demo) start(ctx context.Context) error {
 	for _, a := range addrs {
 		l, err := net.Listen("tcp", a.addr)
 		if err != nil {
-			return fmt.Errorf("cannot listen on %s (%v): is another demo running? Choose another address with %s", a.addr, err, a.flag)
+			return fmt.Errorf("cannot listen on %s (%w): is another demo running? Choose another address with %s", a.addr, err, a.flag)
 		}
 		l.Close()
 	}
@@ -241,7 +241,7 @@ func (d *demo) startBackend(ctx context.Context, clientSecret string) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: 2 * time.Second}
-	last := "no answer"
+	var last string
 	for {
 		// Ready, and the identity provider and the cluster answer: the
 		// status page of the diagnostics listener says both.

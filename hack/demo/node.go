@@ -100,7 +100,7 @@ func (d *demo) installChart(ctx context.Context, clientSecret string) error {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t := time.Now()
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("helm install: %v\n%s", err, out.String())
+		return fmt.Errorf("helm install: %w\n%s", err, out.String())
 	}
 	d.step("installed the chart (two backend pods Ready) in %s; the backend's Service is %s", since(t), d.baseURL)
 

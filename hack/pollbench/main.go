@@ -353,7 +353,7 @@ func (bn *bench) startControlPlane() error {
 			// -a: every thread; new threads inherit it.
 			out, err := exec.Command("taskset", "-a", "-p", "-c", bn.o.loadCPU, strconv.Itoa(pid)).CombinedOutput()
 			if err != nil {
-				return fmt.Errorf("pinning the control plane: taskset: %v: %s", err, out)
+				return fmt.Errorf("pinning the control plane: taskset: %w: %s", err, out)
 			}
 		}
 		where = "pinned to CPU " + bn.o.loadCPU + " (the load generator's)"

@@ -302,7 +302,7 @@ func (e *env) bind(s *session) (map[string]bool, error) {
 	}
 	forms, err := testutil.ParseForms(body)
 	if err != nil || len(forms) == 0 {
-		return nil, fmt.Errorf("no form on the selection page (%v): %.300s", err, body)
+		return nil, fmt.Errorf("no form on the selection page (%w): %.300s", err, body)
 	}
 	form := forms[0].Fields
 	form.Add(web.FieldAPI, exampleapis.MangoDB.Name())
@@ -372,7 +372,7 @@ func covered(do func()) (map[string]bool, error) {
 	}
 	profile := filepath.Join(dir, "profile.txt")
 	if out, err := exec.Command("go", "tool", "covdata", "textfmt", "-i="+dir, "-o="+profile).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go tool covdata: %v: %s", err, out)
+		return nil, fmt.Errorf("go tool covdata: %w: %s", err, out)
 	}
 	f, err := os.Open(profile)
 	if err != nil {

@@ -195,7 +195,7 @@ func Sub(after, before map[string]float64) map[string]float64 {
 // answer.
 func MetricSum(metricsURL, suffix string) float64 {
 	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(metricsURL)
+	resp, err := c.Get(metricsURL) //nolint:noctx // bounded by the client's Timeout; a bench's one-off read has nothing to cancel it
 	if err != nil {
 		return 0
 	}
@@ -279,7 +279,7 @@ func StartProcess(o ProcessOptions) (*Process, error) {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	deadline := time.Now().Add(within)
 	for {
-		resp, err := client.Get(o.ReadyURL)
+		resp, err := client.Get(o.ReadyURL) //nolint:noctx // bounded by the client's Timeout and the loop's deadline
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == o.ReadyStatus {
@@ -288,7 +288,7 @@ func StartProcess(o ProcessOptions) (*Process, error) {
 		}
 		select {
 		case <-p.exited:
-			return nil, fmt.Errorf("%s exited (%v): %s", o.Argv[0], p.waitErr, p.Logs())
+			return nil, fmt.Errorf("%s exited (%w): %s", o.Argv[0], p.waitErr, p.Logs())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -325,7 +325,7 @@ func (p *Process) Logs() string {
 // Stop sends SIGTERM and waits until the process has exited, sending
 // SIGKILL after 30 s.
 func (p *Process) Stop() {
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM) // an error: it has exited already, which <-p.exited sees
 	select {
 	case <-p.exited:
 	case <-time.After(30 * time.Second):
@@ -336,6 +336,6 @@ func (p *Process) Stop() {
 // Kill sends SIGKILL, as a crash or an OOM kill ends a pod, and waits
 // until the process has exited.
 func (p *Process) Kill() {
-	p.cmd.Process.Signal(syscall.SIGKILL)
+	_ = p.cmd.Process.Signal(syscall.SIGKILL) // an error: it has exited already, which <-p.exited sees
 	<-p.exited
 }

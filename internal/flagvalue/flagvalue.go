@@ -29,7 +29,7 @@ func ValueOrFile(name, value, file string) (string, error) {
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return "", fmt.Errorf("--%s-file: %v", name, err)
+		return "", fmt.Errorf("--%s-file: %w", name, err)
 	}
 	v := strings.TrimSpace(string(b))
 	if v == "" {

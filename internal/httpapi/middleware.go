@@ -111,7 +111,7 @@ func (s *server) middleware(next http.Handler) http.Handler {
 
 		defer func() {
 			if p := recover(); p != nil {
-				if p == http.ErrAbortHandler {
+				if p == http.ErrAbortHandler { //nolint:errorlint // a recovered value, compared as net/http compares it: ErrAbortHandler is panicked as it is
 					panic(p)
 				}
 				s.log.Error("panic while serving a request", "method", r.Method, "path", r.URL.Path,

@@ -263,7 +263,7 @@ func (a *Authenticator) Check(ctx context.Context) error {
 	discovered, lastErr := a.provider != nil, a.lastErr
 	a.mu.Unlock()
 	if !discovered {
-		return fmt.Errorf("oidc discovery failing: %v", lastErr)
+		return fmt.Errorf("oidc discovery failing: %w", lastErr)
 	}
 	if err, fresh := a.cachedHealth(); fresh {
 		return err

@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"net/url"
 	"strings"
-	"testing"
 
 	"golang.org/x/net/html"
+
+	"github.com/kbprovider/backend/internal/testutil/tb"
 )
 
 // Form is an HTML form as a browser would submit it.
@@ -63,7 +64,7 @@ func ParseForms(page []byte) ([]Form, error) {
 
 // FormOn returns the first form of page whose method is method, failing
 // the test (and showing the page) when there is none.
-func FormOn(t testing.TB, page []byte, method string) Form {
+func FormOn(t tb.TB, page []byte, method string) Form {
 	t.Helper()
 	forms, err := ParseForms(page)
 	if err != nil {

@@ -1,15 +1,15 @@
 package testutil
 
 import (
-	"testing"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kbprovider/backend/internal/testutil/tb"
 )
 
 // MetricValue gathers reg and returns the value of the first gauge or counter
 // named name whose labels include every pair of labels (name, value, name,
 // value, ...); -1 when there is none.
-func MetricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
+func MetricValue(t tb.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
 	if len(labels)%2 != 0 {
 		t.Fatalf("MetricValue: labels %q are not name-value pairs", labels)

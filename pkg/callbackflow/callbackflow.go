@@ -60,13 +60,13 @@ func Start(authenticatedURL *url.URL, clusterID string) (*Flow, error) {
 	if err != nil {
 		return nil, err
 	}
-	l4, err := net.Listen("tcp", "127.0.0.1:0")
+	l4, err := net.Listen("tcp", "127.0.0.1:0") //nolint:noctx // binding a loopback port does not block; nothing to cancel
 	if err != nil {
 		return nil, fmt.Errorf("listening for the callback: %w", err)
 	}
 	port := l4.Addr().(*net.TCPAddr).Port
 	listeners := []net.Listener{l4}
-	if l6, err := net.Listen("tcp", net.JoinHostPort("::1", strconv.Itoa(port))); err == nil {
+	if l6, err := net.Listen("tcp", net.JoinHostPort("::1", strconv.Itoa(port))); err == nil { //nolint:noctx // as above
 		listeners = append(listeners, l6)
 	}
 	f := &Flow{sessionID: sid, results: make(chan *pollclient.Result, 1)}

@@ -49,7 +49,7 @@ func testBinary(t testing.TB, name string) string {
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
 		if err != nil {
-			binErr = fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr.String()))
+			binErr = fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
 			return
 		}
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
@@ -94,7 +94,7 @@ func helm(t testing.TB, args ...string) (stdout string, err error) {
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stderr.String(), out.String())
+		return out.String(), fmt.Errorf("helm %s: %w\n%s%s", strings.Join(args, " "), err, stderr.String(), out.String())
 	}
 	return out.String(), nil
 }

@@ -72,7 +72,7 @@ func (r *release) helm(t *testing.T, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	if err != nil {
-		err = fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		err = fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out.String())
 	}
 	return out.String(), err
 }
@@ -240,7 +240,7 @@ func (r *release) createSession(ctx context.Context) (*session, time.Duration, e
 	}
 	s := &session{ext: r.ext}
 	if err := json.Unmarshal(b, &s.PollSession); err != nil || s.SessionID == "" {
-		return nil, 0, fmt.Errorf("POST /sessions: %s (%v)", b, err)
+		return nil, 0, fmt.Errorf("POST /sessions: %s (%w)", b, err)
 	}
 	return s, 0, nil
 }
@@ -353,7 +353,7 @@ func (s *session) deliver(ctx context.Context, within time.Duration) (string, er
 		case a.err == nil && a.status == http.StatusOK:
 			var br v1alpha1.BindingResponse
 			if err := json.Unmarshal(a.body, &br); err != nil {
-				return "", fmt.Errorf("the 200 is no BindingResponse: %v", err)
+				return "", fmt.Errorf("the 200 is no BindingResponse: %w", err)
 			}
 			res, err := pollclient.ValidateBindingResponse(&br, s.SessionID)
 			if err != nil {

@@ -51,7 +51,7 @@ func buildLikeDockerfile(bin string) error {
 	cmd := exec.Command("sh", "-c", run)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("the Dockerfile's go build: %v\n%s", err, out)
+		return fmt.Errorf("the Dockerfile's go build: %w\n%s", err, out)
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ func (b *Binder) LoadIdentity(ctx context.Context, exportURL string) (Identity, 
 		return Identity{}, fmt.Errorf("reading the cluster identity for %s in namespace %s: %w", key, Namespace, err)
 	}
 	if got := s.Annotations[AnnotationProviderHost]; got != key {
-		return Identity{}, fmt.Errorf("Secret %s/%s is for provider %q, not %q; delete it to start over", Namespace, s.Name, got, key)
+		return Identity{}, fmt.Errorf("Secret %s/%s is for provider %q, not %q; delete it to start over", Namespace, s.Name, got, key) //nolint:staticcheck // ST1005: Secret is the Kubernetes kind
 	}
 	return Identity{ClusterID: string(s.Data[keyClusterID]), ClusterSecret: string(s.Data[keyClusterSecret])}, nil
 }

@@ -121,7 +121,7 @@ func TestWantedCapsAndOff(t *testing.T) {
 			t.Errorf("%s: held for %s", v, d)
 		}
 	}
-	var off *Holder = New(Options{MaxWait: 0, MaxHeld: 2})
+	off := New(Options{MaxWait: 0, MaxHeld: 2})
 	if off != nil {
 		t.Fatal("MaxWait 0 made a Holder")
 	}

@@ -397,7 +397,7 @@ func (cp *ControlPlane) waitFor(ctx context.Context, what string, cond func(cont
 		cp.mu.Unlock()
 		for _, p := range procs {
 			if p.exited() {
-				return fmt.Errorf("%s exited while waiting for %s: %v", p.name, what, p.waitErr)
+				return fmt.Errorf("%s exited while waiting for %s: %w", p.name, what, p.waitErr)
 			}
 		}
 		attemptCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -411,7 +411,7 @@ func (cp *ControlPlane) waitFor(ctx context.Context, what string, cond func(cont
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("timed out waiting for %s (last error: %v)", what, lastErr)
+			return fmt.Errorf("timed out waiting for %s (last error: %w)", what, lastErr)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -4,7 +4,7 @@ package controlplane
 // use and stopped after the package's tests, and helpers that fail the
 // test instead of returning an error.
 //
-//	func TestMain(m *testing.M) { os.Exit(controlplane.RunMain(m)) }
+//	func TestMain(m tb.Main) { os.Exit(controlplane.RunMain(m)) }
 //
 //	func TestX(t *testing.T) {
 //		cp := controlplane.Get(t) // started on first use, ~3 s
@@ -23,10 +23,11 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/kbprovider/backend/internal/testutil/tb"
 )
 
 // KeepLogsEnv, when set, keeps the servers' logs also after tests that
@@ -38,7 +39,7 @@ const KeepLogsEnv = "KUBE_BIND_TEST_KEEP_LOGS"
 // competing backend's provider cluster. It is stopped when the test ends;
 // its logs are kept (and their folder printed) when the test failed or
 // KeepLogsEnv is set. It fails the test if it cannot start.
-func Own(t testing.TB, opts Options) *ControlPlane {
+func Own(t tb.TB, opts Options) *ControlPlane {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -75,7 +76,7 @@ type sharedPlane struct {
 // On failure the logs of the servers are kept and their folder is printed.
 // An interrupt (Ctrl-C, SIGTERM) also stops the servers; if the test binary
 // dies otherwise (panic, timeout), Linux kills them (Pdeathsig).
-func RunMain(m *testing.M) int {
+func RunMain(m tb.Main) int {
 	mu.Lock()
 	inMain = true
 	mu.Unlock()
@@ -103,7 +104,7 @@ func RunMain(m *testing.M) int {
 // fails the test if the control plane cannot start (the message says why:
 // missing binaries name hack/install-test-binaries.sh) or if TestMain does
 // not call RunMain.
-func Get(t testing.TB) *ControlPlane {
+func Get(t tb.TB) *ControlPlane {
 	t.Helper()
 	return get(t, "provider")
 }
@@ -111,12 +112,12 @@ func Get(t testing.TB) *ControlPlane {
 // Consumer returns a second control plane of the package, independent of
 // Get's, that stands for a consumer's cluster; started on first use and
 // stopped like Get's.
-func Consumer(t testing.TB) *ControlPlane {
+func Consumer(t tb.TB) *ControlPlane {
 	t.Helper()
 	return get(t, "consumer")
 }
 
-func get(t testing.TB, role string) *ControlPlane {
+func get(t tb.TB, role string) *ControlPlane {
 	t.Helper()
 	mu.Lock()
 	defer mu.Unlock()
@@ -160,7 +161,7 @@ func stopShared(keepLogs bool) {
 
 // KubeconfigFile writes cfg as a kubeconfig file in t.TempDir and returns
 // its path.
-func KubeconfigFile(t testing.TB, cfg *rest.Config) string {
+func KubeconfigFile(t tb.TB, cfg *rest.Config) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := WriteKubeconfig(path, cfg); err != nil {
@@ -170,7 +171,7 @@ func KubeconfigFile(t testing.TB, cfg *rest.Config) string {
 }
 
 // ConfigForUser is cp.ConfigForUser, failing the test on an error.
-func ConfigForUser(t testing.TB, cp *ControlPlane, name string, groups ...string) *rest.Config {
+func ConfigForUser(t tb.TB, cp *ControlPlane, name string, groups ...string) *rest.Config {
 	t.Helper()
 	cfg, err := cp.ConfigForUser(name, groups...)
 	if err != nil {

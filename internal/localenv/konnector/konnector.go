@@ -400,5 +400,3 @@ func buildNetbridge() (string, error) {
 	}
 	return bin, nil
 }
-
-var errUnsupported = errors.New("network namespaces need Linux")

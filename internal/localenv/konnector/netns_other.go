@@ -2,6 +2,9 @@
 
 package konnector
 
-import "os/exec"
+import (
+	"errors"
+	"os/exec"
+)
 
-func startInNetns(*exec.Cmd) error { return errUnsupported }
+func startInNetns(*exec.Cmd) error { return errors.New("network namespaces need Linux") }

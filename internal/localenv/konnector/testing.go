@@ -3,7 +3,6 @@ package konnector
 import (
 	"context"
 	"strings"
-	"testing"
 	"time"
 
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -17,6 +16,7 @@ import (
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/procs"
 	"github.com/kbprovider/backend/internal/testutil"
+	"github.com/kbprovider/backend/internal/testutil/tb"
 )
 
 // What tests add: a konnector stopped when the test ends, the released
@@ -24,7 +24,7 @@ import (
 
 // Start starts the konnector for the test and stops it when the test ends.
 // When the test failed, its log is shown.
-func Start(t testing.TB, o Options) *Konnector {
+func Start(t tb.TB, o Options) *Konnector {
 	t.Helper()
 	k, err := Run(o)
 	if err != nil {
@@ -42,14 +42,14 @@ func Start(t testing.TB, o Options) *Konnector {
 // ReleasedBinary returns the path of the released kube-bind binary name
 // ("konnector" or "kubectl-bind"), checked against its sum; it fails the
 // test when the release folder cannot be found or a sum does not match.
-func ReleasedBinary(t testing.TB, name string) string {
+func ReleasedBinary(t tb.TB, name string) string {
 	t.Helper()
 	return ReleasedBinaryOf(t, ReleasedVersion, name)
 }
 
 // ReleasedBinaryOf is ReleasedBinary of another release (e.g.
 // ReleasedV1alpha2).
-func ReleasedBinaryOf(t testing.TB, release, name string) string {
+func ReleasedBinaryOf(t tb.TB, release, name string) string {
 	t.Helper()
 	p, err := ReleasedPathOf(release, name)
 	if err != nil {
@@ -70,7 +70,7 @@ func CLIConfigFile(home string) string { return home + "/kube-bind-config.yaml" 
 
 // RunCLI runs the released kubectl-bind of release with HOME home (a
 // machine with no local state) and its kube-bind config in it.
-func RunCLI(t testing.TB, release, home string, args ...string) *procs.Command {
+func RunCLI(t tb.TB, release, home string, args ...string) *procs.Command {
 	t.Helper()
 	args = append(args, "--config-file", CLIConfigFile(home))
 	return procs.Start(t, home, ReleasedBinaryOf(t, release, "kubectl-bind"), args, "HOME="+home, "KUBECONFIG=")
@@ -81,7 +81,7 @@ func RunCLI(t testing.TB, release, home string, args ...string) *procs.Command {
 // it a ServiceAccount), reaching the provider's API servers; its lease is
 // named after the test. It installs the consumer-side CRDs the CLI waits
 // for.
-func StartReleased(t testing.TB, release, kubeconfig string, servers ...string) *Konnector {
+func StartReleased(t tb.TB, release, kubeconfig string, servers ...string) *Konnector {
 	t.Helper()
 	return Start(t, Options{
 		Binary:     ReleasedBinaryOf(t, release, "konnector"),
@@ -97,7 +97,7 @@ var BindingGVR = schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1
 
 // ExpectBinding fails the test unless APIServiceBinding name exists in
 // the consumer cluster.
-func ExpectBinding(t testing.TB, consumer *rest.Config, name string) {
+func ExpectBinding(t tb.TB, consumer *rest.Config, name string) {
 	t.Helper()
 	if _, err := dynamic.NewForConfigOrDie(consumer).Resource(BindingGVR).Get(context.Background(), name, metav1.GetOptions{}); err != nil {
 		t.Fatalf("APIServiceBinding %s: %v", name, err)
@@ -109,7 +109,7 @@ func ExpectBinding(t testing.TB, consumer *rest.Config, name string) {
 // waits for it on the provider (in a namespace of namespacePrefix), sets
 // its status there and waits for that status on the consumer. It returns
 // the object as the provider first had it.
-func SyncsBothWays(t testing.TB, consumer, provider *rest.Config, api exampleapis.API, name, namespacePrefix string) *unstructured.Unstructured {
+func SyncsBothWays(t tb.TB, consumer, provider *rest.Config, api exampleapis.API, name, namespacePrefix string) *unstructured.Unstructured {
 	t.Helper()
 	ctx := context.Background()
 	consumerDyn := dynamic.NewForConfigOrDie(consumer)

@@ -50,7 +50,7 @@ func installGuard() error {
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(guardRules())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("installing the network guard (nft table inet %s): %v: %s", guardTable, err, out)
+		return fmt.Errorf("installing the network guard (nft table inet %s): %w: %s", guardTable, err, out)
 	}
 	return nil
 }
@@ -70,7 +70,7 @@ var counterRE = regexp.MustCompile(`counter packets (\d+) bytes \d+`)
 func GuardDrops() (int, error) {
 	out, err := exec.Command("nft", "list", "table", "inet", guardTable).CombinedOutput()
 	if err != nil {
-		return 0, fmt.Errorf("the network guard (nft table inet %s) is missing: %v: %s", guardTable, err, out)
+		return 0, fmt.Errorf("the network guard (nft table inet %s) is missing: %w: %s", guardTable, err, out)
 	}
 	counters := counterRE.FindAllStringSubmatch(string(out), -1)
 	if want := strings.Count(guardRules(), "counter drop"); len(counters) != want {
@@ -87,7 +87,7 @@ func GuardDrops() (int, error) {
 
 func removeGuard() error {
 	if out, err := exec.Command("nft", "delete", "table", "inet", guardTable).CombinedOutput(); err != nil {
-		return fmt.Errorf("removing the network guard: %v: %s", err, out)
+		return fmt.Errorf("removing the network guard: %w: %s", err, out)
 	}
 	return nil
 }

@@ -277,7 +277,7 @@ func setUpLinks() error {
 		{"link", "set", Bridge, "up"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
 		}
 	}
 	return nil
@@ -372,7 +372,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		if out, err := n.ctr(ctx, "version"); err == nil {
 			return nil
 		} else if time.Now().After(deadline) {
-			return fmt.Errorf("containerd did not answer within 30 s: %v: %s", err, out)
+			return fmt.Errorf("containerd did not answer within 30 s: %w: %s", err, out)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -402,7 +402,7 @@ func (n *Node) importImages(ctx context.Context, images []Image) error {
 		out, err := n.ctr(ctx, "images", "import", tarPath)
 		os.Remove(tarPath)
 		if err != nil {
-			return fmt.Errorf("ctr images import %s: %v: %s", img.Name, err, out)
+			return fmt.Errorf("ctr images import %s: %w: %s", img.Name, err, out)
 		}
 	}
 	return nil
@@ -419,7 +419,7 @@ func (n *Node) waitReady(ctx context.Context) error {
 	for {
 		for _, p := range n.procs {
 			if p.exited() {
-				return fmt.Errorf("%s exited while waiting for the node to be Ready: %v", p.name, p.err)
+				return fmt.Errorf("%s exited while waiting for the node to be Ready: %w", p.name, p.err)
 			}
 		}
 		node, err := kube.CoreV1().Nodes().Get(ctx, Name, metav1.GetOptions{})

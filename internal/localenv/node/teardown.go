@@ -106,14 +106,14 @@ func removeNodeState() error {
 	for _, link := range []string{Bridge} {
 		if _, err := os.Stat("/sys/class/net/" + link); err == nil {
 			if out, err := exec.Command("ip", "link", "del", link).CombinedOutput(); err != nil {
-				errs = append(errs, fmt.Errorf("ip link del %s: %v: %s", link, err, out))
+				errs = append(errs, fmt.Errorf("ip link del %s: %w: %s", link, err, out))
 			}
 		}
 	}
 	for _, family := range []string{"ip", "ip6"} {
 		if exec.Command("nft", "list", "table", family, "kube-proxy").Run() == nil {
 			if out, err := exec.Command("nft", "delete", "table", family, "kube-proxy").CombinedOutput(); err != nil {
-				errs = append(errs, fmt.Errorf("nft delete table %s kube-proxy: %v: %s", family, err, out))
+				errs = append(errs, fmt.Errorf("nft delete table %s kube-proxy: %w: %s", family, err, out))
 			}
 		}
 	}

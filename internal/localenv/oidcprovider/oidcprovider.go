@@ -101,7 +101,7 @@ func Run(ctx context.Context, opts Options) (_ *Provider, err error) {
 	}
 	node, err := exec.LookPath("node")
 	if err != nil {
-		return nil, fmt.Errorf("node not found on PATH (Node.js 20 or later is needed; see hack/install-test-deps.sh): %v", err)
+		return nil, fmt.Errorf("node not found on PATH (Node.js 20 or later is needed; see hack/install-test-deps.sh): %w", err)
 	}
 
 	p := &Provider{
@@ -149,7 +149,7 @@ func Run(ctx context.Context, opts Options) (_ *Provider, err error) {
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting node: %v", err)
+		return nil, fmt.Errorf("starting node: %w", err)
 	}
 	p.cmd = cmd
 	// The first stdout line names the issuer; the rest is kept as logs.

@@ -2,8 +2,9 @@ package oidcprovider
 
 import (
 	"context"
-	"testing"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/tb"
 )
 
 // A start gets attemptTimeout, and a failed one is made again once: in
@@ -18,7 +19,7 @@ const (
 // Start starts a provider for the test and stops it when the test ends. It
 // fails the test (in CI and elsewhere) when Node.js or the npm packages are
 // missing, naming the script that installs them.
-func Start(t testing.TB, opts Options) *Provider {
+func Start(t tb.TB, opts Options) *Provider {
 	t.Helper()
 	var (
 		p   *Provider

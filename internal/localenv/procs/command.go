@@ -8,8 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"testing"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/tb"
 )
 
 // Command is a running command (a CLI under test) with its stderr read
@@ -31,7 +32,7 @@ type Command struct {
 // Start runs bin with args in dir, with the environment of the test plus
 // env (later entries win), until it exits or the test ends (then it is
 // killed). Its output is shown when the test failed.
-func Start(t testing.TB, dir, bin string, args []string, env ...string) *Command {
+func Start(t tb.TB, dir, bin string, args []string, env ...string) *Command {
 	t.Helper()
 	c := &Command{cmd: exec.Command(bin, args...), lines: make(chan string, 1000), done: make(chan struct{}), exited: make(chan struct{})}
 	c.cmd.Dir = dir
@@ -87,14 +88,14 @@ func Start(t testing.TB, dir, bin string, args []string, env ...string) *Command
 // or https URL (what a CLI prints for the user to open), skipping the
 // lines before it. Lines are read once: a second call waits for the next
 // URL.
-func (c *Command) URL(t testing.TB) string {
+func (c *Command) URL(t tb.TB) string {
 	t.Helper()
 	return c.Line(t, func(s string) bool { return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://") })
 }
 
 // Line waits up to a minute for the next line of stderr (trimmed) that
 // match accepts, and returns it.
-func (c *Command) Line(t testing.TB, match func(string) bool) string {
+func (c *Command) Line(t tb.TB, match func(string) bool) string {
 	t.Helper()
 	timeout := time.After(60 * time.Second)
 	for {
@@ -113,7 +114,7 @@ func (c *Command) Line(t testing.TB, match func(string) bool) string {
 
 // Wait waits for the command to exit and returns its exit code; the test
 // fails if that takes longer than timeout.
-func (c *Command) Wait(t testing.TB, timeout time.Duration) int {
+func (c *Command) Wait(t tb.TB, timeout time.Duration) int {
 	t.Helper()
 	select {
 	case <-c.exited:

@@ -62,7 +62,7 @@ func Build(pkg string, extraArgs ...string) (string, func(), error) {
 	cmd.Dir = RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		cleanup()
-		return "", nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		return "", nil, fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
 	}
 	return bin, cleanup, nil
 }

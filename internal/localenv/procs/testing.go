@@ -7,13 +7,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
+
+	"github.com/kbprovider/backend/internal/testutil/tb"
 )
 
 // FreePort is UnusedPort for a test: it fails the test instead of
 // returning an error.
-func FreePort(t testing.TB) int {
+func FreePort(t tb.TB) int {
 	t.Helper()
 	port, err := UnusedPort()
 	if err != nil {
@@ -27,7 +28,7 @@ func FreePort(t testing.TB) int {
 // dropped, as a client sees it (timeouts, not refusals). It returns the
 // address; the listener, its accept loop and the connections end with
 // the test.
-func HangingListener(t testing.TB) string {
+func HangingListener(t tb.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -63,7 +64,7 @@ func HangingListener(t testing.TB) string {
 // Memory returns the resident memory of process pid now (VmRSS) and at
 // its peak (VmHWM), in bytes (MemoryOf), failing the test if it cannot
 // be read.
-func Memory(t testing.TB, pid int) (rss, peak int64) {
+func Memory(t tb.TB, pid int) (rss, peak int64) {
 	t.Helper()
 	rss, peak, err := MemoryOf(pid)
 	if err != nil {
@@ -78,7 +79,7 @@ const clockTicks = 100
 
 // CPUMillicores is the CPU process pid used over window (utime + stime of
 // /proc/<pid>/stat), in thousandths of a core.
-func CPUMillicores(t testing.TB, pid int, window time.Duration) float64 {
+func CPUMillicores(t tb.TB, pid int, window time.Duration) float64 {
 	t.Helper()
 	before, start := cpuTicks(t, pid), time.Now()
 	time.Sleep(window)
@@ -86,7 +87,7 @@ func CPUMillicores(t testing.TB, pid int, window time.Duration) float64 {
 	return float64(after-before) / clockTicks / took.Seconds() * 1000
 }
 
-func cpuTicks(t testing.TB, pid int) int64 {
+func cpuTicks(t tb.TB, pid int) int64 {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {

@@ -49,7 +49,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) Complete() error {
 	var errs []error
 	if err := ValidateTTL(o.TTL); err != nil {
-		errs = append(errs, fmt.Errorf("--cli-token-ttl: %v", err))
+		errs = append(errs, fmt.Errorf("--cli-token-ttl: %w", err))
 	}
 	o.NotBefore = time.Time{}
 	if o.notBefore != "" {

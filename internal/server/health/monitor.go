@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -118,7 +119,7 @@ func (m *Monitor) checkAll(ctx context.Context) bool {
 	for i, r := range results {
 		prev := m.results[i]
 		cur := Observed{Name: r.Name, Err: r.Err, At: now, Since: prev.Since}
-		changed := prev.Err == ErrNotChecked || (prev.Err == nil) != (r.Err == nil)
+		changed := errors.Is(prev.Err, ErrNotChecked) || (prev.Err == nil) != (r.Err == nil)
 		if changed {
 			cur.Since = now
 		}
@@ -133,7 +134,7 @@ func (m *Monitor) checkAll(ctx context.Context) bool {
 			continue
 		}
 		m.up.WithLabelValues(r.Name).Set(1)
-		if changed && prev.Err != ErrNotChecked {
+		if changed && !errors.Is(prev.Err, ErrNotChecked) {
 			m.opts.Logger.Info("dependency answering again", "dependency", r.Name, "down_for", now.Sub(prev.Since).Round(time.Second).String())
 		}
 	}

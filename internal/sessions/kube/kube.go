@@ -398,7 +398,7 @@ func (s *Store) Deliver(ctx context.Context, id string, expires time.Time) (time
 		switch err := s.create(ctx, rec, errTaken); {
 		case err == nil:
 			return now, nil
-		case err != errTaken:
+		case !errors.Is(err, errTaken):
 			return time.Time{}, err
 		}
 	}

@@ -116,7 +116,7 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 	crds := apiextensionsclient.NewForConfigOrDie(consumerCP.AdminConfig()).ApiextensionsV1().CustomResourceDefinitions()
 	poll(t, "the konnector installed the APIServiceBinding CRD", 2*time.Minute, func(ctx context.Context) (bool, error) {
 		if done, err := k.Exited(); done {
-			return false, fmt.Errorf("konnector exited: %v", err)
+			return false, fmt.Errorf("konnector exited: %w", err)
 		}
 		_, err := crds.Get(ctx, "apiservicebindings.kube-bind.io", metav1.GetOptions{})
 		return err == nil, nil

@@ -115,7 +115,7 @@ func watch(ctx context.Context, client kubernetes.Interface, opts Options, set f
 		}
 	}
 	publish()
-	tell(nil)
+	_ = tell(nil)
 	for {
 		select {
 		case <-ctx.Done():
