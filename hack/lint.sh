@@ -16,3 +16,10 @@ if go list -deps ./hack/demo | grep -qx testing; then
   echo "  go list -f '{{.ImportPath}}: {{.Imports}}' \$(go list -deps ./hack/demo) | grep -w testing" >&2
   exit 1
 fi
+
+# A merge whose conflicts were committed unresolved can still build (the
+# markers may sit in docs or test data); refuse it here.
+if git rev-parse --git-dir >/dev/null 2>&1 && git grep -nE '^(<<<<<<<|>>>>>>>) ' -- . >&2; then
+  echo "hack/lint.sh: unresolved merge conflict markers (above)" >&2
+  exit 1
+fi

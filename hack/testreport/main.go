@@ -55,7 +55,7 @@ func main() {
 // errors may come as plain text) is written at once; the output of
 // packages whose end never came is written at the end of in.
 func followEvents(in io.Reader, out io.Writer, save string) error {
-	var saved io.Writer = io.Discard
+	saved := io.Writer(io.Discard)
 	if save != "" {
 		f, err := os.Create(save)
 		if err != nil {

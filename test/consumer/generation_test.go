@@ -161,13 +161,10 @@ func TestKbindV2InTheCluster(t *testing.T) {
 func kbindV2Release(t *testing.T) string {
 	t.Helper()
 	peers := os.Getenv(konnector.PeersEnv)
-	switch {
-	case peers == "":
+	if peers == "" {
 		peers = filepath.Join(procs.RepoRoot(), "peers")
-	default:
-		if _, err := os.Stat(filepath.Join(peers, "SHA256SUMS")); err == nil {
-			peers = filepath.Dir(peers) // one release's folder
-		}
+	} else if _, err := os.Stat(filepath.Join(peers, "SHA256SUMS")); err == nil {
+		peers = filepath.Dir(peers) // one release's folder
 	}
 	dir := filepath.Join(peers, "kbind-v2.0.0-rc4")
 	if _, err := os.Stat(filepath.Join(dir, "crds")); err != nil {

@@ -149,7 +149,7 @@ func Choose(ctx context.Context, exportURL string, o Options) (*Choice, error) {
 		if unfit := o.fits(ProtocolV1alpha2); unfit != nil && o.Protocol == ProtocolAuto && ctx.Err() == nil {
 			// Say why v1alpha2 was not taken when the provider may offer only that.
 			if _, err2 := c.DiscoverV1alpha2(ctx, exportURL); err2 == nil {
-				return nil, fmt.Errorf("the provider offers %s only (%s: %v), and %s does not fit this cluster: %w",
+				return nil, fmt.Errorf("the provider offers %s only (%s: %w), and %s does not fit this cluster: %w",
 					v1alpha2.GroupVersion, exportURL, err, v1alpha2.GroupVersion, unfit)
 			}
 		}

@@ -280,7 +280,7 @@ func TestBind(t *testing.T) {
 	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
 	res := mangodbs
 
-	s, store, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
+	s, _, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
 	poll, pollCluster, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPoll, ClusterID: ""})
 	cb := callbackSession(s, "http://localhost:41234/callback", "cli-session")
 	for _, c := range []struct {
