@@ -126,14 +126,26 @@ func New(t testing.TB) *Browser {
 
 	// Start the browser now, so a broken install fails here with a clear
 	// message and not in the first Open.
-	startCtx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
-	consoleCalls := chromedp.Events(ctx, runtime.ConsoleAPICalled)
-	exceptions := chromedp.Events(ctx, runtime.ExceptionThrown)
-	if err := chromedp.Do(startCtx, chromedp.Navigate("about:blank")); err != nil {
-		t.Fatalf("browser: start %s: %v (if it is missing or broken, run %s)", execPath, err, InstallScript)
+	// The start comes first and alone: any chromedp call on a context
+	// without a browser starts one, so a call after a start that failed
+	// would start a second browser on the same context, whose allocator
+	// then panics. The browser lives as long as the context of the call
+	// that started it, so that call has no deadline; the wait for it has.
+	startErr := make(chan error, 1)
+	go func() { startErr <- chromedp.Do(ctx, chromedp.Navigate("about:blank")) }()
+	select {
+	case err := <-startErr:
+		if err != nil {
+			t.Fatalf("browser: start %s: %v (if it is missing or broken, run %s)", execPath, err, InstallScript)
+		}
+	case <-time.After(b.timeout):
+		cancelTab()
+		<-startErr
+		t.Fatalf("browser: %s did not start within %s (if it is missing or broken, run %s)", execPath, b.timeout, InstallScript)
 	}
 	b.started = true
+	consoleCalls := chromedp.Events(ctx, runtime.ConsoleAPICalled)
+	exceptions := chromedp.Events(ctx, runtime.ExceptionThrown)
 	go func() {
 		for ev, err := range consoleCalls {
 			if err != nil {
