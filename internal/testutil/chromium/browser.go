@@ -49,6 +49,8 @@ type Browser struct {
 	userData, tmp string
 	// started is set once the browser answered its first action.
 	started bool
+	// stop ends the tab and the browser.
+	stop func()
 
 	// AutoScreenshot saves a screenshot after every page load (Open,
 	// Submit, ClickAndWait). On by default.
@@ -74,76 +76,25 @@ func New(t testing.TB) *Browser {
 		t.Fatalf("browser: chromium not found at %s (%v): run %s (installs Debian's chromium)", execPath, err, InstallScript)
 	}
 
-	userData := t.TempDir()
-	// Chromium makes folders of its own in TMPDIR (the profile's
-	// SingletonSocket), which it leaves when killed, as the end of a
-	// test does: so its TMPDIR is the test's too.
-	tmp := t.TempDir()
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(execPath),
-		chromedp.UserDataDir(userData),
-		chromedp.Env("TMPDIR="+tmp),
-		chromedp.Headless,
-		chromedp.NoSandbox, // tests run as root, where the sandbox refuses to start
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		// Without these, chromium keeps trying to reach Google's services,
-		// which this closed network refuses.
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-default-apps", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-breakpad", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-features", "Translate,MediaRouter,OptimizationHints"),
-		chromedp.Flag("metrics-recording-only", true),
-		chromedp.Flag("password-store", "basic"),
-		chromedp.Flag("use-mock-keychain", true),
-		chromedp.Flag("force-color-profile", "srgb"),
-		chromedp.Flag("hide-scrollbars", true),
-		chromedp.WindowSize(1280, 900),
-	)
-	ctx, cancelTab := chromedp.NewContext(allocCtx)
-	b := &Browser{t: t, ctx: ctx, timeout: DefaultTimeout, AutoScreenshot: true, userData: userData, tmp: tmp}
-	t.Cleanup(func() {
-		// Only a browser that started can be asked for anything: an action
-		// on a context whose start failed makes chromedp start another
-		// browser, and its allocator then panics (a channel closed twice).
-		if t.Failed() && b.started {
-			b.screenshotQuiet("failed")
-			b.mu.Lock()
-			if len(b.console) > 0 {
-				t.Logf("browser console:\n  %s", strings.Join(b.console, "\n  "))
-			}
-			b.mu.Unlock()
+	b := &Browser{t: t, timeout: DefaultTimeout, AutoScreenshot: true}
+	// A chromium that exits before it answers (seen on a loaded machine)
+	// is started again, with a new profile: the tests are about the
+	// pages, not about chromium's start.
+	var err error
+	for attempt := 1; attempt <= startAttempts; attempt++ {
+		if err = b.start(execPath); err == nil {
+			break
 		}
-		cancelTab()
-		cancelAlloc()
-	})
-
-	// Start the browser now, so a broken install fails here with a clear
-	// message and not in the first Open.
-	// The start comes first and alone: any chromedp call on a context
-	// without a browser starts one, so a call after a start that failed
-	// would start a second browser on the same context, whose allocator
-	// then panics. The browser lives as long as the context of the call
-	// that started it, so that call has no deadline; the wait for it has.
-	startErr := make(chan error, 1)
-	go func() { startErr <- chromedp.Do(ctx, chromedp.Navigate("about:blank")) }()
-	select {
-	case err := <-startErr:
-		if err != nil {
-			t.Fatalf("browser: start %s: %v (if it is missing or broken, run %s)", execPath, err, InstallScript)
-		}
-	case <-time.After(b.timeout):
-		cancelTab()
-		<-startErr
-		t.Fatalf("browser: %s did not start within %s (if it is missing or broken, run %s)", execPath, b.timeout, InstallScript)
+		t.Logf("browser: start %d of %d: %v", attempt, startAttempts, err)
 	}
-	b.started = true
+	if err != nil {
+		t.Fatalf("browser: start %s: %v (if it is missing or broken, run %s)", execPath, err, InstallScript)
+	}
+	ctx := b.ctx
+	t.Cleanup(func() {
+		b.screenshotOnFailure()
+		b.stop()
+	})
 	consoleCalls := chromedp.Events(ctx, runtime.ConsoleAPICalled)
 	exceptions := chromedp.Events(ctx, runtime.ExceptionThrown)
 	go func() {
@@ -174,6 +125,89 @@ func New(t testing.TB) *Browser {
 	b.dir = artifactDir(t)
 	t.Logf("browser: screenshots in %s", b.dir)
 	return b
+}
+
+// startAttempts is how many times New starts chromium before it fails.
+const startAttempts = 3
+
+// start starts chromium with a new profile and TMPDIR and waits, within
+// b.timeout, for its first answer; on failure nothing of it is left
+// running.
+func (b *Browser) start(execPath string) error {
+	b.userData = b.t.TempDir()
+	// Chromium makes folders of its own in TMPDIR (the profile's
+	// SingletonSocket), which it leaves when killed, as the end of a
+	// test does: so its TMPDIR is the test's too.
+	b.tmp = b.t.TempDir()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(execPath),
+		chromedp.UserDataDir(b.userData),
+		chromedp.Env("TMPDIR="+b.tmp),
+		chromedp.Headless,
+		chromedp.NoSandbox, // tests run as root, where the sandbox refuses to start
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		// Without these, chromium keeps trying to reach Google's services,
+		// which this closed network refuses.
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-default-apps", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-breakpad", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-features", "Translate,MediaRouter,OptimizationHints"),
+		chromedp.Flag("metrics-recording-only", true),
+		chromedp.Flag("password-store", "basic"),
+		chromedp.Flag("use-mock-keychain", true),
+		chromedp.Flag("force-color-profile", "srgb"),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.WindowSize(1280, 900),
+	)
+	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	b.ctx = ctx
+	b.stop = func() {
+		cancelTab()
+		cancelAlloc()
+	}
+	// The start comes first and alone: any chromedp call on a context
+	// without a browser starts one, so a call after a start that failed
+	// would start a second browser on the same context, whose allocator
+	// then panics (a channel closed twice). The browser lives as long as
+	// the context of the call that started it, so that call has no
+	// deadline; the wait for it has.
+	started := make(chan error, 1)
+	go func() { started <- chromedp.Do(ctx, chromedp.Navigate("about:blank")) }()
+	var err error
+	select {
+	case err = <-started:
+	case <-time.After(b.timeout):
+		b.stop()
+		<-started
+		err = fmt.Errorf("no answer within %s", b.timeout)
+	}
+	if err != nil {
+		b.stop()
+		return err
+	}
+	b.started = true
+	return nil
+}
+
+// screenshotOnFailure keeps the page and the console of a failed test.
+// Only a browser that started can be asked for anything.
+func (b *Browser) screenshotOnFailure() {
+	if !b.t.Failed() || !b.started {
+		return
+	}
+	b.screenshotQuiet("failed")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.console) > 0 {
+		b.t.Logf("browser console:\n  %s", strings.Join(b.console, "\n  "))
+	}
 }
 
 func exceptionDescription(d *runtime.ExceptionDetails) string {
