@@ -3,6 +3,7 @@ package credentials_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -142,8 +143,13 @@ func TestRotationWithReleasedKonnector(t *testing.T) {
 			"spec":     map[string]any{"size": int64(1)},
 		}}
 		start := time.Now()
-		if _, err := consumerDyn.Resource(exampleapis.MangoDB.GVR()).Namespace("default").Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-			return 0, err
+		// A CRD the konnector just made is served a moment after it exists.
+		var createErr error
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, createErr = consumerDyn.Resource(exampleapis.MangoDB.GVR()).Namespace("default").Create(ctx, obj, metav1.CreateOptions{})
+			return !apierrors.IsNotFound(createErr), nil
+		}); err != nil || createErr != nil {
+			return 0, errors.Join(createErr, err)
 		}
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 			list, err := adminDyn.Resource(exampleapis.MangoDB.GVR()).List(ctx, metav1.ListOptions{})
