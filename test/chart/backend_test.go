@@ -202,8 +202,11 @@ func testBackendRunsWithChartConfig(t *testing.T, cp *controlplane.ControlPlane,
 		// the chart's ClusterRoles.
 		for deadline := time.Now().Add(30 * time.Second); ; {
 			l := logs.String()
+			// The manager starts a controller's workers once its sources
+			// synced; the credentials and cleanup controllers log no line
+			// of their own then.
 			if strings.Contains(l, "leader election: became leader") && strings.Contains(l, "exports controllers: caches synced") &&
-				strings.Contains(l, "binding health: caches synced") && strings.Contains(l, "cleanup: caches synced") {
+				strings.Contains(l, "binding health: caches synced") && workersStarted(l, "credentials") && workersStarted(l, "cleanup") {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -361,4 +364,15 @@ func checkCertificateRotation(t *testing.T, client *http.Client, base string, vo
 	if !reused || s != a.Cert.SerialNumber.String() {
 		t.Errorf("the connection opened before the renewal: reused=%v serial %s, want reused with %s", reused, s, a.Cert.SerialNumber)
 	}
+}
+
+// workersStarted says whether the backend's JSON log l shows that the
+// manager started the workers of controller name (its caches synced).
+func workersStarted(l, name string) bool {
+	for line := range strings.Lines(l) {
+		if strings.Contains(line, `"msg":"Starting workers"`) && strings.Contains(line, `"controller":"`+name+`"`) {
+			return true
+		}
+	}
+	return false
 }
