@@ -37,4 +37,7 @@ func TestCacheKeepsWhatControllersRead(t *testing.T) {
 	if kbmanager.AnnotationRotate != credentials.AnnotationRotate {
 		t.Errorf("the cache keeps %q, the credentials controller reads %q", kbmanager.AnnotationRotate, credentials.AnnotationRotate)
 	}
+	if kbmanager.AnnotationSettled != credentials.AnnotationSettled {
+		t.Errorf("the cache keeps %q, the credentials controller reads %q", kbmanager.AnnotationSettled, credentials.AnnotationSettled)
+	}
 }

@@ -93,6 +93,9 @@ type run struct {
 	cache client.Reader
 	kube  kubernetes.Interface
 	dyn   dynamic.Interface
+	// looked holds the namespaces this term has looked at: a term's first
+	// look may trust the record of an earlier one (AnnotationSettled).
+	looked sync.Map
 }
 
 // Setup adds the controller to m: a reconcile per consumer namespace on
@@ -136,6 +139,7 @@ func (c *Controller) isNoNews(old any, cb *unstructured.Unstructured) bool {
 		o := runtime.DeepCopyJSON(u.Object)
 		unstructured.RemoveNestedField(o, "status", "lastHeartbeatTime")
 		unstructured.RemoveNestedField(o, "metadata", "resourceVersion")
+		unstructured.RemoveNestedField(o, "metadata", "annotations", AnnotationSettled)
 		if conds, ok, _ := unstructured.NestedSlice(o, "status", "conditions"); ok {
 			others := conds[:0]
 			for _, cond := range conds {
@@ -173,6 +177,12 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 		r.quiet.Delete(ns)
 		return 0, client.IgnoreNotFound(err)
 	}
+	if _, again := r.looked.LoadOrStore(ns, true); !again && r.allowed(ns, cb) {
+		if wait, ok := settledWait(cb, r.cfg.Now()); ok {
+			r.quiet.Store(ns, true)
+			return wait, nil
+		}
+	}
 	state, err := r.Observe(ctx, ns, cb)
 	if err != nil {
 		r.quiet.Delete(ns)
@@ -181,9 +191,15 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 	now := r.cfg.Now()
 	d := Decide(now, state, r.cfg.Policy)
 	// A look that acts looks again at once; until then heartbeats count.
-	r.quiet.Store(ns, !HeartbeatMatters(state) && !d.Rotate && len(d.MarkRetired) == 0 && len(d.Revoke) == 0)
+	quiet := !HeartbeatMatters(state) && !d.Rotate && len(d.MarkRetired) == 0 && len(d.Revoke) == 0
+	r.quiet.Store(ns, quiet)
 	if err := r.act(ctx, ns, cb, d, now); err != nil {
 		return 0, err
+	}
+	if quiet && !d.RecordBoundAt && d.Condition != nil {
+		if err := r.recordSettled(ctx, cb, d); err != nil {
+			return 0, err
+		}
 	}
 	return d.RequeueAfter, nil
 }
@@ -198,15 +214,7 @@ func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructu
 	}
 	s.RotationRequested = parseTime(cb.GetAnnotations()[AnnotationRotate])
 	s.BoundAt = parseTime(cb.GetAnnotations()[binding.AnnotationBoundAt])
-	if raw, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]; ok && r.cfg.Allowed != nil {
-		who, err := binding.ParseBoundBy(raw)
-		if err != nil {
-			// Only the backend and the provider's admins write it: judge
-			// an unreadable record as nobody.
-			r.log.Warn("credentials: unreadable record of who bound", "namespace", ns, "error", err)
-		}
-		s.NotAllowed = !r.cfg.Allowed(who)
-	}
+	s.NotAllowed = !r.allowed(ns, cb)
 	// One read of every Secret in ns: the kubeconfig Secret, the token
 	// Secrets and a legacy token Secret (which a previous version may not
 	// have labelled), and nothing else the backend would know of, as the
@@ -256,6 +264,22 @@ func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructu
 	}
 	s.Current = &cur
 	return s, nil
+}
+
+// allowed says whether the allow-list admits the user who bound, as
+// recorded on cb.
+func (r *run) allowed(ns string, cb *unstructured.Unstructured) bool {
+	raw, ok := cb.GetAnnotations()[binding.AnnotationBoundBy]
+	if !ok || r.cfg.Allowed == nil {
+		return true
+	}
+	who, err := binding.ParseBoundBy(raw)
+	if err != nil {
+		// Only the backend and the provider's admins write it: judge
+		// an unreadable record as nobody.
+		r.log.Warn("credentials: unreadable record of who bound", "namespace", ns, "error", err)
+	}
+	return r.cfg.Allowed(who)
 }
 
 func tokenOf(sec *corev1.Secret) Token {

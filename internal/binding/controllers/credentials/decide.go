@@ -153,6 +153,10 @@ type Decision struct {
 	Condition *Condition
 	// RequeueAfter is when to look again without a new event (0: never).
 	RequeueAfter time.Duration
+	// Due is when the state, unchanged, next needs a decision: a
+	// rotation point, an overlap's end, the binding's end (zero: never).
+	// RequeueAfter is this, bounded by maxRequeue.
+	Due time.Time
 	// RecordBoundAt: the binding has no AnnotationBoundAt (made before it
 	// was recorded); record now as its start, so its lifetime counts from
 	// the upgrade.
@@ -222,6 +226,7 @@ func Decide(now time.Time, s State, p Policy) Decision {
 	}
 
 	d.Condition = condition(now, s, validRetired)
+	d.Due = next
 	if !next.IsZero() {
 		d.RequeueAfter = min(next.Sub(now), maxRequeue)
 	} else {

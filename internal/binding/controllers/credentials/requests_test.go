@@ -18,8 +18,10 @@ import (
 )
 
 // A look at a consumer namespace reads its Secrets with one list, and the
-// controller's own CredentialsValid condition wakes no second look: a new
-// bind costs the controller one read of Secrets and one write.
+// controller's own CredentialsValid condition and settled record wake no
+// second look: a new bind costs the controller one read of Secrets and
+// two writes. The next leadership term trusts the record: no read, no
+// write.
 func TestBindCostsOneSecretRead(t *testing.T) {
 	const ownPrefix = "kbq-" // no other test's namespaces
 	ctx := context.Background()
@@ -41,7 +43,7 @@ func TestBindCostsOneSecretRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
+	stop := backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
 		kbmanager.Run(ctx, counted, kbmanager.Options{}, ctrl.Setup)
 		return nil
 	})
@@ -63,9 +65,31 @@ func TestBindCostsOneSecretRead(t *testing.T) {
 		{Verb: "list", Resource: "secrets"}:                 1,
 		{Verb: "get", Resource: "secrets"}:                  0,
 		{Verb: "apply", Resource: "clusterbindings/status"}: 1,
+		{Verb: "patch", Resource: "clusterbindings"}:        1,
 	} {
 		if got[k] != want {
 			t.Errorf("%d %s %s, want %d (all: %v)", got[k], k.Verb, k.Resource, want, got)
+		}
+	}
+
+	// The next term (a new leader, or this one again after a restart).
+	stop()
+	next := rest.CopyConfig(backend)
+	nextCounter := apirequests.New("test", "the next term's requests")
+	next.Wrap(nextCounter.Wrap)
+	backendcluster.Run(t, "the credentials controller's next term", func(ctx context.Context) error {
+		kbmanager.Run(ctx, next, kbmanager.Options{}, ctrl.Setup)
+		return nil
+	})
+	poll(t, "the next term has synced its cache", 30*time.Second, func(context.Context) (bool, error) {
+		return nextCounter.Counts()[apirequests.Key{Verb: "watch", Resource: "clusterbindings"}] > 0, nil
+	})
+	time.Sleep(2 * time.Second)
+	got = nextCounter.Counts()
+	for k, v := range got {
+		ofConsumer := k.Resource != "" && k.Resource != "leases" // not discovery or leader election
+		if v > 0 && ofConsumer && (k.Resource == "secrets" || (k.Verb != "list" && k.Verb != "watch")) {
+			t.Errorf("the next term of a settled consumer: %d %s %s, want none (all: %v)", v, k.Verb, k.Resource, got)
 		}
 	}
 }

@@ -37,6 +37,7 @@ var (
 const (
 	LabelAPIServiceNamespace = "kube-bind.io/apiservicenamespace"
 	AnnotationRotate         = "kube-bind.io/rotate-credentials"
+	AnnotationSettled        = "kube-bind.io/credentials-settled"
 )
 
 // Object is an empty object of gvk, for the cache and the client.
@@ -94,7 +95,7 @@ func byObject() map[client.Object]cache.ByObject {
 		// writes no other. The konnector writes the status (heartbeats,
 		// conditions), read whole.
 		Object(ClusterBinding): {Label: managed, Transform: kbcache.Transform(kbcache.Options{
-			Annotations: []string{AnnotationRotate, binding.AnnotationBoundAt, binding.AnnotationBoundBy,
+			Annotations: []string{AnnotationRotate, AnnotationSettled, binding.AnnotationBoundAt, binding.AnnotationBoundBy,
 				binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
 			Drop: [][]string{{"spec"}},
 		})},
