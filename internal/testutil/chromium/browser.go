@@ -137,8 +137,15 @@ func (b *Browser) start(execPath string) error {
 	b.userData = b.t.TempDir()
 	// Chromium makes folders of its own in TMPDIR (the profile's
 	// SingletonSocket), which it leaves when killed, as the end of a
-	// test does: so its TMPDIR is the test's too.
-	b.tmp = b.t.TempDir()
+	// test does: so its TMPDIR is one the test removes. Not t.TempDir:
+	// that path holds the test's name, and a socket's path must stay
+	// under 108 bytes, or chromium exits at start.
+	tmp, err := os.MkdirTemp("", "chromium-")
+	if err != nil {
+		return err
+	}
+	b.t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+	b.tmp = tmp
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(execPath),
 		chromedp.UserDataDir(b.userData),
@@ -180,7 +187,6 @@ func (b *Browser) start(execPath string) error {
 	// deadline; the wait for it has.
 	started := make(chan error, 1)
 	go func() { started <- chromedp.Do(ctx, chromedp.Navigate("about:blank")) }()
-	var err error
 	select {
 	case err = <-started:
 	case <-time.After(b.timeout):
