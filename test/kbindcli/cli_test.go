@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
@@ -128,8 +129,15 @@ func TestReleasedCLI(t *testing.T) {
 		b.Click(template)
 		b.Click(crd)
 		b.Click("#confirm")
+		tokens := bindTokens(t, e)
 		if status := b.ClickAndWait("button[value=bind]"); status != http.StatusUnprocessableEntity {
 			t.Fatalf("Bind with both offers of gizmos: status %d, want 422:\n%s", status, b.Text("body"))
+		}
+		// Nothing provisioned: every bind issues a token Secret.
+		for name := range bindTokens(t, e) {
+			if !tokens[name] {
+				t.Errorf("the refused bind issued token Secret %s", name)
+			}
 		}
 		want := "gizmos-with-settings and " + gizmoAPI.Name() + " both bind " + gizmoAPI.Name() + ": pick only one of them."
 		if got := b.Text("#form-error"); got != want {
@@ -145,6 +153,13 @@ func TestReleasedCLI(t *testing.T) {
 			t.Fatalf("kubectl-bind: exit %d:\n%s", code, c.Stderr.String())
 		}
 		expectBinding(t, e, gizmoAPI.Name())
+		issued := false
+		for name := range bindTokens(t, e) {
+			issued = issued || !tokens[name]
+		}
+		if !issued {
+			t.Errorf("the bind issued no token Secret: the check of the refusal proves nothing")
+		}
 		if _, err := dynamic.NewForConfigOrDie(e.consumer.AdminConfig()).Resource(konnector.BindingGVR).Get(context.Background(), "gizmos-with-settings", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("APIServiceBinding gizmos-with-settings: %v, want none", err)
 		}
@@ -261,4 +276,21 @@ func offerTemplate(t *testing.T, e *env, home, name string, api exampleapis.API)
 		c.Wait(t, time.Minute)
 		return strings.Contains(c.Stdout.String(), name), nil
 	})
+}
+
+// bindTokens are the token Secrets that binds issued in the provider
+// namespaces of this package's backend.
+func bindTokens(t *testing.T, e *env) map[string]bool {
+	t.Helper()
+	list, err := kubernetes.NewForConfigOrDie(e.provider.AdminConfig()).CoreV1().Secrets("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, s := range list.Items {
+		if strings.HasPrefix(s.Namespace, namespacePrefix) && s.Annotations[binding.AnnotationIssuedBy] == binding.IssuedByBind {
+			out[s.Namespace+"/"+s.Name] = true
+		}
+	}
+	return out
 }
