@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/konnector"
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
@@ -110,6 +111,60 @@ func TestReleasedCLI(t *testing.T) {
 		})
 	})
 
+	t.Run("two offers of gizmos", func(t *testing.T) {
+		// A template of gizmos next to the CRD's own offer: each would
+		// become an export request for gizmos in the consumer's namespace,
+		// so the page marks them, refuses a selection of both and the
+		// CLI, still waiting, gets one binding once the user picks one.
+		offerTemplate(t, e, home, "gizmos-with-settings", gizmoAPI)
+		c := runCLI(t, home, "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-browser", "--skip-konnector")
+		line := c.Line(t, func(s string) bool { return strings.Contains(s, "Please manually open: ") })
+		b := chromium.OpenBindPage(t, line[strings.Index(line, "http"):], e.baseURL, alice)
+		template, crd := "input[value='gizmos-with-settings']", "input[value='"+gizmoAPI.Name()+"']"
+		for _, sel := range []string{template, crd} {
+			if warn := b.Text("label:has(" + sel + ") .api-warn"); !strings.Contains(warn, "pick only one of them") {
+				t.Errorf("the page does not mark %s as overlapping: %q", sel, warn)
+			}
+		}
+		b.Click(template)
+		b.Click(crd)
+		b.Click("#confirm")
+		tokens := bindTokens(t, e)
+		if status := b.ClickAndWait("button[value=bind]"); status != http.StatusUnprocessableEntity {
+			t.Fatalf("Bind with both offers of gizmos: status %d, want 422:\n%s", status, b.Text("body"))
+		}
+		// Nothing provisioned: every bind issues a token Secret.
+		for name := range bindTokens(t, e) {
+			if !tokens[name] {
+				t.Errorf("the refused bind issued token Secret %s", name)
+			}
+		}
+		want := "gizmos-with-settings and " + gizmoAPI.Name() + " both bind " + gizmoAPI.Name() + ": pick only one of them."
+		if got := b.Text("#form-error"); got != want {
+			t.Errorf("the page says %q, want %q", got, want)
+		}
+		if !c.Running() {
+			t.Fatalf("the CLI stopped after the refusal (exit %d):\n%s", c.Wait(t, time.Second), c.Stderr.String())
+		}
+		// Both stay ticked; the user unticks the template and binds.
+		b.Click(template)
+		chromium.PressBind(t, b)
+		if code := c.Wait(t, 3*time.Minute); code != 0 {
+			t.Fatalf("kubectl-bind: exit %d:\n%s", code, c.Stderr.String())
+		}
+		expectBinding(t, e, gizmoAPI.Name())
+		issued := false
+		for name := range bindTokens(t, e) {
+			issued = issued || !tokens[name]
+		}
+		if !issued {
+			t.Errorf("the bind issued no token Secret: the check of the refusal proves nothing")
+		}
+		if _, err := dynamic.NewForConfigOrDie(e.consumer.AdminConfig()).Resource(konnector.BindingGVR).Get(context.Background(), "gizmos-with-settings", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("APIServiceBinding gizmos-with-settings: %v, want none", err)
+		}
+	})
+
 	t.Run("login of a user not allowed", func(t *testing.T) {
 		home := t.TempDir()
 		c := runCLI(t, home, "login", e.baseURL, "--skip-browser")
@@ -197,4 +252,45 @@ func expectBinding(t testing.TB, e *env, name string) {
 func syncsBothWays(t testing.TB, e *env, api exampleapis.API, name string) {
 	t.Helper()
 	konnector.SyncsBothWays(t, e.consumer.AdminConfig(), e.provider.AdminConfig(), api, name, namespacePrefix)
+}
+
+// offerTemplate creates template name offering api with a claim on
+// ConfigMaps, and waits until the backend offers it.
+func offerTemplate(t *testing.T, e *env, home, name string, api exampleapis.API) {
+	t.Helper()
+	template := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha2", "kind": "APIServiceExportTemplate",
+		"metadata": map[string]any{"name": name},
+		"spec": map[string]any{
+			"resources": []any{map[string]any{"group": api.Group, "resource": api.Plural}},
+			"permissionClaims": []any{map[string]any{"group": "", "resource": "configmaps",
+				"selector": map[string]any{"labelSelector": map[string]any{"matchLabels": map[string]any{"app": name}}}}},
+		},
+	}}
+	templates := schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha2", Resource: "apiserviceexporttemplates"}
+	if _, err := dynamic.NewForConfigOrDie(e.provider.AdminConfig()).Resource(templates).Create(context.Background(), template, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "template "+name+" to be offered", func() (bool, error) {
+		c := runCLI(t, home, "templates")
+		c.Wait(t, time.Minute)
+		return strings.Contains(c.Stdout.String(), name), nil
+	})
+}
+
+// bindTokens are the token Secrets that binds issued in the provider
+// namespaces of this package's backend.
+func bindTokens(t *testing.T, e *env) map[string]bool {
+	t.Helper()
+	list, err := kubernetes.NewForConfigOrDie(e.provider.AdminConfig()).CoreV1().Secrets("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, s := range list.Items {
+		if strings.HasPrefix(s.Namespace, namespacePrefix) && s.Annotations[binding.AnnotationIssuedBy] == binding.IssuedByBind {
+			out[s.Namespace+"/"+s.Name] = true
+		}
+	}
+	return out
 }

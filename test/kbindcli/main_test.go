@@ -46,6 +46,9 @@ var (
 	gadgetAPI = exampleapis.API{Group: "gadgets.example.com", Plural: "gadgets", Kind: "Gadget", Exported: true}
 	// sprocketAPI is bound through a template that claims ConfigMaps.
 	sprocketAPI = exampleapis.API{Group: "sprockets.example.com", Plural: "sprockets", Kind: "Sprocket", Exported: true}
+	// gizmoAPI is offered twice on the selection page: by its CRD and by
+	// a template that claims ConfigMaps.
+	gizmoAPI = exampleapis.API{Group: "gizmos.example.com", Plural: "gizmos", Kind: "Gizmo", Exported: true}
 )
 
 // env is one set-up: both clusters, the identity provider, the backend.
@@ -64,7 +67,7 @@ func startEnv(t testing.TB) *env {
 	consumer := controlplane.Consumer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := exampleapis.Prepare(ctx, provider, exampleapis.MangoDB, widgetAPI, gadgetAPI, sprocketAPI); err != nil {
+	if err := exampleapis.Prepare(ctx, provider, exampleapis.MangoDB, widgetAPI, gadgetAPI, sprocketAPI, gizmoAPI); err != nil {
 		t.Fatalf("preparing the provider cluster: %v", err)
 	}
 	port := procs.FreePort(t)

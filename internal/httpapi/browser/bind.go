@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kbprovider/backend/internal/binding"
+	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/kubeerr"
 	"github.com/kbprovider/backend/internal/oidc"
 	"github.com/kbprovider/backend/internal/oidc/clitoken"
@@ -299,14 +300,20 @@ func (h *Handler) catalogAPIs(ticked map[string]bool) []web.API {
 }
 
 // offeredAPIs are the v1alpha2 choices: every offer, its claims spelled
-// out.
+// out, each resource once where it can (offers.Distinct), and an offer
+// that shares a resource with another marked, since only one of them
+// may be picked (Select refuses both).
 func (h *Handler) offeredAPIs(ticked map[string]bool) []web.API {
-	list := h.svc.Offers()
+	list := offers.Distinct(h.svc.Offers())
+	overlaps := offers.Overlapping(list)
 	apis := make([]web.API, 0, len(list))
 	for _, o := range list {
 		api := web.API{ID: o.Name, Resource: o.Name, Checked: ticked[o.Name], Description: offerDescription(o)}
 		if o.Implicit && len(o.Resources) == 1 {
 			api.Resource, api.Group, api.Versions = o.Resources[0].Resource, o.Resources[0].Group, o.Resources[0].Versions
+		}
+		if others := overlaps[o.Name]; len(others) > 0 {
+			api.Warning = overlapWarning(others)
 		}
 		apis = append(apis, api)
 	}

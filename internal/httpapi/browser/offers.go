@@ -44,6 +44,12 @@ func offerDescription(o offers.Offer) string {
 	return strings.Join(parts, " ")
 }
 
+// overlapWarning goes with an offer that binds a resource the offers
+// named others bind too.
+func overlapWarning(others []string) string {
+	return "Binds an API that " + strings.Join(others, " and ") + " also binds: pick only one of them."
+}
+
 // claimText names the objects a claim covers.
 func claimText(c v1alpha2.PermissionClaim) string {
 	what := c.Resource

@@ -64,6 +64,7 @@ type env struct {
 	tokens *clitoken.Tokens
 	prov   *fakes.Provisioner
 	login  *fakes.Login
+	store  *memory.Store
 }
 
 func newEnv(t *testing.T) *env { t.Helper(); return newEnvWith(t, envOptions{}) }
@@ -75,6 +76,8 @@ type envOptions struct {
 	requestRate, bindRate float64
 	// prefix is the external URL's path ("": none).
 	prefix string
+	// offers replace testOffers.
+	offers *fakes.Offers
 }
 
 func newEnvWith(t *testing.T, o envOptions) *env {
@@ -86,8 +89,13 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	ext, _ := url.Parse("http://" + e.srv.Listener.Addr().String() + o.prefix)
 	keys, _ := sessionkey.New(bytes.Repeat([]byte("s"), 32))
 	ck, _ := clusterkey.New(bytes.Repeat([]byte("k"), 32))
-	svc, err := lifecycle.New(lifecycle.Config{Store: memory.New(sessions.Limits{}, e.clock.Now), Keys: keys, ClusterKey: ck,
-		Now: e.clock.Now, Catalog: fakes.Catalog{}, Provisioner: e.prov, Offers: testOffers})
+	offered := testOffers
+	if o.offers != nil {
+		offered = *o.offers
+	}
+	e.store = memory.New(sessions.Limits{}, e.clock.Now)
+	svc, err := lifecycle.New(lifecycle.Config{Store: e.store, Keys: keys, ClusterKey: ck,
+		Now: e.clock.Now, Catalog: fakes.Catalog{}, Provisioner: e.prov, Offers: offered})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/offers"
@@ -385,7 +384,8 @@ func (e *SelectionError) Error() string { return e.Problem }
 
 // Select turns the names a user of sess's generation picked into picks,
 // dropping repeats and keeping the order: a *SelectionError unless every
-// one is offered. An API of the catalog is picked as its implicit offer.
+// one is offered and no two of them hold one resource (overlapping). An
+// API of the catalog is picked as its implicit offer.
 func (s *Service) Select(sess Session, picked []string) ([]Pick, error) {
 	gen, ok := s.binds(sess.Flow)
 	if !ok {
@@ -395,11 +395,6 @@ func (s *Service) Select(sess Session, picked []string) ([]Pick, error) {
 		return nil, &SelectionError{"Pick at least one API."}
 	}
 	seen := map[string]bool{}
-	// Each pick becomes an export request, and a consumer namespace binds
-	// a resource through one request only: two picks of one resource
-	// (a template and the CRD's implicit offer, say) would end with one
-	// of them refused and the bind half made.
-	boundBy := map[schema.GroupResource]string{}
 	var picks []Pick
 	for _, name := range picked {
 		if seen[name] {
@@ -410,16 +405,28 @@ func (s *Service) Select(sess Session, picked []string) ([]Pick, error) {
 		if !ok {
 			return nil, notOffered(name)
 		}
-		for _, r := range o.Resources {
-			gr := schema.GroupResource{Group: r.Group, Resource: r.Resource}
-			if other, taken := boundBy[gr]; taken && other != name {
-				return nil, &SelectionError{fmt.Sprintf("%s and %s both bind %s: pick only one of them.", other, name, gr)}
-			}
-			boundBy[gr] = name
-		}
 		picks = append(picks, Pick{Offer: o})
 	}
+	if err := overlapping(picks); err != nil {
+		return nil, err
+	}
 	return picks, nil
+}
+
+// overlapping refuses picks of which two hold one resource: each pick
+// becomes an export request, and a consumer namespace binds a resource
+// through one request only, so the second would be refused and the bind
+// left half made (offers.FirstOverlap).
+func overlapping(picks []Pick) error {
+	chosen := make([]offers.Offer, len(picks))
+	for i, p := range picks {
+		chosen[i] = p.Offer
+	}
+	o, ok := offers.FirstOverlap(chosen)
+	if !ok {
+		return nil
+	}
+	return &SelectionError{fmt.Sprintf("%s and %s both bind %s: pick only one of them.", o.First, o.Second, o.Resource)}
 }
 
 // pickable resolves a picked name the way gen's consumers name what they
@@ -541,6 +548,11 @@ func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consu
 	}
 	if len(picks) == 0 {
 		return nil, &SelectionError{"Pick at least one API."}
+	}
+	// Picks may come from elsewhere than Select: nothing overlapping is
+	// provisioned, whoever made them.
+	if err := overlapping(picks); err != nil {
+		return nil, err
 	}
 	sid := sess.ID
 	if sess.CallbackURL != "" {

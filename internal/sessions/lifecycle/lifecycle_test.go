@@ -496,14 +496,17 @@ func TestBindRefused(t *testing.T) {
 	}
 }
 
-// TestSelectOffersOneRequestPerResource: two offers that bind one resource
+// TestSelectOneRequestPerResource: two offers that bind one resource
 // (a template and the CRD's own implicit offer) cannot both be picked:
 // each would become an export request for it in the consumer's namespace,
 // the second refused, the bind half made. The refusal names both and the
-// resource; offers of different resources, and one offer picked twice,
-// are fine.
-func TestSelectOffersOneRequestPerResource(t *testing.T) {
-	s, _, _ := newService(t, sessions.Limits{}, &fakes.Provisioner{})
+// resource, whatever the order of the picks; offers of different
+// resources, and one offer picked twice, are fine. Bind refuses such picks
+// too, whoever made them, and provisions nothing.
+func TestSelectOneRequestPerResource(t *testing.T) {
+	ctx := context.Background()
+	p := &fakes.Provisioner{}
+	s, store, _ := newService(t, sessions.Limits{}, p)
 	widgets := v1alpha2.Resource{Group: "interop.example.com", Resource: "widgets"}
 	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{
 		{Name: "widgets", Resources: []v1alpha2.Resource{widgets, {Group: "interop.example.com", Resource: "gadgets"}}},
@@ -512,14 +515,36 @@ func TestSelectOffersOneRequestPerResource(t *testing.T) {
 	}}
 
 	v2, _, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPollV1alpha2})
-	_, err := s.Select(v2, []string{"widgets", "db", "widgets.interop.example.com"})
-	var problem *SelectionError
-	if !errors.As(err, &problem) || !strings.Contains(problem.Problem, "widgets and widgets.interop.example.com both bind widgets.interop.example.com") {
-		t.Fatalf("both offers of widgets picked: %v", err)
-	}
-	for _, ok := range [][]string{{"widgets", "db"}, {"widgets.interop.example.com", "db"}, {"widgets", "widgets"}} {
-		if picks, err := s.Select(v2, ok); err != nil || len(picks) != len(slices.Compact(slices.Clone(ok))) {
-			t.Errorf("SelectOffers(%q): %d picks, %v", ok, len(picks), err)
+	for _, picked := range [][]string{
+		{"widgets", "db", "widgets.interop.example.com"},
+		{"widgets.interop.example.com", "widgets"},
+		{"db", "widgets.interop.example.com", "db", "widgets"},
+	} {
+		picks, err := s.Select(v2, picked)
+		var problem *SelectionError
+		if !errors.As(err, &problem) || !strings.Contains(problem.Problem, "both bind widgets.interop.example.com: pick only one") ||
+			!strings.Contains(problem.Problem, "widgets and widgets.interop.example.com") && !strings.Contains(problem.Problem, "widgets.interop.example.com and widgets ") {
+			t.Errorf("Select(%q): %d picks, %v; want both offers of widgets refused, named", picked, len(picks), err)
 		}
+	}
+	for _, ok := range [][]string{{"widgets", "db"}, {"db", "widgets"}, {"widgets.interop.example.com", "db"}, {"widgets", "widgets"}} {
+		if picks, err := s.Select(v2, ok); err != nil || len(picks) != len(slices.Compact(slices.Clone(ok))) {
+			t.Errorf("Select(%q): %d picks, %v", ok, len(picks), err)
+		}
+	}
+
+	tmpl, _ := s.cfg.Offers.Get("widgets")
+	crd, _ := s.cfg.Offers.Get("widgets.interop.example.com")
+	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
+	_, err := s.Bind(ctx, v2, consumer, "abcdef", []Pick{{Offer: crd}, {Name: "renamed", Offer: tmpl}})
+	var problem *SelectionError
+	if !errors.As(err, &problem) || !strings.Contains(problem.Problem, "both bind widgets.interop.example.com") {
+		t.Errorf("Bind of overlapping picks: %v, want a SelectionError", err)
+	}
+	if calls := p.Take(); len(calls) != 0 {
+		t.Errorf("Bind of overlapping picks provisioned %+v", calls)
+	}
+	if got, _ := store.Outcome(ctx, v2.ID); got.State != sessions.StatePending {
+		t.Errorf("after the refused bind the session is %v, want pending (the user picks again)", got.State)
 	}
 }
