@@ -175,6 +175,7 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 	cb := kbmanager.Object(kbmanager.ClusterBinding)
 	if err := r.cache.Get(ctx, req.NamespacedName, cb); err != nil {
 		r.quiet.Delete(ns)
+		r.looked.Delete(ns)
 		return 0, client.IgnoreNotFound(err)
 	}
 	if _, again := r.looked.LoadOrStore(ns, true); !again && r.allowed(ns, cb) {
