@@ -62,10 +62,17 @@ type Config struct {
 	// NamespacePrefix starts the names of the namespaces made for
 	// APIServiceNamespaces (--namespace-prefix, as for consumers).
 	NamespacePrefix string
-	// Workers reconcile namespaces in parallel; 0 means 2.
+	// Workers reconcile namespaces in parallel; 0 means DefaultWorkers.
 	Workers int
 	Logger  *slog.Logger
 }
+
+// DefaultWorkers is enough to spend the shared request budget
+// (kbmanager.QPS) on a new consumer's writes (about 6: export, schema,
+// Role, RoleBinding, status) at the latency of a busy API server (about
+// 250 ms a reconcile): with fewer, a provider with thousands of new
+// requests waits on the round trips, not on the budget.
+const DefaultWorkers = 8
 
 // Coverer says which offer covers a request, or what the consumer should
 // read when none does (offers.Source.Cover), and what a decided request
@@ -100,7 +107,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg.ClaimableResources = offers.DefaultClaimableResources
 	}
 	if cfg.Workers <= 0 {
-		cfg.Workers = 2
+		cfg.Workers = DefaultWorkers
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
