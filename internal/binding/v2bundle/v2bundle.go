@@ -200,3 +200,41 @@ type bindingSpec struct {
 type localRef struct {
 	Name string `json:"name"`
 }
+
+// maxItems bounds the objects ListToYAML renders: a bundle has three
+// and one per picked API.
+const maxItems = 1000
+
+// ListToYAML renders a bundle stored as JSON (JSON's output) as YAML
+// documents, the way YAML renders it. The bytes come from the session
+// store, so they are read as input: anything but a v1/List of objects is
+// an error.
+func ListToYAML(list []byte) ([]byte, error) {
+	var l struct {
+		APIVersion string            `json:"apiVersion"`
+		Kind       string            `json:"kind"`
+		Items      []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal(list, &l); err != nil {
+		return nil, fmt.Errorf("not a stored bundle: %w", err)
+	}
+	if l.APIVersion != "v1" || l.Kind != "List" || len(l.Items) == 0 || len(l.Items) > maxItems {
+		return nil, errors.New("not a stored bundle: want a v1/List of objects")
+	}
+	var buf bytes.Buffer
+	for i, item := range l.Items {
+		var obj map[string]any
+		if err := json.Unmarshal(item, &obj); err != nil || obj == nil {
+			return nil, fmt.Errorf("not a stored bundle: item %d is not an object", i)
+		}
+		y, err := yaml.Marshal(obj)
+		if err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			buf.WriteString("---\n")
+		}
+		buf.Write(y)
+	}
+	return buf.Bytes(), nil
+}

@@ -32,7 +32,7 @@ var testInput = Input{
 func decodeYAML(t *testing.T, b []byte) []*unstructured.Unstructured {
 	t.Helper()
 	var out []*unstructured.Unstructured
-	for _, doc := range strings.Split(string(b), "---\n") {
+	for _, doc := range splitDocs(string(b)) {
 		u := &unstructured.Unstructured{}
 		if err := utilyaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 			t.Fatalf("document %q: %v", doc, err)
@@ -165,3 +165,29 @@ func TestRenderingsAreClean(t *testing.T) {
 		t.Errorf("YAML:\n%s", y)
 	}
 }
+
+// The YAML of a stored bundle is the YAML of the bundle.
+func TestListToYAMLIsYAML(t *testing.T) {
+	b, err := Build(testInput)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, _ := b.JSON()
+	y, _ := b.YAML()
+	got, err := ListToYAML(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(y) {
+		t.Errorf("ListToYAML:\n%s\nYAML:\n%s", got, y)
+	}
+	for _, bad := range []string{``, `null`, `[]`, `{"apiVersion":"v1","kind":"List","items":[]}`,
+		`{"apiVersion":"v1","kind":"List","items":[1]}`, `{"apiVersion":"v1","kind":"List","items":[null]}`,
+		`{"apiVersion":"v1","kind":"Secret"}`} {
+		if _, err := ListToYAML([]byte(bad)); err == nil {
+			t.Errorf("ListToYAML(%s) did not fail", bad)
+		}
+	}
+}
+
+func splitDocs(y string) []string { return strings.Split(y, "---\n") }
