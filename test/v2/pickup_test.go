@@ -19,7 +19,9 @@ import (
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -173,5 +175,40 @@ func TestBrowserBindPickupApply(t *testing.T) {
 	}
 	if want := "system:serviceaccount:" + ns + ":" + binding.ServiceAccountName; review.Status.UserInfo.Username != want {
 		t.Errorf("the issued credential is %q, want %q", review.Status.UserInfo.Username, want)
+	}
+
+	// Its rights on the picked API come from the export request the bind
+	// made, decided like a v0.8.2 client's: all the konnector's verbs on
+	// MangoDBs in its own namespace, nothing in another, no list across
+	// namespaces.
+	issued := kubernetes.NewForConfigOrDie(cfg)
+	can := func(namespace, verb string) bool {
+		r, err := issued.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authzv1.SelfSubjectAccessReview{Spec: authzv1.SelfSubjectAccessReviewSpec{
+			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: namespace, Verb: verb, Group: "mangodb.com", Resource: "mangodbs"},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Status.Allowed
+	}
+	testutil.Await(t, "the consumer may create MangoDBs in its namespace", func() bool { return can(ns, "create") })
+	for _, verb := range binding.ConsumerVerbs {
+		if !can(ns, verb) {
+			t.Errorf("the consumer may not %s MangoDBs in its namespace", verb)
+		}
+		if can("default", verb) {
+			t.Errorf("the consumer may %s MangoDBs in namespace default", verb)
+		}
+	}
+	if can("", "list") {
+		t.Error("the consumer may list MangoDBs of every namespace")
+	}
+	req, err := dynamic.NewForConfigOrDie(provider.AdminConfig()).Resource(schema.GroupVersionResource{Group: "kube-bind.io", Version: "v1alpha2", Resource: "apiserviceexportrequests"}).
+		Namespace(ns).Get(ctx, "mangodbs.mangodb.com", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the bind's export request: %v", err)
+	}
+	if phase, _, _ := unstructured.NestedString(req.Object, "status", "phase"); phase != "Succeeded" {
+		t.Errorf("the bind's export request is %q, want Succeeded", phase)
 	}
 }

@@ -30,10 +30,11 @@ const (
 	PathPickup    = browser.PathV2Pickup
 )
 
-// The v2 sessions pick APIs of the catalog, namespaced ones only, and end
-// with the bundle.
+// The v2 sessions pick APIs of the catalog, namespaced ones only, make
+// their export requests at the bind (the v2 konnector makes none), and
+// end with the bundle.
 func init() {
-	lifecycle.Register(lifecycle.Generation{Name: lifecycle.V2, Render: Render, NamespacedOnly: true})
+	lifecycle.Register(lifecycle.Generation{Name: lifecycle.V2, Render: Render, NamespacedOnly: true, RequestsAPIs: true})
 }
 
 // Render renders a bind's result as the v2 bundle, a JSON v1/List (the

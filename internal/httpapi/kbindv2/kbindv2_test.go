@@ -220,6 +220,9 @@ func TestBrowserBindThenPickupOnce(t *testing.T) {
 	if marked := e.prov.Marked(); len(marked) != 1 || marked[0] != fakes.ProvisionedNamespace {
 		t.Errorf("marked delivered: %v", marked)
 	}
+	if requested := e.prov.Requested(); len(requested) != 1 || requested[0] != fakes.ProvisionedNamespace+"/mangodbs.mangodb.com" {
+		t.Errorf("the bind requested %v, want the picked API in its namespace", requested)
+	}
 
 	w = e.do(http.MethodPost, u.RequestURI(), nil)
 	if w.Code != http.StatusGone || !strings.Contains(w.Body.String(), "used already") {

@@ -41,6 +41,9 @@ type Provisioner interface {
 	// is handed out, unless that is recorded already
 	// (binding.AnnotationDeliveredAt, which the garbage collection reads).
 	MarkDelivered(ctx context.Context, ns string) error
+	// RequestAPIs makes the export requests of apis in ns, for a
+	// generation whose konnector makes none (Generation.RequestsAPIs).
+	RequestAPIs(ctx context.Context, ns string, apis []binding.ExportedAPI) error
 }
 
 // Offers are what a consumer of a generation that picks offers may pick
@@ -127,6 +130,11 @@ type Generation struct {
 	// (kbind v2 keeps names, which consumers of a cluster-scoped API
 	// would share).
 	NamespacedOnly bool
+	// RequestsAPIs: the bind makes the export requests of the picked
+	// APIs itself (Provisioner.RequestAPIs), since the generation's
+	// konnector makes none; the consumer's rights on them come from
+	// those requests, as for every generation.
+	RequestsAPIs bool
 }
 
 // Names of the generations the session flows belong to.
@@ -670,6 +678,11 @@ func (s *Service) provision(ctx context.Context, gen Generation, consumer bindin
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
+	}
+	if gen.RequestsAPIs {
+		if err := s.cfg.Provisioner.RequestAPIs(ctx, res.Namespace, res.APIs); err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
+		}
 	}
 	body, err := gen.Render(Result{Result: *res, SessionID: sid, Picks: picks})
 	if err != nil {
