@@ -65,6 +65,9 @@ type Origin struct {
 	// CallbackURL (callback flow, released CLIs print no code) is the
 	// address on the user's machine that receives the result.
 	CallbackURL string
+	// Pickup (kbind v2's browser flow): the user began on the provider's
+	// page, and the result is picked up from the done page.
+	Pickup bool
 }
 
 // BindingInfo says what the bind does to the user's bindings.
@@ -83,6 +86,10 @@ type BindingInfo struct {
 type DonePage struct {
 	ProviderName string
 	APIs         []string // what was bound, e.g. "mangodbs.mangodb.com"
+	// PickupURL (kbind v2) is the single-use URL of the bundle, valid
+	// until PickupUntil.
+	PickupURL   string
+	PickupUntil time.Time
 }
 
 // ErrorPage says what happened and what to do next.

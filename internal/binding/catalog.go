@@ -22,6 +22,15 @@ import (
 // ExportedLabel marks a CRD as bindable: kube-bind.io/exported=true.
 const ExportedLabel = "kube-bind.io/exported"
 
+// ExportedLabelV2 marks a CRD as bindable the kbind v2 way:
+// core.kbind.io/exported=true. The catalog honours either label; the v2
+// konnector lists only CRDs with this one (docs/v2.md).
+const ExportedLabelV2 = "core.kbind.io/exported"
+
+// exportedLabels are the labels that offer a CRD, each followed by an
+// informer of its own: a label selector cannot say "one or the other".
+var exportedLabels = []string{ExportedLabel, ExportedLabelV2}
+
 // ExportedAPI is one bindable API as the selection page shows it.
 type ExportedAPI struct {
 	// Name is the CRD's name, <resource>.<group>.
@@ -42,10 +51,11 @@ type ExportedAPI struct {
 // Catalog is the set of exported APIs offered to consumers, kept in an
 // informer cache of the labelled CRDs so that views never hit the API server.
 type Catalog struct {
-	scope    Scope
-	client   apiextensionsclient.Interface
-	factory  apiextensionsinformers.SharedInformerFactory
-	informer cache.SharedIndexInformer
+	scope  Scope
+	client apiextensionsclient.Interface
+	// factories and informers: one per label of exportedLabels.
+	factories []apiextensionsinformers.SharedInformerFactory
+	informers []cache.SharedIndexInformer
 
 	mu      sync.Mutex
 	lastErr error // last list/watch error, said while the cache is unsynced
@@ -69,73 +79,133 @@ func NewCatalog(cfg *rest.Config, scope Scope, opts ...CatalogOption) (*Catalog,
 	if err != nil {
 		return nil, fmt.Errorf("creating apiextensions client: %w", err)
 	}
-	factory := apiextensionsinformers.NewSharedInformerFactoryWithOptions(client, 0,
-		apiextensionsinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = ExportedLabel + "=true"
-		}))
-	c := &Catalog{scope: scope, client: client, factory: factory, log: slog.Default(), warned: map[string]int64{}}
+	c := &Catalog{scope: scope, client: client, log: slog.Default(), warned: map[string]int64{}}
 	for _, o := range opts {
 		o(c)
 	}
-	c.informer = factory.Apiextensions().V1().CustomResourceDefinitions().Informer()
-	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.warnNoStatus,
-		UpdateFunc: func(_, obj any) { c.warnNoStatus(obj) },
-		DeleteFunc: c.forgetWarning,
-	}); err != nil {
-		return nil, err
+	for _, label := range exportedLabels {
+		factory := apiextensionsinformers.NewSharedInformerFactoryWithOptions(client, 0,
+			apiextensionsinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.LabelSelector = label + "=true"
+			}))
+		informer := factory.Apiextensions().V1().CustomResourceDefinitions().Informer()
+		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    c.warnNoStatus,
+			UpdateFunc: func(_, obj any) { c.warnNoStatus(obj) },
+			DeleteFunc: c.forgetWarning,
+		}); err != nil {
+			return nil, err
+		}
+		// Remember why the cache cannot follow the cluster, for the
+		// readiness check; the reflector retries with backoff on its own.
+		_ = informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			c.mu.Lock()
+			c.lastErr = err
+			c.mu.Unlock()
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		})
+		c.factories = append(c.factories, factory)
+		c.informers = append(c.informers, informer)
 	}
-	// Remember why the cache cannot follow the cluster, for the readiness
-	// check; the reflector retries with backoff on its own.
-	_ = c.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		c.mu.Lock()
-		c.lastErr = err
-		c.mu.Unlock()
-		cache.DefaultWatchErrorHandler(ctx, r, err)
-	})
 	return c, nil
 }
 
-// Start runs the informer until ctx ends. It returns at once and never
+// Start runs the informers until ctx ends. It returns at once and never
 // fails, even when the cluster is unreachable.
 func (c *Catalog) Start(ctx context.Context) {
-	c.factory.Start(ctx.Done())
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+	}
 	go func() {
 		<-ctx.Done()
-		c.factory.Shutdown()
+		c.shutdown()
 	}()
+}
+
+func (c *Catalog) shutdown() {
+	for _, f := range c.factories {
+		f.Shutdown()
+	}
 }
 
 // Run fills and follows the cache until ctx ends, and returns when its
 // informer stopped.
 func (c *Catalog) Run(ctx context.Context) {
-	c.factory.Start(ctx.Done())
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+	}
 	<-ctx.Done()
-	c.factory.Shutdown()
+	c.shutdown()
 }
 
 // WaitForSync blocks until the cache holds the cluster's state or ctx ends.
 func (c *Catalog) WaitForSync(ctx context.Context) bool {
-	return cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced)
+	return cache.WaitForCacheSync(ctx.Done(), c.HasSynced)
 }
 
 // HasSynced says whether the cache has been filled from the cluster once.
-func (c *Catalog) HasSynced() bool { return c.informer.HasSynced() }
+func (c *Catalog) HasSynced() bool {
+	for _, i := range c.informers {
+		if !i.HasSynced() {
+			return false
+		}
+	}
+	return true
+}
+
+// cached returns the cached CRD of that name, from the first informer
+// that holds it with its label still "true" (another may hold a copy
+// whose label was just taken away), or any copy.
+func (c *Catalog) cached(name string) (*apiextensionsv1.CustomResourceDefinition, bool) {
+	var stale *apiextensionsv1.CustomResourceDefinition
+	for _, i := range c.informers {
+		o, found, err := i.GetStore().GetByKey(name)
+		if err != nil || !found {
+			continue
+		}
+		crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
+		if !ok {
+			continue
+		}
+		if offeredByLabel(crd) {
+			return crd, true
+		}
+		stale = crd
+	}
+	return stale, stale != nil
+}
+
+// offeredByLabel says whether one of the exported labels is "true".
+func offeredByLabel(crd *apiextensionsv1.CustomResourceDefinition) bool {
+	for _, l := range exportedLabels {
+		if crd.Labels[l] == "true" {
+			return true
+		}
+	}
+	return false
+}
 
 // Scope is the consumer scope the catalog filters by.
 func (c *Catalog) Scope() Scope { return c.scope }
 
 // List returns the exported APIs the consumer scope allows, sorted by name.
 func (c *Catalog) List() []ExportedAPI {
-	objs := c.informer.GetStore().List()
-	out := make([]ExportedAPI, 0, len(objs))
-	for _, o := range objs {
-		crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
-		if !ok {
-			continue
-		}
-		if api, ok := c.exported(crd); ok {
-			out = append(out, api)
+	seen := map[string]bool{}
+	var out []ExportedAPI
+	for _, i := range c.informers {
+		for _, o := range i.GetStore().List() {
+			crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
+			if !ok || seen[crd.Name] {
+				continue
+			}
+			// Judged on the freshest copy any informer holds of it.
+			if crd, ok = c.cached(crd.Name); !ok {
+				continue
+			}
+			seen[crd.Name] = true
+			if api, ok := c.exported(crd); ok {
+				out = append(out, api)
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -144,11 +214,7 @@ func (c *Catalog) List() []ExportedAPI {
 
 // Lookup finds one exported API the consumer scope allows.
 func (c *Catalog) Lookup(group, resource string) (ExportedAPI, bool) {
-	o, found, err := c.informer.GetStore().GetByKey(resource + "." + group)
-	if err != nil || !found {
-		return ExportedAPI{}, false
-	}
-	crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
+	crd, ok := c.cached(resource + "." + group)
 	if !ok {
 		return ExportedAPI{}, false
 	}
@@ -159,7 +225,7 @@ func (c *Catalog) Lookup(group, resource string) (ExportedAPI, bool) {
 // (label removed in a race with the cache, being deleted, nothing served,
 // or outside the consumer scope).
 func (c *Catalog) exported(crd *apiextensionsv1.CustomResourceDefinition) (ExportedAPI, bool) {
-	if crd.Labels[ExportedLabel] != "true" || crd.DeletionTimestamp != nil || !c.scope.allows(crd.Spec.Scope) {
+	if !offeredByLabel(crd) || crd.DeletionTimestamp != nil || !c.scope.allows(crd.Spec.Scope) {
 		return ExportedAPI{}, false
 	}
 	api := ExportedAPI{
@@ -202,11 +268,7 @@ func (c *Catalog) ExportedNow(ctx context.Context, group, resource string) (bool
 // allows (see Lookup), for the controllers that mirror it into
 // APIServiceExports. The object is the informer's: callers must not modify it.
 func (c *Catalog) ExportedCRD(group, resource string) (*apiextensionsv1.CustomResourceDefinition, bool) {
-	o, found, err := c.informer.GetStore().GetByKey(resource + "." + group)
-	if err != nil || !found {
-		return nil, false
-	}
-	crd, ok := o.(*apiextensionsv1.CustomResourceDefinition)
+	crd, ok := c.cached(resource + "." + group)
 	if !ok {
 		return nil, false
 	}
@@ -229,15 +291,25 @@ func (c *Catalog) OnChange(fn func(name string)) (stop func(), err error) {
 			fn(crd.Name)
 		}
 	}
-	reg, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    name,
-		UpdateFunc: func(_, obj any) { name(obj) },
-		DeleteFunc: name,
-	})
-	if err != nil {
-		return nil, err
+	var regs []cache.ResourceEventHandlerRegistration
+	stop = func() {
+		for i, reg := range regs {
+			_ = c.informers[i].RemoveEventHandler(reg)
+		}
 	}
-	return func() { _ = c.informer.RemoveEventHandler(reg) }, nil
+	for _, i := range c.informers {
+		reg, err := i.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    name,
+			UpdateFunc: func(_, obj any) { name(obj) },
+			DeleteFunc: name,
+		})
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		regs = append(regs, reg)
+	}
+	return stop, nil
 }
 
 // warnNoStatus logs, at WARN, an offered CRD with a served version that

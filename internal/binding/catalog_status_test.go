@@ -70,8 +70,8 @@ func TestCatalogWarnsAboutCRDWithoutStatusSubresource(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Await(t, "the catalog sees the label", func() bool {
-		o, ok, _ := cat.informer.GetStore().GetByKey(name)
-		return ok && o.(*apiextensionsv1.CustomResourceDefinition).Labels["team"] == "a"
+		crd, ok := cat.cached(name)
+		return ok && crd.Labels["team"] == "a"
 	})
 	time.Sleep(200 * time.Millisecond)
 	if n := warnings(logs, name); n != 1 {

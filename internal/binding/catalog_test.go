@@ -230,3 +230,69 @@ func (p *proxy) close() {
 	p.mu.Unlock()
 	p.wg.Wait()
 }
+
+// A CRD labelled core.kbind.io/exported=true (kbind v2) is offered as one
+// with the existing label; with both, taking either away keeps it offered,
+// taking both away withdraws it, and the catalog lists it once.
+func TestCatalogHonoursV2Label(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	cat := startCatalog(t, e.backend, ScopeNamespaced)
+	otters := Resource{Group: "catalog.test", Resource: "otters"}
+	if err := createCRD(ctx, e.crds, otters, "Otter", apiextensionsv1.NamespaceScoped, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.crds.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), "otters.catalog.test", metav1.DeleteOptions{})
+	})
+	label := func(key, value string) {
+		t.Helper()
+		patch := `{"metadata":{"labels":{"` + key + `":` + value + `}}}`
+		_, err := e.crds.ApiextensionsV1().CustomResourceDefinitions().Patch(ctx, "otters.catalog.test", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	has := func() bool { _, ok := cat.Lookup("catalog.test", "otters"); return ok }
+	count := func() int {
+		n := 0
+		for _, a := range cat.List() {
+			if a.Name == "otters.catalog.test" {
+				n++
+			}
+		}
+		return n
+	}
+
+	label(ExportedLabelV2, `"true"`)
+	testutil.Await(t, "a CRD with the v2 label is offered", has)
+	if _, ok := cat.ExportedCRD("catalog.test", "otters"); !ok {
+		t.Error("ExportedCRD misses the CRD with the v2 label")
+	}
+	label(ExportedLabel, `"true"`)
+	testutil.Await(t, "a CRD with both labels is listed once", func() bool { return count() == 1 && has() })
+	label(ExportedLabelV2, `null`)
+	// The v2 informer drops it; the other still holds it.
+	time.Sleep(200 * time.Millisecond)
+	if !has() || count() != 1 {
+		t.Fatalf("with one label left: offered %v, listed %d times", has(), count())
+	}
+	label(ExportedLabelV2, `"true"`)
+	label(ExportedLabel, `null`)
+	time.Sleep(200 * time.Millisecond)
+	if !has() || count() != 1 {
+		t.Fatalf("with the v2 label left: offered %v, listed %d times", has(), count())
+	}
+	label(ExportedLabelV2, `"false"`)
+	testutil.Await(t, "a CRD with neither label true is withdrawn", func() bool { return !has() && count() == 0 })
+	exported, err := cat.ExportedNow(ctx, "catalog.test", "otters")
+	if err != nil || exported {
+		t.Errorf("ExportedNow = %v, %v; want false", exported, err)
+	}
+	label(ExportedLabelV2, `"true"`)
+	testutil.Await(t, "offered again", has)
+	exported, err = cat.ExportedNow(ctx, "catalog.test", "otters")
+	if err != nil || !exported {
+		t.Errorf("ExportedNow = %v, %v; want true", exported, err)
+	}
+}

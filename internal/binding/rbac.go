@@ -101,6 +101,9 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			rule(kubeBindGroup, []string{"apiserviceexportrequests/status", "apiservicenamespaces/status", "clusterbindings/status"}, "patch"),
 			// Mirroring exported CRDs.
 			rule(kubeBindGroup, []string{"apiserviceexports"}, "create", "patch", "delete"),
+			// The requests of a consumer whose konnector makes none (kbind
+			// v2, RequestAPIs).
+			rule(kubeBindGroup, []string{"apiserviceexportrequests"}, "create"),
 			// The schemas of the bound resources for konnector v0.8, and
 			// the APIServiceNamespaces a request's spec.namespaces asks for.
 			rule(kubeBindGroup, []string{"boundschemas"}, "get", "create", "patch", "update", "delete"),

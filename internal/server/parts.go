@@ -9,6 +9,7 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/httpapi/browser"
+	"github.com/kbprovider/backend/internal/httpapi/kbindv2"
 	"github.com/kbprovider/backend/internal/httpapi/mount"
 	"github.com/kbprovider/backend/internal/httpapi/pollsession"
 	apiv1alpha1 "github.com/kbprovider/backend/internal/httpapi/v1alpha1"
@@ -198,6 +199,12 @@ func (s *Server) newParts(l login, reg prometheus.Registerer) ([]mount.Part, err
 		BindRate:        cfg.CLITokens.BindRate,
 		Logger:          s.log.With("component", "v1alpha2"),
 	}
+	kbv2cfg := kbindv2.Config{
+		ExternalURL: s.ext,
+		PrettyName:  cfg.PrettyName,
+		Sessions:    s.sessions,
+		Logger:      s.log.With("component", "kbindv2"),
+	}
 	var browserPart mount.Part = browser.Unconfigured{}
 	if l.oidc != nil {
 		b, err := browser.New(browser.Config{
@@ -218,12 +225,17 @@ func (s *Server) newParts(l login, reg prometheus.Registerer) ([]mount.Part, err
 		browserPart = b
 		// A nil *browser.Handler in the interface would not be nil.
 		v2cfg.Browser, v2cfg.Tokens = b, l.tokens
+		kbv2cfg.Browser = b
 	}
 	v2, err := apiv1alpha2.New(v2cfg)
 	if err != nil {
 		return nil, err
 	}
-	return []mount.Part{v1, browserPart, v2}, nil
+	kbv2, err := kbindv2.New(kbv2cfg)
+	if err != nil {
+		return nil, err
+	}
+	return []mount.Part{v1, browserPart, v2, kbv2}, nil
 }
 
 // currentKey and previousKeys split a key list, the current key first,

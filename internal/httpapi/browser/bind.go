@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -260,10 +261,13 @@ func (h *Handler) showSelection(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status int, lc loginCookie, sess lifecycle.Session, ticked map[string]bool, problem string) {
 	var apis []web.API
-	if sess.Flow.V1alpha2() {
+	switch {
+	case sess.Flow.V1alpha2():
 		apis = h.offeredAPIs(ticked)
-	} else {
-		apis = h.catalogAPIs(ticked)
+	case sess.Flow == sessionkey.FlowBrowserV2:
+		apis = h.catalogAPIs(ticked, true)
+	default:
+		apis = h.catalogAPIs(ticked, false)
 	}
 	user := lc.Email
 	if user == "" {
@@ -282,11 +286,15 @@ func (h *Handler) renderSelection(w http.ResponseWriter, r *http.Request, status
 	})
 }
 
-// catalogAPIs are the v1alpha1 choices: the exported CRDs.
-func (h *Handler) catalogAPIs(ticked map[string]bool) []web.API {
+// catalogAPIs are the v1alpha1 choices: the exported CRDs; and kbind
+// v2's: the namespaced ones (docs/v2.md §1).
+func (h *Handler) catalogAPIs(ticked map[string]bool, namespacedOnly bool) []web.API {
 	exported := h.svc.ExportedAPIs()
 	apis := make([]web.API, 0, len(exported))
 	for _, e := range exported {
+		if namespacedOnly && e.Scope != apiextensionsv1.NamespaceScoped {
+			continue
+		}
 		api := web.API{
 			ID: e.Name, Group: e.Group, Resource: e.Resource, Scope: string(e.Scope),
 			Versions: e.Versions, Checked: ticked[e.Name],
@@ -328,6 +336,9 @@ const noStatusWarning = "Its status is not synced back to your cluster (the prov
 // the callback flow, where released CLIs print no code, the address on
 // the user's own machine that receives the result.
 func (h *Handler) origin(sess lifecycle.Session) web.Origin {
+	if sess.Flow == sessionkey.FlowBrowserV2 {
+		return web.Origin{Pickup: true}
+	}
 	if sess.CallbackURL != "" {
 		return web.Origin{CallbackURL: sess.CallbackURL}
 	}
@@ -464,7 +475,11 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	web.RenderDone(w, web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names})
+	done := web.DonePage{ProviderName: h.cfg.ProviderName, APIs: names}
+	if sess.Flow == sessionkey.FlowBrowserV2 {
+		done.PickupURL, done.PickupUntil = h.pickupURL(sess), sess.ExpiresAt
+	}
+	web.RenderDone(w, done)
 }
 
 func tickedSet(names []string) map[string]bool {

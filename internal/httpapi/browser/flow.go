@@ -29,6 +29,9 @@ const (
 	clusterCallback clusterKind = "callback"
 	// clusterNone: the CLI login, which binds nothing.
 	clusterNone clusterKind = "none"
+	// clusterPickup: kbind v2's browser flow, begun on the provider's
+	// page: a new ID issued to the session, no link, no callback.
+	clusterPickup clusterKind = "pickup"
 )
 
 // flow is what the login at the identity provider carries (signed,
@@ -66,6 +69,8 @@ func parseFlow(state []byte) (flow, bool) {
 		return f, f.ClusterID != "" && f.LinkNonce == "" && f.CallbackURL != "" && f.CLISessionID != ""
 	case clusterNone:
 		return f, f.ClusterID == "" && f.LinkNonce == "" && f.CallbackURL != "" && f.CLISessionID != ""
+	case clusterPickup:
+		return f, f.ClusterID != "" && f.LinkNonce == "" && f.CallbackURL == "" && f.CLISessionID == ""
 	}
 	return flow{}, false
 }
@@ -90,6 +95,8 @@ func (h *Handler) session(f flow) (lifecycle.Session, error) {
 		want = []clusterKind{clusterCallback}
 	case sessionkey.FlowCLILogin:
 		want = []clusterKind{clusterNone}
+	case sessionkey.FlowBrowserV2:
+		want = []clusterKind{clusterPickup}
 	}
 	if !slices.Contains(want, f.ClusterKind) {
 		return lifecycle.Session{}, errFlowMismatch

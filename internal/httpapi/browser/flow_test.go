@@ -11,6 +11,7 @@ var validFlows = []flow{
 	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterReplaced, LinkNonce: "n-1"},
 	{SessionID: "sid-1", ClusterID: "aB3dE9", ClusterKind: clusterCallback, CallbackURL: "http://localhost:41234/callback", CLISessionID: "cli-1"},
 	{SessionID: "sid-1", ClusterID: "", ClusterKind: clusterNone, CallbackURL: "http://127.0.0.1:41234/callback", CLISessionID: "cli-1"},
+	{SessionID: "sid-1", ClusterID: "cluster-1", ClusterKind: clusterPickup},
 }
 
 func TestFlowStateRoundTrip(t *testing.T) {
@@ -42,6 +43,9 @@ func TestFlowStateRoundTrip(t *testing.T) {
 		`{"s":"sid-1","c":"aB3dE9","ck":"callback","n":"n-1","cb":"http://localhost:1/callback","cs":"cli-1"}`,
 		`{"s":"sid-1","c":"","ck":"none","n":"n-1","cb":"http://127.0.0.1:1/callback","cs":"cli-1"}`,
 		`{"s":"sid-1","c":"cluster-1","ck":"new"} trailing`,
+		`{"s":"sid-1","c":"","ck":"pickup"}`,
+		`{"s":"sid-1","c":"cluster-1","ck":"pickup","n":"n-1"}`,
+		`{"s":"sid-1","c":"cluster-1","ck":"pickup","cb":"http://localhost:1/callback","cs":"cli-1"}`,
 	} {
 		if f, ok := parseFlow([]byte(bad)); ok {
 			t.Errorf("%q accepted as %+v", bad, f)
@@ -79,6 +83,10 @@ func FuzzParseFlowState(f *testing.F) {
 		case clusterCallback, clusterNone:
 			if fl.CallbackURL == "" || fl.CLISessionID == "" || fl.LinkNonce != "" {
 				t.Fatalf("%q parsed to a callback flow %+v without its callback, or with a link nonce", b, fl)
+			}
+		case clusterPickup:
+			if callbackFields || fl.LinkNonce != "" {
+				t.Fatalf("%q parsed to a pickup flow %+v with callback fields or a link nonce", b, fl)
 			}
 		default:
 			t.Fatalf("%q parsed to kind %q", b, fl.ClusterKind)

@@ -60,6 +60,16 @@ func JSONBytes(w http.ResponseWriter, status int, body []byte) {
 	w.Write(body)
 }
 
+// Text answers status with body of contentType (not HTML: a browser
+// must never run what it holds, so sniffing is off).
+func Text(w http.ResponseWriter, status int, contentType string, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h["X-Content-Type-Options"] = hdrNoSniff
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
 // JSON answers status with v encoded.
 func JSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)

@@ -20,6 +20,9 @@ import (
 const (
 	ReleasedVersion  = "v0.4.8"
 	ReleasedV1alpha2 = "v0.8.2"
+	// ReleasedV2 is the kbind v2 release (API group core.kbind.io), in
+	// folder kbind-<version> beside the others, with its CRDs in crds/.
+	ReleasedV2 = "v2.0.0-rc4"
 )
 
 // PeersEnv names the folder holding a folder kube-bind-<version> per
@@ -49,7 +52,7 @@ func ReleasedPathOf(release, name string) (string, error) {
 	if p, ok := releasedPaths[key]; ok {
 		return p, nil
 	}
-	src, err := peersDir(release)
+	src, err := peersDir(folderOf(release))
 	if err != nil {
 		return "", err
 	}
@@ -61,7 +64,7 @@ func ReleasedPathOf(release, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cache := filepath.Join(home, ".cache", "kube-bind-backend", "kube-bind-"+release)
+	cache := filepath.Join(home, ".cache", "kube-bind-backend", folderOf(release))
 	dst := filepath.Join(cache, name)
 	if got, err := fileSum(dst); err == nil && got == want {
 		releasedPaths[key] = dst
@@ -77,9 +80,21 @@ func ReleasedPathOf(release, name string) (string, error) {
 	return dst, nil
 }
 
-// peersDir finds the folder of release's binaries.
-func peersDir(release string) (string, error) {
-	folder := "kube-bind-" + release
+// folderOf names a release's folder: kbind-<version> for v2, else
+// kube-bind-<version>.
+func folderOf(release string) string {
+	if release == ReleasedV2 {
+		return "kbind-" + release
+	}
+	return "kube-bind-" + release
+}
+
+// V2Dir is the folder of the kbind v2 release: konnector.gz, SHA256SUMS
+// and crds/ with the CRDs a consumer cluster needs.
+func V2Dir() (string, error) { return peersDir(folderOf(ReleasedV2)) }
+
+// peersDir finds a release's folder of binaries.
+func peersDir(folder string) (string, error) {
 	if d := os.Getenv(PeersEnv); d != "" {
 		if _, err := os.Stat(filepath.Join(d, "SHA256SUMS")); err == nil {
 			// One release's folder: the others are its siblings.

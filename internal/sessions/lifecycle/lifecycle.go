@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/kbprovider/backend/internal/binding"
@@ -39,6 +40,9 @@ type Provisioner interface {
 	// is handed out, unless that is recorded already
 	// (binding.AnnotationDeliveredAt, which the garbage collection reads).
 	MarkDelivered(ctx context.Context, ns string) error
+	// RequestAPIs makes the export requests of apis in ns, for a
+	// generation whose konnector makes none (Generation.RequestsAPIs).
+	RequestAPIs(ctx context.Context, ns string, apis []binding.ExportedAPI) error
 }
 
 // Offers are what a consumer of a generation that picks offers may pick
@@ -121,16 +125,31 @@ type Generation struct {
 	// an API of the catalog (<resource>.<group>), and picks that API's
 	// implicit offer.
 	PicksOffers bool
+	// NamespacedOnly: a cluster-scoped API is refused at the selection
+	// (kbind v2 keeps names, which consumers of a cluster-scoped API
+	// would share).
+	NamespacedOnly bool
+	// RequestsAPIs: the bind makes the export requests of the picked
+	// APIs itself (Provisioner.RequestAPIs), since the generation's
+	// konnector makes none; the consumer's rights on them come from
+	// those requests, as for every generation.
+	RequestsAPIs bool
 }
 
 // Names of the generations the session flows belong to.
 const (
 	V1alpha1 = "v1alpha1"
 	V1alpha2 = "v1alpha2"
+	// V2 is kbind v2 (core.kbind.io): its outcome is the one-apply
+	// bundle (docs/v2.md).
+	V2 = "v2"
 )
 
 // GenerationOf names the generation of a session flow.
 func GenerationOf(f sessionkey.Flow) string {
+	if f == sessionkey.FlowBrowserV2 {
+		return V2
+	}
 	if f.V1alpha2() {
 		return V1alpha2
 	}
@@ -213,10 +232,12 @@ type SessionRequest struct {
 // returns the cluster ID the session will bind with unless its link
 // proves the presented one, and the cluster secret of a new cluster ID
 // ("" when the client presented one: that one's secret is the client's);
-// for the others, two empty strings.
+// for kbind v2's browser flow a new cluster ID and no secret (nobody
+// proves it later: a pickup binds a new cluster each time); for the
+// others, two empty strings.
 func (s *Service) CreateSession(req SessionRequest) (sess Session, clusterID, clusterSecret string) {
-	if !req.Flow.Valid() || req.Flow.Polled() != (req.CallbackURL == "") {
-		panic("lifecycle: CreateSession of a polled flow with a callback, or of a redirect flow without one")
+	if !req.Flow.Valid() || req.Flow.Recorded() != (req.CallbackURL == "") {
+		panic("lifecycle: CreateSession of a recorded flow with a callback, or of a redirect flow without one")
 	}
 	if !req.Flow.Polled() {
 		req.ClusterID = ""
@@ -224,6 +245,10 @@ func (s *Service) CreateSession(req SessionRequest) (sess Session, clusterID, cl
 	sess = Session{
 		Session:     s.cfg.Keys.Issue(req.Flow, req.ClusterID, s.cfg.Now().Add(s.cfg.SessionTTL)),
 		CallbackURL: req.CallbackURL, CallbackSessionID: req.CallbackSessionID,
+	}
+	if req.Flow == sessionkey.FlowBrowserV2 {
+		// A new cluster, whose namespace nobody has bound before.
+		return sess, clusterkey.NewClusterID(sess.ID), ""
 	}
 	if !req.Flow.Polled() {
 		return sess, "", ""
@@ -401,9 +426,9 @@ func (s *Service) Select(sess Session, picked []string) ([]Pick, error) {
 			continue
 		}
 		seen[name] = true
-		o, ok := s.pickable(gen, name)
-		if !ok {
-			return nil, notOffered(name)
+		o, problem := s.pickable(gen, name)
+		if problem != nil {
+			return nil, problem
 		}
 		picks = append(picks, Pick{Offer: o})
 	}
@@ -431,16 +456,23 @@ func overlapping(picks []Pick) error {
 
 // pickable resolves a picked name the way gen's consumers name what they
 // bind.
-func (s *Service) pickable(gen Generation, name string) (offers.Offer, bool) {
+func (s *Service) pickable(gen Generation, name string) (offers.Offer, *SelectionError) {
 	if gen.PicksOffers {
-		return s.cfg.Offers.Get(name)
+		o, ok := s.cfg.Offers.Get(name)
+		if !ok {
+			return o, notOffered(name)
+		}
+		return o, nil
 	}
 	resource, group, _ := strings.Cut(name, ".")
 	api, ok := s.cfg.Catalog.Lookup(group, resource)
 	if !ok {
-		return offers.Offer{}, false
+		return offers.Offer{}, notOffered(name)
 	}
-	return offers.Implicit(api), true
+	if gen.NamespacedOnly && api.Scope != apiextensionsv1.NamespaceScoped {
+		return offers.Offer{}, &SelectionError{"The API " + name + " is cluster-scoped: this kind of binding takes namespaced APIs only."}
+	}
+	return offers.Implicit(api), nil
 }
 
 func notOffered(name string) *SelectionError {
@@ -585,7 +617,7 @@ func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consu
 	if err != nil {
 		return nil, err
 	}
-	if !sess.Flow.Polled() {
+	if !sess.Flow.Recorded() {
 		// Its response goes to the CLI's callback at once, never to a
 		// poll: nothing to record in the store, but the delivery.
 		if err := s.delivered(ctx, res.Namespace); err != nil {
@@ -659,6 +691,11 @@ func (s *Service) provision(ctx context.Context, gen Generation, consumer bindin
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
 	}
+	if gen.RequestsAPIs {
+		if err := s.cfg.Provisioner.RequestAPIs(ctx, res.Namespace, res.APIs); err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrProvisioning, err)
+		}
+	}
 	body, err := gen.Render(Result{Result: *res, SessionID: sid, Picks: picks})
 	if err != nil {
 		return nil, nil, fmt.Errorf("encoding the binding response: %w", err)
@@ -670,7 +707,7 @@ func (s *Service) provision(ctx context.Context, gen Generation, consumer bindin
 // session that is not pending any more is left as it is (nil), and a
 // callback-flow session has nobody polling to tell.
 func (s *Service) Deny(ctx context.Context, sess Session, reason string) error {
-	if !sess.Flow.Polled() {
+	if !sess.Flow.Recorded() {
 		return nil
 	}
 	if err := s.cfg.Store.Deny(ctx, sess.ID, sess.ExpiresAt, reason); err != nil && !errors.Is(err, sessions.ErrNotPending) {

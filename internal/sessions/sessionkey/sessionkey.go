@@ -56,17 +56,25 @@ const (
 	// FlowCLILogin: `kubectl bind login`; it ends with a CLI token, not
 	// a binding.
 	FlowCLILogin Flow = 5
+	// FlowBrowserV2: the browser flow of a kbind v2 consumer, begun on
+	// the provider's own page; its outcome, the v2 bundle, is recorded
+	// and picked up once at the pickup URL the done page shows.
+	FlowBrowserV2 Flow = 6
 )
 
 // Valid: a flow this backend issues.
-func (f Flow) Valid() bool { return f >= FlowPoll && f <= FlowCLILogin }
+func (f Flow) Valid() bool { return f >= FlowPoll && f <= FlowBrowserV2 }
+
+// Recorded: the flow's outcome is recorded in the store, for a poll or a
+// pickup to fetch (the other flows hand it to a CLI's callback at once).
+func (f Flow) Recorded() bool { return f.Polled() || f == FlowBrowserV2 }
 
 // Polled: the client holds the session secret and polls for the outcome,
 // which is therefore recorded in the store.
 func (f Flow) Polled() bool { return f == FlowPoll || f == FlowPollV1alpha2 }
 
 // V1alpha2: the flow's responses are kube-bind.io/v1alpha2.
-func (f Flow) V1alpha2() bool { return f >= FlowPollV1alpha2 }
+func (f Flow) V1alpha2() bool { return f >= FlowPollV1alpha2 && f <= FlowCLILogin }
 
 const (
 	headerLen    = 1 + 4 + 4 + 16

@@ -61,19 +61,21 @@ func TestAnyReplicaOpens(t *testing.T) {
 func TestFlows(t *testing.T) {
 	k := mustKeys(t, keyA)
 	for _, tc := range []struct {
-		flow             Flow
-		polled, v1alpha2 bool
+		flow                       Flow
+		polled, v1alpha2, recorded bool
 	}{
-		{FlowPoll, true, false}, {FlowCallback, false, false},
-		{FlowPollV1alpha2, true, true}, {FlowBrowserV1alpha2, false, true}, {FlowCLILogin, false, true},
+		{FlowPoll, true, false, true}, {FlowCallback, false, false, false},
+		{FlowPollV1alpha2, true, true, true}, {FlowBrowserV1alpha2, false, true, false}, {FlowCLILogin, false, true, false},
+		{FlowBrowserV2, false, false, true},
 	} {
 		s := k.Issue(tc.flow, "", time.Now().Add(time.Minute))
 		got, err := k.Open(s.ID)
-		if err != nil || got.Flow != tc.flow || got.Flow.Polled() != tc.polled || got.Flow.V1alpha2() != tc.v1alpha2 {
+		if err != nil || got.Flow != tc.flow || got.Flow.Polled() != tc.polled || got.Flow.V1alpha2() != tc.v1alpha2 ||
+			got.Flow.Recorded() != tc.recorded {
 			t.Errorf("flow %d: %+v %v", tc.flow, got, err)
 		}
 	}
-	for _, bad := range []Flow{0, 6, 255} {
+	for _, bad := range []Flow{0, 7, 255} {
 		s := k.Issue(bad, "", time.Now().Add(time.Minute))
 		if _, err := k.Open(s.ID); !errors.Is(err, ErrMalformed) {
 			t.Errorf("flow %d opened: %v", bad, err)

@@ -180,10 +180,11 @@ type Provisioner struct {
 	// MarkErr, when set, fails every MarkDelivered (not recorded).
 	MarkErr error
 
-	mu     sync.Mutex
-	calls  []ProvisionCall
-	next   error
-	marked []string
+	mu        sync.Mutex
+	calls     []ProvisionCall
+	next      error
+	marked    []string
+	requested []string
 }
 
 // MarkDelivered records ns as marked delivered, or fails with MarkErr.
@@ -195,6 +196,24 @@ func (p *Provisioner) MarkDelivered(_ context.Context, ns string) error {
 	}
 	p.marked = append(p.marked, ns)
 	return nil
+}
+
+// RequestAPIs records the APIs requested in ns.
+func (p *Provisioner) RequestAPIs(_ context.Context, ns string, apis []binding.ExportedAPI) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range apis {
+		p.requested = append(p.requested, ns+"/"+a.Name)
+	}
+	return nil
+}
+
+// Requested returns what RequestAPIs recorded, "<ns>/<API name>", in
+// order.
+func (p *Provisioner) Requested() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.requested)
 }
 
 // Marked returns the namespaces MarkDelivered recorded, in order.
