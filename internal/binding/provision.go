@@ -59,10 +59,15 @@ type Config struct {
 	MaxClustersPerUser int
 }
 
-// Resource is one API a consumer selected.
+// Resource is one API a consumer selected, and the request the consumer
+// will bind it through.
 type Resource struct {
 	Group    string
 	Resource string
+	// Request names that request ("" means the resource's own name,
+	// RequestName). A returning consumer may bind a resource again only
+	// through the request it is bound by already (AlreadyBoundError).
+	Request string
 }
 
 // Names of the objects in a provider namespace.
@@ -187,6 +192,12 @@ func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID strin
 	if err != nil {
 		return nil, err
 	}
+	// A namespace made just now binds nothing yet: no need to look.
+	if !created {
+		if err := p.checkBound(ctx, ns, selected(resources)); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.grantBackend(ctx, ns); err != nil {
 		return nil, err
 	}
@@ -222,13 +233,8 @@ func (p *Provisioner) resolve(resources []Resource) ([]ExportedAPI, error) {
 	if len(resources) == 0 {
 		return nil, ErrNoResources
 	}
-	seen := map[Resource]bool{}
 	var apis []ExportedAPI
-	for _, r := range resources {
-		if seen[r] {
-			continue
-		}
-		seen[r] = true
+	for _, r := range selected(resources) {
 		api, ok := p.catalog.Lookup(r.Group, r.Resource)
 		if !ok {
 			return nil, &NotExportedError{Group: r.Group, Resource: r.Resource}
@@ -236,6 +242,21 @@ func (p *Provisioner) resolve(resources []Resource) ([]ExportedAPI, error) {
 		apis = append(apis, api)
 	}
 	return apis, nil
+}
+
+// selected is resources with each resource kept once, the first time it
+// is named, in order.
+func selected(resources []Resource) []Resource {
+	seen := map[Resource]bool{}
+	var out []Resource
+	for _, r := range resources {
+		key := Resource{Group: r.Group, Resource: r.Resource}
+		if !seen[key] {
+			seen[key] = true
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // ensureNamespace finds the identity's namespace, or creates it. A

@@ -663,7 +663,7 @@ func TestProvisionHungServerTimesOut(t *testing.T) {
 // The requests a bind sends to the API server: the user's namespaces are
 // listed three times for a new cluster (the cap's check and, once made,
 // the labelled ones again) and once for a returning one, which finds its
-// namespace among them; a namespace the bind made holds no kubeconfig
+// namespace among them and lists its exports once (what is bound there); a namespace the bind made holds no kubeconfig
 // Secret to read, a returning one's is read once to retire its token.
 func TestProvisionRequests(t *testing.T) {
 	e := setup(t)
@@ -699,10 +699,12 @@ func TestProvisionRequests(t *testing.T) {
 		{"a new cluster", map[apirequests.Key]int64{
 			{Verb: "list", Resource: "namespaces"}: 3, {Verb: "create", Resource: "namespaces"}: 1,
 			{Verb: "get", Resource: "namespaces"}: 0, {Verb: "get", Resource: "secrets"}: 0, {Verb: "patch", Resource: "secrets"}: 0,
+			{Verb: "list", Resource: "apiserviceexports"}: 0,
 		}, bind()},
 		{"a returning one", map[apirequests.Key]int64{
 			{Verb: "list", Resource: "namespaces"}: 1, {Verb: "create", Resource: "namespaces"}: 0,
 			{Verb: "get", Resource: "namespaces"}: 0, {Verb: "get", Resource: "secrets"}: 1, {Verb: "patch", Resource: "secrets"}: 1,
+			{Verb: "list", Resource: "apiserviceexports"}: 1,
 		}, bind()},
 	} {
 		for k, want := range tc.want {
@@ -710,5 +712,69 @@ func TestProvisionRequests(t *testing.T) {
 				t.Errorf("%s: %d %s %s, want %d", tc.what, got, k.Verb, k.Resource, want)
 			}
 		}
+	}
+}
+
+// A returning consumer whose namespace binds a resource through one
+// export may bind it again through a request of that name only: a bind
+// that would make another request for it is refused before anything is
+// made or issued (no token, the kubeconfig Secret as it was), as the
+// backend's least-privilege identity, naming the export that binds it.
+func TestProvisionAlreadyBound(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	p := newProvisioner(t, e, e.backend, ScopeCluster)
+	c := Consumer{Issuer: issuer, Subject: "already-bound"}
+	if _, err := p.Provision(ctx, c, "cid", []Resource{widgets}); err != nil {
+		t.Fatal(err)
+	}
+	ns := p.Namespace(c, "cid")
+	// What the controllers make once the request widgets.example.com succeeded.
+	export := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kube-bind.io/v1alpha2", "kind": "APIServiceExport",
+		"metadata": map[string]any{"name": "widgets.example.com"},
+		"spec": map[string]any{"informerScope": "Namespaced",
+			"resources": []any{map[string]any{"group": "example.com", "resource": "widgets"}}},
+	}}
+	admin := dynamic.NewForConfigOrDie(e.admin)
+	if _, err := admin.Resource(kbresources.APIServiceExportsV1alpha2).Namespace(ns).Create(ctx, export, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	state := func() (int, string) {
+		tokens, err := e.kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelCredential + "=" + CredentialToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kc, err := e.kube.CoreV1().Secrets(ns).Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(tokens.Items), kc.ResourceVersion
+	}
+	tokens, kc := state()
+
+	for _, picked := range [][]Resource{
+		{{Group: "example.com", Resource: "widgets", Request: "widget-kit"}},
+		{{Group: "example.com", Resource: "gadgets", Request: "widget-kit"}, {Group: "example.com", Resource: "widgets", Request: "widget-kit"}},
+	} {
+		_, err := p.Provision(ctx, c, "cid", picked)
+		var bound *AlreadyBoundError
+		if !errors.As(err, &bound) || bound.By != "widgets.example.com" || bound.Request != "widget-kit" || bound.Resource.String() != "widgets.example.com" {
+			t.Errorf("Provision(%+v): %v, want widgets refused as bound by widgets.example.com", picked, err)
+		}
+		if n, v := state(); n != tokens || v != kc {
+			t.Errorf("a refused bind issued a token or changed the kubeconfig: %d token Secrets (was %d), kubeconfig version %s (was %s)", n, tokens, v, kc)
+		}
+	}
+	// Another consumer is not bound by this namespace's exports.
+	if _, err := p.Provision(ctx, Consumer{Issuer: issuer, Subject: "someone-else"}, "cid", []Resource{{Group: "example.com", Resource: "widgets", Request: "widget-kit"}}); err != nil {
+		t.Errorf("another consumer: %v", err)
+	}
+	// The rebind of the same request, and a resource not bound yet.
+	if _, err := p.Provision(ctx, c, "cid", []Resource{widgets, {Group: "example.com", Resource: "gadgets", Request: "gadget-kit"}}); err != nil {
+		t.Fatalf("rebind: %v", err)
+	}
+	if n, _ := state(); n != tokens+1 {
+		t.Errorf("the rebind left %d token Secrets, want %d", n, tokens+1)
 	}
 }

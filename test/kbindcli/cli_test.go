@@ -23,6 +23,7 @@ import (
 	"github.com/kbprovider/backend/internal/localenv/oidcprovider"
 	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/internal/testutil/chromium"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 // TestReleasedCLI logs in with the released kubectl-bind v0.8.2, binds
@@ -165,6 +166,63 @@ func TestReleasedCLI(t *testing.T) {
 		}
 	})
 
+	t.Run("gizmos bound, then the template of gizmos", func(t *testing.T) {
+		// The cluster binds gizmos through the CRD's own offer (the
+		// subtest before). A second bind picking the template would hand
+		// the CLI a second request for gizmos, which the provider refuses
+		// after the bind: the page refuses it instead, and binding the
+		// CRD's offer again works.
+		expectBinding(t, e, gizmoAPI.Name())
+		c := runCLI(t, home, "--kubeconfig", e.consumer.AdminKubeconfigPath(), "--skip-browser", "--skip-konnector")
+		line := c.Line(t, func(s string) bool { return strings.Contains(s, "Please manually open: ") })
+		b := chromium.OpenBindPage(t, line[strings.Index(line, "http"):], e.baseURL, alice)
+		template, crd := "input[value='gizmos-with-settings']", "input[value='"+gizmoAPI.Name()+"']"
+		b.Click(template)
+		b.Click("#confirm")
+		tokens := bindTokens(t, e)
+		if status := b.ClickAndWait("button[value=bind]"); status != http.StatusUnprocessableEntity {
+			t.Fatalf("Bind of the template of gizmos, bound already: status %d, want 422:\n%s", status, b.Text("body"))
+		}
+		for name := range bindTokens(t, e) {
+			if !tokens[name] {
+				t.Errorf("the refused bind issued token Secret %s", name)
+			}
+		}
+		want := gizmoAPI.Name() + " is already bound in this cluster by " + gizmoAPI.Name() + ", not gizmos-with-settings: pick " +
+			gizmoAPI.Name() + " to bind it again, or unbind it first."
+		if got := b.Text("#form-error"); got != want {
+			t.Errorf("the page says %q, want %q", got, want)
+		}
+		if !c.Running() {
+			t.Fatalf("the CLI stopped after the refusal (exit %d):\n%s", c.Wait(t, time.Second), c.Stderr.String())
+		}
+		expectBinding(t, e, gizmoAPI.Name())
+		// The user picks the CRD's offer instead: a rebind, which the
+		// backend binds and hands to the CLI. The released CLI then makes
+		// its request again under a name of its own, which the
+		// provider's controllers refuse as another request for gizmos:
+		// its exit code is not the backend's to judge here.
+		b.Click(template)
+		b.Click(crd)
+		chromium.PressBind(t, b)
+		code := c.Wait(t, 3*time.Minute)
+		if !strings.Contains(c.Stderr.String(), "Binding completed successfully!") {
+			t.Fatalf("kubectl-bind (exit %d) got no binding response for the rebind:\n%s", code, c.Stderr.String())
+		}
+		t.Logf("kubectl-bind exited %d after the rebind; requests on the provider: %v", code, providerRequests(t, e))
+		expectBinding(t, e, gizmoAPI.Name())
+		issued := false
+		for name := range bindTokens(t, e) {
+			issued = issued || !tokens[name]
+		}
+		if !issued {
+			t.Errorf("the rebind issued no token Secret: the check of the refusal proves nothing")
+		}
+		if _, err := dynamic.NewForConfigOrDie(e.consumer.AdminConfig()).Resource(konnector.BindingGVR).Get(context.Background(), "gizmos-with-settings", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("APIServiceBinding gizmos-with-settings: %v, want none", err)
+		}
+	})
+
 	t.Run("login of a user not allowed", func(t *testing.T) {
 		home := t.TempDir()
 		c := runCLI(t, home, "login", e.baseURL, "--skip-browser")
@@ -291,6 +349,22 @@ func bindTokens(t *testing.T, e *env) map[string]bool {
 		if strings.HasPrefix(s.Namespace, namespacePrefix) && s.Annotations[binding.AnnotationIssuedBy] == binding.IssuedByBind {
 			out[s.Namespace+"/"+s.Name] = true
 		}
+	}
+	return out
+}
+
+// providerRequests names the export requests in the consumer namespaces,
+// with their phase.
+func providerRequests(t *testing.T, e *env) []string {
+	t.Helper()
+	list, err := dynamic.NewForConfigOrDie(e.provider.AdminConfig()).Resource(kbresources.APIServiceExportRequestsV1alpha2).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range list.Items {
+		phase, _, _ := unstructured.NestedString(r.Object, "status", "phase")
+		out = append(out, r.GetNamespace()+"/"+r.GetName()+"="+phase)
 	}
 	return out
 }

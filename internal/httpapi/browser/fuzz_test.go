@@ -538,7 +538,7 @@ func FuzzBindForm(f *testing.F) {
 			if _, ok := fuzzCatalog.Lookup(group, resource); !ok {
 				t.Fatalf("body %q: provisioned although %q is not offered", body, name)
 			}
-			if r := (binding.Resource{Group: group, Resource: resource}); !slices.Contains(want, r) {
+			if r := (binding.Resource{Group: group, Resource: resource, Request: name}); !slices.Contains(want, r) {
 				want = append(want, r)
 			}
 		}

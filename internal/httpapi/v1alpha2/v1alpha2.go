@@ -451,12 +451,17 @@ func (h *Handler) bind(w http.ResponseWriter, r *http.Request) {
 	var (
 		problem *lifecycle.SelectionError
 		refused *lifecycle.RefusedError
+		bound   *binding.AlreadyBoundError
 	)
 	switch {
 	case err == nil:
 	case errors.As(err, &refused):
 		h.log.Info("bind refused", "consumer", consumer.ID(), "token", claims.ID, "cluster", req.ClusterIdentity, "reason", refused.Reason)
 		writeError(w, http.StatusForbidden, v1alpha2.ErrorAuthorizationFailed, refused.Reason)
+		return
+	case errors.As(err, &bound) && errors.As(err, &problem):
+		// Its request would fail: the resource is bound under another name.
+		writeError(w, http.StatusConflict, v1alpha2.ErrorBadRequest, problem.Problem)
 		return
 	case errors.As(err, &problem):
 		// The catalog changed under the offer.

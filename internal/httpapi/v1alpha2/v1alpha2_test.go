@@ -417,7 +417,7 @@ func TestBind(t *testing.T) {
 	}
 	calls := e.prov.Take()
 	if len(calls) != 1 || calls[0].Consumer.ID() != issuer+"/alice" || calls[0].ClusterID != "2f1c-uid" || calls[0].Consumer.Proof != binding.ProofToken ||
-		!slices.Equal(calls[0].Resources, []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}) {
+		!slices.Equal(calls[0].Resources, []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs", Request: "my-db"}}) {
 		t.Errorf("provisioned %+v", calls)
 	}
 	if m := e.prov.Marked(); !slices.Equal(m, []string{fakes.ProvisionedNamespace}) {
@@ -430,6 +430,19 @@ func TestBind(t *testing.T) {
 		t.Errorf("bind with the mark failing: %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 	e.prov.MarkErr = nil
+	e.prov.Take()
+	// The cluster binds mangodbs through my-db: another request for it
+	// would fail after the bind, so it is refused with 409 and the reason;
+	// my-db again binds.
+	e.prov.Bound = map[string]string{"mangodbs.mangodb.com": "my-db"}
+	resp, body = e.do(e.client(), "POST", "/api/bind", strings.NewReader(bindBody("other-db", "mangodb-with-secrets", "2f1c-uid")), auth...)
+	if resp.StatusCode != 409 || !strings.Contains(body, "mangodbs.mangodb.com is already bound in this cluster by my-db, not other-db") || strings.Contains(body, "kubeconfig") {
+		t.Errorf("bind of a resource bound under another name: %d %s", resp.StatusCode, body)
+	}
+	if resp, body = e.do(e.client(), "POST", "/api/bind", strings.NewReader(bindBody("my-db", "mangodb-with-secrets", "2f1c-uid")), auth...); resp.StatusCode != 200 {
+		t.Errorf("rebind of my-db: %d %s", resp.StatusCode, body)
+	}
+	e.prov.Bound = nil
 	e.prov.Take()
 
 	for name, c := range map[string]struct {

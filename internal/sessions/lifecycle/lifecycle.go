@@ -402,10 +402,15 @@ func (s *Service) delivered(ctx context.Context, ns string) error {
 }
 
 // SelectionError says what is wrong with the APIs a user picked, in words
-// for the user.
-type SelectionError struct{ Problem string }
+// for the user; Err is the cause, when there is one beyond the words
+// (*binding.AlreadyBoundError).
+type SelectionError struct {
+	Problem string
+	Err     error
+}
 
 func (e *SelectionError) Error() string { return e.Problem }
+func (e *SelectionError) Unwrap() error { return e.Err }
 
 // Select turns the names a user of sess's generation picked into picks,
 // dropping repeats and keeping the order: a *SelectionError unless every
@@ -417,7 +422,7 @@ func (s *Service) Select(sess Session, picked []string) ([]Pick, error) {
 		return nil, ErrNoProvider
 	}
 	if len(picked) == 0 {
-		return nil, &SelectionError{"Pick at least one API."}
+		return nil, &SelectionError{Problem: "Pick at least one API."}
 	}
 	seen := map[string]bool{}
 	var picks []Pick
@@ -451,7 +456,14 @@ func overlapping(picks []Pick) error {
 	if !ok {
 		return nil
 	}
-	return &SelectionError{fmt.Sprintf("%s and %s both bind %s: pick only one of them.", o.First, o.Second, o.Resource)}
+	return &SelectionError{Problem: fmt.Sprintf("%s and %s both bind %s: pick only one of them.", o.First, o.Second, o.Resource)}
+}
+
+// alreadyBound is the problem of a pick whose resource the consumer's
+// cluster binds through another request already.
+func alreadyBound(e *binding.AlreadyBoundError) *SelectionError {
+	return &SelectionError{Err: e, Problem: fmt.Sprintf("%s is already bound in this cluster by %s, not %s: pick %s to bind it again, or unbind it first.",
+		e.Resource, e.By, e.Request, e.By)}
 }
 
 // pickable resolves a picked name the way gen's consumers name what they
@@ -476,7 +488,7 @@ func (s *Service) pickable(gen Generation, name string) (offers.Offer, *Selectio
 }
 
 func notOffered(name string) *SelectionError {
-	return &SelectionError{"The API " + name + " is not offered by this provider. Pick from the list."}
+	return &SelectionError{Problem: "The API " + name + " is not offered by this provider. Pick from the list."}
 }
 
 // binds returns the generation of flow when the service can bind its
@@ -579,7 +591,7 @@ func (s *Service) Bind(ctx context.Context, sess Session, consumer binding.Consu
 		return nil, ErrNoProvider
 	}
 	if len(picks) == 0 {
-		return nil, &SelectionError{"Pick at least one API."}
+		return nil, &SelectionError{Problem: "Pick at least one API."}
 	}
 	// Picks may come from elsewhere than Select: nothing overlapping is
 	// provisioned, whoever made them.
@@ -651,11 +663,14 @@ func (s *Service) BindDirect(ctx context.Context, gen string, consumer binding.C
 	return body, nil
 }
 
+// pickedResources are the resources of picks, each with the request its
+// pick becomes: a consumer bound already may bind a resource again only
+// through the request it is bound by (binding.AlreadyBoundError).
 func pickedResources(picks []Pick) []binding.Resource {
 	var resources []binding.Resource
 	for _, p := range picks {
 		for _, r := range p.Offer.Resources {
-			resources = append(resources, binding.Resource{Group: r.Group, Resource: r.Resource})
+			resources = append(resources, binding.Resource{Group: r.Group, Resource: r.Resource, Request: p.RequestName()})
 		}
 	}
 	return resources
@@ -680,6 +695,12 @@ func (s *Service) provision(ctx context.Context, gen Generation, consumer bindin
 	if errors.As(err, &ne) {
 		// The catalog changed since Select.
 		return nil, nil, notOffered(ne.Resource + "." + ne.Group)
+	}
+	var bound *binding.AlreadyBoundError
+	if errors.As(err, &bound) {
+		// Its request would be refused after the bind: the user picks
+		// again, or unbinds first.
+		return nil, nil, alreadyBound(bound)
 	}
 	if errors.Is(err, binding.ErrClusterCap) {
 		return nil, nil, &RefusedError{Reason: err.Error(), Err: err}

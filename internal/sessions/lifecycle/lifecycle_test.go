@@ -548,3 +548,48 @@ func TestSelectOneRequestPerResource(t *testing.T) {
 		t.Errorf("after the refused bind the session is %v, want pending (the user picks again)", got.State)
 	}
 }
+
+// TestBindAlreadyBound: a consumer whose cluster binds a resource through
+// one request already (an earlier bind of the CRD's own offer) and now
+// picks a template of it would get a request the provider refuses after
+// the bind: the provisioner's refusal is a SelectionError naming both
+// and saying what to do, the session stays pending for another pick, and
+// each resource goes to the provisioner with its pick's request name, so
+// picking the same offer again (a rebind) binds.
+func TestBindAlreadyBound(t *testing.T) {
+	ctx := context.Background()
+	p := &fakes.Provisioner{Bound: map[string]string{"widgets.interop.example.com": "widgets.interop.example.com"}}
+	s, store, _ := newService(t, sessions.Limits{}, p)
+	widgets := v1alpha2.Resource{Group: "interop.example.com", Resource: "widgets"}
+	tmpl := offers.Offer{Name: "widgets", Resources: []v1alpha2.Resource{widgets, {Group: "interop.example.com", Resource: "gadgets"}}}
+	crd := offers.Offer{Name: "widgets.interop.example.com", Implicit: true, Resources: []v1alpha2.Resource{widgets}}
+	s.cfg.Offers = fakes.Offers{Items: []offers.Offer{tmpl, crd}}
+	consumer := binding.Consumer{Issuer: "https://idp", Subject: "alice"}
+
+	sess, cluster, _ := s.CreateSession(SessionRequest{Flow: sessionkey.FlowPollV1alpha2})
+	_, err := s.Bind(ctx, sess, consumer, cluster, []Pick{{Offer: tmpl}})
+	var problem *SelectionError
+	var bound *binding.AlreadyBoundError
+	want := "interop.example.com is already bound in this cluster by widgets.interop.example.com, not widgets: pick widgets.interop.example.com to bind it again, or unbind it first."
+	if !errors.As(err, &problem) || problem.Problem != "widgets."+want || !errors.As(err, &bound) {
+		t.Errorf("Bind of the template: %v, want a SelectionError %q wrapping the AlreadyBoundError", err, "widgets."+want)
+	}
+	calls := p.Take()
+	if len(calls) != 1 || len(calls[0].Resources) != 2 || calls[0].Resources[0].Request != "widgets" || calls[0].Resources[1].Request != "widgets" {
+		t.Errorf("provisioned %+v, want both resources of the template under its request", calls)
+	}
+	if got, _ := store.Outcome(ctx, sess.ID); got.State != sessions.StatePending {
+		t.Errorf("after the refused bind the session is %v, want pending (the user picks again)", got.State)
+	}
+
+	if _, err := s.Bind(ctx, sess, consumer, cluster, []Pick{{Offer: crd}}); err != nil {
+		t.Errorf("rebind of the CRD's own offer: %v", err)
+	}
+	if calls := p.Take(); len(calls) != 1 || calls[0].Resources[0].Request != "widgets.interop.example.com" {
+		t.Errorf("rebind provisioned %+v, want the CRD under its own request", calls)
+	}
+	// A CLI token's bind names its request itself.
+	if _, err := s.BindDirect(ctx, V1alpha2, consumer, cluster, "token-id", Pick{Name: "mine", Offer: crd}); !errors.As(err, &bound) || bound.Request != "mine" {
+		t.Errorf("BindDirect under another name: %v, want an AlreadyBoundError for request mine", err)
+	}
+}

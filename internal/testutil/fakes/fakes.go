@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/offers"
 	"github.com/kbprovider/backend/internal/oidc"
@@ -179,6 +181,11 @@ type Provisioner struct {
 	Err error
 	// MarkErr, when set, fails every MarkDelivered (not recorded).
 	MarkErr error
+	// Bound maps resources ("<resource>.<group>") to the request the
+	// consumer's namespace binds them by: a Provision of one of them
+	// under another request fails with *binding.AlreadyBoundError, as
+	// the real one does for a returning consumer.
+	Bound map[string]string
 
 	mu        sync.Mutex
 	calls     []ProvisionCall
@@ -241,6 +248,12 @@ func (p *Provisioner) Provision(_ context.Context, c binding.Consumer, clusterID
 	}
 	if p.Err != nil {
 		return nil, p.Err
+	}
+	for _, r := range rs {
+		gr := schema.GroupResource{Group: r.Group, Resource: r.Resource}
+		if by, ok := p.Bound[gr.String()]; ok && by != r.RequestName() {
+			return nil, &binding.AlreadyBoundError{Resource: gr, By: by, Request: r.RequestName()}
+		}
 	}
 	res := &binding.Result{Namespace: ProvisionedNamespace, Kubeconfig: []byte("apiVersion: v1\nkind: Config\n"), ConsumerID: c.ID()}
 	for _, r := range rs {
