@@ -482,7 +482,7 @@ func (s *Service) pickable(gen Generation, name string) (offers.Offer, *Selectio
 		return offers.Offer{}, notOffered(name)
 	}
 	if gen.NamespacedOnly && api.Scope != apiextensionsv1.NamespaceScoped {
-		return offers.Offer{}, &SelectionError{"The API " + name + " is cluster-scoped: this kind of binding takes namespaced APIs only."}
+		return offers.Offer{}, &SelectionError{Problem: "The API " + name + " is cluster-scoped: this kind of binding takes namespaced APIs only."}
 	}
 	return offers.Implicit(api), nil
 }
