@@ -500,17 +500,18 @@ func (cp *ControlPlane) restart(ctx context.Context, name string, down time.Dura
 	return nil
 }
 
-// freePorts finds n distinct loopback ports free at this moment. Another
-// process may take one before the server binds it; start then tries again.
+// freePorts finds n loopback ports free at this moment and never handed
+// out before in this process (procs.UnusedPort), so that a server this
+// process starts later cannot be given one of them. Another process may
+// take one before the server binds it; start then tries again.
 func freePorts(n int) ([]int, error) {
 	var ports []int
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := procs.UnusedPort()
 		if err != nil {
 			return nil, err
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, port)
 	}
 	return ports, nil
 }
