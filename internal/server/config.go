@@ -25,6 +25,8 @@ type Config struct {
 	// DiagnosticsAddress is where probes, metrics and the status page are
 	// served (host:port; internal/server/diagnostics), apart from the public API.
 	DiagnosticsAddress string
+	// Profiling serves Go's runtime profiles on the diagnostics address.
+	Profiling bool
 	// ExternalURL is nil when --external-url was not given: it is then
 	// derived from the address the backend listens on (ExternalURLFor).
 	ExternalURL *url.URL

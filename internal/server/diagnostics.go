@@ -39,7 +39,7 @@ func (s *Server) newDiagnostics(ctx context.Context, reg *prometheus.Registry, r
 	}
 	s.loops = append(s.loops, loop{"dependency monitor", mon.Run})
 	s.diagSrv = &http.Server{
-		Handler:           diagnostics.New(diagnostics.Config{Readiness: readiness, Dependencies: mon, Metrics: reg, Logger: log}),
+		Handler:           diagnostics.New(diagnostics.Config{Readiness: readiness, Dependencies: mon, Metrics: reg, Logger: log, Profiling: s.cfg.Profiling}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

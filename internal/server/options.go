@@ -40,6 +40,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	c := &o.Config
 	s(&c.ListenAddress, "listen-address", ":8080", "address to serve HTTP(S) on (host:port)")
 	s(&c.DiagnosticsAddress, "diagnostics-address", "127.0.0.1:9090", "address (host:port) to serve /healthz, /readyz, /metrics and the status page /statusz on, for probes, Prometheus and the operator; loopback by default, the chart sets :<port> so that the kubelet and Prometheus reach it; never route it from the Internet (the public listener serves only a terse /healthz and /readyz)")
+	fs.BoolVar(&c.Profiling, "profiling", false, "serve Go's runtime profiles (heap, goroutines, CPU) under /debug/pprof/ on the diagnostics address, for sizing and for finding where memory or CPU goes")
 	s(&o.externalURL, "external-url", "", "public URL of the backend (scheme, host, optional path prefix); every advertised URL and every signature check uses it (default: http://<listen-address>, for local use only)")
 	s(&c.PrettyName, "pretty-name", "kube-bind provider", "provider name shown to consumers")
 

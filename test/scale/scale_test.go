@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -95,6 +96,7 @@ func TestConsumersAtScale(t *testing.T) {
 		figure(t, "%s with %d consumers: VmRSS %.1f MiB, peak VmHWM %.1f MiB (chart limit %.0f MiB)",
 			r.role, n, mib(rss), mib(peak), mib(limit))
 		checkMemory(t, r, n, peak, limit)
+		saveHeapProfile(t, r, fmt.Sprintf("%d-settled", n))
 	}
 
 	for _, r := range []*replica{leader, follower} {
@@ -508,11 +510,43 @@ func startReplicas(t *testing.T, cp *controlplane.ControlPlane, limit int64) []*
 			"--memory-limit", strconv.FormatInt(limit, 10),
 			"--leader-election-namespace", "default")
 		args = append(args, backendproc.DiagnosticsArgs(t)...)
+		if os.Getenv(profilesEnv) != "" {
+			args = append(args, "--profiling")
+		}
 		r := &replica{base: base, args: args}
 		r.Process = backendproc.StartBinary(t, backendproc.Binary, base, args, 2*time.Minute)
 		reps = append(reps, r)
 	}
 	return reps
+}
+
+// profilesEnv names a folder for each replica's heap profile once
+// settled (`go tool pprof -sample_index=inuse_space <file>`): where a
+// consumer's bytes go.
+const profilesEnv = "KUBE_BIND_SCALE_PROFILES"
+
+// saveHeapProfile writes r's heap profile, after a collection, to the
+// folder profilesEnv names, if any.
+func saveHeapProfile(t *testing.T, r *replica, when string) {
+	t.Helper()
+	dir := os.Getenv(profilesEnv)
+	if dir == "" {
+		return
+	}
+	resp, err := http.Get(r.Diagnostics + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s heap profile: %d %v", r.role, resp.StatusCode, err)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("heap-%s-%s.pb.gz", r.role, when))
+	if err := os.WriteFile(path, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	figure(t, "%s heap profile: %s", r.role, path)
 }
 
 // restart starts a stopped replica again with the same flags, as a

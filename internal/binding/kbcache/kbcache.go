@@ -6,6 +6,10 @@
 package kbcache
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"strings"
 	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +30,28 @@ type Options struct {
 	Labels      []string
 	// Drop lists fields the controller never reads, e.g. {"spec"}.
 	Drop [][]string
+	// Digest lists fields the controller compares with what it would
+	// write but never reads: the cache keeps Digest of their value
+	// instead (a CRD's schema copied into each consumer's namespace is
+	// kilobytes to megabytes, its digest 39 bytes).
+	Digest [][]string
+}
+
+// digestPrefix marks a value Digest made.
+const digestPrefix = "sha256:"
+
+// Digest is what the cache keeps of a field listed in Options.Digest:
+// a hash of v's JSON (keys sorted), so that a value decoded from the API
+// server and the same value built by a controller digest alike.
+func Digest(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only a value that JSON cannot hold, which neither a decoded
+		// object nor a controller's desired state is: it equals nothing.
+		return digestPrefix + "unencodable"
+	}
+	sum := sha256.Sum256(b)
+	return digestPrefix + hex.EncodeToString(sum[:16])
 }
 
 // Transform returns a cache.TransformFunc for SetTransform. It always
@@ -47,6 +73,14 @@ func Transform(o Options) cache.TransformFunc {
 		unstructured.RemoveNestedField(u.Object, "spec", "parameters")
 		for _, f := range o.Drop {
 			unstructured.RemoveNestedField(u.Object, f...)
+		}
+		for _, f := range o.Digest {
+			if v, found, _ := unstructured.NestedFieldNoCopy(u.Object, f...); found {
+				if s, ok := v.(string); ok && strings.HasPrefix(s, digestPrefix) {
+					continue // trimmed already (an object the informer hands back)
+				}
+				_ = unstructured.SetNestedField(u.Object, Digest(v), f...)
+			}
 		}
 		status, _ := u.Object["status"].(map[string]any)
 		if conds, ok := status["conditions"].([]any); ok {

@@ -78,3 +78,45 @@ func TestTruncateOnRuneBoundary(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 }
+
+// A digested field is kept as the digest of its value: the same value
+// decoded from JSON (as the informer gets it) and built in Go (as a
+// controller wants it) digest alike, a changed one does not, and a
+// second pass over a trimmed object keeps the digest.
+func TestDigestedField(t *testing.T) {
+	schema := strings.Repeat("s", 64<<10)
+	decoded := &unstructured.Unstructured{}
+	if err := decoded.UnmarshalJSON([]byte(`{"apiVersion":"v1","kind":"X","metadata":{"name":"x"},
+		"spec":{"group":"g","versions":[{"name":"v1","served":true,"schema":{"openAPIV3Schema":{"type":"object","maxLength":3,"description":"` + schema + `"}}}]}}`)); err != nil {
+		t.Fatal(err)
+	}
+	digest := Options{Digest: [][]string{{"spec", "versions"}, {"spec", "absent"}}}
+	out, err := Transform(digest)(decoded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := out.(*unstructured.Unstructured).Object["spec"].(map[string]any)
+	kept, ok := spec["versions"].(string)
+	if !ok || len(kept) > 64 {
+		t.Fatalf("spec.versions kept as %T of %d bytes", spec["versions"], len(kept))
+	}
+	if spec["group"] != "g" {
+		t.Errorf("spec.group lost: %v", spec)
+	}
+	if _, ok := spec["absent"]; ok {
+		t.Error("an absent digested field was added")
+	}
+	built := []any{map[string]any{"served": true, "name": "v1", "schema": map[string]any{
+		"openAPIV3Schema": map[string]any{"description": schema, "type": "object", "maxLength": int64(3)}}}}
+	if Digest(built) != kept {
+		t.Error("the same versions built in Go digest differently from the decoded ones")
+	}
+	built[0].(map[string]any)["served"] = false
+	if Digest(built) == kept {
+		t.Error("changed versions digest like the cached ones")
+	}
+	again, _ := Transform(digest)(out)
+	if again.(*unstructured.Unstructured).Object["spec"].(map[string]any)["versions"] != kept {
+		t.Error("a second pass changed the digest")
+	}
+}

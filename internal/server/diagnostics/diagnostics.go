@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -33,6 +34,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock of the ages on /statusz (default time.Now).
 	Now func() time.Time
+	// Profiling serves Go's runtime profiles under /debug/pprof/ (heap,
+	// goroutines, CPU): what sizing at scale needs. Off by default: a
+	// CPU profile costs the replica while it runs.
+	Profiling bool
 }
 
 // readinessTimeout bounds each readiness check; they read memory only.
@@ -72,6 +77,13 @@ func New(cfg Config) http.Handler {
 		w.Header().Set("X-Ready", fmt.Sprint(ready))
 		text(w, http.StatusOK, b.String())
 	})
+	if cfg.Profiling {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelError)}))
 	return mux

@@ -72,3 +72,18 @@ func TestHandler(t *testing.T) {
 		t.Errorf("/export on the diagnostics handler: %d, want 404", code)
 	}
 }
+
+// Profiles are served only when asked for: off, /debug/pprof/ is a 404.
+func TestProfilingOnlyWhenAsked(t *testing.T) {
+	if code, _ := get(t, New(Config{}), "/debug/pprof/heap"); code != http.StatusNotFound {
+		t.Errorf("profiling off: /debug/pprof/heap answered %d, want 404", code)
+	}
+	h := New(Config{Profiling: true})
+	code, body := get(t, h, "/debug/pprof/heap?debug=1")
+	if code != http.StatusOK || !strings.Contains(body, "heap profile:") {
+		t.Errorf("profiling on: /debug/pprof/heap?debug=1: %d %.100q", code, body)
+	}
+	if code, _ := get(t, h, "/debug/pprof/"); code != http.StatusOK {
+		t.Errorf("profiling on: /debug/pprof/ answered %d", code)
+	}
+}

@@ -3,6 +3,7 @@ package exportrequests
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
+	"github.com/kbprovider/backend/internal/binding/kbcache"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 	v1alpha2 "github.com/kbprovider/backend/pkg/apis/v1alpha2"
 )
@@ -188,7 +190,8 @@ func (r *run) applyExportFields(ctx context.Context, ns, name, manager string, s
 }
 
 // inStep says whether have (a cached object of the backend's) already
-// holds every field of spec with the same value, and none of absent.
+// holds every field of spec with the same value, and none of absent. The
+// cache holds some fields only as their digest (kbmanager.DigestedSpec).
 func inStep(have *unstructured.Unstructured, spec map[string]any, absent ...string) bool {
 	if have == nil || have.GetDeletionTimestamp() != nil || have.GetLabels()[binding.LabelManagedBy] != binding.ManagedByValue {
 		return false
@@ -200,6 +203,12 @@ func inStep(have *unstructured.Unstructured, spec map[string]any, absent ...stri
 		}
 	}
 	for k, v := range spec {
+		if slices.Contains(kbmanager.DigestedSpec, k) {
+			if haveSpec[k] != kbcache.Digest(v) {
+				return false
+			}
+			continue
+		}
 		if !equality.Semantic.DeepEqual(haveSpec[k], v) {
 			return false
 		}

@@ -40,6 +40,14 @@ const (
 	AnnotationSettled        = "kube-bind.io/credentials-settled"
 )
 
+// DigestedSpec are the spec fields of the cached Exports and BoundSchemas
+// kept only as their kbcache.Digest: the copies of a CRD's versions and
+// schemas, which the exports controller compares with what it would
+// write and never reads. Each consumer's namespace holds a copy of every
+// CRD it bound, so whole copies would make the cache grow with the
+// provider's schemas times the consumers.
+var DigestedSpec = []string{"versions"}
+
 // Object is an empty object of gvk, for the cache and the client.
 func Object(gvk schema.GroupVersionKind) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
@@ -78,7 +86,11 @@ var managed = labels.SelectorFromSet(labels.Set{binding.LabelManagedBy: binding.
 // objects, and a cache must grow with the number of consumers, not with
 // what they stored.
 func byObject() map[client.Object]cache.ByObject {
-	ownedOnly := kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}, Drop: [][]string{{"status"}}})
+	digested := make([][]string, 0, len(DigestedSpec))
+	for _, f := range DigestedSpec {
+		digested = append(digested, []string{"spec", f})
+	}
+	ownedOnly := kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}, Drop: [][]string{{"status"}}, Digest: digested})
 	return map[client.Object]cache.ByObject{
 		// The backend's namespaces: consumers' and those made for
 		// APIServiceNamespaces.
@@ -104,7 +116,7 @@ func byObject() map[client.Object]cache.ByObject {
 		Object(APIServiceNamespace): {Transform: kbcache.Transform(kbcache.Options{})},
 		// Exports and BoundSchemas: every one, so that one of the same
 		// name the backend did not make is seen; their status is the
-		// konnector's.
+		// konnector's, their CRD copies digested (DigestedSpec).
 		Object(Export):      {Transform: ownedOnly},
 		Object(BoundSchema): {Transform: ownedOnly},
 	}
