@@ -65,6 +65,7 @@ func TestConsumersAtScale(t *testing.T) {
 	window := envDuration(t, "KUBE_BIND_SCALE_REST", 20*time.Second)
 	ctx := context.Background()
 	cp := controlplane.Get(t)
+	createSchemaCRD(t, cp, envInt(t, schemaKiBEnv, 64))
 	s := newScale(t, cp)
 
 	// The consumers, bound before the backend starts: a new leader finds
