@@ -87,7 +87,6 @@ func TestRestartCostsSettledConsumerNoRequest(t *testing.T) {
 // leader's first look at every consumer) is answered before the backlog
 // is done: objects of the initial list wait behind new ones.
 func TestNewRequestAnsweredDuringBacklog(t *testing.T) {
-	t.Skip("the priority queue is off (kbmanager.usePriorityQueue): a request waits behind the backlog")
 	e := setup(t)
 	ctx := context.Background()
 	c := e.bind(t, "urgent", mangodb)

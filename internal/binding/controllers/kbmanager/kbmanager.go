@@ -2,9 +2,8 @@
 // controller-runtime manager: one cache in which every kind the
 // controllers read is listed, watched and trimmed once (Kinds), one
 // request budget for all their clients (Budgeted) and leader election on a
-// Lease. controller-runtime's priority queue, which would work through the
-// objects of the initial list after every new or changed one, is off
-// (usePriorityQueue).
+// Lease. controller-runtime's priority queue works through the objects of
+// the initial list after every new or changed one (usePriorityQueue).
 //
 // A controller is added by a Setup, called for every leadership term
 // with that term's *Manager:
@@ -118,13 +117,14 @@ type Manager struct {
 // Setup adds controllers to a term's manager.
 type Setup func(*Manager) error
 
-// usePriorityQueue is off: controller-runtime v0.24.1's priority queue
-// can deadlock when a worker finishes an item while the queue hands one
-// to a worker that is no longer waiting (Done waits for a lock held by a
-// send nobody receives), and the controller then never stops. With it
-// on, objects of the initial list would wait behind new and changed ones
-// (AddLow and controller-runtime's handlers do that already).
-const usePriorityQueue = false
+// usePriorityQueue: controller-runtime's priority queue hands out new
+// and changed objects before those of a term's initial list (AddLow and
+// controller-runtime's handlers mark the latter low), so a consumer's new
+// request is answered while a new leader still works through every
+// consumer. It needs controller-runtime v0.25.3 or later: before, a
+// worker could wait forever on a queue shut down under it, and a term
+// never ended.
+const usePriorityQueue = true
 
 // restartAfter is the pause before a term that failed starts again.
 const restartAfter = 5 * time.Second
