@@ -2,8 +2,6 @@ package v2
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -23,38 +21,29 @@ import (
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
-	"github.com/kbprovider/backend/internal/localenv/procs"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil"
 )
 
-// leasePolicyFile is the chart's admission policy of the Lease namespace.
-var leasePolicyFile = filepath.Join(procs.RepoRoot(), "charts", "kube-bind-backend", "files", "kbind-v2-lease-policy.yaml")
-
-// installLeaseAccess makes on cp what the chart makes for v2 konnectors:
-// the ClusterRoles, the Lease namespace with its grants, and the chart's
-// own admission policy file, applied with kubectl; it waits until the
-// policy refuses a write it must refuse.
+// installLeaseAccess makes on cp what the chart makes for v2 konnectors,
+// with the chart's own admission policy, and waits until the policy
+// refuses a Lease to a service account of no binding.
 func installLeaseAccess(t *testing.T, cp *controlplane.ControlPlane) {
 	t.Helper()
 	ctx := context.Background()
-	if err := binding.InstallClusterRoles(ctx, cp.AdminConfig()); err != nil {
+	if err := exampleapis.InstallV2Leases(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	if err := binding.InstallV2Access(ctx, cp.AdminConfig()); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(filepath.Join(cp.BinDir(), "kubectl"), "--kubeconfig", cp.AdminKubeconfigPath(),
-		"apply", "--server-side", "-f", leasePolicyFile).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl apply %s: %v\n%s", leasePolicyFile, err, out)
-	}
-	// Policies take effect a moment after they are made: wait until a
-	// service account of no binding is refused a Lease.
-	outsider := serviceAccount(t, cp, "kb-lease-outsider", false)
-	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "the Lease policy to be in force", func() (bool, error) {
-		l := lease(consumerLeaseName(), nil)
-		_, err := kubernetes.NewForConfigOrDie(outsider).CoordinationV1().Leases(binding.V2LeaseNamespace).Create(ctx, l, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "only the konnector of a binding"), nil
+	outsider := kubernetes.NewForConfigOrDie(serviceAccount(t, cp, "kb-lease-outsider", false)).CoordinationV1().Leases(binding.V2LeaseNamespace)
+	probe := kubernetes.NewForConfigOrDie(serviceAccount(t, cp, "kb-lease-probe", true)).CoordinationV1().Leases(binding.V2LeaseNamespace)
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "the Lease policies to be in force", func() (bool, error) {
+		_, err := outsider.Create(ctx, lease(consumerLeaseName(), nil), dryRun)
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only the konnector of a binding") {
+			return false, nil
+		}
+		l, err := probe.Create(ctx, lease(consumerLeaseName(), nil), dryRun)
+		return err == nil && l.Labels[binding.LabelLeaseConsumer] == "kb-lease-probe", nil
 	})
 }
 
