@@ -19,8 +19,8 @@ import (
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/heartbeats"
 	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
-	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
+	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil"
 	"github.com/kbprovider/backend/internal/testutil/backendcluster"
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
@@ -78,7 +78,10 @@ func TestLeaseRenewalsAreTheBindingsHeartbeat(t *testing.T) {
 		return nil
 	}
 	healthy := func(ns string) bool { c := cond(ns); return c != nil && c["status"] == "True" }
-	missing := func(ns string) bool { c := cond(ns); return c != nil && c["reason"] == heartbeats.ReasonHeartbeatMissing }
+	missing := func(ns string) bool {
+		c := cond(ns)
+		return c != nil && c["reason"] == heartbeats.ReasonHeartbeatMissing
+	}
 	testutil.Await(t, "A's binding has no heartbeat", func() bool { c := cond(nsA); return c != nil && c["reason"] == heartbeats.ReasonNoHeartbeat })
 
 	// A's konnector makes its Lease (once the policy stamps it).
