@@ -112,7 +112,7 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	if err != nil {
 		return nil, err
 	}
-	health, err := heartbeats.New(heartbeats.Config{Metrics: cfg.Metrics, LeaseTolerance: cfg.Options.Health.LeaseTolerance, Logger: logFor("bindinghealth")})
+	health, err := heartbeats.New(heartbeats.Config{Metrics: cfg.Metrics, NoLeases: !cfg.Options.Health.Leases, LeaseTolerance: cfg.Options.Health.LeaseTolerance, Logger: logFor("bindinghealth")})
 	if err != nil {
 		return nil, err
 	}

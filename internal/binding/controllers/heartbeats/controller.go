@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -31,6 +32,9 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Slack is added to twice the heartbeat interval; 0 means DefaultSlack.
 	Slack time.Duration
+	// NoLeases: no v2 konnector's Lease is read (the backend may not
+	// list them).
+	NoLeases bool
 	// LeaseTolerance, if positive, is how long a renewal of a v2
 	// konnector's Lease counts; 0: twice its leaseDurationSeconds plus
 	// Slack, as for the other heartbeats.
@@ -85,11 +89,15 @@ func (c *Controller) Setup(m *kbmanager.Manager) error {
 	watch := kbmanager.Watch(m, kbmanager.Object(kbmanager.ClusterBinding), func(_ context.Context, cb *unstructured.Unstructured) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(cb)}}
 	})
-	leases, err := r.setupLeases(m)
-	if err != nil {
-		return err
+	sources := []source.Source{watch}
+	if !c.cfg.NoLeases {
+		leases, err := r.setupLeases(m)
+		if err != nil {
+			return err
+		}
+		sources = append(sources, leases)
 	}
-	if err := m.AddController("bindinghealth", 1, r.reconcile, watch, leases); err != nil {
+	if err := m.AddController("bindinghealth", 1, r.reconcile, sources...); err != nil {
 		return err
 	}
 	// The metrics are the leader's, from the term's cache.

@@ -74,6 +74,9 @@ func (s *seenLeases) at(l *coordinationv1.Lease, now time.Time) time.Time {
 // is as old as its renewTime says. Its interval is the Lease's
 // leaseDurationSeconds.
 func (r *run) leaseHeartbeat(ctx context.Context, ns string, now time.Time) (Heartbeat, error) {
+	if r.cfg.NoLeases {
+		return Heartbeat{}, nil
+	}
 	var list coordinationv1.LeaseList
 	if err := r.cache.List(ctx, &list, client.InNamespace(binding.V2LeaseNamespace), client.MatchingFields{byConsumer: ns}); err != nil {
 		return Heartbeat{}, err
