@@ -168,20 +168,29 @@ func TestV2KonnectorLeaseMakesItsBindingHealthy(t *testing.T) {
 	if first.Spec.LeaseDurationSeconds == nil || first.Spec.RenewTime == nil {
 		t.Fatalf("the konnector's Lease has no duration or renewal: %+v", first.Spec)
 	}
-	var renewed *coordinationv1.Lease
-	testutil.AwaitWithin(t, 3*time.Minute, time.Second, "the konnector to renew its Lease", func() (bool, error) {
+	// Renewed: the first renewals follow the Connection's own status
+	// changes; the period is the gap between later ones.
+	renewals := []time.Time{first.Spec.RenewTime.Time}
+	testutil.AwaitWithin(t, 4*time.Minute, time.Second, "the konnector to renew its Lease three times", func() (bool, error) {
 		l, err := leases.Get(ctx, leaseName, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		renewed = l
-		return l.Spec.RenewTime != nil && l.Spec.RenewTime.After(first.Spec.RenewTime.Time), nil
+		if l.Spec.RenewTime != nil && l.Spec.RenewTime.After(renewals[len(renewals)-1]) {
+			renewals = append(renewals, l.Spec.RenewTime.Time)
+		}
+		return len(renewals) >= 4, nil
 	})
-	t.Logf("Lease %s/%s: leaseDurationSeconds %d, renewed %s after %s", binding.V2LeaseNamespace, leaseName, *first.Spec.LeaseDurationSeconds,
-		renewed.Spec.RenewTime.Sub(first.Spec.RenewTime.Time).Round(time.Millisecond), first.Spec.RenewTime.Format(time.RFC3339Nano))
+	var gaps []string
+	for i := 1; i < len(renewals); i++ {
+		gaps = append(gaps, renewals[i].Sub(renewals[i-1]).Round(100*time.Millisecond).String())
+	}
+	t.Logf("Lease %s/%s: leaseDurationSeconds %d, holder %s, renewals %s apart", binding.V2LeaseNamespace, leaseName,
+		*first.Spec.LeaseDurationSeconds, ptrString(first.Spec.HolderIdentity), strings.Join(gaps, ", "))
 
 	// B: a v0.8.2 consumer of the same provider, bound from the same
 	// cluster with the released CLI, its konnector running.
+	old := konnector.StartReleased(t, konnector.ReleasedV1alpha2, consumer.AdminKubeconfigPath(), provider.Host())
 	home := t.TempDir()
 	chromium.LoginCLI(t, konnector.ReleasedV1alpha2, home, base, oidcprovider.Alice)
 	cli := konnector.RunCLI(t, konnector.ReleasedV1alpha2, home, "--kubeconfig", consumer.AdminKubeconfigPath(), "--skip-browser", "--skip-konnector")
@@ -190,7 +199,6 @@ func TestV2KonnectorLeaseMakesItsBindingHealthy(t *testing.T) {
 	if code := cli.Wait(t, 3*time.Minute); code != 0 {
 		t.Fatalf("kubectl-bind v0.8.2: exit %d", code)
 	}
-	old := konnector.StartReleased(t, konnector.ReleasedV1alpha2, consumer.AdminKubeconfigPath(), provider.Host())
 	credsB, nsB := v082Credentials(t, consumerKube)
 	if nsB == nsA {
 		t.Fatalf("both consumers in provider namespace %s", nsA)
@@ -297,4 +305,11 @@ func v082Credentials(t *testing.T, consumerKube kubernetes.Interface) (*rest.Con
 	}
 	t.Fatal("the v0.8.2 CLI stored no kubeconfig in namespace kube-bind")
 	return nil, ""
+}
+
+func ptrString(p *string) string {
+	if p == nil {
+		return "<none>"
+	}
+	return *p
 }
