@@ -84,19 +84,26 @@ func TestLeaseRenewalsAreTheBindingsHeartbeat(t *testing.T) {
 	}
 	testutil.Await(t, "A's binding has no heartbeat", func() bool { c := cond(nsA); return c != nil && c["reason"] == heartbeats.ReasonNoHeartbeat })
 
-	// A's konnector makes its Lease (once the policy stamps it).
+	// A's konnector makes its Lease, once the policies are in force (they
+	// take effect a moment after they are made): a dry run comes back
+	// stamped.
 	name := "consumer-" + string(uuid.NewUUID())
-	var mine *coordinationv1.Lease
-	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "A's Lease to be made and stamped", func() (bool, error) {
+	newLease := func() *coordinationv1.Lease {
 		now := metav1.NowMicro()
-		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr.To(int32(60)), RenewTime: &now}}
-		mine, err = leasesA.Create(ctx, l, metav1.CreateOptions{})
+	}
+	testutil.AwaitWithin(t, time.Minute, 200*time.Millisecond, "the Lease policies to be in force", func() (bool, error) {
+		l, err := leasesA.Create(ctx, newLease(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if apierrors.IsForbidden(err) {
-			return false, nil // the policy not yet in force
+			return false, nil
 		}
-		return err == nil, err
+		return err == nil && l.Labels[binding.LabelLeaseConsumer] == nsA, err
 	})
+	mine, err := leasesA.Create(ctx, newLease(), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if mine.Labels[binding.LabelLeaseConsumer] != nsA {
 		t.Fatalf("A's Lease is stamped %v, want %s", mine.Labels, nsA)
 	}
