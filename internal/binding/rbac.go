@@ -35,7 +35,7 @@ const (
 
 const kubeBindGroup = "kube-bind.io"
 
-// ClusterRoles returns the three ClusterRoles, as the chart must create them.
+// ClusterRoles returns the ClusterRoles, as the chart must create them.
 func ClusterRoles() []*rbacv1.ClusterRole {
 	role := func(name string, rules ...rbacv1.PolicyRule) *rbacv1.ClusterRole {
 		return &rbacv1.ClusterRole{
@@ -132,6 +132,14 @@ func ClusterRoles() []*rbacv1.ClusterRole {
 			// and reports on them.
 			rule(kubeBindGroup, []string{"boundschemas"}, "get", "list", "watch"),
 			rule(kubeBindGroup, []string{"boundschemas/status"}, "get", "patch", "update"),
+		),
+		// A kbind v2 konnector reads these before it heartbeats (it stops
+		// at the first Forbidden): the provider's identity, and the CRDs
+		// it finds exported APIs among, whose schemas discovery and
+		// /openapi/v3 show every authenticated user anyway.
+		role(V2KonnectorClusterRole,
+			rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"namespaces"}, Verbs: []string{"get"}, ResourceNames: []string{"kube-system"}},
+			rule("apiextensions.k8s.io", []string{"customresourcedefinitions"}, "get", "list", "watch"),
 		),
 	}
 }

@@ -201,6 +201,9 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{releaseNS, "create", "secrets", nil},
 		{releaseNS, "delete", "secrets", nil},
 		{releaseNS, "deletecollection", "secrets", nil},
+		// The heartbeat controller's cache of the v2 konnectors' Leases.
+		{"kbind", "list", "leases.coordination.k8s.io", nil},
+		{"kbind", "watch", "leases.coordination.k8s.io", nil},
 		// The per-user CLI token revocations: one ConfigMap, read only.
 		{releaseNS, "get", "configmaps/" + fullname + "-cli-token-revocations", nil},
 		{releaseNS, "list", "configmaps/" + fullname + "-cli-token-revocations", nil},
@@ -219,6 +222,11 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 		{"", "patch", "namespaces", nil},
 		{releaseNS, "update", "leases.coordination.k8s.io/kube-controller-manager", nil},
 		{"kube-system", "create", "leases.coordination.k8s.io", nil},
+		// (update and create in kbind it holds as every service account
+		// does, for v2 konnectors; the admission policy refuses them to
+		// whoever is no consumer: test/v2.)
+		{"kbind", "delete", "leases.coordination.k8s.io", nil},
+		{"", "list", "leases.coordination.k8s.io", nil},
 		{"", "create", "apiserviceexports.kube-bind.io", nil},
 		{"", "patch", "apiserviceexportrequests.kube-bind.io", nil},
 		{"default", "create", "roles.rbac.authorization.k8s.io", nil},

@@ -3,6 +3,7 @@ package chart_test
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -659,6 +660,56 @@ func TestScopePolicyListsAreThoseOfBinding(t *testing.T) {
 	} {
 		if got := strings.Join(strings.Fields(vars[name]), " "); got != quoted(want) {
 			t.Errorf("the policy's %s is %s, want %s", name, got, quoted(want))
+		}
+	}
+}
+
+// The kbind v2 Lease namespace: the Roles are those of internal/binding,
+// the grants name the groups and roles the backend's code and the policy
+// expect, the policy file is rendered whole, and leases=false renders
+// none of it.
+func TestKbindV2LeasesAreThoseOfBinding(t *testing.T) {
+	objs := render(t)
+	for _, w := range binding.V2LeaseRoles() {
+		u := objs.get(t, "Role", w.Name)
+		var got rbacv1.Role
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Namespace != binding.V2LeaseNamespace || !reflect.DeepEqual(got.Rules, w.Rules) {
+			t.Errorf("Role %s:\nchart:   %s %+v\nbinding: %s %+v", w.Name, got.Namespace, got.Rules, w.Namespace, w.Rules)
+		}
+	}
+	if ns := objs.get(t, "Namespace", binding.V2LeaseNamespace); ns == nil {
+		t.Fatal("no Lease namespace")
+	}
+	for kind, name := range map[string]string{"ClusterRoleBinding": binding.V2KonnectorClusterRole, "RoleBinding": binding.V2LeaseRole} {
+		rb := objs.get(t, kind, name)
+		subjects := asSlice(t, field(t, rb, "subjects"))
+		if len(subjects) != 1 || asMap(t, subjects[0])["name"] != binding.AllServiceAccounts || field(t, rb, "roleRef", "name") != name {
+			t.Errorf("%s %s grants %v %v", kind, name, field(t, rb, "roleRef"), subjects)
+		}
+	}
+	rb := objs.get(t, "RoleBinding", binding.BackendLeasesRole)
+	if s := asMap(t, asSlice(t, field(t, rb, "subjects"))[0]); s["kind"] != "ServiceAccount" || s["name"] != fullname {
+		t.Errorf("RoleBinding %s grants %v", binding.BackendLeasesRole, s)
+	}
+	for _, kind := range []string{"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		objs.get(t, kind, "kube-bind-v2-lease")
+	}
+	if q := objs.get(t, "ResourceQuota", "kube-bind-v2-leases"); field(t, q, "spec", "hard", "count/leases.coordination.k8s.io") != "20000" {
+		t.Errorf("Lease quota %v", field(t, q, "spec", "hard"))
+	}
+	// The policy stamps the label the heartbeat controller reads.
+	vap := objs.get(t, "ValidatingAdmissionPolicy", "kube-bind-v2-lease")
+	if b, _ := json.Marshal(vap.Object); !strings.Contains(string(b), binding.LabelLeaseConsumer) {
+		t.Errorf("the Lease policy does not name %s", binding.LabelLeaseConsumer)
+	}
+
+	off := render(t, "kbindV2.leases=false")
+	for _, kind := range []string{"MutatingAdmissionPolicy", "ResourceQuota", "Namespace"} {
+		if len(off.ofKind(kind)) != 0 {
+			t.Errorf("kbindV2.leases=false renders a %s", kind)
 		}
 	}
 }

@@ -205,6 +205,7 @@ Secrets are passed as files, never as flag values.
   (printf "--leader-election-lease-name=%s" (include "kbb.fullname" .))
   (printf "--gc-unused-binding-after=%s" $v.gc.unusedBindingAfter)
   (printf "--gc-dry-run=%t" $v.gc.dryRun)
+  (printf "--heartbeat-leases=%t" (and $v.rbac.create $v.kbindV2.leases))
 }}
 {{- /* The backend refuses to start unless its admission policy is in force;
 turning the policy off is turning that check off, knowingly. */}}

@@ -29,6 +29,7 @@ import (
 type Options struct {
 	Credentials credentials.Policy
 	GC          cleanup.Options
+	Health      heartbeats.Options
 	Leader      kbmanager.LeaderOptions
 }
 
@@ -36,6 +37,7 @@ type Options struct {
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.Credentials.AddFlags(fs)
 	o.GC.AddFlags(fs)
+	o.Health.AddFlags(fs)
 	o.Leader.AddFlags(fs)
 }
 
@@ -44,6 +46,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) Complete(sessionTTL time.Duration) error {
 	errs := o.Credentials.Validate()
 	errs = append(errs, o.GC.Validate(sessionTTL)...)
+	errs = append(errs, o.Health.Validate()...)
 	errs = append(errs, o.Leader.Complete()...)
 	return errors.Join(errs...)
 }
@@ -109,7 +112,7 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	if err != nil {
 		return nil, err
 	}
-	health, err := heartbeats.New(heartbeats.Config{Metrics: cfg.Metrics, Logger: logFor("bindinghealth")})
+	health, err := heartbeats.New(heartbeats.Config{Metrics: cfg.Metrics, NoLeases: !cfg.Options.Health.Leases, LeaseTolerance: cfg.Options.Health.LeaseTolerance, Logger: logFor("bindinghealth")})
 	if err != nil {
 		return nil, err
 	}

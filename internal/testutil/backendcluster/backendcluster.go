@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/binding"
@@ -30,7 +34,8 @@ var (
 // Backend prepares cp (once per control plane and user: the preparation
 // updates the CRDs and ClusterRoles, which a second run would do again
 // under running tests) with apis and returns the config of user, which
-// holds only binding.BackendClusterRole.
+// holds only binding.BackendClusterRole and, as the chart grants it,
+// binding.BackendLeasesRole in binding.V2LeaseNamespace.
 func Backend(t testing.TB, cp *controlplane.ControlPlane, user string, apis ...exampleapis.API) *rest.Config {
 	t.Helper()
 	preparedMu.Lock()
@@ -43,6 +48,9 @@ func Backend(t testing.TB, cp *controlplane.ControlPlane, user string, apis ...e
 			t.Fatalf("preparing the control plane: %v", err)
 		}
 		if _, err := cp.UserWithClusterRole(ctx, user, binding.BackendClusterRole); err != nil {
+			t.Fatalf("preparing the control plane: %v", err)
+		}
+		if err := bindLeasesRole(ctx, cp, user); err != nil {
 			t.Fatalf("preparing the control plane: %v", err)
 		}
 		prepared[key] = true
@@ -96,4 +104,22 @@ func Run(t testing.TB, what string, run func(context.Context) error) (stop func(
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// bindLeasesRole makes the Lease namespace and grants user the backend's
+// Role there, as the chart does.
+func bindLeasesRole(ctx context.Context, cp *controlplane.ControlPlane, user string) error {
+	if err := binding.InstallV2Access(ctx, cp.AdminConfig()); err != nil {
+		return err
+	}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: binding.BackendLeasesRole + "-" + user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: binding.BackendLeasesRole},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+	_, err := kubernetes.NewForConfigOrDie(cp.AdminConfig()).RbacV1().RoleBindings(binding.V2LeaseNamespace).Create(ctx, rb, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -30,8 +31,15 @@ type Config struct {
 	// Lease).
 	Metrics prometheus.Registerer
 	// Slack is added to twice the heartbeat interval; 0 means DefaultSlack.
-	Slack  time.Duration
-	Logger *slog.Logger
+	Slack time.Duration
+	// NoLeases: no v2 konnector's Lease is read (the backend may not
+	// list them).
+	NoLeases bool
+	// LeaseTolerance, if positive, is how long a renewal of a v2
+	// konnector's Lease counts; 0: twice its leaseDurationSeconds plus
+	// Slack, as for the other heartbeats.
+	LeaseTolerance time.Duration
+	Logger         *slog.Logger
 	// Clock is for tests; nil means the real clock.
 	Clock clock.WithTicker
 }
@@ -69,17 +77,27 @@ type run struct {
 	*Controller
 	cache   client.Reader
 	dynamic dynamic.Interface
+	seen    seenLeases
 }
 
 // Setup adds the controller to m: a reconcile per ClusterBinding (only
 // those Provision made: the cache holds no other), on every change of it
-// and when a healthy one would turn stale.
+// or of a Lease stamped with its namespace, and when a healthy one would
+// turn stale.
 func (c *Controller) Setup(m *kbmanager.Manager) error {
 	r := &run{Controller: c, cache: m.GetCache(), dynamic: m.Dynamic}
 	watch := kbmanager.Watch(m, kbmanager.Object(kbmanager.ClusterBinding), func(_ context.Context, cb *unstructured.Unstructured) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(cb)}}
 	})
-	if err := m.AddController("bindinghealth", 1, r.reconcile, watch); err != nil {
+	sources := []source.Source{watch}
+	if !c.cfg.NoLeases {
+		leases, err := r.setupLeases(m)
+		if err != nil {
+			return err
+		}
+		sources = append(sources, leases)
+	}
+	if err := m.AddController("bindinghealth", 1, r.reconcile, sources...); err != nil {
 		return err
 	}
 	// The metrics are the leader's, from the term's cache.
@@ -108,7 +126,11 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 		return 0, nil
 	}
 	now := r.cfg.Clock.Now()
-	v := Evaluate(heartbeatOf(cb.Object), now, r.cfg.Slack)
+	hb, err := r.heartbeat(ctx, cb.Object, cb.GetNamespace(), now)
+	if err != nil {
+		return 0, err
+	}
+	v := Evaluate(hb, now, r.cfg.Slack)
 	var recheck time.Duration
 	if v.Healthy {
 		// A little past the limit, so that the next pass sees it crossed.
@@ -144,7 +166,7 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 		"metadata":   map[string]any{"name": cb.GetName(), "namespace": cb.GetNamespace()},
 		"status":     map[string]any{"conditions": []any{cond}},
 	}}
-	_, err := r.dynamic.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).
+	_, err = r.dynamic.Resource(kbresources.ClusterBindings).Namespace(cb.GetNamespace()).
 		Apply(ctx, cb.GetName(), apply, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}, "status")
 	if apierrors.IsNotFound(err) {
 		return 0, nil

@@ -1,7 +1,9 @@
 // Package heartbeats tells a provider whether each consumer's konnector
 // is still there: it sets the condition Healthy on ClusterBinding
 // "cluster" in every consumer namespace from the heartbeats the konnector
-// writes (status.lastHeartbeatTime, status.heartbeatInterval), and exports
+// writes (status.lastHeartbeatTime, status.heartbeatInterval), or from
+// the renewals of the kbind v2 konnector's Lease the admission policy
+// attributed to that namespace (lease.go), and exports
 // metrics of all bindings (by health, the oldest heartbeat, export
 // requests by phase).
 //
@@ -50,6 +52,9 @@ type Heartbeat struct {
 	Last time.Time
 	// Interval is status.heartbeatInterval; 0 when missing or invalid.
 	Interval time.Duration
+	// Tolerance, if positive, replaces Tolerance(Interval, slack): a
+	// provider's setting for the v2 konnector's Lease.
+	Tolerance time.Duration
 }
 
 // Verdict is the Healthy condition a heartbeat earns at some moment.
@@ -85,6 +90,9 @@ func effectiveInterval(d time.Duration) time.Duration {
 func Evaluate(hb Heartbeat, now time.Time, slack time.Duration) Verdict {
 	interval := effectiveInterval(hb.Interval)
 	tolerance := Tolerance(hb.Interval, slack)
+	if hb.Tolerance > 0 {
+		tolerance = hb.Tolerance
+	}
 	if hb.Last.IsZero() {
 		return Verdict{
 			Reason: ReasonNoHeartbeat, Severity: SeverityInfo,

@@ -62,7 +62,11 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		if cb.GetDeletionTimestamp() != nil {
 			continue
 		}
-		hb := heartbeatOf(cb.Object)
+		hb, err := r.heartbeat(ctx, cb.Object, cb.GetNamespace(), now)
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(bindingsDesc, err)
+			return
+		}
 		v := Evaluate(hb, now, r.cfg.Slack)
 		switch {
 		case v.Healthy:

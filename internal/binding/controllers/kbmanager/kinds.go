@@ -4,11 +4,13 @@ import (
 	"context"
 	"sort"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -80,6 +82,16 @@ func Watch[T client.Object](m *Manager, obj T, toRequests func(context.Context, 
 // managed selects the backend's own objects.
 var managed = labels.SelectorFromSet(labels.Set{binding.LabelManagedBy: binding.ManagedByValue})
 
+// stamped selects the v2 konnectors' Leases the admission policy
+// attributed to a consumer.
+var stamped = func() labels.Selector {
+	r, err := labels.NewRequirement(binding.LabelLeaseConsumer, selection.Exists, nil)
+	if err != nil {
+		panic(err)
+	}
+	return labels.NewSelector().Add(*r)
+}()
+
 // byObject is what the cache holds of each kind: for each, the union of
 // what its readers need (exportrequests, heartbeats, cleanup,
 // credentials), the rest trimmed (kbcache): consumers write these
@@ -119,5 +131,12 @@ func byObject() map[client.Object]cache.ByObject {
 		// konnector's, their CRD copies digested (DigestedSpec).
 		Object(Export):      {Transform: ownedOnly},
 		Object(BoundSchema): {Transform: ownedOnly},
+		// The v2 konnectors' heartbeats: the stamped Leases of their one
+		// namespace, with the stamp and the times.
+		&coordinationv1.Lease{}: {
+			Namespaces: map[string]cache.Config{binding.V2LeaseNamespace: {}},
+			Label:      stamped,
+			Transform:  kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelLeaseConsumer}}),
+		},
 	}
 }
