@@ -2,9 +2,9 @@
 # Runs the whole test suite against real parts: it installs what a fresh
 # machine lacks (the pinned Kubernetes binaries and helm, chromium, the test
 # OpenID Connect provider's npm packages), then runs go test with -race:
-# the packages that start real parts two at a time, and beside them the
-# others several at a time, then every fuzz target for a few seconds
-# (hack/fuzz.sh). At the end it prints the packages' times, slowest first
+# the packages that start real parts from a queue in two lanes (three
+# once fuzzing is done), and beside them the others several at a time,
+# then every fuzz target for a few seconds (hack/fuzz.sh). At the end it prints the packages' times, slowest first
 # (docs/testing.md). Extra arguments go to go test (default: ./...); with
 # them, only go test runs (no fuzzing).
 set -euo pipefail
