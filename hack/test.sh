@@ -2,9 +2,9 @@
 # Runs the whole test suite against real parts: it installs what a fresh
 # machine lacks (the pinned Kubernetes binaries and helm, chromium, the test
 # OpenID Connect provider's npm packages), then runs go test with -race:
-# the packages that start real parts two at a time, and beside them the
-# others several at a time, then every fuzz target for a few seconds
-# (hack/fuzz.sh). At the end it prints the packages' times, slowest first
+# the packages that start real parts from a queue in two lanes (three
+# once fuzzing is done), and beside them the others several at a time,
+# then every fuzz target for a few seconds (hack/fuzz.sh). At the end it prints the packages' times, slowest first
 # (docs/testing.md). Extra arguments go to go test (default: ./...); with
 # them, only go test runs (no fuzzing).
 set -euo pipefail
@@ -65,9 +65,10 @@ real_parts="^$module/(internal/localenv/(controlplane|node|konnector|oidcprovide
 mapfile -t all < <(go list ./...)
 mapfile -t with_parts < <(go list -test -f '{{$p := .ImportPath}}{{range .Deps}}{{$p}} {{.}}{{"\n"}}{{end}}' ./... |
 	awk -v re="$real_parts" '$1 ~ /\.test$/ && $2 ~ re { print substr($1, 1, length($1) - 5) }' | sort -u)
-# Started first, as go test takes the packages in the order given: the
-# slowest ones, so that the last minutes are not one long package alone.
-slow_first=(test/replicas test/e2e test/node internal/binding/controllers/credentials test/scale test/consumer hack/demo test/chart test/upgrade test/kbindcli)
+# The queue of the packages with real parts starts with the slowest ones
+# (by the per-package table of the last CI runs), so that the last
+# minutes are not one long package alone.
+slow_first=(test/replicas test/e2e internal/binding/controllers/credentials test/node test/scale test/consumer test/chart hack/demo test/kbindcli test/upgrade)
 cluster=()
 for p in "${slow_first[@]}"; do
 	if printf '%s\n' "${with_parts[@]}" | grep -qx "$module/$p"; then cluster+=("$module/$p"); fi
@@ -79,11 +80,40 @@ parallel=()
 for p in "${all[@]}"; do
 	if ! printf '%s\n' "${with_parts[@]}" | grep -qx "$p"; then parallel+=("$p"); fi
 done
-echo "go test: ${#cluster[@]} packages with real parts, two at a time; beside them ${#parallel[@]} without, then every fuzz target"
+lanes=${KUBE_BIND_TEST_CLUSTER_PACKAGES:-2}
+echo "go test: ${#cluster[@]} packages with real parts, $lanes at a time, $((lanes + 1)) once fuzzing is done; beside them ${#parallel[@]} without, then every fuzz target"
+
+# The packages with real parts run from a queue, in lanes: each lane
+# takes the next package when its last one is done (go test -json, one
+# package at a time) and prints its output in one piece under a lock.
+# Their events are kept per package and joined at the end.
+queue="$work/queue"
+printf '%s\n' "${cluster[@]}" >"$queue"
+mkdir -p "$work/events"
+next_package() {
+	flock "$queue.lock" bash -c 'head -n 1 "$1" && sed -i 1d "$1"' _ "$queue"
+}
+cluster_lane() {
+	local pkg events lane_rc=0
+	while pkg=$(next_package) && [ -n "$pkg" ]; do
+		events="$work/events/$(printf '%s' "${pkg#"$module"/}" | tr '/.' '__').json"
+		go test -race -timeout 40m -count=1 -json "$pkg" >"$events" 2>&1 || lane_rc=1
+		flock "$work/print.lock" "$work/bin/testreport" -follow <"$events" || lane_rc=1
+	done
+	return $lane_rc
+}
+
+# The backend and the client, built once for every package that runs them
+# as processes (internal/localenv/procs.Build takes them from these
+# variables instead of linking its own); the lanes start once they are.
+backend_binaries=(KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TEST_POLL_BINARY="$work/bin/kube-bind-poll")
 
 # Beside the packages with real parts, which mostly wait for their
 # processes: the packages without (several at a time), then fuzzing (each
-# target still for FUZZTIME). Their output is shown once they are done.
+# target still for FUZZTIME), whose output is shown once they are done;
+# then this becomes one more lane of packages with real parts: while the
+# parallel set and fuzzing run, they keep both cores busy, and after
+# them the lanes alone leave one idle.
 # go test -json keeps each package's events (the per-package times of the
 # table) in the artefacts; testreport -follow prints the usual output.
 t3=$SECONDS
@@ -94,26 +124,33 @@ t3=$SECONDS
 	echo $((SECONDS - t3)) >"$work/parallel.time"
 	bash hack/fuzz.sh >"$work/fuzz.log" 2>&1 || rc=1
 	echo $((SECONDS - t3)) >"$work/fuzz.time"
+	while [ ! -e "$work/built" ]; do sleep 1; done
+	export "${backend_binaries[@]}"
+	cluster_lane || rc=1
+	echo $((SECONDS - t3)) >>"$work/lanes.time"
 	exit $rc
 ) &
 background+=($!)
 
-# The backend and the client, built once for every package that runs them
-# as processes (internal/localenv/procs.Build takes them from these
-# variables instead of linking its own).
 tb=$SECONDS
 go build -o "$work/bin/" ./cmd/backend ./cmd/kube-bind-poll
-export KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TEST_POLL_BINARY="$work/bin/kube-bind-poll"
+export "${backend_binaries[@]}"
+touch "$work/built"
 echo "built the backend and kube-bind-poll for the tests: $((SECONDS - tb))s"
 
-# Control planes two at a time: a kube-apiserver's start is CPU-heavy,
-# and the tests after it mostly wait.
 rc=0
-go test -race -p "${KUBE_BIND_TEST_CLUSTER_PACKAGES:-2}" -timeout 40m -count=1 -json "${cluster[@]}" |
-	"$work/bin/testreport" -follow -save "$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json" || rc=1
-t5=$SECONDS
+lane_pids=()
+for _ in $(seq "$lanes"); do
+	cluster_lane &
+	lane_pids+=($!)
+	background+=($!)
+done
+for pid in "${lane_pids[@]}"; do wait "$pid" || rc=1; done
+echo $((SECONDS - t3)) >>"$work/lanes.time"
 wait "${background[0]}" || rc=1
 background=()
+t5=$((t3 + $(sort -n "$work/lanes.time" | tail -n 1)))
+cat "$work/events/"*.json >"$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json"
 echo
 echo "=== go test of the packages without real parts (done $(cat "$work/parallel.time")s after the start of go test)"
 cat "$work/parallel.log"

@@ -270,7 +270,12 @@ func TestInstallGrantsExactlyWhatTheBackendDoes(t *testing.T) {
 	if _, err := helm(t, "uninstall", "kbb", "--kubeconfig", kubeconfig, "--namespace", releaseNS, "--wait"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.RbacV1().ClusterRoles().Get(ctx, "kube-bind-backend", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	// ctx was for the install: the subtests took their own time since (over
+	// its 2 minutes on a loaded machine), so the check after the uninstall
+	// gets a deadline of its own.
+	uninstalled, cancelUninstalled := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelUninstalled()
+	if _, err := admin.RbacV1().ClusterRoles().Get(uninstalled, "kube-bind-backend", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("ClusterRole kube-bind-backend after uninstall: %v, want NotFound", err)
 	}
 }

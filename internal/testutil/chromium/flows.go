@@ -44,6 +44,9 @@ func signIn(b *Browser, user oidcprovider.User, confirm func(selector string) in
 // LoginCLI runs `kubectl-bind login server --skip-browser` from home and
 // signs user in with chromium at the URL it prints; the CLI must exit 0
 // having authenticated (its token then is in konnector.CLIConfigFile(home)).
+// The last page is the CLI's callback server, which also closes as soon
+// as it has its token: the browser may get an empty response there, so
+// the sign-in does not wait for that page (SignInToCLI).
 func LoginCLI(t testing.TB, release, home, server string, user oidcprovider.User) {
 	t.Helper()
 	c := konnector.RunCLI(t, release, home, "login", server, "--skip-browser")
@@ -52,7 +55,7 @@ func LoginCLI(t testing.TB, release, home, server string, user oidcprovider.User
 	if status := b.Open(u); status != http.StatusOK {
 		t.Fatalf("the login URL led to status %d at %s", status, b.URL())
 	}
-	SignIn(t, b, user)
+	SignInToCLI(t, b, user)
 	if code := c.Wait(t, time.Minute); code != 0 {
 		t.Fatalf("kubectl-bind login: exit %d; browser at %s:\n%s", code, b.URL(), b.Text("body"))
 	}
