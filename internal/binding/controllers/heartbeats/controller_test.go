@@ -98,13 +98,7 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 		if err != nil {
 			return nil
 		}
-		list, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
-		for _, c := range list {
-			if m := c.(map[string]any); m["type"] == heartbeats.ConditionHealthy {
-				return m
-			}
-		}
-		return nil
+		return healthyCondition(cb)
 	}
 	var c map[string]any
 	testutil.Await(t, "a Healthy condition appears", func() bool { c = cond(); return c != nil })
@@ -246,3 +240,14 @@ func TestHealthyConditionFollowsHeartbeats(t *testing.T) {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// healthyCondition is cb's Healthy condition, nil when it has none.
+func healthyCondition(cb *unstructured.Unstructured) map[string]any {
+	list, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
+	for _, c := range list {
+		if m, ok := c.(map[string]any); ok && m["type"] == heartbeats.ConditionHealthy {
+			return m
+		}
+	}
+	return nil
+}

@@ -9,7 +9,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -69,13 +68,7 @@ func TestLeaseRenewalsAreTheBindingsHeartbeat(t *testing.T) {
 		if err != nil {
 			return nil
 		}
-		list, _, _ := unstructured.NestedSlice(cb.Object, "status", "conditions")
-		for _, c := range list {
-			if m := c.(map[string]any); m["type"] == heartbeats.ConditionHealthy {
-				return m
-			}
-		}
-		return nil
+		return healthyCondition(cb)
 	}
 	healthy := func(ns string) bool { c := cond(ns); return c != nil && c["status"] == "True" }
 	missing := func(ns string) bool {
