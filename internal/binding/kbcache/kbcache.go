@@ -1,4 +1,5 @@
-// Package kbcache trims objects before they enter an informer's cache.
+// Package kbcache trims objects before they enter an informer's cache,
+// and holds the kinds it has no Go type for compactly (Compact).
 // Consumers write kube-bind objects on the provider cluster, and every
 // replica's leader caches them cluster-wide: what a cache holds must be
 // bounded by what the controllers read, not by what a consumer stored
@@ -14,6 +15,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -55,8 +57,9 @@ func Digest(v any) string {
 }
 
 // Transform returns a cache.TransformFunc for SetTransform. It always
-// drops managedFields, spec.parameters and condition text beyond
-// MaxConditionText, and keeps only the listed annotations and labels.
+// drops managedFields and keeps only the listed annotations and labels;
+// of a Compact's body it drops spec.parameters, condition text beyond
+// MaxConditionText and o.Drop, and digests o.Digest.
 func Transform(o Options) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		m, ok := obj.(metav1.Object)
@@ -66,35 +69,50 @@ func Transform(o Options) cache.TransformFunc {
 		m.SetManagedFields(nil)
 		m.SetAnnotations(only(m.GetAnnotations(), o.Annotations))
 		m.SetLabels(only(m.GetLabels(), o.Labels))
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
+		b, ok := obj.(interface{ body() *[]byte })
+		if !ok || len(*b.body()) == 0 {
 			return obj, nil
 		}
-		unstructured.RemoveNestedField(u.Object, "spec", "parameters")
-		for _, f := range o.Drop {
-			unstructured.RemoveNestedField(u.Object, f...)
+		// A body that does not decode (the API server sends none) is kept
+		// for its reader to refuse: an error here would fail the whole
+		// list, and no cache would ever sync.
+		body := map[string]any{}
+		if err := utiljson.Unmarshal(*b.body(), &body); err != nil {
+			return obj, nil
 		}
-		for _, f := range o.Digest {
-			if v, found, _ := unstructured.NestedFieldNoCopy(u.Object, f...); found {
-				if s, ok := v.(string); ok && strings.HasPrefix(s, digestPrefix) {
-					continue // trimmed already (an object the informer hands back)
-				}
-				_ = unstructured.SetNestedField(u.Object, Digest(v), f...)
+		trim(body, o)
+		if trimmed, err := json.Marshal(body); err == nil {
+			*b.body() = trimmed
+		}
+		return obj, nil
+	}
+}
+
+// trim applies o to the fields of an object besides its metadata.
+func trim(obj map[string]any, o Options) {
+	unstructured.RemoveNestedField(obj, "spec", "parameters")
+	for _, f := range o.Drop {
+		unstructured.RemoveNestedField(obj, f...)
+	}
+	for _, f := range o.Digest {
+		if v, found, _ := unstructured.NestedFieldNoCopy(obj, f...); found {
+			if s, ok := v.(string); ok && strings.HasPrefix(s, digestPrefix) {
+				continue // trimmed already (an object the informer hands back)
 			}
+			_ = unstructured.SetNestedField(obj, Digest(v), f...)
 		}
-		status, _ := u.Object["status"].(map[string]any)
-		if conds, ok := status["conditions"].([]any); ok {
-			for _, c := range conds {
-				if c, ok := c.(map[string]any); ok {
-					for _, k := range []string{"message", "reason"} {
-						if s, ok := c[k].(string); ok {
-							c[k] = Truncate(s, MaxConditionText)
-						}
+	}
+	status, _ := obj["status"].(map[string]any)
+	if conds, ok := status["conditions"].([]any); ok {
+		for _, c := range conds {
+			if c, ok := c.(map[string]any); ok {
+				for _, k := range []string{"message", "reason"} {
+					if s, ok := c[k].(string); ok {
+						c[k] = Truncate(s, MaxConditionText)
 					}
 				}
 			}
 		}
-		return obj, nil
 	}
 }
 

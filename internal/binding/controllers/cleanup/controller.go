@@ -21,7 +21,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -122,12 +121,12 @@ func (c *Controller) Setup(m *kbmanager.Manager) error {
 	namespaces := kbmanager.Watch(m, &corev1.Namespace{}, func(_ context.Context, ns *corev1.Namespace) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: ns.Name}}}
 	})
-	byNamespace := func(_ context.Context, o *unstructured.Unstructured) []reconcile.Request {
+	byNamespace := func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
 	}
 	sources := []source.Source{namespaces}
 	for _, gvk := range []schema.GroupVersionKind{kbmanager.ClusterBinding, kbmanager.ExportRequest, kbmanager.APIServiceNamespace} {
-		sources = append(sources, kbmanager.Watch(m, kbmanager.Object(gvk), byNamespace))
+		sources = append(sources, kbmanager.WatchKind(m, gvk, byNamespace))
 	}
 	if c.cfg.GCAfter > 0 {
 		c.log.Info("cleanup: revocation on, garbage collection of unused bindings on", "gc_after", c.cfg.GCAfter.String(), "dry_run", c.cfg.DryRun)

@@ -131,13 +131,8 @@ func (r *run) collect(ctx context.Context, ns *corev1.Namespace) (time.Duration,
 }
 
 func (r *run) cachedUsage(ctx context.Context, ns *corev1.Namespace) (usage, error) {
-	var cb *unstructured.Unstructured
-	have := kbmanager.Object(kbmanager.ClusterBinding)
-	err := r.cache.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: binding.ClusterBindingName}, have)
-	switch {
-	case err == nil:
-		cb = have
-	case client.IgnoreNotFound(err) != nil:
+	cb, err := kbmanager.Get(ctx, r.cache, kbmanager.ClusterBinding, client.ObjectKey{Namespace: ns.Name, Name: binding.ClusterBindingName})
+	if client.IgnoreNotFound(err) != nil {
 		return usage{}, err
 	}
 	used := false

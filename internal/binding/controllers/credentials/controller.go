@@ -15,16 +15,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/kbprovider/backend/internal/binding"
 	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
@@ -106,18 +103,18 @@ type run struct {
 // the namespace per look.
 func (c *Controller) Setup(m *kbmanager.Manager) error {
 	r := &run{Controller: c, cache: m.GetCache(), kube: m.Kube, dyn: m.Dynamic}
-	toNamespace := func(_ context.Context, cb *unstructured.Unstructured) []reconcile.Request {
+	toNamespace := func(_ context.Context, cb client.Object) []reconcile.Request {
 		if cb.GetName() != binding.ClusterBindingName || !strings.HasPrefix(cb.GetNamespace(), c.cfg.NamespacePrefix) {
 			return nil
 		}
 		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(cb)}}
 	}
-	news := predicate.TypedFuncs[*unstructured.Unstructured]{
-		UpdateFunc: func(e event.TypedUpdateEvent[*unstructured.Unstructured]) bool {
+	news := predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
 			return !c.isNoNews(e.ObjectOld, e.ObjectNew)
 		},
 	}
-	bindings := source.Kind(m.GetCache(), kbmanager.Object(kbmanager.ClusterBinding), handler.TypedEnqueueRequestsFromMapFunc(toNamespace), news)
+	bindings := kbmanager.WatchKind(m, kbmanager.ClusterBinding, toNamespace, news)
 	c.log.Info("credentials controller: set up", "lifetime", c.cfg.Policy.Lifetime, "rotationPoint", c.cfg.Policy.RotationPoint,
 		"overlap", c.cfg.Policy.Overlap, "bindingLifetime", c.cfg.Policy.BindingLifetime, "allowListRecheck", c.cfg.Allowed != nil)
 	return m.AddController("credentials", workers, r.reconcile, bindings)
@@ -127,16 +124,20 @@ func (c *Controller) Setup(m *kbmanager.Manager) error {
 // heartbeat, or this controller's own CredentialsValid condition, in a
 // namespace where heartbeats change nothing; the look the last decision
 // scheduled still comes.
-func (c *Controller) isNoNews(old any, cb *unstructured.Unstructured) bool {
-	prev, ok := old.(*unstructured.Unstructured)
-	if !ok {
-		return false
-	}
+func (c *Controller) isNoNews(old, cb client.Object) bool {
 	if q, ok := c.quiet.Load(cb.GetNamespace()); !ok || !q.(bool) {
 		return false
 	}
+	prev, err := kbmanager.Expand(old)
+	if err != nil {
+		return false
+	}
+	now, err := kbmanager.Expand(cb)
+	if err != nil {
+		return false
+	}
 	strip := func(u *unstructured.Unstructured) map[string]any {
-		o := runtime.DeepCopyJSON(u.Object)
+		o := u.Object
 		unstructured.RemoveNestedField(o, "status", "lastHeartbeatTime")
 		unstructured.RemoveNestedField(o, "metadata", "resourceVersion")
 		unstructured.RemoveNestedField(o, "metadata", "annotations", AnnotationSettled)
@@ -158,7 +159,7 @@ func (c *Controller) isNoNews(old any, cb *unstructured.Unstructured) bool {
 		}
 		return o
 	}
-	return equality.Semantic.DeepEqual(strip(prev), strip(cb))
+	return equality.Semantic.DeepEqual(strip(prev), strip(now))
 }
 
 // workers is how many namespaces are looked at at once. Every konnector
@@ -172,8 +173,8 @@ const workers = 4
 // look again.
 func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Duration, error) {
 	ns := req.Namespace
-	cb := kbmanager.Object(kbmanager.ClusterBinding)
-	if err := r.cache.Get(ctx, req.NamespacedName, cb); err != nil {
+	cb, err := kbmanager.Get(ctx, r.cache, kbmanager.ClusterBinding, req.NamespacedName)
+	if err != nil {
 		r.quiet.Delete(ns)
 		r.looked.Delete(ns)
 		return 0, client.IgnoreNotFound(err)

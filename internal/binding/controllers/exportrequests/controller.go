@@ -28,7 +28,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -132,14 +131,14 @@ type run struct {
 // consumer (with low priority) when the catalog or the offers change.
 func (c *Controller) Setup(m *kbmanager.Manager) error {
 	r := &run{Controller: c, cache: m.GetCache(), kube: m.Kube, dynamic: m.Dynamic}
-	own := func(_ context.Context, o *unstructured.Unstructured) []reconcile.Request {
+	own := func(_ context.Context, o client.Object) []reconcile.Request {
 		return request(o.GetNamespace())
 	}
 	sources := []source.Source{
-		kbmanager.Watch(m, kbmanager.Object(kbmanager.ExportRequest), own),
-		kbmanager.Watch(m, kbmanager.Object(kbmanager.Export), own),
-		kbmanager.Watch(m, kbmanager.Object(kbmanager.BoundSchema), own),
-		kbmanager.Watch(m, kbmanager.Object(kbmanager.APIServiceNamespace), own),
+		kbmanager.WatchKind(m, kbmanager.ExportRequest, own),
+		kbmanager.WatchKind(m, kbmanager.Export, own),
+		kbmanager.WatchKind(m, kbmanager.BoundSchema, own),
+		kbmanager.WatchKind(m, kbmanager.APIServiceNamespace, own),
 		// A namespace change re-checks the consumer it belongs to.
 		kbmanager.Watch(m, &corev1.Namespace{}, func(_ context.Context, ns *corev1.Namespace) []reconcile.Request {
 			if owner := ns.Labels[binding.LabelConsumerNamespace]; owner != "" {

@@ -86,7 +86,7 @@ type run struct {
 // turn stale.
 func (c *Controller) Setup(m *kbmanager.Manager) error {
 	r := &run{Controller: c, cache: m.GetCache(), dynamic: m.Dynamic}
-	watch := kbmanager.Watch(m, kbmanager.Object(kbmanager.ClusterBinding), func(_ context.Context, cb *unstructured.Unstructured) []reconcile.Request {
+	watch := kbmanager.WatchKind(m, kbmanager.ClusterBinding, func(_ context.Context, cb client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(cb)}}
 	})
 	sources := []source.Source{watch}
@@ -115,8 +115,8 @@ func (c *Controller) Setup(m *kbmanager.Manager) error {
 // It reads only the cache and writes only a condition that changed: a
 // heartbeat costs the leader its event.
 func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Duration, error) {
-	cb := kbmanager.Object(kbmanager.ClusterBinding)
-	if err := r.cache.Get(ctx, req.NamespacedName, cb); err != nil {
+	cb, err := kbmanager.Get(ctx, r.cache, kbmanager.ClusterBinding, req.NamespacedName)
+	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return 0, nil
 		}

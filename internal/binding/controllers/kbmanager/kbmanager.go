@@ -9,9 +9,10 @@
 // with that term's *Manager:
 //
 //   - reads go to m.GetCache() (or m.GetClient(), which reads the same
-//     cache), never to the API server: the kube-bind kinds as
-//     *unstructured.Unstructured of the GroupVersionKinds below (List
-//     lists them), Namespaces, Roles and RoleBindings typed. A kind
+//     cache), never to the API server: the kube-bind kinds through Get
+//     and List, as *unstructured.Unstructured of the GroupVersionKinds
+//     in kinds.go (the cache holds them compactly), Namespaces, Roles,
+//     RoleBindings and Leases typed. A kind
 //     missing from Kinds is refused by the cache (it would otherwise
 //     start a cluster-wide informer of its own): add it there with the
 //     union of what its readers need, and a label selector where only
@@ -176,6 +177,9 @@ func newManager(rc *rest.Config, o Options) (*Manager, error) {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return nil, err
+	}
+	for _, k := range cachedKinds {
+		k.register(scheme)
 	}
 	opts := manager.Options{
 		Scheme: scheme,

@@ -2,6 +2,7 @@ package kbmanager
 
 import (
 	"context"
+	"fmt"
 	"sort"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -9,11 +10,13 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -22,9 +25,10 @@ import (
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
-// The kube-bind kinds in the cache, one version each: every reader lists
-// them as *unstructured.Unstructured of these GroupVersionKinds (another
-// version, or a typed object, would be a second informer).
+// The kube-bind kinds in the cache, one version each. The cache holds
+// them compactly (kbcache.Compact); readers get them as
+// *unstructured.Unstructured through Get and List, and watch them with
+// WatchKind.
 var (
 	ClusterBinding      = kbresources.ClusterBindings.GroupVersion().WithKind("ClusterBinding")
 	ExportRequest       = kbresources.APIServiceExportRequestsV1alpha2.GroupVersion().WithKind("APIServiceExportRequest")
@@ -32,6 +36,86 @@ var (
 	APIServiceNamespace = kbresources.APIServiceNamespacesV1alpha2.GroupVersion().WithKind("APIServiceNamespace")
 	BoundSchema         = kbresources.BoundSchemas.GroupVersion().WithKind("BoundSchema")
 )
+
+type (
+	clusterBindingKind      struct{}
+	exportRequestKind       struct{}
+	exportKind              struct{}
+	apiServiceNamespaceKind struct{}
+	boundSchemaKind         struct{}
+)
+
+func (clusterBindingKind) GroupVersionKind() schema.GroupVersionKind      { return ClusterBinding }
+func (exportRequestKind) GroupVersionKind() schema.GroupVersionKind       { return ExportRequest }
+func (exportKind) GroupVersionKind() schema.GroupVersionKind              { return Export }
+func (apiServiceNamespaceKind) GroupVersionKind() schema.GroupVersionKind { return APIServiceNamespace }
+func (boundSchemaKind) GroupVersionKind() schema.GroupVersionKind         { return BoundSchema }
+
+// cachedKind is what the cache needs of one compactly held kind.
+type cachedKind struct {
+	register func(*runtime.Scheme)
+	object   func() client.Object
+	list     func() client.ObjectList
+	items    func(client.ObjectList) []expandable
+}
+
+type expandable interface {
+	Unstructured() (*unstructured.Unstructured, error)
+}
+
+func compactKind[K kbcache.Kind]() cachedKind {
+	return cachedKind{
+		register: kbcache.Register[K],
+		object:   func() client.Object { return &kbcache.Compact[K]{} },
+		list:     func() client.ObjectList { return &kbcache.CompactList[K]{} },
+		items: func(l client.ObjectList) []expandable {
+			items := l.(*kbcache.CompactList[K]).Items
+			out := make([]expandable, len(items))
+			for i := range items {
+				out[i] = &items[i]
+			}
+			return out
+		},
+	}
+}
+
+var cachedKinds = map[schema.GroupVersionKind]cachedKind{
+	ClusterBinding:      compactKind[clusterBindingKind](),
+	ExportRequest:       compactKind[exportRequestKind](),
+	Export:              compactKind[exportKind](),
+	APIServiceNamespace: compactKind[apiServiceNamespaceKind](),
+	BoundSchema:         compactKind[boundSchemaKind](),
+}
+
+func kindOf(gvk schema.GroupVersionKind) cachedKind {
+	k, ok := cachedKinds[gvk]
+	if !ok {
+		panic("kbmanager: " + gvk.String() + " is not a cached kube-bind kind")
+	}
+	return k
+}
+
+// Cached is an empty object of gvk as the cache holds it: for watches
+// (WatchKind) and indexes. gvk is one of the kinds above.
+func Cached(gvk schema.GroupVersionKind) client.Object { return kindOf(gvk).object() }
+
+// Expand is a cached kube-bind object as unstructured, a copy of its own.
+func Expand(o client.Object) (*unstructured.Unstructured, error) {
+	e, ok := o.(expandable)
+	if !ok {
+		return nil, fmt.Errorf("kbmanager: %T is not a cached kube-bind object", o)
+	}
+	return e.Unstructured()
+}
+
+// Get reads the cached object of gvk named key.
+func Get(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, key client.ObjectKey) (*unstructured.Unstructured, error) {
+	o := Cached(gvk)
+	if err := r.Get(ctx, key, o); err != nil {
+		return nil, err
+	}
+	return Expand(o)
+}
 
 // Labels and annotations the caches keep that are named by the packages
 // reading them (which import this one); the controllers package's tests
@@ -50,7 +134,8 @@ const (
 // provider's schemas times the consumers.
 var DigestedSpec = []string{"versions"}
 
-// Object is an empty object of gvk, for the cache and the client.
+// Object is an empty unstructured object of gvk, for writes (the cache
+// holds these kinds as Cached).
 func Object(gvk schema.GroupVersionKind) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(gvk)
@@ -59,24 +144,35 @@ func Object(gvk schema.GroupVersionKind) *unstructured.Unstructured {
 
 // List lists the cached objects of gvk, sorted by name.
 func List(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, opts ...client.ListOption) ([]*unstructured.Unstructured, error) {
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(gvk.GroupVersion().WithKind(gvk.Kind + "List"))
+	k := kindOf(gvk)
+	list := k.list()
 	if err := r.List(ctx, list, opts...); err != nil {
 		return nil, err
 	}
-	out := make([]*unstructured.Unstructured, len(list.Items))
-	for i := range list.Items {
-		out[i] = &list.Items[i]
+	items := k.items(list)
+	out := make([]*unstructured.Unstructured, len(items))
+	for i, item := range items {
+		u, err := item.Unstructured()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = u
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
 	return out, nil
 }
 
-// Watch is a source of the cached objects of obj's kind: each event
-// queues the requests toRequests maps the object to (objects of the
-// initial list with low priority, with the priority queue on).
+// Watch is a source of the cached objects of obj's kind (a typed kind):
+// each event queues the requests toRequests maps the object to (objects
+// of the initial list with low priority, with the priority queue on).
 func Watch[T client.Object](m *Manager, obj T, toRequests func(context.Context, T) []reconcile.Request) source.Source {
 	return source.Kind(m.GetCache(), obj, handler.TypedEnqueueRequestsFromMapFunc(toRequests))
+}
+
+// WatchKind is Watch for a kube-bind kind: toRequests and the
+// predicates see the cached object's metadata (Expand gives the rest).
+func WatchKind(m *Manager, gvk schema.GroupVersionKind, toRequests func(context.Context, client.Object) []reconcile.Request, preds ...predicate.Predicate) source.Source {
+	return source.Kind(m.GetCache(), Cached(gvk), handler.TypedEnqueueRequestsFromMapFunc(toRequests), preds...)
 }
 
 // managed selects the backend's own objects.
@@ -118,19 +214,19 @@ func byObject() map[client.Object]cache.ByObject {
 		// Provision labels every ClusterBinding it makes; the backend
 		// writes no other. The konnector writes the status (heartbeats,
 		// conditions), read whole.
-		Object(ClusterBinding): {Label: managed, Transform: kbcache.Transform(kbcache.Options{
+		Cached(ClusterBinding): {Label: managed, Transform: kbcache.Transform(kbcache.Options{
 			Annotations: []string{AnnotationRotate, AnnotationSettled, binding.AnnotationBoundAt, binding.AnnotationBoundBy,
 				binding.AnnotationProvisionedAt, binding.AnnotationDeliveredAt},
 			Drop: [][]string{{"spec"}},
 		})},
 		// Requests and APIServiceNamespaces: the consumers'.
-		Object(ExportRequest):       {Transform: kbcache.Transform(kbcache.Options{})},
-		Object(APIServiceNamespace): {Transform: kbcache.Transform(kbcache.Options{})},
+		Cached(ExportRequest):       {Transform: kbcache.Transform(kbcache.Options{})},
+		Cached(APIServiceNamespace): {Transform: kbcache.Transform(kbcache.Options{})},
 		// Exports and BoundSchemas: every one, so that one of the same
 		// name the backend did not make is seen; their status is the
 		// konnector's, their CRD copies digested (DigestedSpec).
-		Object(Export):      {Transform: ownedOnly},
-		Object(BoundSchema): {Transform: ownedOnly},
+		Cached(Export):      {Transform: ownedOnly},
+		Cached(BoundSchema): {Transform: ownedOnly},
 		// The v2 konnectors' heartbeats: the stamped Leases of their one
 		// namespace, with the stamp and the times.
 		&coordinationv1.Lease{}: {
