@@ -65,17 +65,26 @@ real_parts="^$module/(internal/localenv/(controlplane|node|konnector|oidcprovide
 mapfile -t all < <(go list ./...)
 mapfile -t with_parts < <(go list -test -f '{{$p := .ImportPath}}{{range .Deps}}{{$p}} {{.}}{{"\n"}}{{end}}' ./... |
 	awk -v re="$real_parts" '$1 ~ /\.test$/ && $2 ~ re { print substr($1, 1, length($1) - 5) }' | sort -u)
-# The queue of the packages with real parts starts with the slowest ones
-# (by the per-package table of the last CI runs), so that the last
-# minutes are not one long package alone.
-slow_first=(test/replicas test/e2e internal/binding/controllers/credentials test/node test/scale test/consumer test/chart hack/demo test/kbindcli test/upgrade)
-cluster=()
-for p in "${slow_first[@]}"; do
-	if printf '%s\n' "${with_parts[@]}" | grep -qx "$module/$p"; then cluster+=("$module/$p"); fi
-done
-for p in "${with_parts[@]}"; do
-	if ! printf '%s\n' "${cluster[@]}" | grep -qx "$p"; then cluster+=("$p"); fi
-done
+# The queue of the packages with real parts starts with the slowest ones,
+# so that the last minutes are not one long package alone: by the seconds
+# each took in this machine's last full run (kept in $times), else by the
+# list slow_first (from the per-package tables of earlier CI runs). A
+# package with no record yet goes before those with one: it may be slow.
+times="${XDG_CACHE_HOME:-$HOME/.cache}/kube-bind-backend/package-seconds"
+slow_first=(test/replicas test/e2e test/scale internal/binding/controllers/credentials test/node test/v2 test/consumer test/chart test/kbindcli hack/demo test/upgrade)
+mapfile -t cluster < <(
+	for p in "${with_parts[@]}"; do
+		rel=${p#"$module"/}
+		seconds=$(awk -v p="$rel" '$1 == p { print $2 }' "$times" 2>/dev/null)
+		if [ -z "$seconds" ]; then
+			seconds=5000
+			for i in "${!slow_first[@]}"; do
+				if [ "${slow_first[$i]}" = "$rel" ]; then seconds=$((10000 - i)); fi
+			done
+		fi
+		printf '%s %s\n' "$seconds" "$p"
+	done | sort -s -k1,1nr | cut -d' ' -f2
+)
 parallel=()
 for p in "${all[@]}"; do
 	if ! printf '%s\n' "${with_parts[@]}" | grep -qx "$p"; then parallel+=("$p"); fi
@@ -94,10 +103,12 @@ next_package() {
 	flock "$queue.lock" bash -c 'head -n 1 "$1" && sed -i 1d "$1"' _ "$queue"
 }
 cluster_lane() {
-	local pkg events lane_rc=0
+	local pkg events started lane_rc=0
 	while pkg=$(next_package) && [ -n "$pkg" ]; do
 		events="$work/events/$(printf '%s' "${pkg#"$module"/}" | tr '/.' '__').json"
+		started=$SECONDS
 		go test -race -timeout 40m -count=1 -json "$pkg" >"$events" 2>&1 || lane_rc=1
+		echo "${pkg#"$module"/} $((SECONDS - started))" >>"$work/seconds"
 		flock "$work/print.lock" "$work/bin/testreport" -follow <"$events" || lane_rc=1
 	done
 	return $lane_rc
@@ -151,6 +162,10 @@ wait "${background[0]}" || rc=1
 background=()
 t5=$((t3 + $(sort -n "$work/lanes.time" | tail -n 1)))
 cat "$work/events/"*.json >"$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json"
+# This run's seconds replace the recorded ones, package by package.
+mkdir -p "$(dirname "$times")"
+cat "$times" "$work/seconds" 2>/dev/null | awk '{ t[$1] = $2 } END { for (p in t) print p, t[p] }' | sort >"$times.new" &&
+	mv "$times.new" "$times"
 echo
 echo "=== go test of the packages without real parts (done $(cat "$work/parallel.time")s after the start of go test)"
 cat "$work/parallel.log"

@@ -27,12 +27,26 @@ import (
 // objectsPerKind is how many objects of each consumer-writable kind the
 // memory test stores: more than a consumer's quota allows, as if many
 // consumers had each stored their share.
-const objectsPerKind = 60
+const objectsPerKind = 30
 
-// 60 objects of each kind a consumer can write, each as large as the
+// keptPerObject bounds what the backend may keep of each such object:
+// the few fields its controllers read, not the hundreds of kilobytes a
+// consumer may store.
+const keptPerObject = 32 << 10
+
+// consumerKinds is how many kinds storeConsumerObjects makes.
+const consumerKinds = 5
+
+// liveHeapAllowance is the backend's live heap before it holds any
+// consumer's object, with room.
+const liveHeapAllowance = 32 << 20
+
+// 30 objects of each kind a consumer can write, each as large as the
 // schema admits and with 250 KB of annotations, leave the backend (all
-// controllers running) under the chart's memory limit: the caches keep
-// only what the controllers read.
+// controllers running) under the chart's memory limit, and its live heap
+// grows by what the controllers read, not by what the consumers stored:
+// the caches keep only that. Kept whole, the objects would take the live
+// heap well over the bound.
 func TestConsumerObjectsStayWithinMemoryLimit(t *testing.T) {
 	cp := controlplane.Get(t)
 	prepareCluster(t, cp)
@@ -74,6 +88,7 @@ func TestConsumerObjectsStayWithinMemoryLimit(t *testing.T) {
 	args := append(backendproc.BrowserArgs(t, port, base, idp, cp.AdminKubeconfigPath(), prettyName, namespacePrefix),
 		"--memory-limit", strconv.FormatInt(limit, 10))
 	args = append(args, backendproc.DiagnosticsArgs(t)...)
+	args = append(args, "--profiling")
 	proc := backendproc.StartBinary(t, backendproc.Binary, base, args, 2*time.Minute)
 	// The caches hold them all once the metric counts every request.
 	deadline := time.Now().Add(2 * time.Minute)
@@ -83,12 +98,17 @@ func TestConsumerObjectsStayWithinMemoryLimit(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	time.Sleep(3 * time.Second) // the other controllers' caches, and a GC cycle
+	time.Sleep(3 * time.Second) // the other controllers' caches
+	live := backendproc.LiveHeap(t, proc.Diagnostics)
 	rss, peak := procs.Memory(t, proc.PID)
-	t.Logf("backend memory with %d objects of each kind: VmRSS %.1f MiB, peak VmHWM %.1f MiB; chart limit %.0f MiB",
-		objectsPerKind, mib(rss), mib(peak), mib(limit))
+	t.Logf("backend memory with %d objects of each kind: live heap %.1f MiB, VmRSS %.1f MiB, peak VmHWM %.1f MiB; chart limit %.0f MiB",
+		objectsPerKind, mib(live), mib(rss), mib(peak), mib(limit))
 	if peak >= limit {
 		t.Errorf("peak VmHWM %.1f MiB reaches the chart's memory limit %.0f MiB", mib(peak), mib(limit))
+	}
+	if bound := int64(liveHeapAllowance + consumerKinds*objectsPerKind*keptPerObject); live > bound {
+		t.Errorf("live heap %.1f MiB with %d objects of each kind, over %.1f MiB: the caches keep what the consumers stored",
+			mib(live), objectsPerKind, mib(bound))
 	}
 }
 

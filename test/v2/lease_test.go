@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -169,24 +170,26 @@ func TestV2KonnectorLeaseMakesItsBindingHealthy(t *testing.T) {
 		t.Fatalf("the konnector's Lease has no duration or renewal: %+v", first.Spec)
 	}
 	// Renewed: the first renewals follow the Connection's own status
-	// changes; the period is the gap between later ones.
-	renewals := []time.Time{first.Spec.RenewTime.Time}
-	testutil.AwaitWithin(t, 4*time.Minute, time.Second, "the konnector to renew its Lease three times", func() (bool, error) {
-		l, err := leases.Get(ctx, leaseName, metav1.GetOptions{})
-		if err != nil {
-			return false, err
+	// changes; the period is the gap between later ones. They are
+	// watched for while B and C bind, and awaited before A stops.
+	renewed := make(chan []time.Time, 1)
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	t.Cleanup(func() { stopWatching(); watching.Wait() })
+	watching.Go(func() {
+		renewals := []time.Time{first.Spec.RenewTime.Time}
+		for len(renewals) < 4 && watchCtx.Err() == nil {
+			if l, err := leases.Get(watchCtx, leaseName, metav1.GetOptions{}); err == nil && l.Spec.RenewTime != nil &&
+				l.Spec.RenewTime.After(renewals[len(renewals)-1]) {
+				renewals = append(renewals, l.Spec.RenewTime.Time)
+			}
+			select {
+			case <-watchCtx.Done():
+			case <-time.After(time.Second):
+			}
 		}
-		if l.Spec.RenewTime != nil && l.Spec.RenewTime.After(renewals[len(renewals)-1]) {
-			renewals = append(renewals, l.Spec.RenewTime.Time)
-		}
-		return len(renewals) >= 4, nil
+		renewed <- renewals
 	})
-	var gaps []string
-	for i := 1; i < len(renewals); i++ {
-		gaps = append(gaps, renewals[i].Sub(renewals[i-1]).Round(100*time.Millisecond).String())
-	}
-	t.Logf("Lease %s/%s: leaseDurationSeconds %d, holder %s, renewals %s apart", binding.V2LeaseNamespace, leaseName,
-		*first.Spec.LeaseDurationSeconds, ptrString(first.Spec.HolderIdentity), strings.Join(gaps, ", "))
 
 	// B: a v0.8.2 consumer of the same provider, bound from the same
 	// cluster with the released CLI, its konnector running.
@@ -270,6 +273,22 @@ func TestV2KonnectorLeaseMakesItsBindingHealthy(t *testing.T) {
 	if c := healthOf(ctx, provider, nsC); c != nil && c["status"] == "True" {
 		t.Errorf("C's binding, whose konnector never ran, is healthy: %v", c)
 	}
+
+	var renewals []time.Time
+	select {
+	case renewals = <-renewed:
+	case <-time.After(4 * time.Minute):
+		t.Fatal("the konnector did not renew its Lease three times in 4 minutes")
+	}
+	if len(renewals) < 4 {
+		t.Fatalf("the konnector renewed its Lease at %v only", renewals)
+	}
+	var gaps []string
+	for i := 1; i < len(renewals); i++ {
+		gaps = append(gaps, renewals[i].Sub(renewals[i-1]).Round(100*time.Millisecond).String())
+	}
+	t.Logf("Lease %s/%s: leaseDurationSeconds %d, holder %s, renewals %s apart", binding.V2LeaseNamespace, leaseName,
+		*first.Spec.LeaseDurationSeconds, ptrString(first.Spec.HolderIdentity), strings.Join(gaps, ", "))
 
 	// A's konnector stops: HeartbeatMissing once the tolerance passed,
 	// while the v0.8.2 consumer stays healthy.

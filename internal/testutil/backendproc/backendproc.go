@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -233,4 +234,31 @@ func ChartMemoryLimit(t testing.TB) int64 {
 		t.Fatalf("chart memory limit %q: %v", v.Resources.Limits.Memory, err)
 	}
 	return q.Value()
+}
+
+// LiveHeap is the heap a backend started with --profiling holds after a
+// collection (runtime.MemStats.HeapAlloc, from its /debug/pprof/heap with
+// gc=1): what it keeps, without the collector's room that VmHWM adds.
+func LiveHeap(t testing.TB, diagnostics string) int64 {
+	t.Helper()
+	resp, err := http.Get(diagnostics + "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("heap profile: %d %v", resp.StatusCode, err)
+	}
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "# HeapAlloc = "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("heap profile: HeapAlloc %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("heap profile without HeapAlloc: %.200s", body)
+	return 0
 }
