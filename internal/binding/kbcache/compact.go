@@ -107,6 +107,15 @@ func (c *Compact[K]) Unstructured() (*unstructured.Unstructured, error) {
 	return u, nil
 }
 
+// DecodeBody decodes the fields besides the metadata into v (a struct of
+// the few a reader needs costs less than Unstructured).
+func (c *Compact[K]) DecodeBody(v any) error {
+	if len(c.Body) == 0 {
+		return nil
+	}
+	return json.Unmarshal(c.Body, v)
+}
+
 // DeepCopyObject copies the metadata and shares the body, which nobody
 // changes.
 func (c *Compact[K]) DeepCopyObject() runtime.Object {

@@ -74,3 +74,39 @@ func BenchmarkCachedSize(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkUnstructured is what a reader pays to get a cached
+// ClusterBinding as unstructured.
+func BenchmarkUnstructured(b *testing.B) {
+	c := &Compact[widget]{}
+	if err := c.UnmarshalJSON([]byte(sampleClusterBinding)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Unstructured(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDecodeBody is what a reader of two status fields pays per
+// cached ClusterBinding (the metrics read every one at every scrape).
+func BenchmarkDecodeBody(b *testing.B) {
+	c := &Compact[widget]{}
+	if err := c.UnmarshalJSON([]byte(sampleClusterBinding)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		var body struct {
+			Status struct {
+				LastHeartbeatTime any `json:"lastHeartbeatTime"`
+				HeartbeatInterval any `json:"heartbeatInterval"`
+			} `json:"status"`
+		}
+		if err := c.DecodeBody(&body); err != nil || body.Status.LastHeartbeatTime == nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -126,7 +126,7 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 		return 0, nil
 	}
 	now := r.cfg.Clock.Now()
-	hb, err := r.heartbeat(ctx, cb.Object, cb.GetNamespace(), now)
+	hb, err := r.heartbeat(ctx, heartbeatOf(cb.Object), cb.GetNamespace(), now)
 	if err != nil {
 		return 0, err
 	}
@@ -186,16 +186,20 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 // heartbeatOf reads the konnector's heartbeat fields; anything that does
 // not parse counts as absent.
 func heartbeatOf(obj map[string]any) Heartbeat {
+	last, _, _ := unstructured.NestedString(obj, "status", "lastHeartbeatTime")
+	interval, _, _ := unstructured.NestedString(obj, "status", "heartbeatInterval")
+	return heartbeatFrom(last, interval)
+}
+
+// heartbeatFrom reads a ClusterBinding's status.lastHeartbeatTime and
+// status.heartbeatInterval; what does not parse counts as absent.
+func heartbeatFrom(last, interval string) Heartbeat {
 	var hb Heartbeat
-	if s, ok, _ := unstructured.NestedString(obj, "status", "lastHeartbeatTime"); ok {
-		if t, err := time.Parse(time.RFC3339, s); err == nil {
-			hb.Last = t
-		}
+	if t, err := time.Parse(time.RFC3339, last); err == nil {
+		hb.Last = t
 	}
-	if s, ok, _ := unstructured.NestedString(obj, "status", "heartbeatInterval"); ok {
-		if d, err := time.ParseDuration(s); err == nil {
-			hb.Interval = d
-		}
+	if d, err := time.ParseDuration(interval); err == nil {
+		hb.Interval = d
 	}
 	return hb
 }

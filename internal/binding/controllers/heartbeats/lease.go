@@ -104,8 +104,7 @@ func (r *run) leaseHeartbeat(ctx context.Context, ns string, now time.Time) (Hea
 
 // heartbeat is the binding's newest heartbeat: the v0.8 konnector's on
 // the ClusterBinding, or a renewal of a v2 konnector's Lease.
-func (r *run) heartbeat(ctx context.Context, cb map[string]any, ns string, now time.Time) (Heartbeat, error) {
-	hb := heartbeatOf(cb)
+func (r *run) heartbeat(ctx context.Context, hb Heartbeat, ns string, now time.Time) (Heartbeat, error) {
 	lease, err := r.leaseHeartbeat(ctx, ns, now)
 	if err != nil {
 		return Heartbeat{}, err

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/kbprovider/backend/internal/binding/controllers/kbmanager"
 )
@@ -53,7 +52,8 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	var oldest float64
 	haveOldest := false
 	ctx := context.Background()
-	bindings, err := kbmanager.List(ctx, r.cache, kbmanager.ClusterBinding)
+	// Every object at every scrape: only the fields counted are decoded.
+	bindings, err := kbmanager.ListCached(ctx, r.cache, kbmanager.ClusterBinding)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(bindingsDesc, err)
 		return
@@ -62,7 +62,16 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 		if cb.GetDeletionTimestamp() != nil {
 			continue
 		}
-		hb, err := r.heartbeat(ctx, cb.Object, cb.GetNamespace(), now)
+		var body struct {
+			Status struct {
+				LastHeartbeatTime any `json:"lastHeartbeatTime"`
+				HeartbeatInterval any `json:"heartbeatInterval"`
+			} `json:"status"`
+		}
+		_ = cb.DecodeBody(&body) // the konnector writes the status: what does not decode counts as absent
+		last, _ := body.Status.LastHeartbeatTime.(string)
+		interval, _ := body.Status.HeartbeatInterval.(string)
+		hb, err := r.heartbeat(ctx, heartbeatFrom(last, interval), cb.GetNamespace(), now)
 		if err != nil {
 			ch <- prometheus.NewInvalidMetric(bindingsDesc, err)
 			return
@@ -93,13 +102,19 @@ func (col collector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range phases {
 		byPhase[p] = 0
 	}
-	requests, err := kbmanager.List(ctx, r.cache, kbmanager.ExportRequest)
+	requests, err := kbmanager.ListCached(ctx, r.cache, kbmanager.ExportRequest)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(requestsDesc, err)
 		return
 	}
 	for _, req := range requests {
-		phase, _, _ := unstructured.NestedString(req.Object, "status", "phase")
+		var body struct {
+			Status struct {
+				Phase any `json:"phase"`
+			} `json:"status"`
+		}
+		_ = req.DecodeBody(&body)
+		phase, _ := body.Status.Phase.(string)
 		if phase == "" {
 			phase = "Pending"
 		}

@@ -56,11 +56,17 @@ type cachedKind struct {
 	register func(*runtime.Scheme)
 	object   func() client.Object
 	list     func() client.ObjectList
-	items    func(client.ObjectList) []expandable
+	items    func(client.ObjectList) []CachedObject
 }
 
-type expandable interface {
+// CachedObject is a kube-bind object as the cache holds it.
+type CachedObject interface {
+	client.Object
+	// Unstructured is the whole object, a copy of the reader's own.
 	Unstructured() (*unstructured.Unstructured, error)
+	// DecodeBody decodes the fields besides the metadata into v: for a
+	// reader of a few fields of every object, cheaper than Unstructured.
+	DecodeBody(v any) error
 }
 
 func compactKind[K kbcache.Kind]() cachedKind {
@@ -68,9 +74,9 @@ func compactKind[K kbcache.Kind]() cachedKind {
 		register: kbcache.Register[K],
 		object:   func() client.Object { return &kbcache.Compact[K]{} },
 		list:     func() client.ObjectList { return &kbcache.CompactList[K]{} },
-		items: func(l client.ObjectList) []expandable {
+		items: func(l client.ObjectList) []CachedObject {
 			items := l.(*kbcache.CompactList[K]).Items
-			out := make([]expandable, len(items))
+			out := make([]CachedObject, len(items))
 			for i := range items {
 				out[i] = &items[i]
 			}
@@ -101,7 +107,7 @@ func Cached(gvk schema.GroupVersionKind) client.Object { return kindOf(gvk).obje
 
 // Expand is a cached kube-bind object as unstructured, a copy of its own.
 func Expand(o client.Object) (*unstructured.Unstructured, error) {
-	e, ok := o.(expandable)
+	e, ok := o.(CachedObject)
 	if !ok {
 		return nil, fmt.Errorf("kbmanager: %T is not a cached kube-bind object", o)
 	}
@@ -142,14 +148,23 @@ func Object(gvk schema.GroupVersionKind) *unstructured.Unstructured {
 	return u
 }
 
-// List lists the cached objects of gvk, sorted by name.
-func List(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, opts ...client.ListOption) ([]*unstructured.Unstructured, error) {
+// ListCached lists the cached objects of gvk as the cache holds them, in
+// no particular order.
+func ListCached(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, opts ...client.ListOption) ([]CachedObject, error) {
 	k := kindOf(gvk)
 	list := k.list()
 	if err := r.List(ctx, list, opts...); err != nil {
 		return nil, err
 	}
-	items := k.items(list)
+	return k.items(list), nil
+}
+
+// List lists the cached objects of gvk, sorted by name.
+func List(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, opts ...client.ListOption) ([]*unstructured.Unstructured, error) {
+	items, err := ListCached(ctx, r, gvk, opts...)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]*unstructured.Unstructured, len(items))
 	for i, item := range items {
 		u, err := item.Unstructured()
