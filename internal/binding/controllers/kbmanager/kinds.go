@@ -223,9 +223,11 @@ func byObject() map[client.Object]cache.ByObject {
 			Labels: []string{binding.LabelManagedBy, binding.LabelConsumerNamespace, LabelAPIServiceNamespace, binding.LabelRevoked},
 		})},
 		// The consumers' Roles and RoleBindings the backend made: compared
-		// with what they should be, written only when they differ.
-		&rbacv1.Role{}:        {Label: managed, Transform: kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}})},
-		&rbacv1.RoleBinding{}: {Label: managed, Transform: kbcache.Transform(kbcache.Options{Labels: []string{binding.LabelManagedBy}})},
+		// with what they should be, written only when they differ. The
+		// selector keeps their label true, so it is not kept (a map per
+		// object, at every consumer).
+		&rbacv1.Role{}:        {Label: managed, Transform: kbcache.Transform(kbcache.Options{})},
+		&rbacv1.RoleBinding{}: {Label: managed, Transform: kbcache.Transform(kbcache.Options{})},
 		// Provision labels every ClusterBinding it makes; the backend
 		// writes no other. The konnector writes the status (heartbeats,
 		// conditions), read whole.
