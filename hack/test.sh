@@ -75,7 +75,7 @@ slow_first=(test/replicas test/e2e test/scale internal/binding/controllers/crede
 mapfile -t cluster < <(
 	for p in "${with_parts[@]}"; do
 		rel=${p#"$module"/}
-		seconds=$(awk -v p="$rel" '$1 == p { print $2 }' "$times" 2>/dev/null)
+		seconds=$(awk -v p="$rel" '$1 == p { print $2 }' "$times" 2>/dev/null || true)
 		if [ -z "$seconds" ]; then
 			seconds=5000
 			for i in "${!slow_first[@]}"; do
@@ -85,6 +85,10 @@ mapfile -t cluster < <(
 		printf '%s %s\n' "$seconds" "$p"
 	done | sort -s -k1,1nr | cut -d' ' -f2
 )
+if [ "${#cluster[@]}" -ne "${#with_parts[@]}" ]; then
+	echo "hack/test.sh: the queue holds ${#cluster[@]} of the ${#with_parts[@]} packages with real parts" >&2
+	exit 1
+fi
 parallel=()
 for p in "${all[@]}"; do
 	if ! printf '%s\n' "${with_parts[@]}" | grep -qx "$p"; then parallel+=("$p"); fi
