@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,7 +49,7 @@ func TestCachedKindsReadBackAsWritten(t *testing.T) {
 		t.Fatal("cache did not sync")
 	}
 
-	req := Object(ExportRequest)
+	req := unstructuredOf(ExportRequest)
 	req.SetName("widgets")
 	req.SetAnnotations(map[string]string{"dropped": strings.Repeat("x", 4096)})
 	req.Object["spec"] = map[string]any{
@@ -92,9 +93,15 @@ func TestCachedKindsReadBackAsWritten(t *testing.T) {
 	if err != nil || again.Object["spec"].(map[string]any)["resources"] == nil {
 		t.Errorf("a reader's change reached the cache: %v %v", again, err)
 	}
-	if err := m.GetCache().Get(ctx, client.ObjectKey{Namespace: ns, Name: "widgets"}, Object(ExportRequest)); err == nil {
+	if err := m.GetCache().Get(ctx, client.ObjectKey{Namespace: ns, Name: "widgets"}, unstructuredOf(ExportRequest)); err == nil {
 		t.Error("an unstructured read was served: a second informer of the kind")
 	}
+}
+
+func unstructuredOf(gvk schema.GroupVersionKind) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	return u
 }
 
 // Every cached kind has its compact form and reads back as itself.

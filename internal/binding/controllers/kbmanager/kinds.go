@@ -140,14 +140,6 @@ const (
 // provider's schemas times the consumers.
 var DigestedSpec = []string{"versions"}
 
-// Object is an empty unstructured object of gvk, for writes (the cache
-// holds these kinds as Cached).
-func Object(gvk schema.GroupVersionKind) *unstructured.Unstructured {
-	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(gvk)
-	return u
-}
-
 // ListCached lists the cached objects of gvk as the cache holds them, in
 // no particular order.
 func ListCached(ctx context.Context, r client.Reader, gvk schema.GroupVersionKind, opts ...client.ListOption) ([]CachedObject, error) {
