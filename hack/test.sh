@@ -94,7 +94,8 @@ for p in "${all[@]}"; do
 	if ! printf '%s\n' "${with_parts[@]}" | grep -qx "$p"; then parallel+=("$p"); fi
 done
 lanes=${KUBE_BIND_TEST_CLUSTER_PACKAGES:-2}
-echo "go test: ${#cluster[@]} packages with real parts, $lanes at a time, $((lanes + 1)) once fuzzing is done; beside them ${#parallel[@]} without, then every fuzz target"
+lanes_after_fuzz=${KUBE_BIND_TEST_LANES_AFTER_FUZZ:-2}
+echo "go test: ${#cluster[@]} packages with real parts, $lanes at a time, $((lanes + lanes_after_fuzz)) once fuzzing is done; beside them ${#parallel[@]} without, then every fuzz target"
 
 # The packages with real parts run from a queue, in lanes: each lane
 # takes the next package when its last one is done (go test -json, one
@@ -126,9 +127,9 @@ backend_binaries=(KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TE
 # Beside the packages with real parts, which mostly wait for their
 # processes: the packages without (several at a time), then fuzzing (each
 # target still for FUZZTIME), whose output is shown once they are done;
-# then this becomes one more lane of packages with real parts: while the
-# parallel set and fuzzing run, they keep both cores busy, and after
-# them the lanes alone leave one idle.
+# then this becomes $lanes_after_fuzz more lanes of packages with real
+# parts: while the parallel set and fuzzing run, they keep both cores
+# busy, and after them two lanes alone use about half of them.
 # go test -json keeps each package's events (the per-package times of the
 # table) in the artefacts; testreport -follow prints the usual output.
 t3=$SECONDS
@@ -141,7 +142,12 @@ t3=$SECONDS
 	echo $((SECONDS - t3)) >"$work/fuzz.time"
 	while [ ! -e "$work/built" ]; do sleep 1; done
 	export "${backend_binaries[@]}"
-	cluster_lane || rc=1
+	after_fuzz=()
+	for _ in $(seq "$lanes_after_fuzz"); do
+		cluster_lane &
+		after_fuzz+=($!)
+	done
+	for pid in "${after_fuzz[@]}"; do wait "$pid" || rc=1; done
 	echo $((SECONDS - t3)) >>"$work/lanes.time"
 	exit $rc
 ) &
