@@ -174,8 +174,11 @@ t5=$((t3 + $(sort -n "$work/lanes.time" | tail -n 1)))
 cat "$work/events/"*.json >"$KUBE_BIND_TEST_ARTIFACTS/go-test-real-parts.json"
 # This run's seconds replace the recorded ones, package by package.
 mkdir -p "$(dirname "$times")"
-cat "$times" "$work/seconds" 2>/dev/null | awk '{ t[$1] = $2 } END { for (p in t) print p, t[p] }' | sort >"$times.new" &&
-	mv "$times.new" "$times"
+{
+	cat "$times" 2>/dev/null || true
+	cat "$work/seconds"
+} | awk '{ t[$1] = $2 } END { for (p in t) print p, t[p] }' | sort >"$times.new"
+mv "$times.new" "$times"
 echo
 echo "=== go test of the packages without real parts (done $(cat "$work/parallel.time")s after the start of go test)"
 cat "$work/parallel.log"
