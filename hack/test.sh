@@ -94,7 +94,7 @@ for p in "${all[@]}"; do
 	if ! printf '%s\n' "${with_parts[@]}" | grep -qx "$p"; then parallel+=("$p"); fi
 done
 lanes=${KUBE_BIND_TEST_CLUSTER_PACKAGES:-2}
-lanes_after_fuzz=${KUBE_BIND_TEST_LANES_AFTER_FUZZ:-2}
+lanes_after_fuzz=${KUBE_BIND_TEST_LANES_AFTER_FUZZ:-1}
 echo "go test: ${#cluster[@]} packages with real parts, $lanes at a time, $((lanes + lanes_after_fuzz)) once fuzzing is done; beside them ${#parallel[@]} without, then every fuzz target"
 
 # The packages with real parts run from a queue, in lanes: each lane
@@ -127,7 +127,7 @@ backend_binaries=(KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TE
 # Beside the packages with real parts, which mostly wait for their
 # processes: the packages without (several at a time), then fuzzing (each
 # target still for FUZZTIME), whose output is shown once they are done;
-# then this becomes $lanes_after_fuzz more lanes of packages with real
+# then this becomes $lanes_after_fuzz more lane(s) of packages with real
 # parts: while the parallel set and fuzzing run, they keep both cores
 # busy, and after them two lanes alone use about half of them.
 # go test -json keeps each package's events (the per-package times of the
