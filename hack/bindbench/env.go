@@ -147,7 +147,7 @@ func (e *env) start(ctx context.Context) error {
 	t = time.Now()
 	ictx, icancel := context.WithTimeout(ctx, time.Minute)
 	defer icancel()
-	if e.idp, err = oidcprovider.Run(ictx, idpOpts); err != nil {
+	if e.idp, err = oidcprovider.RunRetrying(ictx, idpOpts, nil); err != nil {
 		return fmt.Errorf("identity provider (needs `npm ci` in test/oidcprovider: hack/install-test-deps.sh): %w", err)
 	}
 	fmt.Printf("identity provider up at %s in %.1fs, %d users\n", e.idp.IssuerURL, time.Since(t).Seconds(), len(e.users))

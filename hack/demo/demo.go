@@ -119,13 +119,15 @@ func (d *demo) start(ctx context.Context) error {
 		return err
 	}
 	secret := procs.RandomKey(32)
-	d.idp, err = oidcprovider.Run(ctx, oidcprovider.Options{
+	d.idp, err = oidcprovider.RunRetrying(ctx, oidcprovider.Options{
 		Address:      o.oidcAddress,
 		ClientID:     "kube-bind-demo",
 		ClientSecret: secret,
 		RedirectURIs: []string{d.baseURL + "/callback"},
 		Users:        []oidcprovider.User{{Name: o.user, Password: o.password, Email: o.user + "@example.com", Groups: []string{"kube-bind-demo"}}},
 		Log:          d.idpLog,
+	}, func(attempt int, err error) {
+		d.step("OpenID Connect provider: start %d failed, starting it again: %v", attempt, err)
 	})
 	if err != nil {
 		return fmt.Errorf("OpenID Connect provider (log: %s): %w", d.path("oidc-provider.log"), err)

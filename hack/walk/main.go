@@ -171,7 +171,7 @@ func start(ctx context.Context) (*env, error) {
 	for _, r := range e.replicas {
 		redirects = append(redirects, r+"/callback")
 	}
-	e.idp, err = oidcprovider.Run(ctx, oidcprovider.Options{RedirectURIs: redirects, Users: []oidcprovider.User{oidcprovider.Alice}})
+	e.idp, err = oidcprovider.RunRetrying(ctx, oidcprovider.Options{RedirectURIs: redirects, Users: []oidcprovider.User{oidcprovider.Alice}}, nil)
 	if err != nil {
 		return e, err
 	}

@@ -62,10 +62,10 @@ func sharedServer(t *testing.T) (*httptest.Server, *oidcprovider.Provider) {
 		}))
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		shared.idp, shared.err = oidcprovider.Run(ctx, oidcprovider.Options{
+		shared.idp, shared.err = oidcprovider.RunRetrying(ctx, oidcprovider.Options{
 			RedirectURIs: []string{shared.srv.URL + "/callback"},
 			Users:        []oidcprovider.User{idpUser},
-		})
+		}, nil)
 	})
 	if shared.err != nil {
 		t.Fatalf("starting the identity provider: %v", shared.err)

@@ -73,6 +73,32 @@ func Dir() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "..", "test", "oidcprovider")
 }
 
+// A start gets attemptTimeout, and a failed one is made again once: now
+// and then Node.js prints its runtime warning and then nothing ("not
+// serving"), cause not found; the provider it runs is the same each
+// time, so a second start is worth its time.
+const (
+	attemptTimeout = 40 * time.Second
+	startAttempts  = 2
+)
+
+// RunRetrying is Run with each start bounded by attemptTimeout and a
+// failed one made again once; retried, if set, is told of each failed
+// attempt that is made again.
+func RunRetrying(ctx context.Context, opts Options, retried func(attempt int, err error)) (*Provider, error) {
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		p, err := Run(actx, opts)
+		cancel()
+		if err == nil || attempt == startAttempts || ctx.Err() != nil {
+			return p, err
+		}
+		if retried != nil {
+			retried(attempt, err)
+		}
+	}
+}
+
 // Run starts a provider; the caller must call Stop. It returns once discovery answers, or fails when Node.js or
 // the npm packages are missing, naming the script that installs them.
 func Run(ctx context.Context, opts Options) (_ *Provider, err error) {

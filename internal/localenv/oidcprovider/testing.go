@@ -2,18 +2,8 @@ package oidcprovider
 
 import (
 	"context"
-	"time"
 
 	"github.com/kbprovider/backend/internal/testutil/tb"
-)
-
-// A start gets attemptTimeout, and a failed one is made again once: in
-// two full CI runs out of many, Node.js printed its runtime warning and
-// then nothing for 60 s ("not serving"), cause not found; the provider
-// it runs is the same each time, so a second start is worth its time.
-const (
-	attemptTimeout = 40 * time.Second
-	startAttempts  = 2
 )
 
 // Start starts a provider for the test and stops it when the test ends. It
@@ -21,19 +11,9 @@ const (
 // missing, naming the script that installs them.
 func Start(t tb.TB, opts Options) *Provider {
 	t.Helper()
-	var (
-		p   *Provider
-		err error
-	)
-	for attempt := 1; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), attemptTimeout)
-		p, err = Run(ctx, opts)
-		cancel()
-		if err == nil || attempt == startAttempts {
-			break
-		}
+	p, err := RunRetrying(context.Background(), opts, func(attempt int, err error) {
 		t.Logf("oidcprovider: start %d failed, starting it again: %v", attempt, err)
-	}
+	})
 	if err != nil {
 		t.Fatalf("oidcprovider: %v", err)
 	}
