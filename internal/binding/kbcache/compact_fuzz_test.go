@@ -34,7 +34,7 @@ func FuzzCompact(f *testing.F) {
 		if err := again.UnmarshalJSON(out); err != nil {
 			t.Fatalf("cannot decode %q: %v", out, err)
 		}
-		if !bytes.Equal(again.Body, c.Body) && len(again.Body)+len(c.Body) > 0 {
+		if !bytes.Equal(again.Body, c.Body) {
 			t.Errorf("body %q read back as %q", c.Body, again.Body)
 		}
 		u2, err := again.Unstructured()
