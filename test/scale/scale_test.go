@@ -763,7 +763,7 @@ func pollEvery(n int) time.Duration { return max(time.Second, time.Duration(n)*t
 
 // settleBound: new leader, start to every request answered and every
 // credential reported.
-func settleBound(n int) time.Duration { return 90*time.Second + time.Duration(n)*60*time.Millisecond }
+func settleBound(n int) time.Duration { return 150*time.Second + time.Duration(n)*60*time.Millisecond }
 
 // catchUpBound: a new leader of a settled provider, election to its last
 // request.
