@@ -91,7 +91,37 @@ func (r *release) upgrade(t *testing.T, extra ...string) time.Duration {
 		r.dumpPods(t)
 		t.Fatal(err)
 	}
-	return time.Since(start)
+	took := time.Since(start)
+	r.awaitService(t)
+	return took
+}
+
+// awaitService waits until the Service answers at its cluster IP. helm
+// --wait waits for Ready pods; kube-proxy programs the Service's endpoints
+// a moment later, and until then it refuses the connection.
+func (r *release) awaitService(t *testing.T) {
+	t.Helper()
+	answer := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.ext+"/readyz", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err.Error()
+		}
+		_ = resp.Body.Close()
+		return resp.Status
+	}
+	var last string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if last = answer(); last == "200 OK" {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.dumpPods(t)
+			t.Fatalf("the Service at %s did not answer /readyz within a minute of the pods being Ready; last: %s", r.ext, last)
+		}
+	}
 }
 
 // dumpPods logs the release's pods and the end of their logs.
