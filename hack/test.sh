@@ -46,6 +46,13 @@ if [ $# -gt 0 ]; then
 fi
 mkdir -p "$KUBE_BIND_TEST_ARTIFACTS"
 
+# go test's own vet pass is a part of golangci-lint's govet, which the
+# lint gate above ran on every package and its tests; and the test
+# binaries need no DWARF (stack traces and race reports come from the
+# symbol table Go keeps anyway): linking without it takes a quarter less
+# CPU, for about a hundred links.
+test_flags=(-vet=off -ldflags=-w)
+
 work=$(mktemp -d)
 background=()
 cleanup() {
@@ -112,7 +119,7 @@ cluster_lane() {
 	while pkg=$(next_package) && [ -n "$pkg" ]; do
 		events="$work/events/$(printf '%s' "${pkg#"$module"/}" | tr '/.' '__').json"
 		started=$SECONDS
-		go test -race -timeout 40m -count=1 -json "$pkg" >"$events" 2>&1 || lane_rc=1
+		go test -race "${test_flags[@]}" -timeout 40m -count=1 -json "$pkg" >"$events" 2>&1 || lane_rc=1
 		echo "${pkg#"$module"/} $((SECONDS - started))" >>"$work/seconds"
 		flock "$work/print.lock" "$work/bin/testreport" -follow <"$events" || lane_rc=1
 	done
@@ -135,7 +142,7 @@ backend_binaries=(KUBE_BIND_TEST_BACKEND_BINARY="$work/bin/backend" KUBE_BIND_TE
 t3=$SECONDS
 (
 	rc=0
-	KUBE_BIND_TEST_PARALLEL_SET=1 go test -race -p 2 -timeout 20m -count=1 -json "${parallel[@]}" |
+	KUBE_BIND_TEST_PARALLEL_SET=1 go test -race "${test_flags[@]}" -p 2 -timeout 20m -count=1 -json "${parallel[@]}" |
 		"$work/bin/testreport" -follow -save "$KUBE_BIND_TEST_ARTIFACTS/go-test-parallel.json" >"$work/parallel.log" 2>&1 || rc=1
 	echo $((SECONDS - t3)) >"$work/parallel.time"
 	bash hack/fuzz.sh >"$work/fuzz.log" 2>&1 || rc=1

@@ -336,12 +336,13 @@ func testPollZeroInterval(t *testing.T, e *env) {
 // admitting sessions that expire later, rather than growing or refusing
 // them; the session expiring first is evicted, and neither its used nonce
 // nor a fresh one is admitted again. Enough sessions overfill every
-// replica's table of a ring.
+// replica's table of a ring, whose share of the hash ring can be well
+// under its fair one: 40 times the table's size.
 func testPolledSessionsBounded(t *testing.T, e *env) {
 	victim := e.id()
 	victimExp := e.expires()
 	noErr(t, "the victim's poll", e.store.AdmitPoll(e.ctx, victim, "used", victimExp, 0))
-	for i := range 8 * testLimits.MaxPolledSessions {
+	for i := range 40 * testLimits.MaxPolledSessions {
 		exp := victimExp.Add(time.Duration(i+1) * time.Second)
 		noErr(t, "poll of a new session", e.store.AdmitPoll(e.ctx, fmt.Sprint(e.id(), i), "n", exp, 0))
 	}
