@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -172,11 +173,16 @@ func (s *server) pollError(w http.ResponseWriter, status int, code, message stri
 // storeError answers a failed store call: the store's trouble, not the
 // client's, so 503 and the client polls again.
 func (s *server) storeError(w http.ResponseWriter, err error) {
-	if errors.Is(err, sessions.ErrUnavailable) {
+	switch {
+	case errors.Is(err, sessions.ErrUnavailable):
 		// The provider cluster is briefly unreachable: the session is
 		// not lost, the client polls again.
 		s.log.Warn("session store briefly unavailable", "error", err)
-	} else {
+	case errors.Is(err, context.Canceled):
+		// The client left, or the server is stopping: nobody waits
+		// for this answer and the store did nothing wrong.
+		s.log.Info("poll ended before the session store answered", "error", err)
+	default:
 		s.log.Error("session store failed", "error", err)
 	}
 	s.metrics.poll("unavailable")
@@ -189,9 +195,12 @@ func (s *server) storeError(w http.ResponseWriter, err error) {
 // mark on the provider cluster, or the first delivery's record): nothing
 // was handed out, so 503 and the client polls again.
 func (s *server) deliveryError(w http.ResponseWriter, sess lifecycle.Session, err error) {
-	if errors.Is(err, sessions.ErrUnavailable) {
+	switch {
+	case errors.Is(err, sessions.ErrUnavailable):
 		s.log.Warn("the delivery of a response could not be recorded; not handed out", "session", sess.ID, "error", err)
-	} else {
+	case errors.Is(err, context.Canceled):
+		s.log.Info("poll ended before its delivery was recorded; not handed out", "session", sess.ID, "error", err)
+	default:
 		s.log.Error("recording the delivery of a response failed; not handed out", "session", sess.ID, "error", err)
 	}
 	s.metrics.poll("unavailable")

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http/httptest"
@@ -106,5 +107,26 @@ func TestUnavailableDuringLongPoll(t *testing.T) {
 	e.handler.ServeHTTP(w, r)
 	if w.Code != 403 || !strings.Contains(w.Body.String(), "authorization_pending") || time.Since(start) > 10*time.Second {
 		t.Fatalf("long poll while Wait fails: %d after %s: %s", w.Code, time.Since(start), w.Body)
+	}
+}
+
+// A store call ended by the request's own cancellation (the client left,
+// or the server is stopping) is no failure of the store: a 503 that
+// nobody reads, and no ERROR an operator would chase.
+func TestCanceledStoreCallIsNoError(t *testing.T) {
+	for _, method := range []string{"AdmitPoll", "Outcome", "Deliver"} {
+		t.Run(method, func(t *testing.T) {
+			e, flaky := flakyEnv(t, method)
+			ps := e.createSession("")
+			e.complete(ps.SessionID, []byte(`{"kind":"BindingResponse"}`))
+			flaky.Down(fmt.Errorf("reading the session: %w", context.Canceled))
+			wantError(t, e.poll(ps), 503, "temporarily_unavailable")
+			if strings.Contains(e.logs.String(), `"level":"ERROR"`) {
+				t.Errorf("a canceled store call was logged as an error:\n%s", e.logs)
+			}
+			if got := e.stored(); got[1] != 0 {
+				t.Errorf("a canceled poll recorded a delivery: %v", got)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package browser
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -86,6 +87,11 @@ func (h *Handler) storeFailed(w http.ResponseWriter, err error) {
 		// Transient (the provider cluster briefly unreachable), not the
 		// end of the session: say so, and come back.
 		h.log.Warn("session store briefly unavailable", "error", err)
+		w.Header().Set("Retry-After", "5")
+		h.page(w, http.StatusServiceUnavailable, pageUnavailable, "")
+	case errors.Is(err, context.Canceled):
+		// The browser left, or the server is stopping.
+		h.log.Info("request ended before the session store answered", "error", err)
 		w.Header().Set("Retry-After", "5")
 		h.page(w, http.StatusServiceUnavailable, pageUnavailable, "")
 	default:

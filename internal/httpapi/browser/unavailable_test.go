@@ -1,6 +1,7 @@
 package browser
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +20,9 @@ import (
 // A session store that is briefly unavailable (the provider cluster
 // unreachable) is a 503 "try again" page with Retry-After, a warning in
 // the log: not the 410 "expired" page, not an error. A session that is
-// not pending any more is 409; any other failure is an internal error
-// the operator must see.
+// not pending any more is 409; a call the request's end canceled is
+// logged below ERROR; any other failure is an internal error the
+// operator must see.
 func TestStoreUnavailablePage(t *testing.T) {
 	logs := &procs.Buffer{}
 	h := &Handler{log: slog.New(slog.NewJSONHandler(logs, nil))}
@@ -37,6 +39,16 @@ func TestStoreUnavailablePage(t *testing.T) {
 	h.storeFailed(w, sessions.ErrNotPending)
 	if w.Code != 409 || !strings.Contains(w.Body.String(), "Already bound") {
 		t.Fatalf("session not pending: %d, want 409:\n%s", w.Code, w.Body)
+	}
+
+	// The browser left (or the server stops) while the store worked:
+	// nothing for an operator.
+	logs = &procs.Buffer{}
+	h.log = slog.New(slog.NewJSONHandler(logs, nil))
+	w = httptest.NewRecorder()
+	h.storeFailed(w, fmt.Errorf("reading the session: %w", context.Canceled))
+	if w.Code != 503 || strings.Contains(logs.String(), `"level":"ERROR"`) {
+		t.Fatalf("canceled store call: %d, logged as:\n%s", w.Code, logs)
 	}
 
 	logs = &procs.Buffer{}
