@@ -17,8 +17,8 @@
 # the package's folder, with go test's fuzz cache. Building once instead of
 # once per target saves a link of a large binary per target; linking
 # without DWARF (-ldflags=-w, which a crash's stack trace does not need)
-# saves a quarter of each link, and vet (-vet=off) is go test's and the
-# lint gate's job, not fuzzing's. BUILD(s) in
+# makes each link cheaper, and vet (-vet=off) is go test's and the lint
+# gate's job, not fuzzing's. BUILD(s) in
 # the table is the build of the target's package (shown on its first
 # target), which overlaps with fuzzing the package before.
 set -euo pipefail

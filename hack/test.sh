@@ -49,8 +49,8 @@ mkdir -p "$KUBE_BIND_TEST_ARTIFACTS"
 # go test's own vet pass is a part of golangci-lint's govet, which the
 # lint gate above ran on every package and its tests; and the test
 # binaries need no DWARF (stack traces and race reports come from the
-# symbol table Go keeps anyway): linking without it takes a quarter less
-# CPU, for about a hundred links.
+# symbol table Go keeps anyway), and linking without it takes less CPU,
+# for about a hundred links.
 test_flags=(-vet=off -ldflags=-w)
 
 work=$(mktemp -d)
