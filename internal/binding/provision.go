@@ -149,6 +149,23 @@ func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner
 	return &Provisioner{cfg: cfg, catalog: catalog, client: client, dynamic: dyn, endpoint: ep}, nil
 }
 
+// WithClientsOf returns a Provisioner that does the same work through
+// clients of rc, a configuration of the same cluster and user with
+// another request budget: the provider-side controllers' writes (grants,
+// rotations, unbinds) then do not spend the budget of users' binds, nor
+// theirs.
+func (p *Provisioner) WithClientsOf(rc *rest.Config) (*Provisioner, error) {
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating dynamic client: %w", err)
+	}
+	return &Provisioner{cfg: p.cfg, catalog: p.catalog, client: client, dynamic: dyn, endpoint: p.endpoint}, nil
+}
+
 // Namespace is the provider namespace of an identity (whether or not it
 // exists), for logs and for operators.
 func (p *Provisioner) Namespace(c Consumer, clusterID string) string {
@@ -176,7 +193,7 @@ type Result struct {
 // caller renders for its protocol generation.
 // It is idempotent but for the token: a returning consumer gets the same
 // namespace and service account and a new token (the one it replaces is
-// retired, see IssueToken). A failure midway leaves objects that the next attempt
+// retired, see RotateToken). A failure midway leaves objects that the next attempt
 // reuses and completes; the result is returned only when all exist.
 func (p *Provisioner) Provision(ctx context.Context, c Consumer, clusterID string, resources []Resource) (*Result, error) {
 	if err := validateIdentity(c, clusterID); err != nil {

@@ -59,7 +59,8 @@ const (
 	MinTokenLifetime     = 10 * time.Minute
 )
 
-// IssuedToken describes a token IssueToken wrote into the kubeconfig Secret.
+// IssuedToken describes a token written into the kubeconfig Secret (by a
+// bind or RotateToken).
 type IssuedToken struct {
 	Kubeconfig []byte
 	// Secret is the per-token Secret the token is bound to.
@@ -67,24 +68,25 @@ type IssuedToken struct {
 	IssuedAt, ExpiresAt time.Time
 }
 
-// IssueToken issues a new token for the consumer service account of
-// provider namespace ns (which Provision made), writes a kubeconfig with
-// it into the kubeconfig Secret, and marks the token it replaces as
-// retired. issuedBy is IssuedByBind or IssuedByRotation. The replaced
-// token stays valid: revoking it once the konnector has switched is the
-// job of internal/binding/controllers/credentials.
-func (p *Provisioner) IssueToken(ctx context.Context, ns, issuedBy string) (IssuedToken, error) {
-	return p.issueToken(ctx, ns, issuedBy, true)
+// RotateToken issues a new token (IssuedByRotation) for the consumer
+// service account of provider namespace ns (which Provision made), writes
+// a kubeconfig with it into the kubeconfig Secret, and marks the token it
+// replaces as retired. kubeconfig is the kubeconfig Secret as the caller
+// has just read it (nil: there is none): the token it names is the one
+// retired, and RotateToken does not read it again. The replaced token stays valid: revoking it once the
+// konnector has switched is the job of
+// internal/binding/controllers/credentials.
+func (p *Provisioner) RotateToken(ctx context.Context, ns string, kubeconfig *corev1.Secret) (IssuedToken, error) {
+	return p.writeToken(ctx, ns, IssuedByRotation, kubeconfig)
 }
 
-// issueToken is IssueToken; without replacing, ns was made by this bind
-// and holds no kubeconfig Secret to read and no token to retire.
+// issueToken is the token of a bind; without replacing, ns was made by
+// this bind and holds no kubeconfig Secret to read and no token to retire.
 func (p *Provisioner) issueToken(ctx context.Context, ns, issuedBy string, replacing bool) (IssuedToken, error) {
-	secrets := p.client.CoreV1().Secrets(ns)
 	var previous *corev1.Secret
 	if replacing {
 		var err error
-		previous, err = secrets.Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
+		previous, err = p.client.CoreV1().Secrets(ns).Get(ctx, KubeconfigSecretName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			previous, err = nil, nil
 		}
@@ -92,6 +94,14 @@ func (p *Provisioner) issueToken(ctx context.Context, ns, issuedBy string, repla
 			return IssuedToken{}, fmt.Errorf("reading the kubeconfig Secret: %w", err)
 		}
 	}
+	return p.writeToken(ctx, ns, issuedBy, previous)
+}
+
+// writeToken issues a token marked issuedBy, writes its kubeconfig over
+// previous (the kubeconfig Secret as read, or nil) and retires the token
+// previous named.
+func (p *Provisioner) writeToken(ctx context.Context, ns, issuedBy string, previous *corev1.Secret) (IssuedToken, error) {
+	secrets := p.client.CoreV1().Secrets(ns)
 	now := p.now().UTC()
 	bound, err := secrets.Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{

@@ -95,11 +95,17 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	rc = kbmanager.Budgeted(rc)
+	// The controllers' writes through the provisioner (grants, rotations,
+	// unbinds) spend the controllers' budget, not the one of users' binds.
+	prov, err := cfg.Provisioner.WithClientsOf(rc)
+	if err != nil {
+		return nil, err
+	}
 	logFor := func(component string) *slog.Logger { return cfg.Logger.With("component", component) }
 	exportsLog := logFor("exports")
 	exportsCfg := exportrequests.Config{
 		Catalog:         cfg.Catalog,
-		GrantBackend:    cfg.Provisioner.GrantBackend,
+		GrantBackend:    prov.GrantBackend,
 		NamespacePrefix: cfg.NamespacePrefix,
 		Logger:          exportsLog,
 	}
@@ -124,7 +130,7 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	cleanupLog := logFor("cleanup")
 	gc := cfg.Options.GC
 	clean, err := cleanup.New(cleanup.Config{
-		Unbinder: cfg.Provisioner, GCAfter: gc.UnusedBindingAfter, DryRun: gc.DryRun, Metrics: cfg.Metrics, Logger: cleanupLog,
+		Unbinder: prov, GCAfter: gc.UnusedBindingAfter, DryRun: gc.DryRun, Metrics: cfg.Metrics, Logger: cleanupLog,
 	})
 	if err != nil {
 		return nil, err
@@ -132,7 +138,7 @@ func New(rc *rest.Config, cfg Config) (*Controllers, error) {
 	credLog := logFor("credentials")
 	creds, err := credentials.New(credentials.Config{
 		Policy:          cfg.Options.Credentials,
-		Issuer:          cfg.Provisioner,
+		Issuer:          prov,
 		NamespacePrefix: cfg.NamespacePrefix,
 		Allowed:         cfg.Allowed,
 		Logger:          credLog,

@@ -28,10 +28,11 @@ import (
 	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
-// Issuer issues a new token into a provider namespace (implemented by
-// *binding.Provisioner).
+// Issuer replaces the token of a provider namespace (implemented by
+// *binding.Provisioner): kubeconfig is the kubeconfig Secret as the
+// controller's look has just read it.
 type Issuer interface {
-	IssueToken(ctx context.Context, ns, issuedBy string) (binding.IssuedToken, error)
+	RotateToken(ctx context.Context, ns string, kubeconfig *corev1.Secret) (binding.IssuedToken, error)
 }
 
 // Config configures the controller.
@@ -164,10 +165,12 @@ func (c *Controller) isNoNews(old, cb client.Object) bool {
 
 // workers is how many namespaces are looked at at once. Every konnector
 // heartbeat that can change the decision wakes its namespace, and a look
-// lists its Secrets: at 10,000 consumers one worker falls behind,
-// delaying rotations and revocations. The work per namespace is
-// independent; the request budget is the limit.
-const workers = 4
+// lists its Secrets; a rotation's look makes five requests one after
+// another (list, token Secret, TokenRequest, kubeconfig, retire), about
+// half a second on a busy API server. With fewer workers, rotating
+// thousands of credentials waits on those round trips instead of on the
+// shared request budget (kbmanager.QPS), which is the limit.
+const workers = 16
 
 // reconcile observes one namespace, decides and acts; it returns when to
 // look again.
@@ -185,7 +188,7 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 			return wait, nil
 		}
 	}
-	state, err := r.Observe(ctx, ns, cb)
+	state, kubeconfig, err := r.Observe(ctx, ns, cb)
 	if err != nil {
 		r.quiet.Delete(ns)
 		return 0, err
@@ -195,7 +198,7 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 	// A look that acts looks again at once; until then heartbeats count.
 	quiet := !HeartbeatMatters(state) && !d.Rotate && len(d.MarkRetired) == 0 && len(d.Revoke) == 0
 	r.quiet.Store(ns, quiet)
-	if err := r.act(ctx, ns, cb, d, now); err != nil {
+	if err := r.act(ctx, ns, cb, kubeconfig, d, now); err != nil {
 		return 0, err
 	}
 	if quiet && !d.RecordBoundAt && d.Condition != nil {
@@ -208,8 +211,9 @@ func (r *run) reconcile(ctx context.Context, req reconcile.Request) (time.Durati
 
 // Observe reads the state of provider namespace ns: the kubeconfig
 // Secret's current token, the other token Secrets, and the heartbeat of
-// the ClusterBinding cb.
-func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructured) (State, error) {
+// the ClusterBinding cb. It returns the kubeconfig Secret as read too
+// (nil: none), which a rotation replaces.
+func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructured) (State, *corev1.Secret, error) {
 	var s State
 	if hb, _, _ := unstructured.NestedString(cb.Object, "status", "lastHeartbeatTime"); hb != "" {
 		s.LastHeartbeat, _ = time.Parse(time.RFC3339, hb)
@@ -223,7 +227,7 @@ func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructu
 	// consumer creates no Secrets.
 	all, err := r.kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return s, err
+		return s, nil, err
 	}
 	var kc, legacy *corev1.Secret
 	var tokens []*corev1.Secret
@@ -239,7 +243,7 @@ func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructu
 		}
 	}
 	if kc == nil {
-		return s, nil
+		return s, nil, nil
 	}
 
 	currentName := kc.Annotations[binding.AnnotationTokenSecret]
@@ -265,7 +269,7 @@ func (r *run) Observe(ctx context.Context, ns string, cb *unstructured.Unstructu
 		s.Retired = append(s.Retired, t)
 	}
 	s.Current = &cur
-	return s, nil
+	return s, kc, nil
 }
 
 // allowed says whether the allow-list admits the user who bound, as
@@ -300,8 +304,9 @@ func parseTime(s string) time.Time {
 	return t
 }
 
-// act carries a decision out.
-func (r *run) act(ctx context.Context, ns string, cb *unstructured.Unstructured, d Decision, now time.Time) error {
+// act carries a decision out; kubeconfig is the kubeconfig Secret as the
+// look read it.
+func (r *run) act(ctx context.Context, ns string, cb *unstructured.Unstructured, kubeconfig *corev1.Secret, d Decision, now time.Time) error {
 	secrets := r.kube.CoreV1().Secrets(ns)
 	for _, name := range d.MarkRetired {
 		err := binding.MarkRetired(ctx, secrets, name, map[string]string{binding.AnnotationRetiredAt: now.UTC().Format(time.RFC3339)})
@@ -327,7 +332,7 @@ func (r *run) act(ctx context.Context, ns string, cb *unstructured.Unstructured,
 		}
 	}
 	if d.Rotate {
-		t, err := r.cfg.Issuer.IssueToken(ctx, ns, binding.IssuedByRotation)
+		t, err := r.cfg.Issuer.RotateToken(ctx, ns, kubeconfig)
 		if err != nil {
 			return fmt.Errorf("rotating the token of %s: %w", ns, err)
 		}

@@ -2,10 +2,14 @@ package credentials_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/kbprovider/backend/internal/apirequests"
@@ -15,6 +19,7 @@ import (
 	"github.com/kbprovider/backend/internal/localenv/controlplane"
 	"github.com/kbprovider/backend/internal/localenv/exampleapis"
 	"github.com/kbprovider/backend/internal/testutil/backendcluster"
+	"github.com/kbprovider/backend/pkg/apis/kbresources"
 )
 
 // A look at a consumer namespace reads its Secrets with one list, and the
@@ -90,6 +95,102 @@ func TestBindCostsOneSecretRead(t *testing.T) {
 		ofConsumer := k.Resource != "" && k.Resource != "leases" // not discovery or leader election
 		if v > 0 && ofConsumer && (k.Resource == "secrets" || (k.Verb != "list" && k.Verb != "watch")) {
 			t.Errorf("the next term of a settled consumer: %d %s %s, want none (all: %v)", v, k.Verb, k.Resource, got)
+		}
+	}
+}
+
+// A rotation costs the list of the look that decides it and the four
+// writes that carry it out (the token's Secret, the TokenRequest, the
+// kubeconfig Secret, the replaced token marked retired), all on the
+// controllers' own request budget; the kubeconfig Secret the look listed
+// is not read again. Then the look a second later lists and reports the
+// new token's expiry in the condition, and the look that change wakes
+// lists and writes nothing.
+func TestRotationCostsThreeListsAndFiveWrites(t *testing.T) {
+	const ownPrefix = "kbw-" // no other test's namespaces
+	ctx := context.Background()
+	provider := controlplane.Get(t)
+	backend := backendcluster.Backend(t, provider, backendUser, exampleapis.MangoDB)
+	catalog := backendcluster.Catalog(t, backend, exampleapis.MangoDB)
+	binds, err := binding.NewProvisioner(backend, catalog, binding.Config{NamespacePrefix: ownPrefix, ProviderPrettyName: "Requests Test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := rest.CopyConfig(backend)
+	counter := apirequests.New("test", "the controller's requests")
+	counted.Wrap(counter.Wrap)
+	rotations, err := binds.WithClientsOf(counted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrl, err := credentials.New(credentials.Config{
+		Policy:          credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: time.Minute},
+		Issuer:          rotations,
+		NamespacePrefix: ownPrefix,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
+		kbmanager.Run(ctx, counted, kbmanager.Options{}, ctrl.Setup)
+		return nil
+	})
+
+	consumer := binding.Consumer{Issuer: "https://idp.example.com", Subject: "rotated"}
+	if _, err := binds.Provision(ctx, consumer, "cluster1", []binding.Resource{{Group: "mangodb.com", Resource: "mangodbs"}}); err != nil {
+		t.Fatal(err)
+	}
+	ns := binds.Namespace(consumer, "cluster1")
+	admin := kubernetes.NewForConfigOrDie(provider.AdminConfig())
+	dyn := dynamic.NewForConfigOrDie(provider.AdminConfig())
+	poll(t, "the credentials are reported valid", 30*time.Second, func(ctx context.Context) (bool, error) {
+		c := credentialsCondition(ctx, t, dyn, ns)
+		return c != nil && c["status"] == "True", nil
+	})
+	time.Sleep(2 * time.Second) // the bind's looks are over
+	before := counter.Counts()
+
+	kc, err := admin.CoreV1().Secrets(ns).Get(ctx, binding.KubeconfigSecretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := kc.Annotations[binding.AnnotationTokenSecret]
+	rotateAt := time.Now().UTC().Truncate(time.Second).Add(time.Second) // after the token's issue, second-exact
+	time.Sleep(time.Until(rotateAt))
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, credentials.AnnotationRotate, rotateAt.Format(time.RFC3339))
+	if _, err := dyn.Resource(kbresources.ClusterBindings).Namespace(ns).Patch(ctx, binding.ClusterBindingName, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the controller rotated the token", 30*time.Second, func(ctx context.Context) (bool, error) {
+		kc, err := admin.CoreV1().Secrets(ns).Get(ctx, binding.KubeconfigSecretName, metav1.GetOptions{})
+		return err == nil && kc.Annotations[binding.AnnotationTokenSecret] != old, nil
+	})
+	retired, err := admin.CoreV1().Secrets(ns).Get(ctx, old, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the replaced token's Secret: %v", err)
+	}
+	if retired.Annotations[binding.AnnotationRetiredAt] == "" {
+		t.Errorf("the replaced token's Secret %s is not marked retired: %v", old, retired.Annotations)
+	}
+	time.Sleep(3 * time.Second) // the look a second after the rotation
+	after := counter.Counts()
+	spent := map[apirequests.Key]int64{}
+	for k, v := range after {
+		if d := v - before[k]; d != 0 && k.Resource != "leases" {
+			spent[k] = d
+		}
+	}
+	for k, want := range map[apirequests.Key]int64{
+		{Verb: "list", Resource: "secrets"}:                 3,
+		{Verb: "get", Resource: "secrets"}:                  0,
+		{Verb: "create", Resource: "secrets"}:               1,
+		{Verb: "create", Resource: "serviceaccounts/token"}: 1,
+		{Verb: "apply", Resource: "secrets"}:                1,
+		{Verb: "patch", Resource: "secrets"}:                1,
+		{Verb: "apply", Resource: "clusterbindings/status"}: 1,
+	} {
+		if spent[k] != want {
+			t.Errorf("a rotation: %d %s %s, want %d (all: %v)", spent[k], k.Verb, k.Resource, want, spent)
 		}
 	}
 }
