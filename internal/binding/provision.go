@@ -138,15 +138,7 @@ func NewProvisioner(rc *rest.Config, catalog *Catalog, cfg Config) (*Provisioner
 	if err != nil {
 		return nil, err
 	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("creating client: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("creating dynamic client: %w", err)
-	}
-	return &Provisioner{cfg: cfg, catalog: catalog, client: client, dynamic: dyn, endpoint: ep}, nil
+	return (&Provisioner{cfg: cfg, catalog: catalog, endpoint: ep}).WithClientsOf(rc)
 }
 
 // WithClientsOf returns a Provisioner that does the same work through
@@ -163,7 +155,7 @@ func (p *Provisioner) WithClientsOf(rc *rest.Config) (*Provisioner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating dynamic client: %w", err)
 	}
-	return &Provisioner{cfg: p.cfg, catalog: p.catalog, client: client, dynamic: dyn, endpoint: p.endpoint}, nil
+	return &Provisioner{cfg: p.cfg, catalog: p.catalog, endpoint: p.endpoint, client: client, dynamic: dyn}, nil
 }
 
 // Namespace is the provider namespace of an identity (whether or not it

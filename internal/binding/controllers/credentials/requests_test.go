@@ -28,26 +28,9 @@ import (
 // two writes. The next leadership term trusts the record: no read, no
 // write.
 func TestBindCostsOneSecretRead(t *testing.T) {
-	const ownPrefix = "kbq-" // no other test's namespaces
 	ctx := context.Background()
-	provider := controlplane.Get(t)
-	backend := backendcluster.Backend(t, provider, backendUser, exampleapis.MangoDB)
-	catalog := backendcluster.Catalog(t, backend, exampleapis.MangoDB)
-	provisioner, err := binding.NewProvisioner(backend, catalog, binding.Config{NamespacePrefix: ownPrefix, ProviderPrettyName: "Requests Test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	counted := rest.CopyConfig(backend)
-	counter := apirequests.New("test", "the controller's requests")
-	counted.Wrap(counter.Wrap)
-	ctrl, err := credentials.New(credentials.Config{
-		Policy:          credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: time.Minute},
-		Issuer:          provisioner,
-		NamespacePrefix: ownPrefix,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newCounted(t, "kbq-")
+	provider, backend, provisioner, counted, counter, ctrl := e.provider, e.backend, e.binds, e.config, e.counter, e.ctrl
 	stop := backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
 		kbmanager.Run(ctx, counted, kbmanager.Options{}, ctrl.Setup)
 		return nil
@@ -107,30 +90,9 @@ func TestBindCostsOneSecretRead(t *testing.T) {
 // new token's expiry in the condition, and the look that change wakes
 // lists and writes nothing.
 func TestRotationCostsThreeListsAndFiveWrites(t *testing.T) {
-	const ownPrefix = "kbw-" // no other test's namespaces
 	ctx := context.Background()
-	provider := controlplane.Get(t)
-	backend := backendcluster.Backend(t, provider, backendUser, exampleapis.MangoDB)
-	catalog := backendcluster.Catalog(t, backend, exampleapis.MangoDB)
-	binds, err := binding.NewProvisioner(backend, catalog, binding.Config{NamespacePrefix: ownPrefix, ProviderPrettyName: "Requests Test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	counted := rest.CopyConfig(backend)
-	counter := apirequests.New("test", "the controller's requests")
-	counted.Wrap(counter.Wrap)
-	rotations, err := binds.WithClientsOf(counted)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctrl, err := credentials.New(credentials.Config{
-		Policy:          credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: time.Minute},
-		Issuer:          rotations,
-		NamespacePrefix: ownPrefix,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newCounted(t, "kbw-")
+	provider, binds, counted, counter, ctrl := e.provider, e.binds, e.config, e.counter, e.ctrl
 	backendcluster.Run(t, "the credentials controller", func(ctx context.Context) error {
 		kbmanager.Run(ctx, counted, kbmanager.Options{}, ctrl.Setup)
 		return nil
@@ -193,4 +155,46 @@ func TestRotationCostsThreeListsAndFiveWrites(t *testing.T) {
 			t.Errorf("a rotation: %d %s %s, want %d (all: %v)", spent[k], k.Verb, k.Resource, want, spent)
 		}
 	}
+}
+
+// countedEnv is a credentials controller whose requests, its rotations'
+// included, are counted, and a provisioner for binds.
+type countedEnv struct {
+	provider *controlplane.ControlPlane
+	backend  *rest.Config
+	// binds provisions consumers, uncounted; config is the counted
+	// configuration the controller runs with.
+	binds   *binding.Provisioner
+	config  *rest.Config
+	counter *apirequests.Counter
+	ctrl    *credentials.Controller
+}
+
+// newCounted builds it for the namespaces of ownPrefix (no other test's).
+func newCounted(t *testing.T, ownPrefix string) countedEnv {
+	t.Helper()
+	e := countedEnv{provider: controlplane.Get(t)}
+	e.backend = backendcluster.Backend(t, e.provider, backendUser, exampleapis.MangoDB)
+	catalog := backendcluster.Catalog(t, e.backend, exampleapis.MangoDB)
+	var err error
+	e.binds, err = binding.NewProvisioner(e.backend, catalog, binding.Config{NamespacePrefix: ownPrefix, ProviderPrettyName: "Requests Test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.config = rest.CopyConfig(e.backend)
+	e.counter = apirequests.New("test", "the controller's requests")
+	e.config.Wrap(e.counter.Wrap)
+	rotations, err := e.binds.WithClientsOf(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ctrl, err = credentials.New(credentials.Config{
+		Policy:          credentials.Policy{Lifetime: binding.MinTokenLifetime, RotationPoint: 0.8, Overlap: time.Minute},
+		Issuer:          rotations,
+		NamespacePrefix: ownPrefix,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
