@@ -172,10 +172,12 @@ func accessLogLevel(route string, status int) slog.Level {
 }
 
 // Poll outcomes, the values of the outcome label of polls_total: the error
-// codes of §4 plus "completed" and "unavailable" (store failure).
+// codes of a poll (docs/protocol.md) plus "completed", "unavailable"
+// (store failure) and "canceled" (the poll ended, its client gone or the
+// server stopping, before the store answered: no failure to alert on).
 var pollOutcomes = []string{
 	"completed", "authorization_pending", "access_denied", "slow_down",
-	"invalid_signature", "expired_token", "invalid_request", "request_too_large", "unavailable",
+	"invalid_signature", "expired_token", "invalid_request", "request_too_large", "unavailable", "canceled",
 }
 
 type metrics struct {

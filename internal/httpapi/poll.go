@@ -173,6 +173,7 @@ func (s *server) pollError(w http.ResponseWriter, status int, code, message stri
 // storeError answers a failed store call: the store's trouble, not the
 // client's, so 503 and the client polls again.
 func (s *server) storeError(w http.ResponseWriter, err error) {
+	outcome := "unavailable"
 	switch {
 	case errors.Is(err, sessions.ErrUnavailable):
 		// The provider cluster is briefly unreachable: the session is
@@ -182,10 +183,11 @@ func (s *server) storeError(w http.ResponseWriter, err error) {
 		// The client left, or the server is stopping: nobody waits
 		// for this answer and the store did nothing wrong.
 		s.log.Info("poll ended before the session store answered", "error", err)
+		outcome = "canceled"
 	default:
 		s.log.Error("session store failed", "error", err)
 	}
-	s.metrics.poll("unavailable")
+	s.metrics.poll(outcome)
 	respond.RetryAfter(w.Header(), 5)
 	respond.Error(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
 		"the session store is unavailable; try again shortly")
@@ -195,15 +197,17 @@ func (s *server) storeError(w http.ResponseWriter, err error) {
 // mark on the provider cluster, or the first delivery's record): nothing
 // was handed out, so 503 and the client polls again.
 func (s *server) deliveryError(w http.ResponseWriter, sess lifecycle.Session, err error) {
+	outcome := "unavailable"
 	switch {
 	case errors.Is(err, sessions.ErrUnavailable):
 		s.log.Warn("the delivery of a response could not be recorded; not handed out", "session", sess.ID, "error", err)
 	case errors.Is(err, context.Canceled):
 		s.log.Info("poll ended before its delivery was recorded; not handed out", "session", sess.ID, "error", err)
+		outcome = "canceled"
 	default:
 		s.log.Error("recording the delivery of a response failed; not handed out", "session", sess.ID, "error", err)
 	}
-	s.metrics.poll("unavailable")
+	s.metrics.poll(outcome)
 	respond.RetryAfter(w.Header(), 5)
 	respond.Error(w, http.StatusServiceUnavailable, v1alpha1.ErrorTemporarilyUnavailable,
 		"the delivery of the binding response could not be recorded; try again shortly")

@@ -127,6 +127,8 @@ func TestCanceledStoreCallIsNoError(t *testing.T) {
 			if got := e.stored(); got[1] != 0 {
 				t.Errorf("a canceled poll recorded a delivery: %v", got)
 			}
+			e.wantMetrics(`kube_bind_backend_polls_total{outcome="canceled"} 1`,
+				`kube_bind_backend_polls_total{outcome="unavailable"} 0`)
 		})
 	}
 }
