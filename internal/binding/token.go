@@ -73,8 +73,8 @@ type IssuedToken struct {
 // a kubeconfig with it into the kubeconfig Secret, and marks the token it
 // replaces as retired. kubeconfig is the kubeconfig Secret as the caller
 // has just read it (nil: there is none): the token it names is the one
-// retired, and RotateToken does not read it again. The replaced token stays valid: revoking it once the
-// konnector has switched is the job of
+// retired, and RotateToken does not read it again. The replaced token
+// stays valid: revoking it once the konnector has switched is the job of
 // internal/binding/controllers/credentials.
 func (p *Provisioner) RotateToken(ctx context.Context, ns string, kubeconfig *corev1.Secret) (IssuedToken, error) {
 	return p.writeToken(ctx, ns, IssuedByRotation, kubeconfig)

@@ -109,7 +109,11 @@ func TestRotationCostsThreeListsAndFiveWrites(t *testing.T) {
 		c := credentialsCondition(ctx, t, dyn, ns)
 		return c != nil && c["status"] == "True", nil
 	})
-	time.Sleep(2 * time.Second) // the bind's looks are over
+	// The bind's last look writes the settled record (which wakes none).
+	poll(t, "the bind's looks are over", 30*time.Second, func(context.Context) (bool, error) {
+		return counter.Counts()[apirequests.Key{Verb: "patch", Resource: "clusterbindings"}] >= 1, nil
+	})
+	time.Sleep(time.Second)
 	before := counter.Counts()
 
 	kc, err := admin.CoreV1().Secrets(ns).Get(ctx, binding.KubeconfigSecretName, metav1.GetOptions{})
